@@ -1,0 +1,37 @@
+"""diffusers-ext: recent diffusion methods as first-class diffusers classes.
+
+Every public name is imported lazily (diffusers' ``_LazyModule`` pattern), so ``import diffusers_ext`` costs
+about as much as ``import diffusers`` and the heavy modules load on first use.
+"""
+
+from typing import TYPE_CHECKING
+
+from diffusers.utils import _LazyModule
+
+
+__version__ = "0.1.0"
+
+# submodule -> public names it defines. Every class listed here pins its ``__module__`` to "diffusers_ext"
+# (see ``diffusers_ext.utils.public``) so saved ``model_index.json`` files name ``["diffusers_ext", "Class"]``.
+_import_structure = {
+    "_mixins": ["ConfigMixin", "DiffusionPipeline", "ModelMixin", "SchedulerMixin"],
+    "loading": ["load_pipeline"],
+    "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
+    "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
+}
+
+if TYPE_CHECKING:
+    from ._mixins import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin
+    from .loading import load_pipeline
+    from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
+    from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+else:
+    import sys
+
+    sys.modules[__name__] = _LazyModule(
+        __name__,
+        globals()["__file__"],
+        _import_structure,
+        module_spec=__spec__,
+        extra_objects={"__version__": __version__},
+    )

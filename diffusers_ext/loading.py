@@ -1,0 +1,50 @@
+"""Load any saved pipeline folder whose class is ours or a diffusers pipeline."""
+
+import importlib
+import json
+import os
+
+from diffusers import DiffusionPipeline
+
+
+def _pipeline_class_name(path: str | os.PathLike) -> str:
+    index_file = os.path.join(path, "model_index.json")
+    if not os.path.isdir(path):
+        raise ValueError(f"`path` {str(path)!r} is not a folder; expected a saved pipeline folder.")
+    if not os.path.isfile(index_file):
+        raise ValueError(f"`path` {str(path)!r} has no model_index.json; expected a saved pipeline folder.")
+    with open(index_file, encoding="utf-8") as f:
+        class_name = json.load(f).get("_class_name")
+    if not isinstance(class_name, str):
+        raise ValueError(f"{index_file} has no `_class_name` string; got {class_name!r}.")
+    return class_name
+
+
+def resolve_pipeline_class(class_name: str) -> type[DiffusionPipeline]:
+    """Return the pipeline class named ``class_name``: ours first, then diffusers'."""
+    for module_name in ("diffusers_ext", "diffusers"):
+        module = importlib.import_module(module_name)
+        try:
+            cls = getattr(module, class_name)
+        except (AttributeError, ModuleNotFoundError):
+            continue
+        if isinstance(cls, type) and issubclass(cls, DiffusionPipeline):
+            return cls
+    raise ValueError(
+        f"`_class_name` {class_name!r} is neither a diffusers_ext nor a diffusers pipeline class; "
+        "expected e.g. 'ClassConditionalDDPMPipeline' or 'DDPMPipeline'."
+    )
+
+
+def load_pipeline(path: str | os.PathLike, **kwargs) -> DiffusionPipeline:
+    """Load a saved pipeline folder whose ``_class_name`` is a diffusers_ext or diffusers pipeline.
+
+    ``DiffusionPipeline.from_pretrained`` only resolves diffusers' own classes; this reads the folder's
+    ``model_index.json`` and calls ``from_pretrained`` on the right class.
+
+    Args:
+        path (`str` or `os.PathLike`): a local folder written by `save_pretrained`.
+        **kwargs: passed on to `from_pretrained` (e.g. `torch_dtype`).
+    """
+    class_name = _pipeline_class_name(path)
+    return resolve_pipeline_class(class_name).from_pretrained(path, **kwargs)
