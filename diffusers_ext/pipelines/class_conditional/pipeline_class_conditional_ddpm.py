@@ -81,7 +81,11 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
         callback_on_step_end_tensor_inputs,
     ) -> torch.Tensor | None:
         """Validate the call's arguments before any model work; return the labels as a `(batch,)` LongTensor."""
-        if not isinstance(num_inference_steps, int) or isinstance(num_inference_steps, bool) or num_inference_steps < 1:
+        if (
+            not isinstance(num_inference_steps, int)
+            or isinstance(num_inference_steps, bool)
+            or num_inference_steps < 1
+        ):
             raise ValueError(f"`num_inference_steps` must be a positive int, got {num_inference_steps!r}.")
         if not isinstance(guidance_scale, (int, float)) or isinstance(guidance_scale, bool):
             raise TypeError(f"`guidance_scale` must be a number, got {type(guidance_scale).__name__}.")
@@ -104,7 +108,9 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
         labels = None
         if class_labels is not None:
             if self.num_class_embeds is None:
-                raise ValueError("`class_labels` were given, but the UNet has no class embedding (`num_class_embeds`).")
+                raise ValueError(
+                    "`class_labels` were given, but the UNet has no class embedding (`num_class_embeds`)."
+                )
             if isinstance(class_labels, int) and not isinstance(class_labels, bool):
                 class_labels = [class_labels]
             labels = torch.as_tensor(class_labels)

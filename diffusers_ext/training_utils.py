@@ -1,0 +1,181 @@
+"""Helpers shared by the `training/` scripts: exact-resume batch sampling, safe checkpoints, model cards."""
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+CHECKPOINT_PREFIX = "checkpoint-"
+
+
+class ResumableBatchSampler(Sampler[list[int]]):
+    r"""
+    An endless batch sampler whose batches depend only on `(seed, step)`, so a run resumed at step `k`
+    sees exactly the batches an uninterrupted run would have seen from step `k` on.
+
+    Each epoch is a fresh permutation of the dataset drawn from `seed + epoch`; the global batch of step `s` is
+    the slice `[s * global_batch, (s + 1) * global_batch)` of the concatenated permutations, and process `rank`
+    takes its contiguous share of it.
+
+    Args:
+        num_samples (`int`): dataset size.
+        batch_size (`int`): per-process batch size.
+        num_replicas (`int`): number of processes.
+        rank (`int`): this process's index.
+        seed (`int`): base seed of the permutations.
+        start_step (`int`, defaults to 0): the first micro-batch index to yield (resume point).
+    """
+
+    def __init__(
+        self, num_samples: int, batch_size: int, num_replicas: int, rank: int, seed: int, start_step: int = 0
+    ):
+        if num_samples < 1:
+            raise ValueError(f"`num_samples` must be >= 1, got {num_samples}.")
+        if batch_size < 1:
+            raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.seed = seed
+        self.start_step = start_step
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(self.num_samples, generator=generator)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        global_batch = self.batch_size * self.num_replicas
+        step = self.start_step
+        cache: dict[int, torch.Tensor] = {}
+        while True:
+            start = step * global_batch + self.rank * self.batch_size
+            indices = []
+            for position in range(start, start + self.batch_size):
+                epoch, offset = divmod(position, self.num_samples)
+                if epoch not in cache:
+                    cache = {epoch: self._permutation(epoch), **{k: v for k, v in cache.items() if k == epoch - 1}}
+                indices.append(int(cache[epoch][offset]))
+            yield indices
+            step += 1
+
+
+def step_generator(seed: int, step: int, rank: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator for the random draws (noise, timesteps, label dropout) of one training step on one process."""
+    return torch.Generator(device).manual_seed((seed * 1_000_003 + step) * 1_009 + rank)
+
+
+def list_checkpoints(output_dir: str) -> list[str]:
+    """Finished `checkpoint-<step>` folders in `output_dir`, oldest first."""
+    if not os.path.isdir(output_dir):
+        return []
+    names = [d for d in os.listdir(output_dir) if re.fullmatch(rf"{CHECKPOINT_PREFIX}\d+", d)]
+    return sorted(names, key=lambda d: int(d[len(CHECKPOINT_PREFIX) :]))
+
+
+def resolve_resume_checkpoint(output_dir: str, resume_from_checkpoint: str | None) -> str | None:
+    """Map `--resume_from_checkpoint` (`"latest"`, a folder name or a path) to a checkpoint path, or None.
+
+    `"latest"` with no checkpoint yet starts a fresh run; a named checkpoint that does not exist is an error.
+    """
+    if resume_from_checkpoint is None:
+        return None
+    if resume_from_checkpoint == "latest":
+        found = list_checkpoints(output_dir)
+        return os.path.join(output_dir, found[-1]) if found else None
+    path = resume_from_checkpoint
+    if not os.path.isdir(path):
+        path = os.path.join(output_dir, resume_from_checkpoint)
+    if not os.path.isdir(path):
+        raise ValueError(
+            f"--resume_from_checkpoint {resume_from_checkpoint!r} is not a checkpoint folder; expected 'latest', "
+            f"a path, or a name in {output_dir!r} ({list_checkpoints(output_dir) or 'none there'})."
+        )
+    return path
+
+
+def checkpoint_step(path: str) -> int:
+    """The global step a `checkpoint-<step>` folder was saved at."""
+    match = re.search(rf"{CHECKPOINT_PREFIX}(\d+)$", os.path.normpath(path))
+    if match is None:
+        raise ValueError(f"checkpoint folder {path!r} is not named '{CHECKPOINT_PREFIX}<step>'.")
+    return int(match.group(1))
+
+
+def save_checkpoint(accelerator, output_dir: str, step: int, total_limit: int | None = None) -> str:
+    """Save the accelerator state as `output_dir/checkpoint-<step>` without ever losing the last good one.
+
+    The state is written to a temporary folder and renamed into place once complete; older checkpoints beyond
+    `total_limit` are removed only after that. Call on every process.
+    """
+    final = os.path.join(output_dir, f"{CHECKPOINT_PREFIX}{step}")
+    partial = final + ".partial"
+    if accelerator.is_main_process and os.path.isdir(partial):
+        shutil.rmtree(partial)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(partial)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if os.path.isdir(final):
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        if total_limit is not None:
+            for old in list_checkpoints(output_dir)[:-total_limit]:
+                shutil.rmtree(os.path.join(output_dir, old))
+    accelerator.wait_for_everyone()
+    return final
+
+
+def command_line() -> str:
+    """The command that started this process, as a user would retype it (accelerate launchers included)."""
+    argv = [os.path.relpath(sys.argv[0]) if os.path.isabs(sys.argv[0]) else sys.argv[0], *sys.argv[1:]]
+    launcher = (
+        "accelerate launch" if "ACCELERATE_MIXED_PRECISION" in os.environ or "LOCAL_RANK" in os.environ else "python"
+    )
+    return " ".join([launcher, *argv])
+
+
+def write_model_card(
+    output_dir: str,
+    title: str,
+    description: str,
+    command: str,
+    metrics: dict[str, float] | None = None,
+    tags: list[str] | None = None,
+    base_model: str | None = None,
+) -> str:
+    """Write a Hub-style `README.md` model card (YAML front matter + text) into `output_dir`; return its path."""
+    lines = ["---", "library_name: diffusers", "license: apache-2.0"]
+    if base_model:
+        lines.append(f"base_model: {base_model}")
+    lines.append("tags:")
+    lines += [f"- {tag}" for tag in ["diffusers", "diffusers-ext", *(tags or [])]]
+    lines += [
+        "---",
+        "",
+        f"# {title}",
+        "",
+        description.strip(),
+        "",
+        "## How it was made",
+        "",
+        "```bash",
+        command,
+        "```",
+    ]
+    if metrics:
+        lines += ["", "## Measured quality", "", "| metric | value |", "| --- | --- |"]
+        lines += [
+            f"| {name} | {value:.4g} |" if isinstance(value, float) else f"| {name} | {value} |"
+            for name, value in metrics.items()
+        ]
+    path = os.path.join(output_dir, "README.md")
+    os.makedirs(output_dir, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return path

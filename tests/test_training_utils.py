@@ -1,0 +1,85 @@
+import os
+
+import pytest
+
+from diffusers_ext.training_utils import (
+    ResumableBatchSampler,
+    checkpoint_step,
+    list_checkpoints,
+    resolve_resume_checkpoint,
+    save_checkpoint,
+    write_model_card,
+)
+
+
+def _take(sampler, n):
+    it = iter(sampler)
+    return [next(it) for _ in range(n)]
+
+
+def test_resumed_sampler_replays_the_uninterrupted_sequence():
+    full = _take(ResumableBatchSampler(10, 3, 2, 1, seed=5), 12)
+    resumed = _take(ResumableBatchSampler(10, 3, 2, 1, seed=5, start_step=7), 5)
+    assert resumed == full[7:]
+
+
+def test_sampler_covers_each_epoch_once_across_processes():
+    # 2 processes x batch 5 = one epoch of 10 per step: the union of both shards is a permutation.
+    for step in range(4):
+        a = _take(ResumableBatchSampler(10, 5, 2, 0, seed=1, start_step=step), 1)[0]
+        b = _take(ResumableBatchSampler(10, 5, 2, 1, seed=1, start_step=step), 1)[0]
+        assert sorted(a + b) == list(range(10))
+    assert (
+        _take(ResumableBatchSampler(10, 5, 2, 0, seed=1), 2)[0]
+        != _take(ResumableBatchSampler(10, 5, 2, 0, seed=2), 2)[0]
+    )
+
+
+def test_sampler_rejects_empty_dataset():
+    with pytest.raises(ValueError, match="num_samples"):
+        ResumableBatchSampler(0, 3, 1, 0, seed=0)
+
+
+class _FakeAccelerator:
+    is_main_process = True
+
+    def __init__(self, fail=False):
+        self.fail = fail
+
+    def wait_for_everyone(self):
+        pass
+
+    def save_state(self, path):
+        os.makedirs(path)
+        with open(os.path.join(path, "model.safetensors"), "w") as f:
+            f.write("half")
+        if self.fail:
+            raise RuntimeError("disk full")
+
+
+def test_failed_save_keeps_the_last_good_checkpoint(tmp_path):
+    save_checkpoint(_FakeAccelerator(), str(tmp_path), 10, total_limit=1)
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_checkpoint(_FakeAccelerator(fail=True), str(tmp_path), 20, total_limit=1)
+    assert list_checkpoints(str(tmp_path)) == ["checkpoint-10"]
+    assert resolve_resume_checkpoint(str(tmp_path), "latest").endswith("checkpoint-10")
+    save_checkpoint(_FakeAccelerator(), str(tmp_path), 30, total_limit=1)
+    assert list_checkpoints(str(tmp_path)) == ["checkpoint-30"]
+
+
+def test_resolve_resume_checkpoint(tmp_path):
+    assert resolve_resume_checkpoint(str(tmp_path), None) is None
+    assert resolve_resume_checkpoint(str(tmp_path), "latest") is None
+    for step in (2, 10, 9):
+        os.makedirs(tmp_path / f"checkpoint-{step}")
+    assert resolve_resume_checkpoint(str(tmp_path), "latest").endswith("checkpoint-10")
+    assert checkpoint_step(resolve_resume_checkpoint(str(tmp_path), "checkpoint-9")) == 9
+    with pytest.raises(ValueError, match="--resume_from_checkpoint 'checkpoint-3'"):
+        resolve_resume_checkpoint(str(tmp_path), "checkpoint-3")
+
+
+def test_model_card(tmp_path):
+    path = write_model_card(str(tmp_path), "T", "Desc.", "python x.py --a 1", metrics={"acc": 0.5}, tags=["t"])
+    text = open(path).read()
+    assert text.startswith("---\nlibrary_name: diffusers")
+    assert "python x.py --a 1" in text and "| acc | 0.5 |" in text and "- t" in text
