@@ -1,0 +1,33 @@
+"""`diffusers-ext demo`: run each available method on the zoo and write an HTML report."""
+
+import os
+import time
+from collections.abc import Callable
+
+from .digits import digits_section
+from .report import Section, write_report
+
+
+# (name, section builder). Each method adds its own: builder(output_dir, quick, seed, device) -> Section.
+SECTIONS: list[tuple[str, Callable[[str, bool, int, str], Section]]] = [
+    ("digits zoo", digits_section),
+]
+
+
+def run_demo(output_dir: str, quick: bool = False, seed: int = 0, device: str = "cpu", progress: bool = True) -> str:
+    """Run every demo section and write `output_dir/index.html`; return its path."""
+    from tqdm.auto import tqdm
+
+    os.makedirs(output_dir, exist_ok=True)
+    sections, timings = [], []
+    bar = tqdm(SECTIONS, desc="diffusers-ext demo", unit="section", disable=not progress)
+    for name, build in bar:
+        bar.set_postfix_str(name)
+        start = time.perf_counter()
+        sections.append(build(output_dir, quick, seed, device))
+        timings.append(f"{name}: {time.perf_counter() - start:.1f} s")
+    intro = (
+        "What each method of diffusers-ext does on the bundled zoo checkpoints, run just now on this machine "
+        f"({'quick' if quick else 'full'} settings, device {device}, seed {seed}). Timings: {'; '.join(timings)}."
+    )
+    return write_report(output_dir, "diffusers-ext demo", intro, sections)

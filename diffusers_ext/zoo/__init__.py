@@ -1,0 +1,72 @@
+"""Small trained checkpoints bundled with the package, in Hugging Face folder format.
+
+Each entry is a folder next to this file with a model card (`README.md`) that states the exact command that
+rebuilt it and its measured quality (see `benchmarks/results/zoo.json`).
+
+    >>> from diffusers_ext import zoo
+    >>> zoo.names()
+    ['digits-classifier', 'digits-ddpm']
+    >>> pipe = zoo.load("digits-ddpm")
+"""
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """One bundled checkpoint: its folder name, what it is, and the public class that loads it."""
+
+    name: str
+    description: str
+    class_name: str
+
+
+ENTRIES = {
+    entry.name: entry
+    for entry in (
+        ZooEntry(
+            "digits-ddpm",
+            "Class-conditional pixel DDPM on scikit-learn's 8x8 digits, null class 10 for guidance.",
+            "ClassConditionalDDPMPipeline",
+        ),
+        ZooEntry(
+            "digits-classifier",
+            "ConvImageClassifier for 8x8 digits; the judge of the digits generators (accuracy, Fréchet features).",
+            "ConvImageClassifier",
+        ),
+    )
+}
+
+ZOO_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def names() -> list[str]:
+    """The names of the bundled checkpoints, sorted."""
+    return sorted(ENTRIES)
+
+
+def _entry(name: str) -> ZooEntry:
+    if name not in ENTRIES:
+        raise ValueError(f"unknown zoo name {name!r}; expected one of {names()}.")
+    return ENTRIES[name]
+
+
+def path(name: str) -> str:
+    """The local folder of the bundled checkpoint `name`."""
+    _entry(name)
+    folder = os.path.join(ZOO_DIR, name)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(
+            f"zoo entry {name!r} is registered but its folder {folder} is missing from this install."
+        )
+    return folder
+
+
+def load(name: str, **kwargs):
+    """Load the bundled checkpoint `name` with its class's `from_pretrained` (`kwargs` are passed on)."""
+    import diffusers_ext
+
+    entry = _entry(name)
+    cls = getattr(diffusers_ext, entry.class_name)
+    return cls.from_pretrained(path(name), **kwargs)
