@@ -1,0 +1,23 @@
+"""Evaluation metrics shared by benchmarks and tests: PSNR, SSIM, Fréchet distance and classification accuracy.
+
+All accept torch tensors (numpy arrays too), work on any device and compute in float64 where precision matters.
+"""
+
+from .classification import accuracy, classifier_accuracy, classifier_predictions, per_class_accuracy
+from .frechet import feature_statistics, frechet_distance, frechet_distance_from_statistics
+from .psnr import peak_signal_noise_ratio
+from .ssim import gaussian_window_1d, structural_similarity
+
+
+__all__ = [
+    "accuracy",
+    "classifier_accuracy",
+    "classifier_predictions",
+    "feature_statistics",
+    "frechet_distance",
+    "frechet_distance_from_statistics",
+    "gaussian_window_1d",
+    "peak_signal_noise_ratio",
+    "per_class_accuracy",
+    "structural_similarity",
+]
