@@ -23,9 +23,9 @@ def test_loads_a_diffusers_pipeline_folder(tmp_path):
 
 
 def test_loads_our_pipeline_folder_with_kwargs(tmp_path):
-    ClassConditionalDDPMPipeline(_tiny_unet(3), DDIMScheduler(num_train_timesteps=50), null_class_label=2).save_pretrained(
-        tmp_path
-    )
+    ClassConditionalDDPMPipeline(
+        _tiny_unet(3), DDIMScheduler(num_train_timesteps=50), null_class_label=2
+    ).save_pretrained(tmp_path)
     index = json.loads((tmp_path / "model_index.json").read_text())
     assert index["_class_name"] == "ClassConditionalDDPMPipeline" and index["null_class_label"] == 2
     pipe = load_pipeline(tmp_path, torch_dtype=torch.float64)

@@ -74,6 +74,11 @@ def parse_args(argv=None):
     model.add_argument("--ddpm_num_steps", type=int, default=1000, help="Diffusion training timesteps.")
     model.add_argument("--ddpm_beta_schedule", type=str, default="squaredcos_cap_v2", help="DDPM beta schedule.")
     model.add_argument(
+        "--clip_sample",
+        action="store_true",
+        help="Clip the predicted clean image to [-1, 1] when sampling (off: clipping breaks classifier-free guidance).",
+    )
+    model.add_argument(
         "--prediction_type",
         type=str,
         default="epsilon",
@@ -278,6 +283,7 @@ def main(argv=None):
         num_train_timesteps=args.ddpm_num_steps,
         beta_schedule=args.ddpm_beta_schedule,
         prediction_type=args.prediction_type,
+        clip_sample=args.clip_sample,
     )
     ema = None
     if args.use_ema:
