@@ -86,3 +86,37 @@ def test_bad_arguments_fail_with_one_line_error(tmp_path, args, message):
     last = result.stderr.strip().splitlines()[-1]
     assert message in last and "error" in last
     assert "Traceback" not in result.stderr
+
+
+def _image_folder(root, size):
+    from PIL import Image
+
+    for label in ("a", "b"):
+        (root / label).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (size, size), (40 * i, 200 if label == "a" else 20, 90)).save(root / label / f"{i}.png")
+    return root
+
+
+def test_trains_on_a_datasets_image_folder(tmp_path):
+    data = _image_folder(tmp_path / "data", 12)
+    out = tmp_path / "out"
+    cmd = [sys.executable, SCRIPT, "--output_dir", str(out), "--train_data_dir", str(data), "--resolution", "8",
+           "--max_train_steps", "2", *TINY]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    from diffusers_ext import load_pipeline
+
+    pipe = load_pipeline(str(out))
+    assert pipe.unet.config.in_channels == 3 and pipe.unet.config.num_class_embeds == 3
+    assert pipe.config.null_class_label == 2
+
+
+def test_image_folder_with_too_small_images_is_a_one_line_error(tmp_path):
+    data = _image_folder(tmp_path / "data", 4)
+    cmd = [sys.executable, SCRIPT, "--output_dir", str(tmp_path / "out"), "--train_data_dir", str(data),
+           "--resolution", "8", "--max_train_steps", "1", "--report_to", "none"]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert result.returncode == 2
+    assert "smaller than --resolution 8" in result.stderr.strip().splitlines()[-1]

@@ -178,6 +178,9 @@ class ImageFolderTensors(torch.utils.data.Dataset):
         self.image_column, self.label_column = image_column, label_column
         names = self.data.features[label_column].names if label_column else None
         self.num_classes = len(names) if names else None
+        if len(self.data) == 0:
+            raise ValueError(f"--train_data_dir {folder!r} holds no images.")
+        self[0]  # fail on a wrong image size now, not after the model is built
 
     def __len__(self) -> int:
         return len(self.data)
