@@ -540,10 +540,14 @@ def register_dummy_pipeline(
         raise ValueError(f"`output_types` must be among 'pil', 'np', 'pt', 'latent'; got unknown {sorted(unknown)}.")
     checked_bad_inputs = []
     for entry in bad_inputs:
-        overrides, argument = entry
-        if not isinstance(overrides, dict) or not isinstance(argument, str):
+        if not (
+            isinstance(entry, (tuple, list))
+            and len(entry) == 2
+            and isinstance(entry[0], dict)
+            and isinstance(entry[1], str)
+        ):
             raise TypeError(f"each of `bad_inputs` must be an (overrides dict, argument name) pair, got {entry!r}.")
-        checked_bad_inputs.append(BadInput(overrides, argument))
+        checked_bad_inputs.append(BadInput(*entry))
     spec = DummyPipelineSpec(
         pipeline_class=pipeline_class,
         components_fn=components_fn,
@@ -552,7 +556,8 @@ def register_dummy_pipeline(
         output_types=tuple(output_types),
         bad_inputs=tuple(checked_bad_inputs),
         callback_edit_tensor=callback_edit_tensor,
-        module=getattr(inputs_fn, "__module__", "") or "",
+        # the registering module: a fresh interpreter imports it to find this entry
+        module=sys._getframe(1).f_globals.get("__name__", ""),
     )
     _REGISTRY[pipeline_class] = spec
     return spec

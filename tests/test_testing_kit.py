@@ -295,8 +295,17 @@ def test_register_rejects_bad_arguments():
         register_dummy_pipeline(
             _UnregisteredPipeline, dummies.get_components, dummies.get_inputs, bad_inputs=[("steps", 0)]
         )
+    with pytest.raises(TypeError, match="bad_inputs"):
+        register_dummy_pipeline(
+            _UnregisteredPipeline, dummies.get_components, dummies.get_inputs, bad_inputs=[({"a": 1}, "a", "b")]
+        )
     with pytest.raises(ValueError, match="_UnregisteredPipeline"):
         get_dummy_spec(_UnregisteredPipeline)
+
+
+def test_registration_records_the_registering_module():
+    assert get_dummy_spec(ClassConditionalDDPMPipeline).module == dummies.__name__
+    assert get_dummy_spec(_SkipsValidation).module == __name__
 
 
 def test_every_public_pipeline_is_registered():
