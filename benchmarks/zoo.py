@@ -28,7 +28,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--headline_guidance_scale",
         type=float,
-        default=2.0,
+        default=1.0,
         help="The guidance scale whose numbers go into the summary (must be among --guidance_scales).",
     )
     parser.add_argument("--seed", type=int, default=0, help="Seed of sampling and of the real-data split.")

@@ -13,8 +13,8 @@ class DigitsDemoSettings:
     guidance_scale: float
 
 
-QUICK = DigitsDemoSettings(samples_per_class=20, num_inference_steps=25, guidance_scale=2.0)
-FULL = DigitsDemoSettings(samples_per_class=100, num_inference_steps=25, guidance_scale=2.0)
+QUICK = DigitsDemoSettings(samples_per_class=20, num_inference_steps=25, guidance_scale=1.0)
+FULL = DigitsDemoSettings(samples_per_class=100, num_inference_steps=25, guidance_scale=1.0)
 
 
 def digits_section(output_dir: str, quick: bool, seed: int, device: str) -> Section:
