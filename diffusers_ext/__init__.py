@@ -18,6 +18,7 @@ _import_structure = {
     "loading": ["load_pipeline"],
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
+    "pipelines.divide_and_denoise.fair_division": ["FairDivisionAllocator"],
 }
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from .loading import load_pipeline
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+    from .pipelines.divide_and_denoise.fair_division import FairDivisionAllocator
 else:
     import sys
 
