@@ -18,7 +18,12 @@ _import_structure = {
     "loading": ["load_pipeline"],
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
+    "pipelines.divide_and_denoise.denoisers": ["EmpiricalOptimalDenoiser", "MultiDenoiserModel", "WindowedDenoiser"],
     "pipelines.divide_and_denoise.fair_division": ["FairDivisionAllocator"],
+    "pipelines.divide_and_denoise.pipeline_divide_and_denoise": [
+        "DivideAndDenoisePipeline",
+        "DivideAndDenoisePipelineOutput",
+    ],
 }
 
 if TYPE_CHECKING:
@@ -26,7 +31,12 @@ if TYPE_CHECKING:
     from .loading import load_pipeline
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+    from .pipelines.divide_and_denoise.denoisers import EmpiricalOptimalDenoiser, MultiDenoiserModel, WindowedDenoiser
     from .pipelines.divide_and_denoise.fair_division import FairDivisionAllocator
+    from .pipelines.divide_and_denoise.pipeline_divide_and_denoise import (
+        DivideAndDenoisePipeline,
+        DivideAndDenoisePipelineOutput,
+    )
 else:
     import sys
 

@@ -119,6 +119,8 @@ def proportional_response(
         x = 0.99 * warm_start + 0.01 / num_agents
     else:
         x = torch.full_like(util, 1.0 / num_agents)
+    # Each batch item stops on its own once it has converged, so a batch gives exactly its items' single results.
+    active = torch.ones(batch, 1, 1, dtype=torch.bool, device=utilities.device)
     for _ in range(num_iterations):
         gains = util * x
         value = gains.sum(dim=2, keepdim=True)
@@ -127,9 +129,10 @@ def proportional_response(
         new_x = bids / prices.clamp_min(_TINY)
         # A position nobody bids on (every bidder values it 0) is split evenly; it is worth nothing to anyone.
         new_x = torch.where(prices > 0, new_x, torch.full_like(new_x, 1.0 / num_agents))
-        delta = (new_x - x).abs().max()
-        x = new_x
-        if delta <= tol:
+        delta = (new_x - x).abs().amax(dim=(1, 2), keepdim=True)
+        x = torch.where(active, new_x, x)
+        active = active & (delta > tol)
+        if not active.any():
             break
     return _uniform_where_nobody_cares(x, column_total)
 
@@ -165,13 +168,15 @@ def sinkhorn(
         # X = softmax_k(log_kernel + f) gives f_k - f_l = log(X_k / X_l) - (log_kernel_k - log_kernel_l) at every
         # position; the average over positions of log X - log_kernel recovers the previous potentials.
         f = (torch.log(warm_start.clamp_min(1e-12)) - log_kernel).mean(dim=2, keepdim=True)
+    active = torch.ones(batch, 1, 1, dtype=torch.bool, device=utilities.device)  # per-item stopping, as above
     for _ in range(num_iterations):
         log_x = log_kernel + f
         log_x = log_x - torch.logsumexp(log_x, dim=1, keepdim=True)  # columns sum to 1
         row_error = torch.logsumexp(log_x, dim=2, keepdim=True) - log_rows
-        f = f - row_error  # rows hit their capacities
-        if (row_error.exp() - 1).abs().max() <= tol:
+        active = active & ((row_error.exp() - 1).abs().amax(dim=1, keepdim=True) > tol)
+        if not active.any():
             break
+        f = torch.where(active, f - row_error, f)  # rows hit their capacities
     log_x = log_kernel + f
     return torch.softmax(log_x, dim=1)
 
