@@ -62,6 +62,13 @@ def _native_size(model: torch.nn.Module) -> tuple[int, int] | None:
     return (size, size) if isinstance(size, int) else tuple(size)
 
 
+def _latent_constraint(model: torch.nn.Module) -> tuple[int, bool]:
+    """`(multiple, fixed)`: latent sides must be multiples of `multiple`; `fixed` models only take their own size."""
+    if isinstance(model, WindowedDenoiser) or not hasattr(getattr(model, "config", None), "block_out_channels"):
+        return 1, True
+    return 2 ** (len(model.config.block_out_channels) - 1), False
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -367,6 +374,17 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             latent_height = height // self.vae_scale_factor
         if width is not None:
             latent_width = width // self.vae_scale_factor
+        multiple, fixed = _latent_constraint(self.denoisers[0])
+        if fixed and (latent_height, latent_width) != self.sample_size:
+            raise ValueError(
+                f"`height`/`width` give latents of {latent_height}x{latent_width}, but {type(self.denoisers[0]).__name__} "
+                f"only denoises its own size {self.sample_size[0]}x{self.sample_size[1]}."
+            )
+        if latent_height % multiple or latent_width % multiple:
+            raise ValueError(
+                f"`height`/`width` give latents of {latent_height}x{latent_width}; the denoisers need multiples of "
+                f"{multiple} (in pixels, multiples of {multiple * self.vae_scale_factor})."
+            )
         shape = (num_images_per_prompt, self.denoisers[0].config.in_channels, latent_height, latent_width)
         if isinstance(generator, list) and len(generator) != num_images_per_prompt:
             raise ValueError(
