@@ -240,7 +240,8 @@ class WindowedDenoiser(ModelMixin, ConfigMixin):
         """Wrap a copy of `unet`'s weights at `window_offset` of a `canvas_size` canvas."""
         model = cls(dict(unet.config), canvas_size, tuple(window_offset), background, **schedule)
         model.denoiser.load_state_dict(unet.state_dict())
-        return model.to(device=unet.device, dtype=unet.dtype).eval()
+        model = model.to(unet.device)
+        return (model if model.dtype == unet.dtype else model.to(dtype=unet.dtype)).eval()
 
     @property
     def num_class_embeds(self) -> int | None:

@@ -62,6 +62,10 @@ def _native_size(model: torch.nn.Module) -> tuple[int, int] | None:
     return (size, size) if isinstance(size, int) else tuple(size)
 
 
+def _in_channels(model: torch.nn.Module) -> int:
+    return (model.denoiser if isinstance(model, WindowedDenoiser) else model).config.in_channels
+
+
 def _latent_constraint(model: torch.nn.Module) -> tuple[int, bool]:
     """`(multiple, fixed)`: latent sides must be multiples of `multiple`; `fixed` models only take their own size."""
     if isinstance(model, WindowedDenoiser) or not hasattr(getattr(model, "config", None), "block_out_channels"):
@@ -140,7 +144,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             raise ValueError(f"`denoisers` mix conditioning kinds {sorted(kinds)}; use models of one kind.")
         if "text" in kinds and (text_encoder is None or tokenizer is None):
             raise ValueError("text-conditioned `denoisers` need a `text_encoder` and a `tokenizer`.")
-        channels = {m.config.in_channels for m in denoisers}
+        channels = {_in_channels(m) for m in denoisers}
         if len(channels) > 1:
             raise ValueError(f"`denoisers` have different latent channels {sorted(channels)}; they must share a space.")
         sizes = {_native_size(m) for m in denoisers}
@@ -184,7 +188,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         check_compatible_schedulers([pipe.scheduler for pipe in pipelines])
         first = pipelines[0]
         for i, pipe in enumerate(pipelines[1:], start=1):
-            shapes = [(p.unet.config.in_channels, _native_size(p.unet)) for p in (first, pipe)]
+            shapes = [(_in_channels(p.unet), _native_size(p.unet)) for p in (first, pipe)]
             if shapes[0] != shapes[1]:
                 raise ValueError(
                     f"`pipelines[{i}]` has latents (channels, size) {shapes[1]}; `pipelines[0]` has {shapes[0]}."
@@ -206,6 +210,12 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             tokenizer=getattr(first, "tokenizer", None),
             null_class_label=getattr(first.config, "null_class_label", None),
         )
+
+    @staticmethod
+    def default_allocator() -> FairDivisionAllocator:
+        """Proportional response (Nash welfare), 20 iterations per step (warm-started from the previous step, so the
+        dynamics keep converging across steps), stopping early at `tol=1e-4`, spatial smoothing `sigma=1`."""
+        return FairDivisionAllocator("proportional_response", num_iterations=20, tol=1e-4, spatial_sigma=1.0)
 
     # properties -----------------------------------------------------------------------------------------------------
 
@@ -385,7 +395,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                 f"`height`/`width` give latents of {latent_height}x{latent_width}; the denoisers need multiples of "
                 f"{multiple} (in pixels, multiples of {multiple * self.vae_scale_factor})."
             )
-        shape = (num_images_per_prompt, self.denoisers[0].config.in_channels, latent_height, latent_width)
+        shape = (num_images_per_prompt, _in_channels(self.denoisers[0]), latent_height, latent_width)
         if isinstance(generator, list) and len(generator) != num_images_per_prompt:
             raise ValueError(
                 f"`generator` is a list of {len(generator)} generators, but `num_images_per_prompt` is "
@@ -597,7 +607,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             regions (`torch.Tensor` of shape `(K, latent_height, latent_width)`, *optional*): the fixed region weights
                 of `"multidiffusion"` (normalised over models at each position); equal vertical strips by default.
             allocator ([`FairDivisionAllocator`], *optional*): the fair-division solver; by default proportional
-                response (Nash welfare), 50 iterations, spatial smoothing `sigma=1`.
+                response (Nash welfare), 20 warm-started iterations per step, spatial smoothing `sigma=1`
+                ([`~DivideAndDenoisePipeline.default_allocator`]).
             utility (`str`, defaults to `"auto"`): `"cross_attention"` (text models; attention to the concept tokens),
                 `"guidance_delta"` (`|eps(c) - eps(null)|`) or `"x0_saliency"` (`|x0 - background|`); `"auto"` picks
                 cross-attention for text models and x0 saliency otherwise.
@@ -636,7 +647,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         num_agents = settings["num_agents"]
         fair = composition == "divide_and_denoise"
         if allocator is None:
-            allocator = FairDivisionAllocator("proportional_response", num_iterations=50, spatial_sigma=1.0)
+            allocator = self.default_allocator()
 
         cond = {}
         if self.conditioning == "text":
