@@ -61,11 +61,15 @@ def centred_experts(num_templates: int = 200, seed: int = 0, **schedule) -> list
     return [EmpiricalOptimalDenoiser.from_templates(t, **schedule).eval() for t in (red, blue)]
 
 
-def detect_discs(images: torch.Tensor | np.ndarray, min_area: int = 8) -> dict[str, np.ndarray]:
+def detect_discs(
+    images: torch.Tensor | np.ndarray, min_area: int = 8, min_intensity: float = 0.6
+) -> dict[str, np.ndarray]:
     """Count red and blue blobs in `(N, 3, H, W)` images in [0, 1].
 
-    A pixel is red when its red channel exceeds 0.6 and its blue channel is below 0.4 (blue: the reverse); a blob is
-    a 4-connected component of at least `min_area` such pixels. Returns `{"red": (N,), "blue": (N,)}` counts.
+    A pixel is red when its red channel exceeds `min_intensity` and exceeds its blue channel by at least 0.25 (blue:
+    the reverse); a blob is a 4-connected component of at least `min_area` such pixels. The default 0.6 asks for
+    objects near full strength (the experts' discs are 1.0); a lenient 0.3 also counts faded, half-strength discs.
+    Returns `{"red": (N,), "blue": (N,)}` counts.
     """
     from scipy import ndimage
 
@@ -74,7 +78,10 @@ def detect_discs(images: torch.Tensor | np.ndarray, min_area: int = 8) -> dict[s
         raise ValueError(f"`images` must have shape (N, 3, H, W), got {array.shape}.")
     counts = {"red": np.zeros(len(array), dtype=np.int64), "blue": np.zeros(len(array), dtype=np.int64)}
     for i, image in enumerate(array):
-        masks = {"red": (image[0] > 0.6) & (image[2] < 0.4), "blue": (image[2] > 0.6) & (image[0] < 0.4)}
+        masks = {
+            "red": (image[0] > min_intensity) & (image[0] > image[2] + 0.25),
+            "blue": (image[2] > min_intensity) & (image[2] > image[0] + 0.25),
+        }
         for name, mask in masks.items():
             labels, num = ndimage.label(mask)
             if num:
@@ -83,9 +90,9 @@ def detect_discs(images: torch.Tensor | np.ndarray, min_area: int = 8) -> dict[s
     return counts
 
 
-def discs_success(images: torch.Tensor | np.ndarray, min_area: int = 8) -> np.ndarray:
-    """`(N,)` booleans: exactly one red and exactly one blue disc."""
-    counts = detect_discs(images, min_area)
+def discs_success(images: torch.Tensor | np.ndarray, min_area: int = 8, min_intensity: float = 0.6) -> np.ndarray:
+    """`(N,)` booleans: exactly one red and exactly one blue disc (see [`detect_discs`])."""
+    counts = detect_discs(images, min_area, min_intensity)
     return (counts["red"] == 1) & (counts["blue"] == 1)
 
 
@@ -98,7 +105,8 @@ def score_digit_slots(
     """What each 8x8 slot of `(N, 1, 8, 8 * S)` images in [-1, 1] shows.
 
     Returns `(present, labels)`, both `(N, S)`: a slot holds a digit when at least `min_ink_pixels` pixels exceed
-    `ink_threshold`, and `labels` is the classifier's verdict on every slot.
+    `ink_threshold` (0: half of full white; a lenient -0.5 also counts faded digits), and `labels` is the
+    classifier's verdict on every slot.
     """
     if images.ndim != 4 or images.shape[2] != SLOT or images.shape[3] % SLOT:
         raise ValueError(f"`images` must have shape (N, 1, 8, 8 * slots), got {tuple(images.shape)}.")
