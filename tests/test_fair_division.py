@@ -98,7 +98,9 @@ def test_budgets_shift_the_equilibrium():
 def test_capacities_are_met(solver):
     utilities = _random_utilities(11, batch=2, agents=3, positions=40)
     capacities = [0.5, 0.3, 0.2]
-    allocation = _allocate(solver, utilities, capacities=capacities, **({"envy_free": False} if solver == "lp" else {}))
+    allocation = _allocate(
+        solver, utilities, capacities=capacities, **({"envy_free": False} if solver == "lp" else {})
+    )
     shares = fairness_report(utilities, allocation).shares
     torch.testing.assert_close(shares, torch.tensor([capacities] * 2, dtype=torch.float64), atol=1e-5, rtol=0)
 
