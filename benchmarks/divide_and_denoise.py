@@ -112,7 +112,9 @@ def run_digits(unet, scheduler, classifier, args, seed: int, timings: dict, keep
         prompts.append((digits, slots))
     successes = {name: [] for method in METHODS for name in (method, "lenient/" + method)}
     for p, (digits, slots) in enumerate(prompts):
-        pipe = DivideAndDenoisePipeline(MultiDenoiserModel([windows[s] for s in slots]), scheduler, null_class_label=10)
+        pipe = DivideAndDenoisePipeline(
+            MultiDenoiserModel([windows[s] for s in slots]), scheduler, null_class_label=10
+        )
         pipe.set_progress_bar_config(disable=True)
         for method in METHODS:
             out = pipe(class_labels=digits, width=24, num_inference_steps=args.digit_steps,
@@ -252,7 +254,9 @@ def main(argv=None):
             keep = examples.setdefault(name, {}) if first else None
             per_seed[name].append(run_discs(fn, args, seed, timings[name], keep))
         keep = examples.setdefault("digits", {}) if first else None
-        per_seed["digits"].append(run_digits(ddpm.unet, ddpm.scheduler, classifier, args, seed, timings["digits"], keep))
+        per_seed["digits"].append(
+            run_digits(ddpm.unet, ddpm.scheduler, classifier, args, seed, timings["digits"], keep)
+        )
         print(f"seed {seed}: " + "; ".join(f"{k} {v[-1]}" for k, v in per_seed.items()), flush=True)
 
     results = {

@@ -90,7 +90,9 @@ def test_utilities():
     saliency = x0_saliency(x0)
     assert saliency.shape == (1, 6, 6)
     assert (saliency[0, 1:3, 1:3] == 2).all() and saliency.sum() == 8
-    torch.testing.assert_close(x0_saliency(x0, background=1.0)[0, 0, 0], torch.tensor(12.0).sqrt())  # 3 channels off by 2
+    torch.testing.assert_close(
+        x0_saliency(x0, background=1.0)[0, 0, 0], torch.tensor(12.0).sqrt()
+    )  # 3 channels off by 2
     cond, uncond = torch.zeros(1, 2, 3, 3), torch.zeros(1, 2, 3, 3)
     cond[0, :, 1, 1] = torch.tensor([3.0, 4.0])
     delta = guidance_delta(cond, uncond)

@@ -158,7 +158,9 @@ class EmpiricalOptimalDenoiser(ModelMixin, ConfigMixin):
             )
         self.register_buffer("templates", templates.detach().clone().float())
         self.register_buffer(
-            "alphas_cumprod", _alphas_cumprod(num_train_timesteps, beta_start, beta_end, beta_schedule), persistent=False
+            "alphas_cumprod",
+            _alphas_cumprod(num_train_timesteps, beta_start, beta_end, beta_schedule),
+            persistent=False,
         )
 
     @classmethod
@@ -232,7 +234,9 @@ class WindowedDenoiser(ModelMixin, ConfigMixin):
             )
         self.window = (top, left, win_h, win_w)
         self.register_buffer(
-            "alphas_cumprod", _alphas_cumprod(num_train_timesteps, beta_start, beta_end, beta_schedule), persistent=False
+            "alphas_cumprod",
+            _alphas_cumprod(num_train_timesteps, beta_start, beta_end, beta_schedule),
+            persistent=False,
         )
 
     @classmethod

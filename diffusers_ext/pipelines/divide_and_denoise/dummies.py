@@ -78,4 +78,3 @@ register_dummy_pipeline(
     bad_inputs=BAD_INPUTS,
     callback_edit_tensor="latents",
 )
-

@@ -146,7 +146,9 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             raise ValueError("text-conditioned `denoisers` need a `text_encoder` and a `tokenizer`.")
         channels = {_in_channels(m) for m in denoisers}
         if len(channels) > 1:
-            raise ValueError(f"`denoisers` have different latent channels {sorted(channels)}; they must share a space.")
+            raise ValueError(
+                f"`denoisers` have different latent channels {sorted(channels)}; they must share a space."
+            )
         sizes = {_native_size(m) for m in denoisers}
         if len(sizes) > 1:
             raise ValueError(f"`denoisers` have different sample sizes {sorted(sizes)}; they must share a space.")
@@ -272,7 +274,11 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         max_iter_to_align,
     ) -> dict:
         """Validate every argument before any model work; return the normalised per-agent settings."""
-        if not isinstance(num_inference_steps, int) or isinstance(num_inference_steps, bool) or num_inference_steps < 1:
+        if (
+            not isinstance(num_inference_steps, int)
+            or isinstance(num_inference_steps, bool)
+            or num_inference_steps < 1
+        ):
             raise ValueError(f"`num_inference_steps` must be a positive int, got {num_inference_steps!r}.")
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
@@ -372,7 +378,9 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                 or not all(isinstance(t, (list, tuple)) and t and all(isinstance(i, int) for i in t)
                            for t in token_indices)
             ):  # fmt: skip
-                raise ValueError(f"`token_indices` must be one non-empty list of ints per model, got {token_indices!r}.")
+                raise ValueError(
+                    f"`token_indices` must be one non-empty list of ints per model, got {token_indices!r}."
+                )
 
         latent_height, latent_width = self.sample_size
         for name, value in (("height", height), ("width", width)):
@@ -694,7 +702,9 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                 start = time.perf_counter()
                 x0 = self._predict_x0(guided, scaled, t)
                 new = self._utilities(settings, x0, cond_out, uncond_out, attention, cond)
-                utility_maps = new if utility_maps is None else utility_momentum * utility_maps + (1 - utility_momentum) * new
+                utility_maps = (
+                    new if utility_maps is None else utility_momentum * utility_maps + (1 - utility_momentum) * new
+                )
                 timings["utility"] += time.perf_counter() - start
                 start = time.perf_counter()
                 progress = i / max(1, len(timesteps) - 1)
