@@ -10,13 +10,15 @@ painted what). Every method runs in this one process on the same experts, prompt
   on the right and a blue one whose discs lie on the left, opposite to MultiDiffusion's fixed left/right split. A
   colour detector counts the discs; success = exactly one red and one blue disc.
 - **centred** (reference): the same, but both experts prefer the centre, so the fixed split does not conflict.
+- **dominant** (reference): both centred, the red expert paints a large disc that would cover the blue expert's
+  small one: the division must not let the red expert take every contested position.
 - **digits**: two experts derived from the zoo digits DDPM, each painting one digit in its own 8x8 slot of a 8x24
   canvas (random digits and slots per prompt). The zoo classifier reads every slot; success = the occupied slots
   show exactly the two requested digits.
 
 Methods: `divide_and_denoise` (the pipeline defaults), the baselines `averaging` and `multidiffusion` (fixed equal
-vertical strips in agent order), and the ablations `dnd_no_alignment` and `dnd_argmax` (the unfair per-position
-argmax instead of the Nash-welfare division). The overhead is the time of utilities + allocation + alignment over
+vertical strips in agent order), and the ablations `dnd_no_alignment`, `dnd_argmax` (the unfair per-position
+argmax instead of the Nash-welfare division) and `dnd_sinkhorn` (entropic OT with equal area shares). The overhead is the time of utilities + allocation + alignment over
 the time of the model forwards, summed over the runs of a setting.
 """
 
@@ -32,7 +34,9 @@ import torch
 
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-METHODS = ("divide_and_denoise", "averaging", "multidiffusion", "dnd_no_alignment", "dnd_argmax")
+METHODS = ("divide_and_denoise", "averaging", "multidiffusion", "dnd_no_alignment", "dnd_argmax", "dnd_sinkhorn")
+DISC_SETTINGS = ("conflict", "centred", "dominant")
+SETTINGS = ("conflict", "digits", "centred", "dominant")
 # Lenient detectors (a sensitivity check): they also count faded objects at about half strength.
 LENIENT_DISC = 0.3
 LENIENT_INK = -0.5
@@ -65,6 +69,8 @@ def method_kwargs(method: str) -> dict:
         return {"alignment_scale": 0.0}
     if method == "dnd_argmax":
         return {"allocator": FairDivisionAllocator("argmax", spatial_sigma=1.0)}
+    if method == "dnd_sinkhorn":
+        return {"allocator": FairDivisionAllocator("sinkhorn", num_iterations=20, tol=1e-4, spatial_sigma=1.0)}
     return {"allocator": DivideAndDenoisePipeline.default_allocator()}
 
 
@@ -147,10 +153,10 @@ def write_plot(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    settings = ["conflict", "digits", "centred"]
-    fig, ax = plt.subplots(figsize=(9, 3.6), dpi=100)
+    settings = list(SETTINGS)
+    fig, ax = plt.subplots(figsize=(10, 3.8), dpi=100)
     width = 0.8 / len(METHODS)
-    colors = ["#2a7", "#c84", "#48c", "#9c9", "#aaa"]
+    colors = ["#2a7", "#c84", "#48c", "#9c9", "#aaa", "#c9c"]
     for m, method in enumerate(METHODS):
         xs = [i + (m - (len(METHODS) - 1) / 2) * width for i in range(len(settings))]
         means = [results[s][method]["mean"] for s in settings]
@@ -159,7 +165,7 @@ def write_plot(results, path):
     ax.axhline(0.9, color="#2a7", linestyle="--", linewidth=1)
     ax.axhline(0.5, color="#c33", linestyle=":", linewidth=1)
     ax.set_xticks(range(len(settings)))
-    ax.set_xticklabels(["conflicting priors (discs)", "digits, 8x24 canvas", "centred priors (reference)"])
+    ax.set_xticklabels(["conflicting priors (discs)", "digits, 8x24 canvas", "centred priors", "dominant expert"])
     ax.set_ylabel("composition success")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
@@ -175,7 +181,7 @@ def write_allocation_plot(examples: dict, path: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [name for name in ("conflict", "centred", "digits") if name in examples]
+    rows = [name for name in ("conflict", "centred", "dominant", "digits") if name in examples]
     fig, axes = plt.subplots(len(rows), 7, figsize=(14, 2.1 * len(rows)), dpi=100, squeeze=False)
     for r, name in enumerate(rows):
         keep = examples[name]
@@ -212,7 +218,7 @@ def write_markdown(results, path):
         "| --- |" + " --- |" * len(METHODS),
     ]
     for prefix in ("", "lenient/"):
-        for setting in ("conflict", "digits", "centred"):
+        for setting in SETTINGS:
             cells = [f"{results[setting][prefix + m]['mean']:.3f} ± {results[setting][prefix + m]['std']:.3f}"
                      for m in METHODS]  # fmt: skip
             label = setting + (" (lenient detector)" if prefix else "")
@@ -238,19 +244,23 @@ def main(argv=None):
     args = parse_args(argv)
     import diffusers_ext
     from diffusers_ext import zoo
-    from diffusers_ext.pipelines.divide_and_denoise.composition_eval import centred_experts, conflict_experts
+    from diffusers_ext.pipelines.divide_and_denoise.composition_eval import (
+        centred_experts,
+        conflict_experts,
+        dominant_experts,
+    )
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     ddpm = diffusers_ext.load_pipeline(args.ddpm) if args.ddpm else zoo.load("digits-ddpm")
     classifier = zoo.load("digits-classifier").eval()
 
-    per_seed = {"conflict": [], "centred": [], "digits": []}
+    per_seed = {name: [] for name in SETTINGS}
     timings = {name: {} for name in per_seed}
     examples = {}
     start = time.perf_counter()
     for i, seed in enumerate(args.seeds):
         first = i == 0
-        for name, fn in (("conflict", conflict_experts), ("centred", centred_experts)):
+        for name, fn in (("conflict", conflict_experts), ("centred", centred_experts), ("dominant", dominant_experts)):
             keep = examples.setdefault(name, {}) if first else None
             per_seed[name].append(run_discs(fn, args, seed, timings[name], keep))
         keep = examples.setdefault("digits", {}) if first else None

@@ -13,7 +13,11 @@ from diffusers_ext import (
     load_pipeline,
 )
 from diffusers_ext.pipelines.divide_and_denoise import dummies
-from diffusers_ext.pipelines.divide_and_denoise.composition_eval import conflict_experts, discs_success
+from diffusers_ext.pipelines.divide_and_denoise.composition_eval import (
+    conflict_experts,
+    discs_success,
+    dominant_experts,
+)
 from diffusers_ext.pipelines.divide_and_denoise.utilities import ConceptAttentionStore, record_cross_attention
 from diffusers_ext.testing import (
     PipelineConformanceTests,
@@ -297,3 +301,20 @@ def test_stable_diffusion_composition_saves_and_loads(tmp_path):
     assert isinstance(loaded.denoisers, MultiDenoiserModel) and len(loaded.denoisers) == 2
     np.testing.assert_allclose(loaded(**kwargs, generator=torch.Generator().manual_seed(0)).images, expected,
                                atol=1e-5)  # fmt: skip
+
+
+def test_nash_welfare_division_keeps_a_dominated_expert_where_argmax_loses_it():
+    scheduler = DDIMScheduler(num_train_timesteps=1000, beta_schedule="linear", clip_sample=False)
+    pipe = DivideAndDenoisePipeline(MultiDenoiserModel(dominant_experts(num_templates=60)), scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    scores = {}
+    for solver in ("proportional_response", "argmax"):
+        out = pipe(
+            num_inference_steps=20,
+            num_images_per_prompt=8,
+            generator=torch.Generator().manual_seed(0),
+            output_type="pt",
+            allocator=FairDivisionAllocator(solver, num_iterations=20, tol=1e-4, spatial_sigma=1.0),
+        )
+        scores[solver] = discs_success(out.images).mean()
+    assert scores["proportional_response"] >= 7 / 8 and scores["argmax"] <= 4 / 8, scores

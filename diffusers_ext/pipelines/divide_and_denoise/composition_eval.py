@@ -6,6 +6,8 @@ Two settings, each scored by a detector; success means every requested object is
    coloured discs on a 16x16 black canvas. Each expert only knows discs on one side (`conflict_experts`): the
    red one on the right, the blue one on the left, opposite to a fixed left/right split in agent order. The
    detector (`detect_discs`) thresholds colours and counts connected components of at least `min_area` pixels.
+   Two reference variants: both experts centred (`centred_experts`), and a dominant expert whose large disc
+   would cover a small one (`dominant_experts`).
 2. **Digits on a wider canvas**: experts derived from the zoo digits DDPM, each a [`WindowedDenoiser`] painting one
    digit in one 8x8 slot of a 8x24 canvas (its position prior). `score_digit_slots` asks the zoo classifier what
    each slot shows, after an ink test says whether the slot holds a digit at all.
@@ -58,6 +60,16 @@ def centred_experts(num_templates: int = 200, seed: int = 0, **schedule) -> list
     """`[red, blue]` analytic experts that both prefer the centre (their discs would overlap)."""
     red = disc_templates(RED, (5.0, 11.0), (5.0, 11.0), num_templates, seed=seed)
     blue = disc_templates(BLUE, (5.0, 11.0), (5.0, 11.0), num_templates, seed=seed + 1)
+    return [EmpiricalOptimalDenoiser.from_templates(t, **schedule).eval() for t in (red, blue)]
+
+
+def dominant_experts(num_templates: int = 200, seed: int = 0, **schedule) -> list[EmpiricalOptimalDenoiser]:
+    """`[red, blue]` analytic experts, both centred: the red one paints a large disc (radius 4.5-5.5) that would
+    cover the canvas centre, the blue one a small disc (radius 2-2.5). The red one wants more of every contested
+    position; a division that only maximises total utility hands it everything and loses the blue disc."""
+    box = (5.0, 11.0)
+    red = disc_templates(RED, box, box, num_templates, radius_range=(4.5, 5.5), seed=seed)
+    blue = disc_templates(BLUE, box, box, num_templates, radius_range=(2.0, 2.5), seed=seed + 1)
     return [EmpiricalOptimalDenoiser.from_templates(t, **schedule).eval() for t in (red, blue)]
 
 
