@@ -179,3 +179,35 @@ def write_model_card(
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     return path
+
+
+def build_accelerator(
+    output_dir: str,
+    logging_dir: str = "logs",
+    mixed_precision: str | None = None,
+    report_to: str = "tensorboard",
+    gradient_accumulation_steps: int = 1,
+):
+    """The `Accelerator` of our training scripts: trackers under `output_dir/logging_dir`, `report_to="none"` off."""
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    return Accelerator(
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        mixed_precision=mixed_precision,
+        log_with=None if report_to == "none" else report_to,
+        project_config=ProjectConfiguration(project_dir=output_dir, logging_dir=os.path.join(output_dir, logging_dir)),
+    )
+
+
+def maybe_resume(accelerator, output_dir: str, resume_from_checkpoint: str | None, logger=None) -> int:
+    """Load the checkpoint `--resume_from_checkpoint` names (if any) into `accelerator`; return its global step."""
+    path = resolve_resume_checkpoint(output_dir, resume_from_checkpoint)
+    if path is None:
+        if resume_from_checkpoint == "latest" and logger is not None:
+            logger.info(f"No checkpoint in {output_dir}; starting a new run.")
+        return 0
+    if logger is not None:
+        logger.info(f"Resuming from {path}")
+    accelerator.load_state(path)
+    return checkpoint_step(path)

@@ -102,7 +102,7 @@ def test_trains_on_a_datasets_image_folder(tmp_path):
     data = _image_folder(tmp_path / "data", 12)
     out = tmp_path / "out"
     cmd = [sys.executable, SCRIPT, "--output_dir", str(out), "--train_data_dir", str(data), "--resolution", "8",
-           "--max_train_steps", "2", *TINY]  # fmt: skip
+           "--max_train_steps", "2", *TINY, "--report_to", "tensorboard", "--mixed_precision", "bf16"]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -111,6 +111,7 @@ def test_trains_on_a_datasets_image_folder(tmp_path):
     pipe = load_pipeline(str(out))
     assert pipe.unet.config.in_channels == 3 and pipe.unet.config.num_class_embeds == 3
     assert pipe.config.null_class_label == 2
+    assert list((out / "logs").rglob("events.out.tfevents.*")), "no tensorboard log written"
 
 
 def test_image_folder_with_too_small_images_is_a_one_line_error(tmp_path):

@@ -9,14 +9,12 @@ digits can be trusted, and its penultimate features are the space of the Fréche
 
 import argparse
 import logging
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 
@@ -86,21 +84,15 @@ def main(argv=None):
     from diffusers_ext.metrics import classifier_accuracy
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
-        checkpoint_step,
+        build_accelerator,
         command_line,
-        resolve_resume_checkpoint,
+        maybe_resume,
         save_checkpoint,
         step_generator,
         write_model_card,
     )
 
-    accelerator = Accelerator(
-        mixed_precision=args.mixed_precision,
-        log_with=None if args.report_to == "none" else args.report_to,
-        project_config=ProjectConfiguration(
-            project_dir=args.output_dir, logging_dir=os.path.join(args.output_dir, args.logging_dir)
-        ),
-    )
+    accelerator = build_accelerator(args.output_dir, args.logging_dir, args.mixed_precision, args.report_to)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     set_seed(args.seed)
 
@@ -122,11 +114,7 @@ def main(argv=None):
     )
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
 
-    global_step = 0
-    resume_path = resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint)
-    if resume_path is not None:
-        accelerator.load_state(resume_path)
-        global_step = checkpoint_step(resume_path)
+    global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
     sampler = ResumableBatchSampler(
         len(labels),
         args.train_batch_size,

@@ -18,9 +18,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 
@@ -259,21 +258,16 @@ def main(argv=None):
     from diffusers_ext import ClassConditionalDDPMPipeline
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
-        checkpoint_step,
+        build_accelerator,
         command_line,
-        resolve_resume_checkpoint,
+        maybe_resume,
         save_checkpoint,
         step_generator,
         write_model_card,
     )
 
-    accelerator = Accelerator(
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        mixed_precision=args.mixed_precision,
-        log_with=None if args.report_to == "none" else args.report_to,
-        project_config=ProjectConfiguration(
-            project_dir=args.output_dir, logging_dir=os.path.join(args.output_dir, args.logging_dir)
-        ),
+    accelerator = build_accelerator(
+        args.output_dir, args.logging_dir, args.mixed_precision, args.report_to, args.gradient_accumulation_steps
     )
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     logger.info(accelerator.state, main_process_only=False)
@@ -319,14 +313,7 @@ def main(argv=None):
     if ema is not None:
         ema.to(accelerator.device)
 
-    global_step = 0
-    resume_path = resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint)
-    if resume_path is not None:
-        logger.info(f"Resuming from {resume_path}")
-        accelerator.load_state(resume_path)
-        global_step = checkpoint_step(resume_path)
-    elif args.resume_from_checkpoint == "latest":
-        logger.info(f"No checkpoint in {args.output_dir}; starting a new run.")
+    global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
 
     # Batches and noise are functions of (seed, step, process) alone: a resumed run replays the uninterrupted one.
     sampler = ResumableBatchSampler(
