@@ -3,7 +3,16 @@
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderKL, DDIMScheduler, FlowMatchEulerDiscreteScheduler, StableDiffusionPipeline
+from diffusers import (
+    AutoencoderKL,
+    DDIMScheduler,
+    DDPMScheduler,
+    DPMSolverMultistepScheduler,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    PNDMScheduler,
+    StableDiffusionPipeline,
+)
 
 from diffusers_ext import (
     ClassConditionalDDPMPipeline,
@@ -318,3 +327,21 @@ def test_nash_welfare_division_keeps_a_dominated_expert_where_argmax_loses_it():
         )
         scores[solver] = discs_success(out.images).mean()
     assert scores["proportional_response"] >= 7 / 8 and scores["argmax"] <= 4 / 8, scores
+
+
+@pytest.mark.parametrize(
+    "scheduler_class, overrides",
+    [
+        (DDPMScheduler, {}),
+        (EulerDiscreteScheduler, {}),
+        (DPMSolverMultistepScheduler, {}),
+        (PNDMScheduler, {"skip_prk_steps": True}),  # Stable Diffusion's PLMS setting
+    ],
+)
+def test_schedulers_swap(scheduler_class, overrides):
+    pipe = _pixel_pipeline()
+    pipe.scheduler = scheduler_class.from_config(pipe.scheduler.config, **overrides)
+    inputs = get_dummy_inputs(DivideAndDenoisePipeline, seed=0)
+    out = pipe(**{**inputs, "num_inference_steps": 3, "output_type": "pt"})
+    assert out.images.shape == (1, 1, 8, 12) and torch.isfinite(out.images).all()
+    assert out.allocations.shape[0] == pipe.num_timesteps

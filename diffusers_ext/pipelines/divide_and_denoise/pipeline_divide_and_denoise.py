@@ -1,5 +1,6 @@
 """Divide-and-Denoise: several pretrained diffusion models share one sample through a per-step fair division."""
 
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -678,6 +679,10 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         self.scheduler.set_timesteps(num_inference_steps, device=device)
         timesteps = self.scheduler.timesteps
         self._num_timesteps = len(timesteps)
+        # stochastic schedulers take the generator; others (PNDM, ...) have no such argument
+        step_kwargs = (
+            {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
+        )
 
         batch, height_l, width_l = shape[0], shape[2], shape[3]
         if composition == "average":
@@ -720,7 +725,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             noise_pred = (weights * guided).sum(dim=1)
             allocations.append(allocation.detach().float().cpu())
 
-            latents = self.scheduler.step(noise_pred, t, latents, generator=generator).prev_sample
+            latents = self.scheduler.step(noise_pred, t, latents, **step_kwargs).prev_sample
 
             if callback_on_step_end is not None:
                 step_tensors = {"latents": latents, "noise_pred": noise_pred, "allocation": allocation}
