@@ -345,3 +345,19 @@ def test_schedulers_swap(scheduler_class, overrides):
     out = pipe(**{**inputs, "num_inference_steps": 3, "output_type": "pt"})
     assert out.images.shape == (1, 1, 8, 12) and torch.isfinite(out.images).all()
     assert out.allocations.shape[0] == pipe.num_timesteps
+
+
+def test_from_pipelines_warns_when_text_encoders_differ():
+    from diffusers.utils import logging as diffusers_logging
+    from diffusers.utils.testing_utils import CaptureLogger
+
+    from diffusers_ext.pipelines.divide_and_denoise import pipeline_divide_and_denoise
+
+    pipes = _sd_pipelines()
+    logger = diffusers_logging.get_logger(pipeline_divide_and_denoise.__name__)
+    with CaptureLogger(logger) as shared:
+        DivideAndDenoisePipeline.from_pipelines(pipes)
+    pipes[1].text_encoder = get_tiny_sd_components(seed=5)["text_encoder"]
+    with CaptureLogger(logger) as separate:
+        DivideAndDenoisePipeline.from_pipelines(pipes)
+    assert "text encoder" not in shared.out and "`pipelines[1]` has its own text encoder" in separate.out

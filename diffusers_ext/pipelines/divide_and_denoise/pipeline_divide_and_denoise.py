@@ -201,6 +201,14 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                 vaes[0] is not None and dict(vaes[0].config) != dict(vaes[1].config)
             ):
                 raise ValueError(f"`pipelines[{i}]` has a different autoencoder than `pipelines[0]`; latents differ.")
+            encoders = [getattr(p, "text_encoder", None) for p in (first, pipe)]
+            if encoders[0] is not None and encoders[1] is not None and encoders[0] is not encoders[1]:
+                a, b = encoders[0].state_dict(), encoders[1].state_dict()
+                if a.keys() != b.keys() or any(not torch.equal(a[k], b[k]) for k in a):
+                    logger.warning(
+                        f"`pipelines[{i}]` has its own text encoder; every model is conditioned through the text "
+                        "encoder of `pipelines[0]`."
+                    )
         # one denoiser per distinct UNet (the same UNet under several pipelines is kept once)
         unets = list({id(p.unet): p.unet for p in pipelines}.values())
         if scheduler is None:
