@@ -30,6 +30,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...utils import public
+
 
 SOLVERS = ("proportional_response", "sinkhorn", "lp", "argmax")
 
@@ -309,6 +311,7 @@ def fairness_report(utilities: torch.Tensor, allocation: torch.Tensor, budgets=N
     )
 
 
+@public
 class FairDivisionAllocator:
     r"""
     Divide the positions of a sample among `K` agents (models) by a fair-division solver, step after step.

@@ -30,6 +30,7 @@ COMPOSITIONS = ("divide_and_denoise", "average", "multidiffusion")
 _SCHEDULE_KEYS = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "trained_betas", "prediction_type")
 
 
+@public
 @dataclass
 class DivideAndDenoisePipelineOutput(BaseOutput):
     r"""
