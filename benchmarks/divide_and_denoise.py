@@ -12,6 +12,9 @@ painted what). Every method runs in this one process on the same experts, prompt
 - **centred** (reference): the same, but both experts prefer the centre, so the fixed split does not conflict.
 - **dominant** (reference): both centred, the red expert paints a large disc that would cover the blue expert's
   small one: the division must not let the red expert take every contested position.
+- **digits_shared** (reference): the zoo DDPM itself with two class labels on a 8x16 canvas. Run on that canvas the
+  model paints a digit in each 8x8 half by itself, so both agents want both halves, and MultiDiffusion's fixed
+  halves match the model's own layout.
 - **digits**: two experts derived from the zoo digits DDPM, each painting one digit in its own 8x8 slot of a 8x24
   canvas (random digits and slots per prompt). The zoo classifier reads every slot; success = the occupied slots
   show exactly the two requested digits.
@@ -36,7 +39,7 @@ import torch
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 METHODS = ("divide_and_denoise", "averaging", "multidiffusion", "dnd_no_alignment", "dnd_argmax", "dnd_sinkhorn")
 DISC_SETTINGS = ("conflict", "centred", "dominant")
-SETTINGS = ("conflict", "digits", "centred", "dominant")
+SETTINGS = ("conflict", "digits", "centred", "dominant", "digits_shared")
 # Lenient detectors (a sensitivity check): they also count faded objects at about half strength.
 LENIENT_DISC = 0.3
 LENIENT_INK = -0.5
@@ -49,11 +52,13 @@ def parse_args(argv=None):
     parser.add_argument("--disc_steps", type=int, default=50, help="DDIM steps in the disc settings.")
     parser.add_argument("--digit_prompts", type=int, default=12, help="Random (digits, slots) prompts per seed.")
     parser.add_argument("--digit_images", type=int, default=8, help="Images per digit prompt.")
-    parser.add_argument("--digit_steps", type=int, default=25, help="DDIM steps in the digits setting.")
+    parser.add_argument("--digit_steps", type=int, default=25, help="DDIM steps in the digits settings.")
+    parser.add_argument("--shared_prompts", type=int, default=6, help="Random digit pairs per seed, digits_shared.")
     parser.add_argument("--ddpm", type=str, default=None, help="digits DDPM folder (default: the zoo entry).")
     parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where the results files go.")
     args = parser.parse_args(argv)
-    if min(args.disc_samples, args.digit_prompts, args.digit_images, args.disc_steps, args.digit_steps) < 1:
+    if min(args.disc_samples, args.digit_prompts, args.digit_images, args.disc_steps, args.digit_steps,
+           args.shared_prompts) < 1:  # fmt: skip
         parser.error("sample counts and step counts must be >= 1.")
     return args
 
@@ -139,6 +144,30 @@ def run_digits(unet, scheduler, classifier, args, seed: int, timings: dict, keep
     return {name: float(np.mean(values)) for name, values in successes.items()}
 
 
+def run_digits_shared(ddpm, classifier, args, seed: int, timings: dict, keep: dict | None):
+    from diffusers_ext import DivideAndDenoisePipeline
+    from diffusers_ext.pipelines.divide_and_denoise.composition_eval import digits_success, score_digit_slots
+
+    pipe = DivideAndDenoisePipeline.from_pipelines([ddpm])
+    pipe.set_progress_bar_config(disable=True)
+    rng = random.Random(seed)
+    successes = {name: [] for method in METHODS for name in (method, "lenient/" + method)}
+    for p in range(args.shared_prompts):
+        digits = rng.sample(range(10), 2)
+        for method in METHODS:
+            out = pipe(class_labels=digits, width=16, num_inference_steps=args.digit_steps,
+                       num_images_per_prompt=args.digit_images, generator=torch.Generator().manual_seed(seed * 1000 + p),
+                       output_type="pt", **method_kwargs(method))  # fmt: skip
+            for prefix, ink in (("", 0.0), ("lenient/", LENIENT_INK)):
+                present, labels = score_digit_slots(classifier, out.images * 2 - 1, ink_threshold=ink)
+                successes[prefix + method].extend(digits_success(present, labels, digits).tolist())
+            if method == "divide_and_denoise":
+                add_timings(timings, pipe.last_call_timings)
+            if keep is not None and p == 0 and method in ("divide_and_denoise", "multidiffusion", "averaging"):
+                keep[method] = (out.images[0].permute(1, 2, 0).numpy(), out.allocations[:, 0].numpy())
+    return {name: float(np.mean(values)) for name, values in successes.items()}
+
+
 def summarise(per_seed: list[dict]) -> dict:
     return {
         name: {"mean": float(np.mean([s[name] for s in per_seed])), "std": float(np.std([s[name] for s in per_seed])),
@@ -165,7 +194,15 @@ def write_plot(results, path):
     ax.axhline(0.9, color="#2a7", linestyle="--", linewidth=1)
     ax.axhline(0.5, color="#c33", linestyle=":", linewidth=1)
     ax.set_xticks(range(len(settings)))
-    ax.set_xticklabels(["conflicting priors (discs)", "digits, 8x24 canvas", "centred priors", "dominant expert"])
+    ax.set_xticklabels(
+        [
+            "conflicting priors (discs)",
+            "digits, 8x24 canvas",
+            "centred priors",
+            "dominant expert",
+            "digits, shared 8x16",
+        ]
+    )
     ax.set_ylabel("composition success")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
@@ -181,7 +218,7 @@ def write_allocation_plot(examples: dict, path: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [name for name in ("conflict", "centred", "dominant", "digits") if name in examples]
+    rows = [name for name in ("conflict", "centred", "dominant", "digits", "digits_shared") if name in examples]
     fig, axes = plt.subplots(len(rows), 7, figsize=(14, 2.1 * len(rows)), dpi=100, squeeze=False)
     for r, name in enumerate(rows):
         keep = examples[name]
@@ -266,6 +303,10 @@ def main(argv=None):
         keep = examples.setdefault("digits", {}) if first else None
         per_seed["digits"].append(
             run_digits(ddpm.unet, ddpm.scheduler, classifier, args, seed, timings["digits"], keep)
+        )
+        keep = examples.setdefault("digits_shared", {}) if first else None
+        per_seed["digits_shared"].append(
+            run_digits_shared(ddpm, classifier, args, seed, timings["digits_shared"], keep)
         )
         print(f"seed {seed}: " + "; ".join(f"{k} {v[-1]}" for k, v in per_seed.items()), flush=True)
 
