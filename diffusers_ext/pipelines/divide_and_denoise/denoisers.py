@@ -240,8 +240,16 @@ class WindowedDenoiser(ModelMixin, ConfigMixin):
         )
 
     @classmethod
-    def from_unet(cls, unet: UNet2DModel, canvas_size, window_offset, background: float = -1.0, **schedule):
-        """Wrap a copy of `unet`'s weights at `window_offset` of a `canvas_size` canvas."""
+    def from_unet(
+        cls, unet: UNet2DModel, canvas_size, window_offset, background: float = -1.0, scheduler=None, **schedule
+    ) -> "WindowedDenoiser":
+        """Wrap a copy of `unet`'s weights at `window_offset` of a `canvas_size` canvas.
+
+        The noise schedule comes from `scheduler` (the UNet's own scheduler) or from the `schedule` keywords.
+        """
+        if scheduler is not None:
+            keys = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule")
+            schedule = {k: scheduler.config[k] for k in keys} | schedule
         model = cls(dict(unet.config), canvas_size, tuple(window_offset), background, **schedule)
         model.denoiser.load_state_dict(unet.state_dict())
         model = model.to(unet.device)

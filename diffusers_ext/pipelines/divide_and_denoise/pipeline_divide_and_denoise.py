@@ -640,12 +640,16 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         Examples:
 
         ```py
-        >>> from diffusers_ext import DivideAndDenoisePipeline, zoo
+        >>> from diffusers_ext import DivideAndDenoisePipeline, MultiDenoiserModel, WindowedDenoiser, zoo
 
-        >>> digits = zoo.load("digits-ddpm")
-        >>> pipe = DivideAndDenoisePipeline.from_pipelines([digits])
-        >>> out = pipe(class_labels=[3, 7], width=16, num_inference_steps=25)  # two digits share a 8x16 canvas
-        >>> out.images[0], out.allocations.shape  # (steps, 1, 2, 8, 16): who painted what
+        >>> ddpm = zoo.load("digits-ddpm")
+        >>> # two experts, each painting its digit in its own 8x8 slot of a 8x24 canvas (right and left)
+        >>> experts = [
+        ...     WindowedDenoiser.from_unet(ddpm.unet, (8, 24), (0, left), scheduler=ddpm.scheduler) for left in (16, 0)
+        ... ]
+        >>> pipe = DivideAndDenoisePipeline(MultiDenoiserModel(experts), ddpm.scheduler, null_class_label=10)
+        >>> out = pipe(class_labels=[3, 7], width=24, num_inference_steps=25)
+        >>> out.images[0], out.allocations.shape  # (steps, 1, 2, 8, 24): who painted what
         ```
 
         Returns:
