@@ -62,6 +62,11 @@ def test_windowed_denoiser_paints_only_its_window():
     torch.testing.assert_close(eps[..., :8], background[..., :8])
     torch.testing.assert_close(eps[..., 16:], background[..., 16:])
     assert model.num_class_embeds == 4
+    from_scheduler = WindowedDenoiser.from_unet(
+        unet, (8, 24), (0, 8), scheduler=DDPMScheduler(num_train_timesteps=100, beta_schedule="squaredcos_cap_v2")
+    )
+    assert from_scheduler.config.num_train_timesteps == 100
+    assert from_scheduler.config.beta_schedule == "squaredcos_cap_v2"
     with pytest.raises(ValueError, match="window_offset"):
         WindowedDenoiser.from_unet(unet, canvas_size=(8, 24), window_offset=(0, 20))
 
