@@ -68,12 +68,10 @@ def test_lp_maximises_welfare_among_fair_allocations():
     utilities = _random_utilities(5, batch=3, positions=30)
     lp = fairness_report(utilities, _allocate("lp", utilities))
     nash = fairness_report(utilities, _allocate("proportional_response", utilities))
-    sink = fairness_report(utilities, _allocate("sinkhorn", utilities, tau=0.01))
-    # Both other solutions are feasible for the LP only when fair; proportional response always is.
+    # The Nash-welfare allocation is proportional and envy-free, hence feasible for the LP: the LP can only do better.
     assert (lp.welfare >= nash.welfare - 1e-6).all()
     argmax = fairness_report(utilities, _allocate("argmax", utilities))
     assert (lp.welfare <= argmax.welfare + 1e-6).all()
-    assert torch.isfinite(sink.welfare).all()
 
 
 def test_proportional_response_maximises_nash_welfare():
