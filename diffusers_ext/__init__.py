@@ -1,12 +1,10 @@
 """diffusers-ext: recent diffusion methods as first-class diffusers classes.
 
-Every public name is imported lazily (diffusers' ``_LazyModule`` pattern), so ``import diffusers_ext`` costs
-about as much as ``import diffusers`` and the heavy modules load on first use.
+Every public name is imported lazily (diffusers' ``_LazyModule`` pattern): ``import diffusers_ext`` imports neither
+torch nor diffusers, and each class loads on first use.
 """
 
 from typing import TYPE_CHECKING
-
-from diffusers.utils import _LazyModule
 
 
 __version__ = "0.1.0"
@@ -28,7 +26,9 @@ if TYPE_CHECKING:
 else:
     import sys
 
-    sys.modules[__name__] = _LazyModule(
+    from ._lazy_module import LazyModule
+
+    sys.modules[__name__] = LazyModule(
         __name__,
         globals()["__file__"],
         _import_structure,
