@@ -192,8 +192,8 @@ class FlowMatchSDEScheduler(FlowMatchEulerDiscreteScheduler):
             prev_sample (`torch.Tensor` of shape `(batch_size, ...)`, *optional*): a sample to score (e.g. a stored
                 rollout, under the current policy's `model_output`); no noise is drawn then.
             noise_level (`float`, *optional*): overrides `config.noise_level` and the window for this step.
-            return_dict (`bool`, defaults to `True`): return a [`FlowMatchSDESchedulerOutput`], else a tuple
-                `(prev_sample, log_prob, prev_sample_mean, std_dev)`.
+            return_dict (`bool`, defaults to `True`): return a [`FlowMatchSDESchedulerOutput`], else its
+                `to_tuple()`: `(prev_sample, log_prob, prev_sample_mean, std_dev)`, without `log_prob` on an ODE step.
         """
         if isinstance(timestep, int) or (isinstance(timestep, torch.Tensor) and not timestep.is_floating_point()):
             raise ValueError(
@@ -220,8 +220,7 @@ class FlowMatchSDEScheduler(FlowMatchEulerDiscreteScheduler):
 
         prev_sample = prev_sample.to(model_output.dtype)
         std = std.expand(sample.shape[0])
-        if not return_dict:
-            return (prev_sample, log_prob, mean, std)
-        return FlowMatchSDESchedulerOutput(
+        output = FlowMatchSDESchedulerOutput(
             prev_sample=prev_sample, log_prob=log_prob, prev_sample_mean=mean, std_dev=std
         )
+        return output if return_dict else output.to_tuple()
