@@ -17,6 +17,7 @@ _import_structure = {
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
     "models.semantic_multiview_unet": ["SemanticMultiViewUNetModel", "SemanticMultiViewUNetOutput"],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
+    "pipelines.semantic_nvs.pipeline_semantic_nvs": ["SemanticNVSPipeline", "SemanticNVSPipelineOutput"],
     "schedulers.scheduling_flow_match_sde": ["FlowMatchSDEScheduler", "FlowMatchSDESchedulerOutput"],
 }
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+    from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
 else:
     import sys

@@ -950,25 +950,31 @@ class PipelineConformanceTests:
             results[output_type] = pipe(**self.get_inputs(output_type=output_type))[0]
         if "np" in results:
             images = results["np"]
-            assert isinstance(images, np.ndarray) and images.ndim == 4, "'np' must give a (batch, H, W, C) array"
+            # (batch, H, W, C); multi-view and video pipelines add dimensions after the batch: (batch, ..., H, W, C)
+            assert isinstance(images, np.ndarray) and images.ndim >= 4, "'np' must give a (batch, ..., H, W, C) array"
             assert np.issubdtype(images.dtype, np.floating), f"'np' images have dtype {images.dtype}"
             assert images.min() >= 0.0 and images.max() <= 1.0, "'np' images must lie in [0, 1]"
         if "pt" in results:
             images = results["pt"]
-            assert isinstance(images, torch.Tensor) and images.ndim == 4, "'pt' must give a (batch, C, H, W) tensor"
+            assert isinstance(images, torch.Tensor) and images.ndim >= 4, (
+                "'pt' must give a (batch, ..., C, H, W) tensor"
+            )
             assert images.min() >= 0.0 and images.max() <= 1.0, "'pt' images must lie in [0, 1]"
             if "np" in results:
                 _assert_outputs_close(
-                    results["np"], output_to_numpy(images.permute(0, 2, 3, 1)), self.atol, "'np' vs permuted 'pt'"
+                    results["np"], output_to_numpy(images.movedim(-3, -1)), self.atol, "'np' vs permuted 'pt'"
                 )
         if "pil" in results:
             images = results["pil"]
-            assert isinstance(images, list) and all(isinstance(im, PIL.Image.Image) for im in images), (
-                "'pil' must give a list of PIL images"
-            )
+            assert isinstance(images, list) and len(images) > 0, "'pil' must give a list (one entry per batch item)"
             if "np" in results:
                 array = results["np"]
                 assert len(images) == array.shape[0], "'pil' and 'np' give different batch sizes"
+                # Multi-view pipelines give a list of lists of views: flatten both to single images.
+                images = [im for item in images for im in (item if isinstance(item, list) else [item])]
+                array = array.reshape(-1, *array.shape[-3:])
+            assert all(isinstance(im, PIL.Image.Image) for im in images), "'pil' must give PIL images"
+            if "np" in results:
                 assert images[0].size == (array.shape[2], array.shape[1]), "'pil' and 'np' sizes differ"
                 as_uint8 = (array * 255).round().astype(np.int16)
                 if as_uint8.shape[-1] == 1:
