@@ -180,3 +180,43 @@ def render_orbit(scene: Scene, num_views: int, size: int, radius: float = 4.0, e
     c2w = orbit_trajectory(num_views, radius, elevation_deg, start_azimuth_deg, sweep_deg, center=(0.0, -0.3, 0.0))
     intrinsics = default_intrinsics(num_views, size)
     return {**render(scene, intrinsics, c2w, size, size), "intrinsics": intrinsics, "c2w": c2w}
+
+
+def sample_scene_views(
+    generator: torch.Generator,
+    num_views: int,
+    size: int,
+    azimuth_offsets_deg: list[float] | None = None,
+    max_azimuth_span_deg: float = 90.0,
+    num_objects: tuple[int, int] = (2, 4),
+) -> dict[str, torch.Tensor]:
+    r"""
+    A random scene seen from `num_views` cameras on an orbit: view 0 at a random azimuth, the others at
+    `azimuth_offsets_deg` from it (or at random offsets within `max_azimuth_span_deg`).
+
+    Returns `render_orbit`'s dict for the views (`images`, `depths`, `classes`, `intrinsics`, `c2w`) plus
+    `"azimuth_offsets"` `(num_views,)` in degrees.
+    """
+    count = int(torch.randint(num_objects[0], num_objects[1] + 1, (), generator=generator))
+    scene = random_scene(generator, count)
+    start = float(torch.rand((), generator=generator)) * 360.0
+    if azimuth_offsets_deg is None:
+        signs = torch.where(torch.rand(num_views - 1, generator=generator) < 0.5, -1.0, 1.0)
+        offsets = [0.0] + (signs * torch.rand(num_views - 1, generator=generator) * max_azimuth_span_deg).tolist()
+    else:
+        if len(azimuth_offsets_deg) != num_views:
+            raise ValueError(f"`azimuth_offsets_deg` has {len(azimuth_offsets_deg)} entries for {num_views} views.")
+        offsets = list(azimuth_offsets_deg)
+    elevation = 20.0 + 15.0 * float(torch.rand((), generator=generator))
+    c2w = torch.cat([
+        orbit_trajectory(1, 4.0, elevation, start + offset, 0.0, center=(0.0, -0.3, 0.0)) for offset in offsets
+    ])  # fmt: skip
+    intrinsics = default_intrinsics(num_views, size)
+    views = render(scene, intrinsics, c2w, size, size)
+    return {**views, "intrinsics": intrinsics, "c2w": c2w, "azimuth_offsets": torch.tensor(offsets)}
+
+
+def sample_scene_batch(generator: torch.Generator, batch_size: int, num_views: int, size: int, **kwargs) -> dict:
+    """`batch_size` scenes of [`sample_scene_views`], stacked: every tensor gains a leading batch dimension."""
+    scenes = [sample_scene_views(generator, num_views, size, **kwargs) for _ in range(batch_size)]
+    return {key: torch.stack([scene[key] for scene in scenes]) for key in scenes[0]}

@@ -149,6 +149,15 @@ def plucker_raymap(
     return torch.cat([directions, moments], dim=-1).permute(0, 3, 1, 2).contiguous()
 
 
+def scene_plucker(intrinsics: torch.Tensor, c2w: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Plücker maps `(B, V, 6, H, W)` of `B` scenes' cameras (`(B, V, 3, 3)`, `(B, V, 4, 4)`), each relative to the
+    scene's first view and scale-normalised: the conditioning [`SemanticMultiViewUNetModel`] is trained with."""
+    return torch.stack([
+        plucker_raymap(intrinsics[i], c2w[i], height, width, reference_c2w=c2w[i, 0], normalize_scale=True)
+        for i in range(c2w.shape[0])
+    ])  # fmt: skip
+
+
 def look_at(eye: torch.Tensor, target: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
     r"""
     Camera-to-world matrices of cameras at `eye` looking at `target` (OpenCV axes: z toward the target, y down).

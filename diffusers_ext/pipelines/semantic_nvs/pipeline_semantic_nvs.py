@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
@@ -14,9 +13,9 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from ...models.semantic_multiview_unet import SemanticMultiViewUNetModel
 from ...utils import public
-from .camera import check_intrinsics, check_rigid, plucker_raymap, scale_intrinsics
-from .semantic_features import semantic_feature_grid
-from .warp import forward_warp
+from .camera import check_intrinsics, check_rigid, scale_intrinsics, scene_plucker
+from .semantic_features import semantic_feature_map
+from .warp import warp_to_targets
 
 
 logger = logging.get_logger(__name__)
@@ -151,31 +150,7 @@ class SemanticNVSPipeline(DiffusionPipeline):
     # ---------------------------------------------------------------------------------------- semantics
     def encode_semantics(self, images: torch.Tensor) -> torch.Tensor:
         """Semantic features of `(N, 3, H, W)` images in [0, 1], upsampled to `(N, S, H, W)`."""
-        grid = semantic_feature_grid(self.semantic_encoder, images.clamp(0, 1))
-        return F.interpolate(grid.float(), size=images.shape[-2:], mode="bilinear", align_corners=False)
-
-    def warp_semantics(self, features, depths, input_intrinsics, input_c2w, target_intrinsics, target_c2w):
-        r"""
-        Warp input-view features `(B, V_in, S, H, W)` to every target view; where several input views reach a
-        pixel, the nearest surface wins. Returns `(warped (B, V_t, S, H, W), valid (B, V_t, 1, H, W))`.
-        """
-        b, v_in, s, h, w = features.shape
-        v_t = target_c2w.shape[1]
-        best_depth = torch.full((b, v_t, 1, h, w), float("inf"), device=features.device)
-        warped = features.new_zeros(b, v_t, s, h, w)
-        for i in range(v_in):
-            src = features[:, i, None].expand(b, v_t, s, h, w).reshape(b * v_t, s, h, w)
-            depth = depths[:, i, None].expand(b, v_t, 1, h, w).reshape(b * v_t, 1, h, w)
-            k_src = input_intrinsics[:, i, None].expand(b, v_t, 3, 3).reshape(-1, 3, 3)
-            c_src = input_c2w[:, i, None].expand(b, v_t, 4, 4).reshape(-1, 4, 4)
-            out, valid, out_depth = forward_warp(src, depth.float(), k_src.float(), c_src.float(),
-                                                 target_intrinsics.reshape(-1, 3, 3).float(),
-                                                 target_c2w.reshape(-1, 4, 4).float())  # fmt: skip
-            out, valid, out_depth = (t.reshape(b, v_t, *t.shape[1:]) for t in (out, valid, out_depth))
-            nearer = valid & (out_depth < best_depth)
-            warped = torch.where(nearer, out, warped)
-            best_depth = torch.where(nearer, out_depth, best_depth)
-        return warped, torch.isfinite(best_depth)
+        return semantic_feature_map(self.semantic_encoder, images)
 
     def _x0_estimate(self, noise_pred, latents, t):
         alpha_bar = self.scheduler.alphas_cumprod.to(latents.device)[int(t)].to(latents.dtype)
@@ -250,11 +225,7 @@ class SemanticNVSPipeline(DiffusionPipeline):
         # Cameras: Plücker maps of all views relative to the first input view of each scene.
         intrinsics = torch.cat([input_intrinsics, target_intrinsics], 1).to(device, torch.float32)
         c2w = torch.cat([input_c2w, target_c2w], 1).to(device, torch.float32)
-        plucker = torch.stack([
-            plucker_raymap(scale_intrinsics(intrinsics[i], size / w, size / h), c2w[i], size, size,
-                           reference_c2w=c2w[i, 0], normalize_scale=True)
-            for i in range(b)
-        ]).to(dtype)  # fmt: skip
+        plucker = scene_plucker(scale_intrinsics(intrinsics, size / w, size / h), c2w, size, size).to(dtype)
 
         semantic_channels = self.unet.config.semantic_channels
         input_features = torch.zeros(b, v_in, semantic_channels, h, w, device=device)
@@ -263,7 +234,7 @@ class SemanticNVSPipeline(DiffusionPipeline):
         if semantic_mode != "none":
             input_features = self.encode_semantics(images.reshape(b * v_in, c, h, w)).reshape(b, v_in, -1, h, w)
         if "warped" in semantic_mode:
-            warped, coverage = self.warp_semantics(input_features, depths.to(device), input_intrinsics.to(device),
+            warped, coverage = warp_to_targets(input_features, depths.to(device), input_intrinsics.to(device),
                                                    input_c2w.to(device), target_intrinsics.to(device),
                                                    target_c2w.to(device))  # fmt: skip
 

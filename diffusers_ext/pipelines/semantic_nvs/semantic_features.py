@@ -14,7 +14,6 @@ def _num_prefix_tokens(backbone) -> int:
     return 1 + int(getattr(config, "num_register_tokens", 0) or 0)
 
 
-@torch.no_grad()
 def semantic_feature_grid(
     backbone,
     images: torch.Tensor,
@@ -27,7 +26,7 @@ def semantic_feature_grid(
     its last-layer patch tokens as a feature map.
 
     The whole image is resized (no crop) so that features stay aligned with pixels, normalised with `mean`/`std`,
-    and the CLS and register tokens are dropped.
+    and the CLS and register tokens are dropped. Differentiable (wrap it in `torch.no_grad()` for inference).
 
     Args:
         backbone: a transformers vision model whose output has `last_hidden_state` `(B, prefix + h * w, C)` and
@@ -69,3 +68,9 @@ def semantic_feature_grid(
             "`num_register_tokens` set in the config?"
         )
     return tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[2], grid_h, grid_w)
+
+
+def semantic_feature_map(backbone, images: torch.Tensor) -> torch.Tensor:
+    """[`semantic_feature_grid`] of `(N, 3, H, W)` images in [0, 1], upsampled bilinearly to `(N, C, H, W)`."""
+    grid = semantic_feature_grid(backbone, images.clamp(0, 1))
+    return F.interpolate(grid.float(), size=images.shape[-2:], mode="bilinear", align_corners=False)

@@ -146,3 +146,40 @@ def forward_warp(
     warped = torch.where(valid[:, None], warped, torch.zeros_like(warped)).reshape(b, ht, wt, c).permute(0, 3, 1, 2)
     warped_depth = torch.where(valid, depth_sum / safe_total, torch.zeros_like(depth_sum))
     return warped, valid.reshape(b, 1, ht, wt), warped_depth.reshape(b, 1, ht, wt).to(source.dtype)
+
+
+def warp_to_targets(
+    features: torch.Tensor,
+    depths: torch.Tensor,
+    input_intrinsics: torch.Tensor,
+    input_c2w: torch.Tensor,
+    target_intrinsics: torch.Tensor,
+    target_c2w: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""
+    Warp the features of every input view of every scene to every target view (z-buffer); where several input
+    views reach a pixel, the nearest surface wins.
+
+    Args:
+        features (`torch.Tensor` of shape `(B, V_in, S, H, W)`): per-input-view feature maps at the depth's size.
+        depths (`torch.Tensor` of shape `(B, V_in, 1, H, W)`): input z-depth.
+        input_intrinsics (`(B, V_in, 3, 3)`), input_c2w (`(B, V_in, 4, 4)`): input cameras.
+        target_intrinsics (`(B, V_t, 3, 3)`), target_c2w (`(B, V_t, 4, 4)`): target cameras (same image size).
+
+    Returns:
+        `(warped, valid)`: `(B, V_t, S, H, W)` features and a `(B, V_t, 1, H, W)` boolean coverage mask.
+    """
+    b, v_in, s, h, w = features.shape
+    v_t = target_c2w.shape[1]
+    best_depth = torch.full((b, v_t, 1, h, w), float("inf"), device=features.device)
+    warped = features.new_zeros(b, v_t, s, h, w)
+    k_tgt, c_tgt = target_intrinsics.reshape(-1, 3, 3).float(), target_c2w.reshape(-1, 4, 4).float()
+    for i in range(v_in):
+        per_target = [x[:, i, None].expand(b, v_t, *x.shape[2:]).reshape(b * v_t, *x.shape[2:]).float()
+                      for x in (features, depths, input_intrinsics, input_c2w)]  # fmt: skip
+        out, valid, out_depth = forward_warp(*per_target, k_tgt, c_tgt)
+        out, valid, out_depth = (t.reshape(b, v_t, *t.shape[1:]) for t in (out, valid, out_depth))
+        nearer = valid & (out_depth < best_depth)
+        warped = torch.where(nearer, out, warped)
+        best_depth = torch.where(nearer, out_depth, best_depth)
+    return warped, torch.isfinite(best_depth)
