@@ -71,6 +71,10 @@ def semantic_feature_grid(
 
 
 def semantic_feature_map(backbone, images: torch.Tensor) -> torch.Tensor:
-    """[`semantic_feature_grid`] of `(N, 3, H, W)` images in [0, 1], upsampled bilinearly to `(N, C, H, W)`."""
-    grid = semantic_feature_grid(backbone, images.clamp(0, 1))
+    """Semantic features of `(N, 3, H, W)` images in [0, 1] as a `(N, C, H, W)` map: the images are resized to the
+    backbone's `config.image_size` (its training resolution), and the patch grid upsampled bilinearly back."""
+    image_size = getattr(backbone.config, "image_size", None)
+    patch = int(backbone.config.patch_size)
+    resolution = (image_size // patch * patch,) * 2 if isinstance(image_size, int) else None
+    grid = semantic_feature_grid(backbone, images.clamp(0, 1), resolution=resolution)
     return F.interpolate(grid.float(), size=images.shape[-2:], mode="bilinear", align_corners=False)
