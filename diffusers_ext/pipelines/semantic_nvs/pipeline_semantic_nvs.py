@@ -114,6 +114,8 @@ class SemanticNVSPipeline(DiffusionPipeline):
         if semantic_mode not in SEMANTIC_MODES:
             raise ValueError(f"`semantic_mode` must be one of {SEMANTIC_MODES}, got {semantic_mode!r}.")
         if semantic_mode != "none":
+            if not self.unet.config.semantic_channels:
+                raise ValueError(f"`semantic_mode` {semantic_mode!r}: this unet has no semantic inputs; use 'none'.")
             if self.semantic_encoder is None:
                 raise ValueError(
                     f"`semantic_mode` {semantic_mode!r} needs a `semantic_encoder`; this pipeline has none."
@@ -257,13 +259,14 @@ class SemanticNVSPipeline(DiffusionPipeline):
             features = torch.cat([input_features, target_features], 1).to(dtype)
             feature_mask = torch.cat([input_feature_mask, target_mask], 1).to(dtype)
             sample = torch.cat([clean_inputs, self.scheduler.scale_model_input(latents, t)], 1)
-            conditional = {"plucker": plucker, "input_mask": input_mask, "input_images": input_images,
-                           "semantic_features": features, "semantic_mask": feature_mask}  # fmt: skip
+            conditional = {"plucker": plucker, "input_mask": input_mask, "input_images": input_images}
+            unconditional = {"plucker": plucker, "input_mask": torch.zeros_like(input_mask),
+                             "input_images": torch.zeros_like(input_images)}  # fmt: skip
+            if semantic_channels:
+                conditional.update(semantic_features=features, semantic_mask=feature_mask)
+                unconditional.update(semantic_features=torch.zeros_like(features),
+                                     semantic_mask=torch.zeros_like(feature_mask))  # fmt: skip
             if do_cfg:
-                unconditional = {"plucker": plucker, "input_mask": torch.zeros_like(input_mask),
-                                 "input_images": torch.zeros_like(input_images),
-                                 "semantic_features": torch.zeros_like(features),
-                                 "semantic_mask": torch.zeros_like(feature_mask)}  # fmt: skip
                 both = {k: torch.cat([unconditional[k], conditional[k]]) for k in conditional}
                 timestep = t.expand(2 * b).to(device)
                 prediction = self.unet(torch.cat([sample, sample]), timestep, **both).sample
