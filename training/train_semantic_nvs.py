@@ -70,13 +70,14 @@ def parse_args(argv=None):
 
 
 def gaussian_blur(images: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
-    """Blur each image of `(N, C, H, W)` with its own Gaussian `sigmas` `(N,)` (separable, reflect padding)."""
+    """Blur each image of `(N, C, H, W)` with its own Gaussian `sigmas` `(N,)` (separable, reflected edges)."""
     radius = int(torch.ceil(3 * sigmas.max()).item())
     offsets = torch.arange(-radius, radius + 1, dtype=images.dtype, device=images.device)
     kernels = torch.exp(-(offsets[None] ** 2) / (2 * sigmas[:, None].to(images) ** 2))
     kernels = kernels / kernels.sum(-1, keepdim=True)  # (N, K)
     n, c, h, w = images.shape
-    x = F.pad(images, [radius] * 4, mode="reflect").reshape(1, n * c, h + 2 * radius, w + 2 * radius)
+    mode = "reflect" if radius < min(h, w) else "replicate"  # reflection needs the image to be wider than the pad
+    x = F.pad(images, [radius] * 4, mode=mode).reshape(1, n * c, h + 2 * radius, w + 2 * radius)
     weight = kernels.repeat_interleave(c, 0)
     x = F.conv2d(x, weight[:, None, None, :], groups=n * c)
     x = F.conv2d(x, weight[:, None, :, None], groups=n * c)
