@@ -18,6 +18,16 @@ _import_structure = {
     "loading": ["load_pipeline"],
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
+    "pipelines.soar.adapters": [
+        "DiffusionLMAdapter",
+        "DreamAdapter",
+        "HFLogitsAdapter",
+        "LLaDA2Adapter",
+        "LLaDAAdapter",
+        "get_diffusion_lm_adapter",
+    ],
+    "pipelines.soar.pipeline_diffusion_lm": ["DiffusionLMPipeline", "DiffusionLMPipelineOutput"],
+    "schedulers.scheduling_soar": ["SOARScheduler", "SOARSchedulerOutput"],
 }
 
 if TYPE_CHECKING:
@@ -25,6 +35,16 @@ if TYPE_CHECKING:
     from .loading import load_pipeline
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+    from .pipelines.soar.adapters import (
+        DiffusionLMAdapter,
+        DreamAdapter,
+        HFLogitsAdapter,
+        LLaDA2Adapter,
+        LLaDAAdapter,
+        get_diffusion_lm_adapter,
+    )
+    from .pipelines.soar.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
+    from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
 else:
     import sys
 

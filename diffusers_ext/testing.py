@@ -1049,12 +1049,19 @@ class SchedulerConformanceTests:
         scheduler_config (`dict`, defaults to `{}`): constructor arguments.
         num_inference_steps (`int`, defaults to 10): steps for `set_timesteps`.
         sample_shape (`tuple`, defaults to `(2, 3, 8, 8)`): shape of the sample `(batch, channels, height, width)`.
+        step_kwargs (`dict`, defaults to `{}`): extra keyword arguments of every `step` call (e.g. the mask token
+            of a discrete scheduler).
+        sample_shaped_outputs (`tuple[str, ...]`, *optional*): the `step` output fields that have the sample's
+            shape; the other tensor fields must be per-sample (leading dimension = batch). `None`: every tensor
+            field has the sample's shape, as in continuous schedulers.
     """
 
     scheduler_class: type | None = None
     scheduler_config: dict[str, Any] = {}
     num_inference_steps: int = 10
     sample_shape: tuple[int, ...] = (2, 3, 8, 8)
+    step_kwargs: dict[str, Any] = {}
+    sample_shaped_outputs: tuple[str, ...] | None = None
 
     def get_scheduler(self, **overrides):
         if self.scheduler_class is None:
@@ -1072,9 +1079,12 @@ class SchedulerConformanceTests:
         """Run every step of a fresh scheduler; return the raw `step` outputs."""
         scheduler = self.get_scheduler()
         scheduler.set_timesteps(self.num_inference_steps)
-        # Flow-matching schedulers have neither `init_noise_sigma` nor `scale_model_input`; both are optional.
-        sample = self.get_sample() * getattr(scheduler, "init_noise_sigma", 1.0)
-        step_kwargs = {"return_dict": return_dict}
+        # Flow-matching and discrete schedulers have neither `init_noise_sigma` nor `scale_model_input`; both are
+        # optional (and a discrete sample must keep its integer dtype).
+        sample = self.get_sample()
+        if hasattr(scheduler, "init_noise_sigma"):
+            sample = sample * scheduler.init_noise_sigma
+        step_kwargs = {**self.step_kwargs, "return_dict": return_dict}
         if "generator" in inspect.signature(scheduler.step).parameters:
             step_kwargs["generator"] = torch.Generator("cpu").manual_seed(0)
         outputs = []
@@ -1118,11 +1128,19 @@ class SchedulerConformanceTests:
         for i, output in enumerate(outputs):
             assert isinstance(output, BaseOutput), f"step {i} returned {type(output).__name__}, not a BaseOutput"
             assert "prev_sample" in output, f"step {i} output has no `prev_sample`"
+            if self.sample_shaped_outputs is not None:
+                missing = set(self.sample_shaped_outputs) - set(output.keys())
+                assert not missing, f"step {i}: output has no fields {sorted(missing)}"
             for name, value in output.items():
                 if isinstance(value, torch.Tensor):
-                    assert tuple(value.shape) == self.sample_shape, (
-                        f"step {i}: `{name}` has shape {tuple(value.shape)}"
-                    )
+                    if self.sample_shaped_outputs is None or name in self.sample_shaped_outputs:
+                        assert tuple(value.shape) == self.sample_shape, (
+                            f"step {i}: `{name}` has shape {tuple(value.shape)}"
+                        )
+                    else:
+                        assert value.ndim >= 1 and value.shape[0] == self.sample_shape[0], (
+                            f"step {i}: per-sample field `{name}` has shape {tuple(value.shape)}"
+                        )
                     assert torch.isfinite(value).all(), f"step {i}: `{name}` is not finite"
 
     def test_step_return_dict_false_matches_output_fields(self):
