@@ -454,6 +454,10 @@ def get_tiny_dream_like_lm(seed: int = 0) -> tuple[Qwen2ForCausalLM, PreTrainedT
 # Where a method registers its pipeline: a module of this name inside its pipeline package.
 DUMMIES_MODULE_NAME = "dummies"
 
+IMAGE_OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+# Text pipelines return token ids (`"seq"`, compared like arrays) and optionally decoded strings (`"text"`).
+TEXT_OUTPUT_TYPES = ("seq", "text")
+
 
 class BadInput(NamedTuple):
     """A bad call for [`PipelineConformanceTests`]: `overrides` replace dummy inputs, and the pipeline must raise a
@@ -472,7 +476,8 @@ class DummyPipelineSpec:
         components_fn (`Callable[[int], dict]`): `components_fn(seed)` gives the constructor's keyword arguments.
         inputs_fn (`Callable[[int], dict]`): `inputs_fn(seed)` gives one call's keyword arguments (one image).
         batch_params (`tuple[str, ...]`): per-image arguments, concatenated to make a batch.
-        output_types (`tuple[str, ...]`): supported `output_type` values among `"pil"`, `"np"`, `"pt"`, `"latent"`.
+        output_types (`tuple[str, ...]`): supported `output_type` values: image types among `"pil"`, `"np"`, `"pt"`,
+            `"latent"`, or token types among `"seq"`, `"text"` (a text pipeline); never both kinds.
         bad_inputs (`tuple[BadInput, ...]`): bad calls and the argument each error message must name.
         callback_edit_tensor (`str`): the callback tensor whose replacement must change the output.
         module (`str`): the module that registered the entry; a fresh interpreter imports it before lookups.
@@ -486,6 +491,16 @@ class DummyPipelineSpec:
     bad_inputs: tuple[BadInput, ...] = ()
     callback_edit_tensor: str = "latents"
     module: str = ""
+
+    @property
+    def is_text(self) -> bool:
+        """Whether the pipeline generates token sequences (its output types are `"seq"`/`"text"`)."""
+        return set(self.output_types) <= set(TEXT_OUTPUT_TYPES)
+
+    @property
+    def comparison_output_type(self) -> str:
+        """The `output_type` of the dummy inputs: `"np"` for image pipelines, `"seq"` for text pipelines."""
+        return "seq" if self.is_text else "np"
 
 
 _REGISTRY: dict[type, DummyPipelineSpec] = {}
@@ -513,13 +528,14 @@ def register_dummy_pipeline(
         components_fn (`Callable[[int], dict]`): `components_fn(seed)` returns the keyword arguments of
             `pipeline_class(...)`, with weights seeded by `seed`.
         inputs_fn (`Callable[[int], dict]`): `inputs_fn(seed)` returns the keyword arguments of one call making ONE
-            image (or sample), with `generator=torch.Generator("cpu").manual_seed(seed)`, `output_type="np"` and a
-            small `num_inference_steps`.
+            image (or sample), with `generator=torch.Generator("cpu").manual_seed(seed)`, `output_type="np"` (a text
+            pipeline: `output_type="seq"`, whose first output is the token ids) and a small `num_inference_steps`.
         batch_params (`Sequence[str]`, defaults to `()`): the per-image arguments. A batch of two is made from the
             inputs for two seeds: these arguments are concatenated (tensors along dim 0, lists joined, other values
             listed), `generator` becomes the list of both generators, and every other argument must be equal.
-        output_types (`Sequence[str]`, defaults to all four): the `output_type` values the pipeline supports among
-            `"pil"`, `"np"`, `"pt"` and `"latent"`.
+        output_types (`Sequence[str]`, defaults to all four image types): the `output_type` values the pipeline
+            supports: among `"pil"`, `"np"`, `"pt"` and `"latent"` for an image pipeline, or among `"seq"` (token
+            ids first) and `"text"` (token ids and decoded strings) for a text pipeline, which must support `"seq"`.
         bad_inputs (`Sequence[BadInput]`): bad calls, each an `(overrides, argument)` pair: the pipeline must raise a
             `ValueError`/`TypeError` naming `argument` before any model forward.
         callback_edit_tensor (`str`, defaults to `"latents"`): a name in `_callback_tensor_inputs` that a
@@ -535,9 +551,18 @@ def register_dummy_pipeline(
             raise TypeError(f"`{name}` must be callable as {name}(seed), got {fn!r}.")
     if isinstance(batch_params, str) or not all(isinstance(p, str) for p in batch_params):
         raise TypeError(f"`batch_params` must be a sequence of argument names, got {batch_params!r}.")
-    unknown = set(output_types) - {"pil", "np", "pt", "latent"}
+    unknown = set(output_types) - set(IMAGE_OUTPUT_TYPES) - set(TEXT_OUTPUT_TYPES)
     if unknown:
-        raise ValueError(f"`output_types` must be among 'pil', 'np', 'pt', 'latent'; got unknown {sorted(unknown)}.")
+        raise ValueError(
+            f"`output_types` must be among {IMAGE_OUTPUT_TYPES} or {TEXT_OUTPUT_TYPES}; got unknown {sorted(unknown)}."
+        )
+    if not output_types:
+        raise ValueError("`output_types` must not be empty.")
+    if set(output_types) & set(TEXT_OUTPUT_TYPES):
+        if set(output_types) & set(IMAGE_OUTPUT_TYPES):
+            raise ValueError(f"`output_types` mixes image and text types: {sorted(output_types)}.")
+        if "seq" not in output_types:
+            raise ValueError("a text pipeline's `output_types` must include 'seq' (token ids, compared as arrays).")
     checked_bad_inputs = []
     for entry in bad_inputs:
         if not (
@@ -805,8 +830,9 @@ class PipelineConformanceTests:
             assert isinstance(generator, torch.Generator), "dummy inputs must pass `generator=torch.Generator(...)`"
             assert generator.device.type == "cpu", f"dummy generator must be on the CPU, got {generator.device}"
             assert generator.initial_seed() == seed, f"dummy generator seeded {generator.initial_seed()} != {seed}"
-            assert inputs.get("output_type") == "np", (
-                f"dummy `output_type` must be 'np', got {inputs.get('output_type')!r}"
+            expected_type = spec.comparison_output_type
+            assert inputs.get("output_type") == expected_type, (
+                f"dummy `output_type` must be {expected_type!r}, got {inputs.get('output_type')!r}"
             )
         for name in spec.batch_params:
             assert name in self.get_inputs(), f"batch parameter {name!r} is not among the dummy inputs"
@@ -975,6 +1001,23 @@ class PipelineConformanceTests:
                     as_uint8 = as_uint8[..., 0]
                 diff = np.abs(np.stack([np.asarray(im) for im in images]).astype(np.int16) - as_uint8).max()
                 assert diff <= 1, f"'pil' pixels differ from 'np' * 255 by up to {diff}"
+        if "seq" in results:
+            sequences = results["seq"]
+            assert isinstance(sequences, torch.Tensor) and sequences.ndim == 2, (
+                "'seq' must give a (batch, length) tensor"
+            )
+            assert not sequences.is_floating_point(), f"'seq' token ids have dtype {sequences.dtype}"
+        if "text" in results:
+            output = pipe(**self.get_inputs(output_type="text"))
+            texts = output[1] if isinstance(output, tuple) else getattr(output, "texts", None)
+            assert isinstance(texts, list) and all(isinstance(t, str) for t in texts), (
+                "'text' must give the decoded strings as the second output"
+            )
+            assert len(texts) == len(results["text"]), "'text' gives a different number of strings and sequences"
+            if "seq" in results:
+                _assert_outputs_close(
+                    output_to_numpy(results["text"]), output_to_numpy(results["seq"]), 0, "'text' vs 'seq' token ids"
+                )
         if "latent" in results:
             latents = results["latent"]
             assert isinstance(latents, torch.Tensor), f"'latent' must give a tensor, got {type(latents).__name__}"

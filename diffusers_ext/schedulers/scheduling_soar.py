@@ -191,39 +191,56 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
         self._times = torch.linspace(1, self.config.final_eps, num_inference_steps + 1)
         self.timesteps = self._times[:-1].to(device)
 
-    def _step_index(self, timestep) -> int:
-        value = float(timestep)
-        matches = (self._times[:-1] == value).nonzero()
-        if len(matches) == 0:
+    def _step_indices(self, timestep) -> torch.LongTensor:
+        """Index in `timesteps` of a timestep, or of each element of a 1-D tensor of timesteps."""
+        values = torch.as_tensor(timestep, dtype=self._times.dtype).reshape(-1).cpu()
+        matches = values.unsqueeze(1) == self._times[:-1].unsqueeze(0)
+        unknown = ~matches.any(1)
+        if bool(unknown.any()):
             raise ValueError(
-                f"`timestep` {value!r} is not one of the scheduler's timesteps {self.timesteps.tolist()}; call "
-                "`set_timesteps` first and pass its values."
+                f"`timestep` {values[unknown].tolist()} is not among the scheduler's timesteps "
+                f"{self.timesteps.tolist()}; call `set_timesteps` first and pass its values."
             )
-        return int(matches[0, 0])
+        return matches.to(torch.int8).argmax(1)
 
     def num_transfer_tokens(self, num_masked: torch.LongTensor, timestep) -> torch.LongTensor:
-        """The per-row quota of the step at `timestep` for rows with `num_masked` eligible masked positions."""
-        i = self._step_index(timestep)
+        """The per-row quota for rows with `num_masked` eligible masked positions.
+
+        Args:
+            num_masked (`torch.LongTensor` of shape `(N,)`): eligible masked positions per row.
+            timestep (`float` or `torch.Tensor`): one element of `timesteps`, or one per row (shape `(N,)`).
+        """
+        index = self._step_indices(timestep).to(num_masked.device)
         n = self.num_inference_steps
-        if i == n - 1:
-            return num_masked.clone()
+        last = index == n - 1
         if self.config.transfer_schedule == "uniform":
-            remaining = n - i
-            return torch.div(num_masked + remaining - 1, remaining, rounding_mode="floor")
-        t, s = self._times[i], self._times[i + 1]
-        quota = (num_masked.to(torch.float32) * (1 - s / t)).to(torch.long)
-        return quota.to(num_masked.device)
+            remaining = n - index
+            quota = torch.div(num_masked + remaining - 1, remaining, rounding_mode="floor")
+        else:
+            times = self._times.to(num_masked.device)
+            t, s = times[index], times[(index + 1).clamp(max=n)]
+            quota = (num_masked.to(torch.float32) * (1 - s / t)).to(torch.long)
+        return torch.where(last, num_masked, quota)
 
     # ---------------------------------------------------------------------------------------------------------------
     # step
     # ---------------------------------------------------------------------------------------------------------------
 
-    def _propose(self, logits: torch.Tensor, temperature: float, generator: torch.Generator | None):
+    def _propose(self, logits: torch.Tensor, temperature: float, generator, groups: torch.Tensor):
         """Proposed tokens, their probabilities and the configured confidence at every position."""
         probs = torch.softmax(logits.float(), dim=-1)
         if temperature > 0:
             # Gumbel-max in float64 (LLaDA's `add_gumbel_noise`): argmax of exp(logits) / (-log U) ** temperature.
-            noise = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=logits.device)
+            if isinstance(generator, (list, tuple)):
+                # one generator per group: each row draws from its group's generator, rows in order
+                noise = torch.stack(
+                    [
+                        torch.rand(logits.shape[1:], generator=generator[g], dtype=torch.float64, device=logits.device)
+                        for g in groups.tolist()
+                    ]
+                )
+            else:
+                noise = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=logits.device)
             tokens = torch.argmax(logits.to(torch.float64).exp() / (-torch.log(noise)) ** temperature, dim=-1)
         else:
             tokens = torch.argmax(logits, dim=-1)
@@ -250,7 +267,7 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
         beam_lengths: torch.LongTensor | None = None,
         beam_groups: torch.LongTensor | None = None,
         temperature: float = 0.0,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
         return_dict: bool = True,
     ) -> SOARSchedulerOutput | tuple:
         """Commit tokens in every row and select the beams to keep.
@@ -258,7 +275,8 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
         Args:
             model_output (`torch.Tensor` of shape `(N, L, V)`): logits aligned with `sample` (`model_output[:, i]`
                 predicts `sample[:, i]`; shift-by-one models are realigned by the pipeline's adapter).
-            timestep (`float` or `torch.Tensor`): an element of `timesteps`.
+            timestep (`float` or `torch.Tensor`): an element of `timesteps`, or one per row (shape `(N,)`; rows of
+                a batch can be at different steps of their blocks).
             sample (`torch.LongTensor` of shape `(N, L)`): current sequences, with `mask_token_id` where undecided.
             mask_token_id (`int`): the mask token.
             transfer_mask (`torch.BoolTensor` of shape `(N, L)`, *optional*): positions that may be committed in
@@ -268,7 +286,8 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
             beam_groups (`torch.LongTensor` of shape `(N,)`, *optional*): the prompt of each row, rows of a prompt
                 contiguous (by default every row is its own prompt).
             temperature (`float`, defaults to 0): 0 proposes the argmax; above 0, a Gumbel-max sample.
-            generator (`torch.Generator`, *optional*): the noise source when `temperature > 0`.
+            generator (`torch.Generator` or a list of them, *optional*): the noise source when `temperature > 0`;
+                a list holds one generator per group (indexed by `beam_groups`).
             return_dict (`bool`, defaults to `True`): return a [`SOARSchedulerOutput`] or a plain tuple.
         """
         if mask_token_id is None:
@@ -294,7 +313,7 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
         if transfer_mask is not None:
             eligible = eligible & transfer_mask
 
-        tokens, token_probs, confidence = self._propose(model_output, temperature, generator)
+        tokens, token_probs, confidence = self._propose(model_output, temperature, generator, beam_groups)
         num_masked = eligible.sum(-1)
         quota = self.num_transfer_tokens(num_masked, timestep).clamp(max=num_masked)
 
