@@ -39,7 +39,7 @@ def addition_pairs(split: str, num_digits: int = 3) -> torch.LongTensor:
     return torch.stack([a[keep], b[keep]], dim=1)
 
 
-def test_problems(num_problems: int, num_digits: int = 3, seed: int = 0) -> torch.LongTensor:
+def draw_test_problems(num_problems: int, num_digits: int = 3, seed: int = 0) -> torch.LongTensor:
     """`num_problems` test pairs drawn without replacement by a seeded permutation, shape `(num_problems, 2)`."""
     pairs = addition_pairs("test", num_digits)
     if not 1 <= num_problems <= len(pairs):
