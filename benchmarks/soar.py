@@ -31,15 +31,31 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 GREEDY_STEP_FRACTIONS = (1, 2, 4)  # greedy with gen_length, gen_length / 2 and gen_length / 4 steps
 THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
 PBS_BEAMS = (2, 3)
-SOAR_SETTINGS = ((0.9, 2), (0.8, 2), (0.95, 2), (0.9, 3), (0.7, 3))
-DEFAULT_SOAR = (0.9, 2)
+# SOAR settings: (threshold, beam) grid, plus the configurations of the paper's LLaDA and Dream code
+SOAR_SETTINGS = (
+    ("SOAR tau=0.9 beam=2", {"confidence_threshold": 0.9, "max_beam_size": 2}),
+    ("SOAR tau=0.8 beam=2", {"confidence_threshold": 0.8, "max_beam_size": 2}),
+    ("SOAR tau=0.95 beam=2", {"confidence_threshold": 0.95, "max_beam_size": 2}),
+    ("SOAR tau=0.9 beam=3", {"confidence_threshold": 0.9, "max_beam_size": 3}),
+    ("SOAR tau=0.7 beam=3", {"confidence_threshold": 0.7, "max_beam_size": 3}),
+    (
+        "SOAR paper-LLaDA (tau=0.95 beam=2 max 5)",
+        {"confidence_threshold": 0.95, "max_beam_size": 2, "max_parallel_tokens": 5},
+    ),
+    (
+        "SOAR paper-Dream (tau=0.9 beam=2 max 5 mean)",
+        {"confidence_threshold": 0.9, "max_beam_size": 2, "max_parallel_tokens": 5, "score": "mean"},
+    ),
+)
+# the recommended default, fixed before measuring (the paper's Dream threshold and beam)
+DEFAULT_SOAR = "SOAR tau=0.9 beam=2"
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model_path", type=str, default=None, help="Pipeline folder; default: the zoo entry.")
-    parser.add_argument("--num_problems", type=int, default=1000, help="Test problems of the zoo task.")
-    parser.add_argument("--batch_size", type=int, default=250, help="Prompts per pipeline call.")
+    parser.add_argument("--num_problems", type=int, default=5000, help="Test problems of the zoo task.")
+    parser.add_argument("--batch_size", type=int, default=500, help="Prompts per pipeline call.")
     parser.add_argument("--oracle_chains", type=int, default=300, help="Random Markov chains (one prompt each).")
     parser.add_argument("--oracle_states", type=int, default=6, help="States per chain.")
     parser.add_argument("--oracle_length", type=int, default=16, help="Decoded length on the oracle.")
@@ -66,15 +82,7 @@ def methods(gen_length: int) -> list[dict]:
     runs += [
         {"name": f"PBS beam={b}", "family": "pbs", "config": {"max_beam_size": b}, "steps": None} for b in PBS_BEAMS
     ]
-    runs += [
-        {
-            "name": f"SOAR tau={t:g} beam={b}",
-            "family": "soar",
-            "config": {"confidence_threshold": t, "max_beam_size": b},
-            "steps": None,
-        }
-        for t, b in SOAR_SETTINGS
-    ]
+    runs += [{"name": name, "family": "soar", "config": config, "steps": None} for name, config in SOAR_SETTINGS]
     return runs
 
 
@@ -212,7 +220,7 @@ def run_overhead(args) -> dict:
         vocab_size=len(tokenizer),
         hidden_size=320,
         intermediate_size=1280,
-        num_hidden_layers=8,
+        num_hidden_layers=6,
         num_attention_heads=8,
         num_key_value_heads=8,
         max_position_embeddings=256,
@@ -227,7 +235,7 @@ def run_overhead(args) -> dict:
     # a sharper head than at initialisation, so that both SOAR branches run (confident and unsure positions)
     with torch.no_grad():
         model.lm_head.weight.mul_(30.0)
-    scheduler = SOARScheduler(block_length=32, confidence_threshold=DEFAULT_SOAR[0], max_beam_size=DEFAULT_SOAR[1])
+    scheduler = SOARScheduler(block_length=32, **dict(SOAR_SETTINGS)[DEFAULT_SOAR])
     pipe = DiffusionLMPipeline(model, scheduler, tokenizer)
     pipe.set_progress_bar_config(disable=True)
     prompts = [f"question {i}: what is {i} + {2 * i}?" for i in range(args.overhead_prompts)]
@@ -266,7 +274,7 @@ def summarise(zoo_results, oracle, overhead) -> dict:
     greedy_full = next(
         r for r in runs if r["family"] == "greedy" and r["num_inference_steps"] == zoo_results["gen_length"]
     )
-    soar_name = f"SOAR tau={DEFAULT_SOAR[0]:g} beam={DEFAULT_SOAR[1]}"
+    soar_name = DEFAULT_SOAR
     soar = next(r for r in runs if r["name"] == soar_name)
     thresholds = [r for r in runs if r["family"] == "threshold"]
     threshold_at = interpolate_accuracy(thresholds, soar["nfe"])

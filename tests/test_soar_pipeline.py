@@ -150,3 +150,18 @@ def test_from_pretrained_with_a_model_passed_in(tmp_path):
     kwargs = {"prompt": "ab", "gen_length": 8, "num_inference_steps": 8, "output_type": "seq"}
     loaded.set_progress_bar_config(disable=True)
     assert torch.equal(loaded(**kwargs).sequences, pipe(**kwargs).sequences)
+
+
+def test_registry_separates_text_and_image_output_types():
+    from diffusers_ext.testing import get_dummy_spec, register_dummy_pipeline
+
+    spec = get_dummy_spec(DiffusionLMPipeline)
+    assert spec.is_text and spec.comparison_output_type == "seq"
+
+    class _Unregistered(DiffusionLMPipeline):
+        pass
+
+    with pytest.raises(ValueError, match="mixes image and text"):
+        register_dummy_pipeline(_Unregistered, spec.components_fn, spec.inputs_fn, output_types=("seq", "np"))
+    with pytest.raises(ValueError, match="must include 'seq'"):
+        register_dummy_pipeline(_Unregistered, spec.components_fn, spec.inputs_fn, output_types=("text",))

@@ -120,8 +120,8 @@ class DiffusionLMPipeline(DiffusionPipeline):
     def _prepare_input_ids(
         self, prompt, messages, input_ids, attention_mask, add_generation_prompt: bool
     ) -> tuple[torch.LongTensor, torch.LongTensor]:
-        given = [name for name, value in (("prompt", prompt), ("messages", messages), ("input_ids", input_ids))]
-        given = [name for name, value in zip(given, (prompt, messages, input_ids)) if value is not None]
+        inputs = {"prompt": prompt, "messages": messages, "input_ids": input_ids}
+        given = [name for name, value in inputs.items() if value is not None]
         if len(given) != 1:
             raise ValueError(f"pass exactly one of `prompt`, `messages`, `input_ids`; got {given or 'none'}.")
         if prompt is not None:
