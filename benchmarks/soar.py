@@ -378,7 +378,9 @@ def write_plot(results, path):
         ax.legend(fontsize=8)
     for family, color in colors.items():
         runs = sorted((r for r in results["oracle"]["runs"] if r["family"] == family), key=lambda r: r["nfe"])
-        axes[2].plot([r["nfe"] for r in runs], [r["mean_joint_loglik"] for r in runs], "o-", color=color)
+        axes[2].plot(
+            [r["nfe"] for r in runs], [r["mean_joint_loglik"] for r in runs], "o-", color=color, label=labels[family]
+        )
     axes[2].axhline(results["oracle"]["viterbi_mean_joint_loglik"], color="#999", linestyle="--", label="Viterbi")
     axes[2].set_xlabel("NFE")
     axes[2].set_ylabel("oracle chains: mean joint log-likelihood")
