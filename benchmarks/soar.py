@@ -38,6 +38,7 @@ SOAR_SETTINGS = (
     ("SOAR tau=0.95 beam=2", {"confidence_threshold": 0.95, "max_beam_size": 2}),
     ("SOAR tau=0.9 beam=3", {"confidence_threshold": 0.9, "max_beam_size": 3}),
     ("SOAR tau=0.7 beam=3", {"confidence_threshold": 0.7, "max_beam_size": 3}),
+    ("SOAR tau=0.9 beam=2 logprob", {"confidence_threshold": 0.9, "max_beam_size": 2, "score": "logprob"}),
     (
         "SOAR paper-LLaDA (tau=0.95 beam=2 max 5)",
         {"confidence_threshold": 0.95, "max_beam_size": 2, "max_parallel_tokens": 5},
@@ -82,6 +83,14 @@ def methods(gen_length: int) -> list[dict]:
     runs += [
         {"name": f"PBS beam={b}", "family": "pbs", "config": {"max_beam_size": b}, "steps": None} for b in PBS_BEAMS
     ]
+    runs.append(
+        {
+            "name": "PBS beam=2 logprob",
+            "family": "pbs",
+            "config": {"max_beam_size": 2, "score": "logprob"},
+            "steps": None,
+        }
+    )
     runs += [{"name": name, "family": "soar", "config": config, "steps": None} for name, config in SOAR_SETTINGS]
     return runs
 
