@@ -19,6 +19,16 @@ _import_structure = {
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
     "pipelines.semantic_nvs.pipeline_semantic_nvs": ["SemanticNVSPipeline", "SemanticNVSPipelineOutput"],
     "schedulers.scheduling_flow_match_sde": ["FlowMatchSDEScheduler", "FlowMatchSDESchedulerOutput"],
+    "pipelines.soar.adapters": [
+        "DiffusionLMAdapter",
+        "DreamAdapter",
+        "HFLogitsAdapter",
+        "LLaDA2Adapter",
+        "LLaDAAdapter",
+        "get_diffusion_lm_adapter",
+    ],
+    "pipelines.soar.pipeline_diffusion_lm": ["DiffusionLMPipeline", "DiffusionLMPipelineOutput"],
+    "schedulers.scheduling_soar": ["SOARScheduler", "SOARSchedulerOutput"],
 }
 
 if TYPE_CHECKING:
@@ -28,7 +38,17 @@ if TYPE_CHECKING:
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
+    from .pipelines.soar.adapters import (
+        DiffusionLMAdapter,
+        DreamAdapter,
+        HFLogitsAdapter,
+        LLaDA2Adapter,
+        LLaDAAdapter,
+        get_diffusion_lm_adapter,
+    )
+    from .pipelines.soar.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
+    from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
 else:
     import sys
 

@@ -6,11 +6,13 @@ from collections.abc import Callable
 
 from .digits import digits_section
 from .report import Section, write_report
+from .soar import soar_section
 
 
 # (name, section builder). Each method adds its own: builder(output_dir, quick, seed, device) -> Section.
 SECTIONS: list[tuple[str, Callable[[str, bool, int, str], Section]]] = [
     ("digits zoo", digits_section),
+    ("SOAR decoding", soar_section),
 ]
 
 
