@@ -29,6 +29,12 @@ _import_structure = {
     ],
     "pipelines.soar.pipeline_diffusion_lm": ["DiffusionLMPipeline", "DiffusionLMPipelineOutput"],
     "schedulers.scheduling_soar": ["SOARScheduler", "SOARSchedulerOutput"],
+    "pipelines.divide_and_denoise.denoisers": ["EmpiricalOptimalDenoiser", "MultiDenoiserModel", "WindowedDenoiser"],
+    "pipelines.divide_and_denoise.fair_division": ["FairDivisionAllocator"],
+    "pipelines.divide_and_denoise.pipeline_divide_and_denoise": [
+        "DivideAndDenoisePipeline",
+        "DivideAndDenoisePipelineOutput",
+    ],
 }
 
 if TYPE_CHECKING:
@@ -37,6 +43,12 @@ if TYPE_CHECKING:
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+    from .pipelines.divide_and_denoise.denoisers import EmpiricalOptimalDenoiser, MultiDenoiserModel, WindowedDenoiser
+    from .pipelines.divide_and_denoise.fair_division import FairDivisionAllocator
+    from .pipelines.divide_and_denoise.pipeline_divide_and_denoise import (
+        DivideAndDenoisePipeline,
+        DivideAndDenoisePipelineOutput,
+    )
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
     from .pipelines.soar.adapters import (
         DiffusionLMAdapter,

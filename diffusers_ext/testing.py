@@ -480,6 +480,8 @@ class DummyPipelineSpec:
             `"latent"`, or token types among `"seq"`, `"text"` (a text pipeline); never both kinds.
         bad_inputs (`tuple[BadInput, ...]`): bad calls and the argument each error message must name.
         callback_edit_tensor (`str`): the callback tensor whose replacement must change the output.
+        batch_size_param (`str`, *optional*): an int argument that sets the number of images (e.g.
+            `num_images_per_prompt`), for pipelines whose per-image arguments are not lists; 1 in single inputs.
         module (`str`): the module that registered the entry; a fresh interpreter imports it before lookups.
     """
 
@@ -490,6 +492,7 @@ class DummyPipelineSpec:
     output_types: tuple[str, ...] = ("pil", "np", "pt", "latent")
     bad_inputs: tuple[BadInput, ...] = ()
     callback_edit_tensor: str = "latents"
+    batch_size_param: str | None = None
     module: str = ""
 
     @property
@@ -516,6 +519,7 @@ def register_dummy_pipeline(
     output_types: Sequence[str] = ("pil", "np", "pt", "latent"),
     bad_inputs: Sequence[BadInput | tuple[dict[str, Any], str]] = (),
     callback_edit_tensor: str = "latents",
+    batch_size_param: str | None = None,
 ) -> DummyPipelineSpec:
     """Register how to build a tiny, fast setup of `pipeline_class` for tests and the conformance suite.
 
@@ -540,6 +544,9 @@ def register_dummy_pipeline(
             `ValueError`/`TypeError` naming `argument` before any model forward.
         callback_edit_tensor (`str`, defaults to `"latents"`): a name in `_callback_tensor_inputs` that a
             `callback_on_step_end` may replace; replacing it with zeros at the last step must change the output.
+        batch_size_param (`str`, *optional*): for pipelines whose batch is a count rather than a list of per-image
+            arguments (every image composes the same prompts, say): the int argument giving the number of images,
+            e.g. `"num_images_per_prompt"`. Single inputs must set it to 1; a batch of `n` seeds sets it to `n`.
 
     Returns:
         [`DummyPipelineSpec`]: the registered entry.
@@ -581,6 +588,7 @@ def register_dummy_pipeline(
         output_types=tuple(output_types),
         bad_inputs=tuple(checked_bad_inputs),
         callback_edit_tensor=callback_edit_tensor,
+        batch_size_param=batch_size_param,
         # the registering module: a fresh interpreter imports it to find this entry
         module=sys._getframe(1).f_globals.get("__name__", ""),
     )
@@ -653,8 +661,9 @@ def get_dummy_batch_inputs(pipeline_class: type[DiffusionPipeline], seeds: Seque
     """Call arguments for a batch with one image per seed, equal image by image to the single-seed runs.
 
     Built from `get_dummy_inputs(pipeline_class, seed)` for each seed: the registered `batch_params` are
-    concatenated, `generator` becomes the list of the per-seed generators, and every other argument must agree
-    across seeds (otherwise a `ValueError` says which one belongs in `batch_params`).
+    concatenated, `generator` becomes the list of the per-seed generators, a registered `batch_size_param` becomes
+    the number of seeds, and every other argument must agree across seeds (otherwise a `ValueError` says which one
+    belongs in `batch_params`).
     """
     spec = get_dummy_spec(pipeline_class)
     singles = [spec.inputs_fn(seed) for seed in seeds]
@@ -663,6 +672,13 @@ def get_dummy_batch_inputs(pipeline_class: type[DiffusionPipeline], seeds: Seque
         values = [single.get(key) for single in singles]
         if key == "generator":
             batch[key] = values
+        elif key == spec.batch_size_param:
+            if any(v != 1 for v in values):
+                raise ValueError(
+                    f"dummy inputs of {pipeline_class.__name__} set `{key}` (the `batch_size_param`) to {values}; "
+                    "single inputs must set it to 1."
+                )
+            batch[key] = len(singles)
         elif key in spec.batch_params:
             batch[key] = _concat_batch_values(key, values)
         elif all(_same_value(values[0], v) for v in values[1:]):
@@ -836,6 +852,10 @@ class PipelineConformanceTests:
             )
         for name in spec.batch_params:
             assert name in self.get_inputs(), f"batch parameter {name!r} is not among the dummy inputs"
+        if spec.batch_size_param is not None:
+            assert self.get_inputs().get(spec.batch_size_param) == 1, (
+                f"dummy inputs must set the batch size parameter {spec.batch_size_param!r} to 1"
+            )
         assert spec.bad_inputs, f"the registration of {self.pipeline_class.__name__} lists no `bad_inputs`"
 
     def test_model_index_names_our_classes(self, tmp_path):
