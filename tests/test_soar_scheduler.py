@@ -295,3 +295,15 @@ def test_temperature_sampling_is_seeded_by_the_generator():
     assert torch.equal(first.prev_sample, again.prev_sample)
     assert not torch.equal(first.prev_sample, other.prev_sample)
     assert len(set(first.prev_sample[0].tolist())) > 1
+
+
+def test_step_rejects_misshaped_beam_state():
+    scheduler = SOARScheduler(max_beam_size=2)
+    scheduler.set_timesteps(4)
+    logits, x = torch.cat([logits_from([(0, 0.5)] * 3)] * 2), torch.full((2, 3), M)
+    with pytest.raises(ValueError, match="beam_scores"):
+        scheduler.step(logits, 1.0, x, mask_token_id=M, beam_scores=torch.zeros(3))
+    with pytest.raises(ValueError, match="beam_groups"):
+        scheduler.step(logits, 1.0, x, mask_token_id=M, beam_groups=torch.tensor([1, 0]))
+    with pytest.raises(ValueError, match="transfer_mask"):
+        scheduler.step(logits, 1.0, x, mask_token_id=M, transfer_mask=torch.ones(2, 4, dtype=torch.bool))

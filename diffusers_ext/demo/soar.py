@@ -68,7 +68,8 @@ def soar_section(output_dir: str, quick: bool, seed: int, device: str) -> Sectio
             f"{settings.num_problems} test problems. Greedy low-confidence remasking, one token per step: "
             f"{greedy['exact match']:.1%} exact match at {greedy['NFE per prompt']:.2f} forward calls per prompt. "
             f"SOAR (commit every position above 0.9 at once, else a beam of 2 over which position to commit): "
-            f"{soar['exact match']:.1%} at {soar['NFE per prompt']:.2f} forward calls."
+            f"{soar['exact match']:.1%} at {soar['NFE per prompt']:.2f} forward calls. {settings.num_problems} "
+            "problems are a small sample: benchmarks/results/soar.md compares the decoders on 5000."
         ),
         figures=[
             Figure("soar_accuracy.png", "Exact match of the decoded answers."),

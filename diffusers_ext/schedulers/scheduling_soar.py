@@ -309,8 +309,24 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
             beam_lengths = torch.zeros(num_rows, dtype=torch.long, device=device)
         if beam_groups is None:
             beam_groups = torch.arange(num_rows, device=device)
+        for name, value in (
+            ("beam_scores", beam_scores),
+            ("beam_lengths", beam_lengths),
+            ("beam_groups", beam_groups),
+        ):
+            if value.shape != (num_rows,):
+                raise ValueError(
+                    f"`{name}` must have shape ({num_rows},), one entry per row; got {tuple(value.shape)}."
+                )
+        if bool((beam_groups[1:] < beam_groups[:-1]).any()):
+            raise ValueError("`beam_groups` must keep the rows of a group contiguous and groups in order.")
         eligible = sample == mask_token_id
         if transfer_mask is not None:
+            if transfer_mask.shape != sample.shape:
+                raise ValueError(
+                    f"`transfer_mask` must have the shape of `sample` {tuple(sample.shape)}, got "
+                    f"{tuple(transfer_mask.shape)}."
+                )
             eligible = eligible & transfer_mask
 
         tokens, token_probs, confidence = self._propose(model_output, temperature, generator, beam_groups)
