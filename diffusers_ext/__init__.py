@@ -1,12 +1,10 @@
 """diffusers-ext: recent diffusion methods as first-class diffusers classes.
 
-Every public name is imported lazily (diffusers' ``_LazyModule`` pattern), so ``import diffusers_ext`` costs
-about as much as ``import diffusers`` and the heavy modules load on first use.
+Every public name is imported lazily (diffusers' ``_LazyModule`` pattern): ``import diffusers_ext`` imports neither
+torch nor diffusers, and each class loads on first use.
 """
 
 from typing import TYPE_CHECKING
-
-from diffusers.utils import _LazyModule
 
 
 __version__ = "0.1.0"
@@ -17,7 +15,20 @@ _import_structure = {
     "_mixins": ["ConfigMixin", "DiffusionPipeline", "ModelMixin", "SchedulerMixin"],
     "loading": ["load_pipeline"],
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
+    "models.semantic_multiview_unet": ["SemanticMultiViewUNetModel", "SemanticMultiViewUNetOutput"],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
+    "pipelines.semantic_nvs.pipeline_semantic_nvs": ["SemanticNVSPipeline", "SemanticNVSPipelineOutput"],
+    "schedulers.scheduling_flow_match_sde": ["FlowMatchSDEScheduler", "FlowMatchSDESchedulerOutput"],
+    "pipelines.soar.adapters": [
+        "DiffusionLMAdapter",
+        "DreamAdapter",
+        "HFLogitsAdapter",
+        "LLaDA2Adapter",
+        "LLaDAAdapter",
+        "get_diffusion_lm_adapter",
+    ],
+    "pipelines.soar.pipeline_diffusion_lm": ["DiffusionLMPipeline", "DiffusionLMPipelineOutput"],
+    "schedulers.scheduling_soar": ["SOARScheduler", "SOARSchedulerOutput"],
     "pipelines.divide_and_denoise.denoisers": ["EmpiricalOptimalDenoiser", "MultiDenoiserModel", "WindowedDenoiser"],
     "pipelines.divide_and_denoise.fair_division": ["FairDivisionAllocator"],
     "pipelines.divide_and_denoise.pipeline_divide_and_denoise": [
@@ -30,6 +41,7 @@ if TYPE_CHECKING:
     from ._mixins import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin
     from .loading import load_pipeline
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
+    from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
     from .pipelines.divide_and_denoise.denoisers import EmpiricalOptimalDenoiser, MultiDenoiserModel, WindowedDenoiser
     from .pipelines.divide_and_denoise.fair_division import FairDivisionAllocator
@@ -37,10 +49,24 @@ if TYPE_CHECKING:
         DivideAndDenoisePipeline,
         DivideAndDenoisePipelineOutput,
     )
+    from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
+    from .pipelines.soar.adapters import (
+        DiffusionLMAdapter,
+        DreamAdapter,
+        HFLogitsAdapter,
+        LLaDA2Adapter,
+        LLaDAAdapter,
+        get_diffusion_lm_adapter,
+    )
+    from .pipelines.soar.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
+    from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
+    from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
 else:
     import sys
 
-    sys.modules[__name__] = _LazyModule(
+    from ._lazy_module import LazyModule
+
+    sys.modules[__name__] = LazyModule(
         __name__,
         globals()["__file__"],
         _import_structure,
