@@ -17,6 +17,10 @@ _import_structure = {
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
     "schedulers.scheduling_flow_match_sde": ["FlowMatchSDEScheduler", "FlowMatchSDESchedulerOutput"],
+    "trainers.diffusion_grpo_config": ["DiffusionGRPOConfig"],
+    "trainers.diffusion_grpo_trainer": ["DiffusionGRPOTrainer"],
+    "trainers.e2po_config": ["E2POConfig"],
+    "trainers.e2po_trainer": ["E2POTrainer"],
 }
 
 if TYPE_CHECKING:
@@ -25,6 +29,10 @@ if TYPE_CHECKING:
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
+    from .trainers.diffusion_grpo_config import DiffusionGRPOConfig
+    from .trainers.diffusion_grpo_trainer import DiffusionGRPOTrainer
+    from .trainers.e2po_config import E2POConfig
+    from .trainers.e2po_trainer import E2POTrainer
 else:
     import sys
 

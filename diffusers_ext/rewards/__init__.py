@@ -199,9 +199,9 @@ class CLIPScoreReward:
         pil = [
             PIL.Image.fromarray((image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)) for image in tensor
         ]
-        inputs = self.processor(
-            text=list(prompts), images=pil, return_tensors="pt", padding=True, truncation=True
-        ).to(self.device)
+        inputs = self.processor(text=list(prompts), images=pil, return_tensors="pt", padding=True, truncation=True).to(
+            self.device
+        )
         outputs = self.model(**inputs)
         image = F.normalize(outputs.image_embeds.float(), dim=-1)
         text = F.normalize(outputs.text_embeds.float(), dim=-1)

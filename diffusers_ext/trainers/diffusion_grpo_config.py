@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field, fields
 
+from ..utils import public
+
 
 SCALE_REWARDS = ("group", "batch", "none")
 TIMESTEP_SELECTIONS = ("first", "random")
@@ -17,6 +19,7 @@ SD3_LORA_TARGETS = [
 ]
 
 
+@public
 @dataclass
 class DiffusionGRPOConfig:
     r"""
@@ -35,7 +38,9 @@ class DiffusionGRPOConfig:
     """
 
     # Output, logging and checkpoints
-    output_dir: str = field(default="diffusion-grpo", metadata={"help": "Where LoRA weights, checkpoints and logs go."})
+    output_dir: str = field(
+        default="diffusion-grpo", metadata={"help": "Where LoRA weights, checkpoints and logs go."}
+    )
     seed: int = field(default=0, metadata={"help": "Seed of prompt order, initial noise and SDE noise."})
     max_steps: int = field(default=100, metadata={"help": "Training steps (one generation round each)."})
     logging_steps: int = field(default=1, metadata={"help": "Log metrics every N steps."})
@@ -64,7 +69,9 @@ class DiffusionGRPOConfig:
     )
     gradient_accumulation_steps: int = field(
         default=1,
-        metadata={"help": "Micro-batches per generation round; their losses (at every trained timestep) make one step."},
+        metadata={
+            "help": "Micro-batches per generation round; their losses (at every trained timestep) make one step."
+        },
     )
     num_iterations: int = field(
         default=1, metadata={"help": "Optimizer steps on each generated batch (TRL's mu); >1 makes the ratio move."}
@@ -87,7 +94,9 @@ class DiffusionGRPOConfig:
         default="group",
         metadata={"help": "Divide advantages by the std of the 'group', the whole 'batch', or 'none'."},
     )
-    adv_clip_max: float = field(default=5.0, metadata={"help": "Advantages are clipped to [-adv_clip_max, +adv_clip_max]."})
+    adv_clip_max: float = field(
+        default=5.0, metadata={"help": "Advantages are clipped to [-adv_clip_max, +adv_clip_max]."}
+    )
     reward_weights: list[float] | None = field(
         default=None, metadata={"help": "One weight per reward function; None: all 1."}
     )
@@ -114,7 +123,9 @@ class DiffusionGRPOConfig:
     )
     timestep_selection: str = field(
         default="first",
-        metadata={"help": "'first' (Flow-GRPO: the earliest steps, in order) or 'random' (DanceGRPO: a random subset)."},
+        metadata={
+            "help": "'first' (Flow-GRPO: the earliest steps, in order) or 'random' (DanceGRPO: a random subset)."
+        },
     )
     init_same_noise: bool = field(
         default=False, metadata={"help": "Start every member of a group from the same initial noise (DanceGRPO)."}

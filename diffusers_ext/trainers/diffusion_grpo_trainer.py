@@ -127,7 +127,9 @@ class DiffusionGRPOTrainer:
         self.pipeline = pipeline
         self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
-            raise TypeError(f"`reward_funcs` must be a callable or a non-empty list of callables, got {reward_funcs!r}.")
+            raise TypeError(
+                f"`reward_funcs` must be a callable or a non-empty list of callables, got {reward_funcs!r}."
+            )
         self.reward_names = [_reward_name(f) for f in self.reward_funcs]
         weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
@@ -236,8 +238,8 @@ class DiffusionGRPOTrainer:
     # Sampling
     # ------------------------------------------------------------------------------------------------------------
 
-    def prompt_rows(self, step: int) -> list[dict]:
-        """This process's prompts of `step` (each repeated `num_generations` times later), resumable by step."""
+    def prompt_indices(self, step: int) -> list[int]:
+        """Dataset rows of this process at `step` (each repeated `num_generations` times), resumable by step."""
         per_process = self.args.generation_batch_size // self.args.num_generations
         sampler = ResumableBatchSampler(
             len(self.rows),
@@ -247,16 +249,21 @@ class DiffusionGRPOTrainer:
             self.args.seed,
             start_step=step,
         )
-        return [self.rows[i] for i in next(iter(sampler))]
+        return next(iter(sampler))
 
-    def perturb_conditioning(self, cond: dict[str, torch.Tensor], step: int, group_ids: torch.Tensor):
-        """Hook for subclasses (E2PO): return the conditioning each image is generated and trained with."""
+    def perturb_conditioning(self, cond: dict[str, torch.Tensor], step: int, row_ids: list[int]):
+        """Hook for subclasses (E2PO): the conditioning each image is generated and trained with.
+
+        `cond` holds one row per image (groups of `num_generations` consecutive rows); `row_ids` are the dataset
+        rows of the groups.
+        """
         return cond
 
     @torch.no_grad()
-    def generate(self, rows: list[dict], step: int) -> Rollout:
-        """Generate `num_generations` images per row with the SDE sampler, keeping the trajectory and log-probs."""
+    def generate(self, row_ids: list[int], step: int) -> Rollout:
+        """Generate `num_generations` images for each dataset row with the SDE sampler; keep trajectory and log-probs."""
         args, adapter, device = self.args, self.adapter, self.accelerator.device
+        rows = [self.rows[i] for i in row_ids]
         G = args.num_generations
         prompts = [row["prompt"] for row in rows for _ in range(G)]
         columns = {key: [row[key] for row in rows for _ in range(G)] for key in rows[0] if key != "prompt"}
@@ -269,7 +276,7 @@ class DiffusionGRPOTrainer:
             )
         cond = {k: v.repeat_interleave(G, dim=0) for k, v in cond.items()}
         uncond = None if uncond is None else {k: v.repeat_interleave(G, dim=0) for k, v in uncond.items()}
-        cond = self.perturb_conditioning(cond, step, group_ids)
+        cond = self.perturb_conditioning(cond, step, row_ids)
 
         generator = self._generator(step)
         dtype = self.unwrapped_transformer.dtype
@@ -281,14 +288,16 @@ class DiffusionGRPOTrainer:
         timesteps = adapter.set_timesteps(self.scheduler, args.num_inference_steps, latents, device)
         trajectory, log_probs = [latents], []
         self.transformer.eval()
-        for i, t in enumerate(timesteps):
+        for t in timesteps:
             with self._timed("model_forward"), self.accelerator.autocast():
                 velocity = adapter.velocity(self.transformer, latents, t, cond, uncond, args.guidance_scale)
             output = self.scheduler.step(velocity.float(), t, latents.float(), generator=generator)
             latents = output.prev_sample.to(dtype)
             trajectory.append(latents)
             log_probs.append(
-                output.log_prob if output.log_prob is not None else torch.full((len(prompts),), math.nan, device=device)
+                output.log_prob
+                if output.log_prob is not None
+                else torch.full((len(prompts),), math.nan, device=device)
             )
         with self._timed("model_forward"):
             images = adapter.decode(latents, height, width)
@@ -301,7 +310,7 @@ class DiffusionGRPOTrainer:
             log_probs=torch.stack(log_probs, dim=1).float(),
             timesteps=timesteps,
             images=images,
-            extra={"group_ids": group_ids},
+            extra={"group_ids": group_ids, "row_ids": list(row_ids)},
         )
 
     # ------------------------------------------------------------------------------------------------------------
@@ -318,7 +327,9 @@ class DiffusionGRPOTrainer:
             with self._timed("reward"):
                 values = func(prompts=prompts, images=images, **kwargs)
             if values is None or isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
-                raise ValueError(f"reward function {name!r} returned {type(values).__name__}; expected a list of floats.")
+                raise ValueError(
+                    f"reward function {name!r} returned {type(values).__name__}; expected a list of floats."
+                )
             if len(values) != len(prompts):
                 raise ValueError(
                     f"reward function {name!r} returned {len(values)} rewards for {len(prompts)} images; it must "
@@ -470,7 +481,7 @@ class DiffusionGRPOTrainer:
         self._timers.clear()
         start = time.perf_counter()
         with self._timed("sampling"):
-            rollout = self.generate(self.prompt_rows(step), step)
+            rollout = self.generate(self.prompt_indices(step), step)
         sampling_forward = self._timers["model_forward"]
         rollout = self.score_rollout(rollout)
         with self._timed("backward"):
@@ -538,9 +549,7 @@ class DiffusionGRPOTrainer:
             else:
                 transformer.save_pretrained(os.path.join(output_dir, "transformer"))
             last = self.history[-1] if self.history else {}
-            metrics = {
-                key: last[key] for key in ("reward", "reward_std", "frac_reward_zero_std", "kl") if key in last
-            }
+            metrics = {key: last[key] for key in ("reward", "reward_std", "frac_reward_zero_std", "kl") if key in last}
             first = self.history[0] if self.history else {}
             if "reward" in first:
                 metrics = {"reward (first step)": first["reward"], **metrics}
