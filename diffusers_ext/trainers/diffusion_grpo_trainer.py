@@ -545,7 +545,12 @@ class DiffusionGRPOTrainer:
                 from peft.utils import get_peft_model_state_dict
 
                 layers = {k: v.detach().cpu() for k, v in get_peft_model_state_dict(transformer).items()}
-                type(self.pipeline).save_lora_weights(output_dir, transformer_lora_layers=layers)
+                # The adapter's config (rank, alpha, targets) goes into the file's metadata, so the scale survives loading.
+                type(self.pipeline).save_lora_weights(
+                    output_dir,
+                    transformer_lora_layers=layers,
+                    transformer_lora_adapter_metadata=transformer.peft_config["default"].to_dict(),
+                )
             else:
                 transformer.save_pretrained(os.path.join(output_dir, "transformer"))
             last = self.history[-1] if self.history else {}
