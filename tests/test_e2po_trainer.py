@@ -14,11 +14,11 @@ PROMPTS = ["a cat", "a dog", "a red car", "a tree"]
 
 
 def tiny_args(tmp_path, **overrides):
-    settings = dict(
-        output_dir=str(tmp_path), max_steps=2, num_generations=6, per_device_train_batch_size=12,
-        num_inference_steps=4, guidance_scale=1.0, height=16, width=16, max_sequence_length=8, learning_rate=3e-2,
-        lora_rank=4, lora_alpha=8, epsilon=0.2, save_steps=1000, e2po_num_anchors=2, e2po_num_directions=2,
-    )  # fmt: skip
+    settings = {
+        "output_dir": str(tmp_path), "max_steps": 2, "num_generations": 6, "per_device_train_batch_size": 12,
+        "num_inference_steps": 4, "guidance_scale": 1.0, "height": 16, "width": 16, "max_sequence_length": 8, "learning_rate": 3e-2,
+        "lora_rank": 4, "lora_alpha": 8, "epsilon": 0.2, "save_steps": 1000, "e2po_num_anchors": 2, "e2po_num_directions": 2,
+    }  # fmt: skip
     settings.update(overrides)
     return E2POConfig(**settings)
 
@@ -125,9 +125,9 @@ def test_e2po_raises_the_reward(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(e2po_num_anchors=1), "5 perturbed members must be a positive multiple of 2 \\* e2po_num_directions = 4"),
-        (dict(e2po_init_scale=0.5), "e2po_init_scale <= e2po_max_scale"),
-        (dict(e2po_scale_up=0.9), "e2po_scale_up >= 1"),
+        ({"e2po_num_anchors": 1}, "5 perturbed members must be a positive multiple of 2 \\* e2po_num_directions = 4"),
+        ({"e2po_init_scale": 0.5}, "e2po_init_scale <= e2po_max_scale"),
+        ({"e2po_scale_up": 0.9}, "e2po_scale_up >= 1"),
     ],
 )
 def test_bad_e2po_settings(tmp_path, overrides, message):

@@ -15,22 +15,22 @@ PROMPTS = ["a cat", "a dog", "a red car", "a tree"]
 
 
 def tiny_args(tmp_path, **overrides):
-    settings = dict(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        num_inference_steps=4,
-        guidance_scale=1.0,
-        height=16,
-        width=16,
-        max_sequence_length=8,
-        learning_rate=3e-2,
-        lora_rank=4,
-        lora_alpha=8,
-        epsilon=0.2,
-        save_steps=1000,
-    )
+    settings = {
+        "output_dir": str(tmp_path),
+        "max_steps": 2,
+        "num_generations": 4,
+        "per_device_train_batch_size": 8,
+        "num_inference_steps": 4,
+        "guidance_scale": 1.0,
+        "height": 16,
+        "width": 16,
+        "max_sequence_length": 8,
+        "learning_rate": 3e-2,
+        "lora_rank": 4,
+        "lora_alpha": 8,
+        "epsilon": 0.2,
+        "save_steps": 1000,
+    }
     settings.update(overrides)
     return DiffusionGRPOConfig(**settings)
 
