@@ -202,7 +202,7 @@ def main(argv=None):
         title="Tiny SD3 text-to-image model of 8x8 digits",
         description=(
             "A `StableDiffusion3Pipeline` that draws the 8x8 handwritten digit its prompt names "
-            f"(`\"{digit_prompt(7)}\"`), trained by `training/train_sd3_digits.py` on scikit-learn's digits "
+            f'(`"{digit_prompt(7)}"`), trained by `training/train_sd3_digits.py` on scikit-learn\'s digits '
             f"(train split) in {minutes:.1f} CPU minutes: an `AutoencoderKL` without downsampling "
             f"({parameters['vae']:,} parameters, 4 latent channels, {args.vae_steps} steps), then an "
             f"`SD3Transformer2DModel` ({parameters['transformer']:,} parameters, {args.num_layers} joint blocks, "

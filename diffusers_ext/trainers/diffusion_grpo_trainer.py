@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from diffusers.utils import logging
 
 from ..schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler
 from ..training_utils import (
@@ -24,6 +25,8 @@ from ..utils import public
 from .diffusion_grpo_config import DiffusionGRPOConfig
 from .pipeline_adapters import get_adapter
 
+
+logger = logging.get_logger(__name__)
 
 RewardFunc = Callable[..., Sequence[float]]
 
@@ -515,7 +518,7 @@ class DiffusionGRPOTrainer:
     def train(self) -> list[dict[str, float]]:
         """Run (or resume, per `resume_from_checkpoint`) until `max_steps`; return the logged metrics."""
         args, accelerator = self.args, self.accelerator
-        self.global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint)
+        self.global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
         if accelerator.is_main_process:
             accelerator.init_trackers(type(self).__name__, config={k: str(v) for k, v in args.to_dict().items()})
         while self.global_step < args.max_steps:
