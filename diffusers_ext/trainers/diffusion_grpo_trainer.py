@@ -178,7 +178,10 @@ class DiffusionGRPOTrainer:
                 init_lora_weights=args.lora_init if args.lora_init != "true" else True,
                 target_modules=args.lora_target_modules,
             )
-            transformer.add_adapter(lora)
+            # The adapter's random initialisation depends on `seed` alone (not on what ran before in the process).
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(args.seed)
+                transformer.add_adapter(lora)
             for parameter in transformer.parameters():
                 if parameter.requires_grad:
                     parameter.data = parameter.data.float()
