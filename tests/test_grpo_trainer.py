@@ -186,3 +186,25 @@ def test_saved_lora_loads_with_load_lora_weights(tmp_path):
     trained.scheduler = base.scheduler
     assert abs(loaded - untouched).max() > 1e-4, "the LoRA changes nothing"
     assert abs(loaded - sample(trained)).max() < 1e-4
+
+
+def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
+    settings = {
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "num_inference_steps": 3,
+        "beta": 0.1,
+    }
+    tiny_trainer(tmp_path / "resumed", max_steps=2, save_steps=2, **settings).train()
+    resumed = tiny_trainer(tmp_path / "resumed", max_steps=4, resume_from_checkpoint="latest", **settings)
+    history = resumed.train()
+    assert [log["step"] for log in history] == [3, 4]
+    straight = tiny_trainer(tmp_path / "straight", max_steps=4, **settings)
+    straight_history = straight.train()
+    assert [log["reward"] for log in history] == [log["reward"] for log in straight_history[2:]]
+    for a, b in zip(resumed.trainable_parameters, straight.trainable_parameters):
+        assert torch.equal(a, b)
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(resumed.trainable_parameters, tiny_trainer(tmp_path / "fresh").trainable_parameters)
+    )

@@ -45,6 +45,7 @@ def _launch(model, output_dir, steps, *extra):
     return result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_two_process_e2po_resume_equals_uninterrupted_run_and_lora_loads(tmp_path, tiny_sd3):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
     _launch(tiny_sd3, resumed, 2, "--algorithm", "e2po", "--e2po_num_directions", "1")
@@ -71,32 +72,57 @@ def test_two_process_e2po_resume_equals_uninterrupted_run_and_lora_loads(tmp_pat
     assert any("lora" in name for name, _ in pipe.transformer.named_parameters())
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--algorithm", "ppo"], "--algorithm 'ppo' unknown"),
-        (["--algorithm", "grpo", "--e2po_max_scale", "0.5"], "--e2po_max_scale is an E2PO option"),
-        (["--reward_funcs", "aesthetics"], "--reward_funcs 'aesthetics' unknown"),
-        (["--dataset", "/nonexistent/prompts.txt"], "--dataset '/nonexistent/prompts.txt'"),
-        (["--num_generations", "1"], "num_generations` must be >= 2"),
-    ],
-)
-def test_bad_arguments_fail_with_one_line_error(tmp_path, tiny_sd3, args, message):
-    cmd = [sys.executable, SCRIPT, "--pretrained_model_name_or_path", tiny_sd3, "--output_dir", str(tmp_path),
-           "--max_steps", "1", *TINY, *args]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
-    assert result.returncode == 2, result.stderr[-2000:]
-    last = result.stderr.strip().splitlines()[-1]
-    assert message in last and "error" in last, last
-    assert "Traceback" not in result.stderr
-
-
-def test_prompt_files_and_reward_names(tmp_path):
+def _script_module():
     sys.path.insert(0, os.path.join(REPO, "training"))
     try:
         import train_grpo
     finally:
         sys.path.pop(0)
+    return train_grpo
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--algorithm", "ppo"], "--algorithm 'ppo' unknown"),
+        (["--algorithm", "grpo", "--e2po_max_scale", "0.5"], "--e2po_max_scale is an E2PO option"),
+        (["--num_generations", "1"], "num_generations` must be >= 2"),
+        (["--not_an_option", "1"], "unrecognized arguments: --not_an_option 1"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(tmp_path, args, message):
+    train_grpo = _script_module()
+    with pytest.raises(ValueError, match=message):
+        train_grpo.parse_args(["--pretrained_model_name_or_path", "x", "--output_dir", str(tmp_path), *args])
+    with pytest.raises(ValueError, match="--pretrained_model_name_or_path is required"):
+        train_grpo.parse_args(["--output_dir", str(tmp_path)])
+    with pytest.raises(ValueError, match="--reward_funcs 'aesthetics' unknown"):
+        train_grpo.build_reward("aesthetics")
+
+
+def test_yaml_config_and_algorithm(tmp_path):
+    train_grpo = _script_module()
+    config = tmp_path / "run.yaml"
+    config.write_text("algorithm: e2po\nnum_generations: 6\nper_device_train_batch_size: 12\ne2po_num_directions: 2\nbeta: 0.04\n")
+    script_args, args = train_grpo.parse_args(["--config", str(config), "--pretrained_model_name_or_path", "x"])
+    assert script_args.algorithm == "e2po" and type(args).__name__ == "E2POConfig"
+    assert (args.num_generations, args.e2po_num_directions, args.beta) == (6, 2, 0.04)
+    _, grpo = train_grpo.parse_args(["--pretrained_model_name_or_path", "x", "--scale_rewards", "batch"])
+    assert type(grpo).__name__ == "DiffusionGRPOConfig" and grpo.scale_rewards == "batch"
+
+
+def test_script_errors_are_one_line(tmp_path):
+    cmd = [sys.executable, SCRIPT, "--output_dir", str(tmp_path), "--pretrained_model_name_or_path", "x",
+           "--dataset", "/nonexistent/prompts.txt", "--reward_funcs", "brightness:0.5"]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert "train_grpo.py: error:" in last and "--dataset '/nonexistent/prompts.txt'" in last, last
+    assert "Traceback" not in result.stderr
+
+
+def test_prompt_files_and_reward_names(tmp_path):
+    train_grpo = _script_module()
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "a cat", "label": 1}\n\n{"prompt": "a dog", "label": 2}\n')
     assert train_grpo.load_prompts(str(prompts)) == [{"prompt": "a cat", "label": 1}, {"prompt": "a dog", "label": 2}]

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 
 logger = logging.getLogger("train_grpo")
@@ -85,28 +85,36 @@ def build_reward(spec: str):
 
 
 def parse_args(argv=None):
+    """`(script_args, config)`: the config is an `E2POConfig` for `--algorithm e2po`, else a `DiffusionGRPOConfig`."""
+    import argparse
+
+    import yaml
     from trl import TrlParser
 
     from diffusers_ext import DiffusionGRPOConfig, E2POConfig
 
-    parser = TrlParser((ScriptArguments, E2POConfig))
-    script_args, e2po_config = parser.parse_args_and_config(args=argv)
-    if script_args.algorithm not in ALGORITHMS:
-        raise ValueError(f"--algorithm {script_args.algorithm!r} unknown; expected one of {ALGORITHMS}.")
+    # The algorithm picks the config dataclass, so read it (from the command line or the YAML file) first.
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--algorithm", default=None)
+    first.add_argument("--config", default=None)
+    known, _ = first.parse_known_args(argv)
+    algorithm = known.algorithm
+    if algorithm is None and known.config is not None:
+        with open(known.config, encoding="utf-8") as f:
+            algorithm = (yaml.safe_load(f) or {}).get("algorithm")
+    algorithm = algorithm or "grpo"
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"--algorithm {algorithm!r} unknown; expected one of {ALGORITHMS}.")
+    parser = TrlParser((ScriptArguments, E2POConfig if algorithm == "e2po" else DiffusionGRPOConfig))
+    script_args, config, remaining = parser.parse_args_and_config(args=argv, return_remaining_strings=True)
+    e2po_only = [arg for arg in remaining if arg.startswith("--e2po_")]
+    if e2po_only:
+        raise ValueError(f"{e2po_only[0]} is an E2PO option; pass --algorithm e2po to use it.")
+    if remaining:
+        raise ValueError(f"unrecognized arguments: {' '.join(remaining)}")
     if script_args.pretrained_model_name_or_path is None:
         raise ValueError("--pretrained_model_name_or_path is required (a StableDiffusion3Pipeline or FluxPipeline).")
-    if script_args.algorithm == "e2po":
-        return script_args, e2po_config
-    grpo_names = {f.name for f in fields(DiffusionGRPOConfig)}
-    defaults = E2POConfig()
-    changed = [
-        f.name
-        for f in fields(E2POConfig)
-        if f.name not in grpo_names and getattr(e2po_config, f.name) != getattr(defaults, f.name)
-    ]
-    if changed:
-        raise ValueError(f"--{changed[0]} is an E2PO option; pass --algorithm e2po to use it.")
-    return script_args, DiffusionGRPOConfig(**{name: getattr(e2po_config, name) for name in grpo_names})
+    return script_args, config
 
 
 def load_pipeline(path: str):
@@ -124,10 +132,12 @@ def main(argv=None):
 
     diffusers.utils.logging.set_verbosity_info()
 
-    pipeline = load_pipeline(script_args.pretrained_model_name_or_path)
+    # Cheap inputs first: a bad prompt file or reward name fails before the model loads.
+    prompts = load_prompts(script_args.dataset)
     reward_funcs = [build_reward(spec) for spec in script_args.reward_funcs]
+    pipeline = load_pipeline(script_args.pretrained_model_name_or_path)
     trainer_class = E2POTrainer if script_args.algorithm == "e2po" else DiffusionGRPOTrainer
-    trainer = trainer_class(pipeline, reward_funcs, config, train_dataset=load_prompts(script_args.dataset))
+    trainer = trainer_class(pipeline, reward_funcs, config, train_dataset=prompts)
     accelerator = trainer.accelerator
     logger.info(
         f"{script_args.algorithm}: {config.max_steps} steps, {config.generation_batch_size} images per process per "
