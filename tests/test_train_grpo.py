@@ -103,7 +103,9 @@ def test_bad_arguments_are_clear_errors(tmp_path, args, message):
 def test_yaml_config_and_algorithm(tmp_path):
     train_grpo = _script_module()
     config = tmp_path / "run.yaml"
-    config.write_text("algorithm: e2po\nnum_generations: 6\nper_device_train_batch_size: 12\ne2po_num_directions: 2\nbeta: 0.04\n")
+    config.write_text(
+        "algorithm: e2po\nnum_generations: 6\nper_device_train_batch_size: 12\ne2po_num_directions: 2\nbeta: 0.04\n"
+    )
     script_args, args = train_grpo.parse_args(["--config", str(config), "--pretrained_model_name_or_path", "x"])
     assert script_args.algorithm == "e2po" and type(args).__name__ == "E2POConfig"
     assert (args.num_generations, args.e2po_num_directions, args.beta) == (6, 2, 0.04)
