@@ -201,6 +201,7 @@ class DiffusionGRPOTrainer:
         )
         self.transformer, self.optimizer = self.accelerator.prepare(transformer, optimizer)
         self.global_step = 0
+        self._resumed = self._trackers_started = False
         self.history: list[dict[str, float]] = []
         self._metrics: dict[str, list[float]] = defaultdict(list)
         self._timers: dict[str, float] = defaultdict(float)
@@ -519,11 +520,17 @@ class DiffusionGRPOTrainer:
         return {}
 
     def train(self) -> list[dict[str, float]]:
-        """Run (or resume, per `resume_from_checkpoint`) until `max_steps`; return the logged metrics."""
+        """Run (or resume, per `resume_from_checkpoint`) until `max_steps`; return the logged metrics.
+
+        Calling it again after raising `args.max_steps` continues from the current step.
+        """
         args, accelerator = self.args, self.accelerator
-        self.global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
-        if accelerator.is_main_process:
+        if args.resume_from_checkpoint is not None and not self._resumed:
+            self.global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
+            self._resumed = True
+        if accelerator.is_main_process and not self._trackers_started:
             accelerator.init_trackers(type(self).__name__, config={k: str(v) for k, v in args.to_dict().items()})
+            self._trackers_started = True
         while self.global_step < args.max_steps:
             logs = self.training_step(self.global_step)
             self.global_step += 1
