@@ -5,12 +5,14 @@ import time
 from collections.abc import Callable
 
 from .digits import digits_section
+from .e2po import e2po_section
 from .report import Section, write_report
 
 
 # (name, section builder). Each method adds its own: builder(output_dir, quick, seed, device) -> Section.
 SECTIONS: list[tuple[str, Callable[[str, bool, int, str], Section]]] = [
     ("digits zoo", digits_section),
+    ("e2po", e2po_section),
 ]
 
 
