@@ -62,7 +62,13 @@ def evaluate(trainer, classifier, samples_per_prompt: int, num_inference_steps: 
     from diffusers_ext.rewards import digit_accuracy
 
     components = dict(trainer.pipeline.components)
-    components["scheduler"] = FlowMatchEulerDiscreteScheduler.from_config(trainer.pipeline.scheduler.config)
+    components["scheduler"] = FlowMatchEulerDiscreteScheduler.from_config(
+        {
+            k: v
+            for k, v in trainer.pipeline.scheduler.config.items()
+            if k not in ("noise_level", "sde_type", "sde_window")
+        }
+    )
     components["transformer"] = trainer.unwrapped_transformer
     pipe = StableDiffusion3Pipeline(**components)
     pipe.set_progress_bar_config(disable=True)
