@@ -208,3 +208,19 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
         not torch.equal(a, b)
         for a, b in zip(resumed.trainable_parameters, tiny_trainer(tmp_path / "fresh").trainable_parameters)
     )
+
+
+def test_metrics_reach_the_tensorboard_tracker(tmp_path):
+    trainer = tiny_trainer(tmp_path, max_steps=1, report_to="tensorboard")
+    trainer.train()
+    trainer.accelerator.end_training()
+    events = list((tmp_path / "logs").rglob("events.out.tfevents.*"))
+    assert events and any(e.stat().st_size > 200 for e in events)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = set()
+    for event in events:
+        accumulator = EventAccumulator(str(event.parent))
+        accumulator.Reload()
+        scalars |= set(accumulator.Tags()["scalars"])
+    assert {"reward", "frac_reward_zero_std", "clip_ratio/region_mean"} <= scalars, scalars
