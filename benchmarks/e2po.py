@@ -34,6 +34,7 @@ def parse_args(argv=None):
     parser.add_argument("--num_inference_steps", type=int, default=6, help="Denoising steps of each rollout.")
     parser.add_argument("--learning_rate", type=float, default=1e-3, help="AdamW learning rate of the LoRA.")
     parser.add_argument("--lora_rank", type=int, default=8, help="LoRA rank.")
+    parser.add_argument("--num_iterations", type=int, default=1, help="Optimizer steps per generated batch.")
     parser.add_argument("--beta", type=float, default=0.0, help="KL weight.")
     parser.add_argument("--epsilon", type=float, default=0.2, help="Ratio clip range.")
     parser.add_argument("--e2po_num_anchors", type=int, default=2, help="E2PO anchors per group.")
