@@ -119,6 +119,7 @@ def run(algorithm: str, seed: int, args, classifier) -> dict:
         "lora_alpha": 2 * args.lora_rank,
         "beta": args.beta,
         "epsilon": args.epsilon,
+        "num_iterations": args.num_iterations,
         "timestep_fraction": 1.0,
         "save_steps": 10**9,
         "report_to": "none",
