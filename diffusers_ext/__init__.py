@@ -35,6 +35,10 @@ _import_structure = {
         "DivideAndDenoisePipeline",
         "DivideAndDenoisePipelineOutput",
     ],
+    "trainers.diffusion_grpo_config": ["DiffusionGRPOConfig"],
+    "trainers.diffusion_grpo_trainer": ["DiffusionGRPOTrainer"],
+    "trainers.e2po_config": ["E2POConfig"],
+    "trainers.e2po_trainer": ["E2POTrainer"],
 }
 
 if TYPE_CHECKING:
@@ -61,6 +65,10 @@ if TYPE_CHECKING:
     from .pipelines.soar.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
     from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
+    from .trainers.diffusion_grpo_config import DiffusionGRPOConfig
+    from .trainers.diffusion_grpo_trainer import DiffusionGRPOTrainer
+    from .trainers.e2po_config import E2POConfig
+    from .trainers.e2po_trainer import E2POTrainer
 else:
     import sys
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from .digits import digits_section
 from .divide_and_denoise import divide_and_denoise_section
+from .e2po import e2po_section
 from .report import Section, write_report
 from .soar import soar_section
 
@@ -15,6 +16,7 @@ SECTIONS: list[tuple[str, Callable[[str, bool, int, str], Section]]] = [
     ("digits zoo", digits_section),
     ("SOAR decoding", soar_section),
     ("divide-and-denoise", divide_and_denoise_section),
+    ("e2po", e2po_section),
 ]
 
 

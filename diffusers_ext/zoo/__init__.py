@@ -5,7 +5,7 @@ rebuilt it and its measured quality (see `benchmarks/results/zoo.json`).
 
     >>> from diffusers_ext import zoo
     >>> zoo.names()
-    ['addition-mdm', 'digits-classifier', 'digits-ddpm']
+    ['addition-mdm', 'digits-classifier', 'digits-ddpm', 'digits-sd3', ...]
     >>> pipe = zoo.load("digits-ddpm")
 """
 
@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ZooEntry:
-    """One bundled checkpoint: its folder name, what it is, and the public class that loads it."""
+    """One bundled checkpoint: its folder name, what it is, and the public class (of `library`) that loads it."""
 
     name: str
     description: str
     class_name: str
+    library: str = "diffusers_ext"
 
 
 ENTRIES = {
@@ -40,6 +41,13 @@ ENTRIES = {
             "digits-classifier",
             "ConvImageClassifier for 8x8 digits; the judge of the digits generators (accuracy, Fréchet features).",
             "ConvImageClassifier",
+        ),
+        ZooEntry(
+            "digits-sd3",
+            "Tiny StableDiffusion3Pipeline drawing the 8x8 digit its prompt names; the policy of the GRPO/E2PO "
+            "benchmark (use max_sequence_length=8, height=width=8).",
+            "StableDiffusion3Pipeline",
+            library="diffusers",
         ),
     )
 }
@@ -71,8 +79,8 @@ def path(name: str) -> str:
 
 def load(name: str, **kwargs):
     """Load the bundled checkpoint `name` with its class's `from_pretrained` (`kwargs` are passed on)."""
-    import diffusers_ext
+    import importlib
 
     entry = _entry(name)
-    cls = getattr(diffusers_ext, entry.class_name)
+    cls = getattr(importlib.import_module(entry.library), entry.class_name)
     return cls.from_pretrained(path(name), **kwargs)

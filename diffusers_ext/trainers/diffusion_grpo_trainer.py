@@ -1,0 +1,605 @@
+"""GRPO for flow-matching text-to-image pipelines (Flow-GRPO), shaped like TRL's `GRPOTrainer`."""
+
+import inspect
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from diffusers.utils import logging
+
+from ..schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler
+from ..training_utils import (
+    ResumableBatchSampler,
+    build_accelerator,
+    command_line,
+    maybe_resume,
+    save_checkpoint,
+    step_generator,
+    write_model_card,
+)
+from ..utils import public
+from .diffusion_grpo_config import DiffusionGRPOConfig
+from .pipeline_adapters import get_adapter
+
+
+logger = logging.get_logger(__name__)
+
+RewardFunc = Callable[..., Sequence[float]]
+
+
+@dataclass
+class Rollout:
+    """One generation round on one process: what the loss needs to rescore every stored transition.
+
+    Attributes:
+        prompts: one prompt per image (groups of `num_generations` consecutive images share one).
+        columns: the other dataset columns, one entry per image.
+        cond: conditioning actually used per image (E2PO stores the perturbed embeddings here).
+        uncond: the unconditional (negative) conditioning per image, or None without CFG.
+        latents: `(batch, num_steps + 1, ...)` the trajectory, `latents[:, i]` the input of step `i`.
+        log_probs: `(batch, num_steps)` log-probabilities of the sampled transitions (NaN on ODE steps).
+        timesteps: `(num_steps,)` the scheduler's timesteps.
+        images: `(batch, channels, height, width)` decoded images in [0, 1].
+        rewards / advantages: filled by scoring.
+    """
+
+    prompts: list[str]
+    columns: dict[str, list]
+    cond: dict[str, torch.Tensor]
+    uncond: dict[str, torch.Tensor] | None
+    latents: torch.Tensor
+    log_probs: torch.Tensor
+    timesteps: torch.Tensor
+    images: torch.Tensor
+    rewards_per_func: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _reward_name(func) -> str:
+    return getattr(func, "__name__", None) or type(func).__name__
+
+
+def _as_rows(train_dataset) -> list[dict]:
+    """Dataset rows as dicts with a non-empty `prompt` (a list of strings, of dicts, or a `datasets.Dataset`)."""
+    if train_dataset is None:
+        raise ValueError("`train_dataset` is required: a list of prompts, of dicts with 'prompt', or a Dataset.")
+    rows = [{"prompt": row} if isinstance(row, str) else dict(row) for row in train_dataset]
+    if not rows:
+        raise ValueError("`train_dataset` is empty: give at least one prompt.")
+    for index, row in enumerate(rows):
+        prompt = row.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"`train_dataset` row {index} has no non-empty 'prompt' string: {row!r}.")
+    keys = set(rows[0])
+    for index, row in enumerate(rows):
+        if set(row) != keys:
+            raise ValueError(f"`train_dataset` row {index} has columns {sorted(row)}, row 0 has {sorted(keys)}.")
+    return rows
+
+
+@public
+class DiffusionGRPOTrainer:
+    r"""
+    Group Relative Policy Optimization for flow-matching text-to-image pipelines ([`StableDiffusion3Pipeline`],
+    [`FluxPipeline`]), following Flow-GRPO and TRL's `GRPOTrainer` conventions.
+
+    Each step draws prompts, generates `num_generations` images per prompt with the SDE sampler of
+    [`FlowMatchSDEScheduler`] (keeping every transition's log-probability), scores them with the reward functions,
+    turns rewards into group-relative advantages and minimises the clipped ratio loss
+    `mean(max(-A r, -A clip(r, 1 - epsilon, 1 + epsilon_high)))` plus `beta` times the KL to the reference model
+    (the transformer with its LoRA adapter disabled) on a share of the denoising steps.
+
+    Args:
+        pipeline: a `StableDiffusion3Pipeline` or `FluxPipeline` (its scheduler is swapped for a
+            `FlowMatchSDEScheduler` with the same configuration).
+        reward_funcs: a callable or a list of callables `f(prompts, images, **columns) -> list[float]`; `images`
+            is a float tensor `(batch, channels, height, width)` in [0, 1]; the other dataset columns are passed by
+            name, one entry per image. See `diffusers_ext.rewards`.
+        args ([`DiffusionGRPOConfig`], *optional*): the configuration.
+        train_dataset: prompts (a list of strings, of dicts with a `"prompt"` key, or a `datasets.Dataset`).
+        peft_config (`peft.LoraConfig`, *optional*): overrides the LoRA settings of `args`.
+
+    Metrics (logged through the accelerate trackers every `logging_steps` and kept in `self.history`): `reward`,
+    `reward_std`, `frac_reward_zero_std`, `rewards/{name}/mean|std`, `kl`, `clip_ratio/low_mean`,
+    `clip_ratio/high_mean`, `clip_ratio/region_mean`, `loss`, `grad_norm`, and `time/*` (seconds per step in
+    sampling, reward and backward, plus the trainer's own overhead).
+    """
+
+    _tag_names = ["diffusers-ext", "grpo", "flow-grpo"]
+    config_class = DiffusionGRPOConfig
+
+    def __init__(
+        self,
+        pipeline,
+        reward_funcs: RewardFunc | list[RewardFunc],
+        args: DiffusionGRPOConfig | None = None,
+        train_dataset=None,
+        peft_config=None,
+    ):
+        args = args if args is not None else self.config_class()
+        if not isinstance(args, self.config_class):
+            raise TypeError(f"`args` must be a {self.config_class.__name__}, got {type(args).__name__}.")
+        self.args = args
+        self.adapter = get_adapter(pipeline)
+        self.pipeline = pipeline
+        self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
+            raise TypeError(
+                f"`reward_funcs` must be a callable or a non-empty list of callables, got {reward_funcs!r}."
+            )
+        self.reward_names = [_reward_name(f) for f in self.reward_funcs]
+        weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(self.reward_funcs)
+        if len(weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"`reward_weights` has {len(weights)} entries for {len(self.reward_funcs)} reward functions."
+            )
+        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        self.rows = _as_rows(train_dataset)
+
+        pipeline.scheduler = FlowMatchSDEScheduler.from_config(
+            pipeline.scheduler.config,
+            noise_level=args.noise_level,
+            sde_type=args.sde_type,
+            sde_window=tuple(args.sde_window) if args.sde_window else None,
+        )
+        self.scheduler = pipeline.scheduler
+        self.train_step_indices = self._stochastic_steps()
+        self.num_train_timesteps = max(1, int(len(self.train_step_indices) * args.timestep_fraction))
+        self.accelerator = build_accelerator(
+            args.output_dir,
+            args.logging_dir,
+            args.mixed_precision,
+            args.report_to,
+            args.gradient_accumulation_steps * self.num_train_timesteps,
+        )
+        device = self.accelerator.device
+        pipeline.to(device)
+        pipeline.set_progress_bar_config(disable=True)
+        for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
+            module = getattr(pipeline, name, None)
+            if module is not None:
+                module.requires_grad_(False).eval()
+
+        transformer = pipeline.transformer
+        transformer.requires_grad_(False)
+        self.reference = None
+        if args.use_lora:
+            from peft import LoraConfig
+
+            lora = peft_config or LoraConfig(
+                r=args.lora_rank,
+                lora_alpha=args.lora_alpha,
+                init_lora_weights=args.lora_init if args.lora_init != "true" else True,
+                target_modules=args.lora_target_modules,
+            )
+            # The adapter's random initialisation depends on `seed` alone (not on what ran before in the process).
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(args.seed)
+                transformer.add_adapter(lora)
+            for parameter in transformer.parameters():
+                if parameter.requires_grad:
+                    parameter.data = parameter.data.float()
+        else:
+            transformer.requires_grad_(True)
+            if args.beta > 0:
+                import copy
+
+                self.reference = copy.deepcopy(transformer).requires_grad_(False).eval()
+        self.trainable_parameters = [p for p in transformer.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            self.trainable_parameters,
+            lr=args.learning_rate,
+            betas=(args.adam_beta1, args.adam_beta2),
+            weight_decay=args.weight_decay,
+            eps=args.adam_epsilon,
+        )
+        self.transformer, self.optimizer = self.accelerator.prepare(transformer, optimizer)
+        self.global_step = 0
+        self._resumed = self._trackers_started = False
+        self.history: list[dict[str, float]] = []
+        self._metrics: dict[str, list[float]] = defaultdict(list)
+        self._timers: dict[str, float] = defaultdict(float)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Helpers
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _stochastic_steps(self) -> list[int]:
+        window = self.args.sde_window
+        steps = range(self.args.num_inference_steps)
+        chosen = [i for i in steps if window is None or window[0] <= i < window[1]]
+        if not chosen:
+            raise ValueError(f"`sde_window` {window} holds none of the {self.args.num_inference_steps} steps.")
+        return chosen
+
+    def _image_size(self) -> tuple[int, int]:
+        default_h, default_w = self.adapter.default_size()
+        return self.args.height or default_h, self.args.width or default_w
+
+    @property
+    def unwrapped_transformer(self):
+        return self.accelerator.unwrap_model(self.transformer)
+
+    def _timed(self, name: str):
+        trainer = self
+
+        class _Timer:
+            def __enter__(self):
+                self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                trainer._timers[name] += time.perf_counter() - self.start
+
+        return _Timer()
+
+    def _generator(self, step: int, salt: int = 0) -> torch.Generator:
+        return step_generator(self.args.seed + salt * 7919, step, self.accelerator.process_index)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Sampling
+    # ------------------------------------------------------------------------------------------------------------
+
+    def prompt_indices(self, step: int) -> list[int]:
+        """Dataset rows of this process at `step` (each repeated `num_generations` times), resumable by step."""
+        per_process = self.args.generation_batch_size // self.args.num_generations
+        sampler = ResumableBatchSampler(
+            len(self.rows),
+            per_process,
+            self.accelerator.num_processes,
+            self.accelerator.process_index,
+            self.args.seed,
+            start_step=step,
+        )
+        return next(iter(sampler))
+
+    def perturb_conditioning(self, cond: dict[str, torch.Tensor], step: int, row_ids: list[int]):
+        """Hook for subclasses (E2PO): the conditioning each image is generated and trained with.
+
+        `cond` holds one row per image (groups of `num_generations` consecutive rows); `row_ids` are the dataset
+        rows of the groups.
+        """
+        return cond
+
+    @torch.no_grad()
+    def generate(self, row_ids: list[int], step: int) -> Rollout:
+        """Generate `num_generations` images for each dataset row with the SDE sampler; keep trajectory and log-probs."""
+        args, adapter, device = self.args, self.adapter, self.accelerator.device
+        rows = [self.rows[i] for i in row_ids]
+        G = args.num_generations
+        prompts = [row["prompt"] for row in rows for _ in range(G)]
+        columns = {key: [row[key] for row in rows for _ in range(G)] for key in rows[0] if key != "prompt"}
+        group_ids = torch.arange(len(rows), device=device).repeat_interleave(G)
+        height, width = self._image_size()
+
+        with self._timed("model_forward"):
+            cond, uncond = adapter.encode(
+                [row["prompt"] for row in rows], args.negative_prompt, args.guidance_scale, args.max_sequence_length
+            )
+        cond = {k: v.repeat_interleave(G, dim=0) for k, v in cond.items()}
+        uncond = None if uncond is None else {k: v.repeat_interleave(G, dim=0) for k, v in uncond.items()}
+        cond = self.perturb_conditioning(cond, step, row_ids)
+
+        generator = self._generator(step)
+        dtype = self.unwrapped_transformer.dtype
+        if args.init_same_noise:
+            latents = adapter.prepare_latents(len(rows), height, width, generator, device, dtype)
+            latents = latents.repeat_interleave(G, dim=0)
+        else:
+            latents = adapter.prepare_latents(len(prompts), height, width, generator, device, dtype)
+        timesteps = adapter.set_timesteps(self.scheduler, args.num_inference_steps, latents, device)
+        trajectory, log_probs = [latents], []
+        self.transformer.eval()
+        for t in timesteps:
+            with self._timed("model_forward"), self.accelerator.autocast():
+                velocity = adapter.velocity(self.transformer, latents, t, cond, uncond, args.guidance_scale)
+            output = self.scheduler.step(velocity.float(), t, latents.float(), generator=generator)
+            latents = output.prev_sample.to(dtype)
+            trajectory.append(latents)
+            log_probs.append(
+                output.log_prob
+                if output.log_prob is not None
+                else torch.full((len(prompts),), math.nan, device=device)
+            )
+        with self._timed("model_forward"):
+            images = adapter.decode(latents, height, width)
+        return Rollout(
+            prompts=prompts,
+            columns=columns,
+            cond=cond,
+            uncond=uncond,
+            latents=torch.stack(trajectory, dim=1),
+            log_probs=torch.stack(log_probs, dim=1).float(),
+            timesteps=timesteps,
+            images=images,
+            extra={"group_ids": group_ids, "row_ids": list(row_ids)},
+        )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Scoring
+    # ------------------------------------------------------------------------------------------------------------
+
+    def score(self, prompts: list[str], images: torch.Tensor, columns: dict[str, list]) -> torch.Tensor:
+        """Call every reward function; return `(batch, num_funcs)` rewards, or raise on a wrong length or NaN."""
+        scores = []
+        for func, name in zip(self.reward_funcs, self.reward_names):
+            kwargs = dict(columns)
+            if "trainer_state" in inspect.signature(func).parameters:
+                kwargs["trainer_state"] = {"global_step": self.global_step}
+            with self._timed("reward"):
+                values = func(prompts=prompts, images=images, **kwargs)
+            if values is None or isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+                raise ValueError(
+                    f"reward function {name!r} returned {type(values).__name__}; expected a list of floats."
+                )
+            if len(values) != len(prompts):
+                raise ValueError(
+                    f"reward function {name!r} returned {len(values)} rewards for {len(prompts)} images; it must "
+                    "return one float per image."
+                )
+            tensor = torch.as_tensor([float(v) for v in values], dtype=torch.float32)
+            bad = (~torch.isfinite(tensor)).nonzero().flatten().tolist()
+            if bad:
+                raise ValueError(
+                    f"reward function {name!r} returned non-finite rewards {tensor[bad].tolist()} for images {bad} "
+                    f"(prompts {[prompts[i] for i in bad[:3]]}); rewards must be finite. Nothing was optimised."
+                )
+            scores.append(tensor)
+        return torch.stack(scores, dim=1).to(self.accelerator.device)
+
+    def compute_advantages(self, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Group-relative advantages of `rewards` (this process's, grouped by `num_generations`).
+
+        Returns `(advantages, group_std)`; `scale_rewards` picks the divisor (group std, the std of the whole batch
+        on all processes, or none), and advantages are clipped to `adv_clip_max`.
+        """
+        G = self.args.num_generations
+        grouped = rewards.view(-1, G)
+        mean = grouped.mean(dim=1, keepdim=True)
+        std = grouped.std(dim=1, keepdim=True)
+        advantages = grouped - mean
+        if self.args.scale_rewards == "group":
+            advantages = advantages / (std + 1e-4)
+        elif self.args.scale_rewards == "batch":
+            everything = self.accelerator.gather(rewards.detach())
+            advantages = advantages / (everything.std() + 1e-4)
+        advantages = advantages.clamp(-self.args.adv_clip_max, self.args.adv_clip_max)
+        return advantages.flatten(), std.flatten()
+
+    def score_rollout(self, rollout: Rollout) -> Rollout:
+        """Fill `rollout`'s rewards and advantages, and record the reward metrics."""
+        rewards_per_func = self.score(rollout.prompts, rollout.images, rollout.columns)
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).sum(dim=1)
+        advantages, group_std = self.compute_advantages(rewards)
+        rollout.rewards_per_func, rollout.rewards, rollout.advantages = rewards_per_func, rewards, advantages
+        rollout.extra["group_std"] = group_std
+
+        all_rewards = self.accelerator.gather(rewards)
+        all_std = self.accelerator.gather(group_std)
+        all_per_func = self.accelerator.gather(rewards_per_func)
+        self._metrics["reward"].append(all_rewards.mean().item())
+        self._metrics["reward_std"].append(all_std.mean().item())
+        self._metrics["frac_reward_zero_std"].append((all_std <= self.args.reward_std_tolerance).float().mean().item())
+        for j, name in enumerate(self.reward_names):
+            self._metrics[f"rewards/{name}/mean"].append(all_per_func[:, j].mean().item())
+            self._metrics[f"rewards/{name}/std"].append(all_per_func[:, j].std().item())
+        return rollout
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Loss
+    # ------------------------------------------------------------------------------------------------------------
+
+    def timesteps_to_train(self, step: int) -> list[int]:
+        """The step indices trained this step: the first share of the stochastic steps, or a random subset."""
+        indices = self.train_step_indices
+        if self.args.timestep_selection == "first":
+            return indices[: self.num_train_timesteps]
+        order = torch.randperm(len(indices), generator=self._generator(step, salt=1))
+        return sorted(indices[int(i)] for i in order[: self.num_train_timesteps])
+
+    def _select(self, tensors: dict | None, index: torch.Tensor) -> dict | None:
+        return None if tensors is None else {k: v[index] for k, v in tensors.items()}
+
+    def step_log_prob(self, transformer, rollout: Rollout, index: torch.Tensor, i: int):
+        """Log-probability of the stored transition `i` of images `index` under `transformer`, and its mean/std."""
+        latents = rollout.latents[index, i]
+        with self.accelerator.autocast():
+            velocity = self.adapter.velocity(
+                transformer,
+                latents,
+                rollout.timesteps[i],
+                self._select(rollout.cond, index),
+                self._select(rollout.uncond, index),
+                self.args.guidance_scale,
+            )
+        mean, std = self.scheduler.transition(velocity.float(), latents.float(), i)
+        log_prob = self.scheduler.gaussian_log_prob(rollout.latents[index, i + 1], mean, std)
+        return log_prob, mean, std
+
+    def compute_loss(self, rollout: Rollout, index: torch.Tensor, i: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """Clipped-ratio GRPO loss (+ `beta` KL) of images `index` at step index `i`."""
+        args = self.args
+        log_prob, mean, std = self.step_log_prob(self.transformer, rollout, index, i)
+        advantages = rollout.advantages[index]
+        ratio = torch.exp(log_prob - rollout.log_probs[index, i])
+        low, high = 1 - args.epsilon, 1 + (args.epsilon_high if args.epsilon_high is not None else args.epsilon)
+        unclipped = -advantages * ratio
+        clipped = -advantages * ratio.clamp(low, high)
+        policy_loss = torch.maximum(unclipped, clipped).mean()
+        loss = policy_loss
+        metrics = {
+            "clip_ratio/low_mean": ((ratio < low) & (advantages < 0)).float().mean().item(),
+            "clip_ratio/high_mean": ((ratio > high) & (advantages > 0)).float().mean().item(),
+            "clip_ratio/region_mean": ((ratio < low) | (ratio > high)).float().mean().item(),
+            "policy_loss": policy_loss.item(),
+        }
+        if args.beta > 0:
+            with torch.no_grad():
+                if self.reference is not None:
+                    _, reference_mean, _ = self.step_log_prob(self.reference, rollout, index, i)
+                else:
+                    model = self.unwrapped_transformer
+                    model.disable_adapters()
+                    try:
+                        _, reference_mean, _ = self.step_log_prob(model, rollout, index, i)
+                    finally:
+                        model.enable_adapters()
+            kl = ((mean - reference_mean) ** 2).mean(dim=tuple(range(1, mean.ndim))) / (2 * std**2)
+            loss = loss + args.beta * kl.mean()
+            metrics["kl"] = kl.mean().item()
+        return loss, metrics
+
+    def optimize(self, rollout: Rollout, step: int) -> None:
+        """`num_iterations` optimizer steps on `rollout`, each over all micro-batches and trained timesteps."""
+        args = self.args
+        self.transformer.train()
+        timesteps = self.timesteps_to_train(step)
+        micro = args.per_device_train_batch_size
+        batch = rollout.latents.shape[0]
+        for _ in range(args.num_iterations):
+            for start in range(0, batch, micro):
+                index = torch.arange(start, min(start + micro, batch), device=rollout.latents.device)
+                for i in timesteps:
+                    with self.accelerator.accumulate(self.transformer):
+                        with self._timed("forward_backward"):
+                            loss, metrics = self.compute_loss(rollout, index, i)
+                            self.accelerator.backward(loss)
+                        if self.accelerator.sync_gradients:
+                            norm = self.accelerator.clip_grad_norm_(self.trainable_parameters, args.max_grad_norm)
+                            self._metrics["grad_norm"].append(float(norm))
+                        self.optimizer.step()
+                        self.optimizer.zero_grad()
+                    self._metrics["loss"].append(loss.item())
+                    for key, value in metrics.items():
+                        self._metrics[key].append(value)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Training loop
+    # ------------------------------------------------------------------------------------------------------------
+
+    def training_step(self, step: int) -> dict[str, float]:
+        """One generation round: sample, score, optimise. Returns the step's metrics (averaged over processes)."""
+        self._metrics.clear()
+        self._timers.clear()
+        start = time.perf_counter()
+        with self._timed("sampling"):
+            rollout = self.generate(self.prompt_indices(step), step)
+        sampling_forward = self._timers["model_forward"]
+        rollout = self.score_rollout(rollout)
+        with self._timed("backward"):
+            self.optimize(rollout, step)
+        total = time.perf_counter() - start
+        self.after_step(rollout, step)
+
+        logs = {key: sum(values) / len(values) for key, values in self._metrics.items() if values}
+        model_time = sampling_forward + self._timers["forward_backward"] + self._timers["reward"]
+        logs.update(
+            {
+                "time/step": total,
+                "time/sampling": self._timers["sampling"],
+                "time/reward": self._timers["reward"],
+                "time/backward": self._timers["backward"],
+                "time/model": sampling_forward + self._timers["forward_backward"],
+                "time/overhead_fraction": max(0.0, total - model_time) / total,
+            }
+        )
+        logs.update(self.extra_metrics(rollout))
+        reduced = self.accelerator.reduce(torch.tensor(list(logs.values()), device=self.accelerator.device), "mean")
+        return dict(zip(logs.keys(), reduced.tolist()))
+
+    def after_step(self, rollout: Rollout, step: int) -> None:
+        """Hook for subclasses, called after the optimizer steps of `step`."""
+
+    def extra_metrics(self, rollout: Rollout) -> dict[str, float]:
+        """Hook for subclasses: metrics to add to the step's logs."""
+        return {}
+
+    def train(self) -> list[dict[str, float]]:
+        """Run (or resume, per `resume_from_checkpoint`) until `max_steps`; return the logged metrics.
+
+        Calling it again after raising `args.max_steps` continues from the current step.
+        """
+        args, accelerator = self.args, self.accelerator
+        if args.resume_from_checkpoint is not None and not self._resumed:
+            self.global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
+            self._resumed = True
+        if accelerator.is_main_process and not self._trackers_started:
+            accelerator.init_trackers(type(self).__name__, config={k: str(v) for k, v in args.to_dict().items()})
+            self._trackers_started = True
+        while self.global_step < args.max_steps:
+            logs = self.training_step(self.global_step)
+            self.global_step += 1
+            logs["step"] = self.global_step
+            self.history.append(logs)
+            if self.global_step % args.logging_steps == 0 or self.global_step == args.max_steps:
+                accelerator.log({k: v for k, v in logs.items() if k != "step"}, step=self.global_step)
+            if self.global_step % args.save_steps == 0 or self.global_step == args.max_steps:
+                save_checkpoint(accelerator, args.output_dir, self.global_step, args.save_total_limit)
+        accelerator.wait_for_everyone()
+        return self.history
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Saving
+    # ------------------------------------------------------------------------------------------------------------
+
+    def save_model(self, output_dir: str | None = None, base_model: str | None = None) -> str:
+        """Save the LoRA (`pytorch_lora_weights.safetensors`, loadable with `load_lora_weights`) or the full
+        transformer, with a model card. Call on every process; only the main one writes."""
+        output_dir = output_dir or self.args.output_dir
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            transformer = self.unwrapped_transformer
+            if self.args.use_lora:
+                from peft.utils import get_peft_model_state_dict
+
+                layers = {k: v.detach().cpu() for k, v in get_peft_model_state_dict(transformer).items()}
+                # The adapter's config (rank, alpha, targets) goes into the file's metadata, so the scale survives loading.
+                type(self.pipeline).save_lora_weights(
+                    output_dir,
+                    transformer_lora_layers=layers,
+                    transformer_lora_adapter_metadata=transformer.peft_config["default"].to_dict(),
+                )
+            else:
+                transformer.save_pretrained(os.path.join(output_dir, "transformer"))
+            last = self.history[-1] if self.history else {}
+            metrics = {key: last[key] for key in ("reward", "reward_std", "frac_reward_zero_std", "kl") if key in last}
+            first = self.history[0] if self.history else {}
+            if "reward" in first:
+                metrics = {"reward (first step)": first["reward"], **metrics}
+            write_model_card(
+                output_dir,
+                title=f"{type(self).__name__.replace('Trainer', '')} LoRA for {type(self.pipeline).__name__}",
+                description=self._card_description(),
+                command=command_line(),
+                metrics={f"{k} (last step)" if k != "reward (first step)" else k: v for k, v in metrics.items()},
+                tags=[*self._tag_names, "lora" if self.args.use_lora else "full-finetune"],
+                base_model=base_model,
+            )
+        self.accelerator.wait_for_everyone()
+        return output_dir
+
+    def _card_description(self) -> str:
+        args = self.args
+        rewards = ", ".join(f"`{n}` (weight {w:g})" for n, w in zip(self.reward_names, self.reward_weights.tolist()))
+        what = (
+            f"A LoRA (rank {args.lora_rank}, alpha {args.lora_alpha}) of the transformer"
+            if args.use_lora
+            else "The full transformer"
+        )
+        load = (
+            "Load it with `pipe.load_lora_weights(folder)`."
+            if args.use_lora
+            else "Load it with `SD3Transformer2DModel.from_pretrained(folder, subfolder='transformer')`."
+        )
+        return (
+            f"{what}, trained by `{type(self).__name__}` (diffusers-ext) for {self.global_step} steps of "
+            f"{args.generation_batch_size} images per process in groups of {args.num_generations}, "
+            f"{args.num_inference_steps}-step `{args.sde_type}` sampling at noise level {args.noise_level}, "
+            f"guidance {args.guidance_scale}, beta {args.beta}, epsilon {args.epsilon}, learning rate "
+            f"{args.learning_rate}. Rewards: {rewards}. {load}"
+        )

@@ -1,0 +1,135 @@
+"""E2POTrainer: the perturbation structure, consistent log-probs, the bounded scale controller, resume state."""
+
+import pytest
+import torch
+from diffusers import StableDiffusion3Pipeline
+
+from diffusers_ext import E2POConfig, E2POTrainer
+from diffusers_ext.rewards import BrightnessReward
+from diffusers_ext.testing import get_tiny_sd3_components
+from diffusers_ext.trainers.e2po_trainer import ScaleController, orthonormal_directions
+
+
+PROMPTS = ["a cat", "a dog", "a red car", "a tree"]
+
+
+def tiny_args(tmp_path, **overrides):
+    settings = {
+        "output_dir": str(tmp_path), "max_steps": 2, "num_generations": 6, "per_device_train_batch_size": 12,
+        "num_inference_steps": 4, "guidance_scale": 1.0, "height": 16, "width": 16, "max_sequence_length": 8, "learning_rate": 3e-2,
+        "lora_rank": 4, "lora_alpha": 8, "epsilon": 0.2, "save_steps": 1000, "e2po_num_anchors": 2, "e2po_num_directions": 2,
+    }  # fmt: skip
+    settings.update(overrides)
+    return E2POConfig(**settings)
+
+
+def tiny_trainer(tmp_path, **overrides):
+    pipe = StableDiffusion3Pipeline(**get_tiny_sd3_components(0))
+    return E2POTrainer(pipe, [BrightnessReward(1.0)], tiny_args(tmp_path, **overrides), train_dataset=PROMPTS)
+
+
+def test_directions_are_orthonormal_rms_matched_and_respect_padding():
+    reference = torch.randn(5, 12)
+    reference[:, 8:] = 0  # zero-padded channels, as SD3 pads the CLIP embeddings
+    directions = orthonormal_directions(reference, 3, torch.Generator().manual_seed(0))
+    flat = directions.flatten(1).double()
+    gram = flat @ flat.T
+    torch.testing.assert_close(gram / gram[0, 0], torch.eye(3, dtype=torch.float64), atol=1e-5, rtol=0)
+    assert torch.all(directions[:, :, 8:] == 0)
+    rms = reference[:, :8].pow(2).mean().sqrt()
+    torch.testing.assert_close(directions[:, :, :8].pow(2).mean(dim=(1, 2)).sqrt(), rms.expand(3), rtol=1e-4, atol=0)
+    with pytest.raises(ValueError, match="cannot hold 4 directions"):
+        orthonormal_directions(torch.tensor([1.0, 2.0, 0.0, 0.0, 0.0]), 4, torch.Generator())
+
+
+def test_groups_have_clean_anchors_and_antithetic_pairs(tmp_path):
+    trainer = tiny_trainer(tmp_path, e2po_init_scale=0.2, e2po_max_scale=0.3)
+    rollout = trainer.generate(trainer.prompt_indices(0), 0)
+    clean, _ = trainer.adapter.encode(rollout.prompts[::6], "", 1.0, 8)
+    direction, sign = trainer.member_signs()
+    assert direction.tolist() == [-1, -1, 0, 0, 1, 1] and sign.tolist() == [0, 0, 1, -1, 1, -1]
+    for key in ("prompt_embeds", "pooled_prompt_embeds"):
+        e = rollout.cond[key].view(2, 6, *rollout.cond[key].shape[1:])
+        c = clean[key]
+        torch.testing.assert_close(e[:, 0], c)
+        torch.testing.assert_close(e[:, 1], c)
+        torch.testing.assert_close((e[:, 2] + e[:, 3]) / 2, c, atol=1e-6, rtol=0)
+        d0, d1 = (e[:, 2] - c).flatten(1), (e[:, 4] - c).flatten(1)
+        assert torch.all(d0.norm(dim=1) > 0)
+        assert ((d0 * d1).sum(dim=1).abs() < 1e-4 * d0.norm(dim=1) * d1.norm(dim=1)).all(), "directions not orthogonal"
+        # RMS over the embedding's non-zero entries: s times the embedding's own RMS there.
+        relative = d0.norm(dim=1) / c.flatten(1).norm(dim=1)
+        torch.testing.assert_close(relative, torch.full_like(relative, 0.2), rtol=1e-3, atol=0)
+    # Distinct members of a group really generate distinct images.
+    assert (rollout.images[2] - rollout.images[3]).abs().max() > 0
+
+
+def test_log_probs_are_rescored_under_each_members_perturbed_embedding(tmp_path):
+    trainer = tiny_trainer(tmp_path, e2po_init_scale=0.3, e2po_max_scale=0.3)
+    rollout = trainer.generate(trainer.prompt_indices(0), 0)
+    index = torch.arange(12)
+    with torch.no_grad():
+        log_prob, _, _ = trainer.step_log_prob(trainer.transformer, rollout, index, 1)
+    consistent = (log_prob - rollout.log_probs[:, 1]).abs().max()
+    assert consistent < 2e-5
+    # Rescoring the perturbed members under the clean embedding would give other log-probs.
+    clean, _ = trainer.adapter.encode(rollout.prompts, "", 1.0, 8)
+    rollout.cond = clean
+    with torch.no_grad():
+        mismatched, _, _ = trainer.step_log_prob(trainer.transformer, rollout, index, 1)
+    perturbed = trainer.member_signs()[0].repeat(2) >= 0
+    assert (mismatched - rollout.log_probs[:, 1])[perturbed].abs().max() > 10 * consistent + 1e-4
+    torch.testing.assert_close(mismatched[~perturbed], rollout.log_probs[~perturbed, 1], atol=2e-5, rtol=0)
+
+
+def test_scale_controller_stays_inside_hard_bounds():
+    controller = ScaleController(2, init=0.1, low=0.02, high=0.3, up=1.25, down=0.95, target=0.05)
+    for _ in range(50):
+        controller.update([0, 1], [0.0, 1.0])
+    assert controller[0] == pytest.approx(0.3) and controller[1] == pytest.approx(0.02)
+    controller.update([0, 0], [0.0, 0.2])
+    assert controller[0] == pytest.approx(0.3 * 0.95)
+    state = controller.state_dict()
+    other = ScaleController(2, 0.1, 0.02, 0.3, 1.25, 0.95, 0.05)
+    other.load_state_dict(state)
+    assert other[0] == controller[0]
+    with pytest.raises(ValueError, match="holds 2 prompt scales; this dataset has 3"):
+        ScaleController(3, 0.1, 0.02, 0.3, 1.25, 0.95, 0.05).load_state_dict(state)
+
+
+def test_training_logs_the_scale_which_grows_on_flat_groups_and_is_checkpointed(tmp_path):
+    # The tiny model's group reward std (~0.003) is below the target, so every visited prompt's scale grows.
+    trainer = tiny_trainer(tmp_path, max_steps=3, save_steps=3, e2po_target_std=0.05, beta=0.1)
+    history = trainer.train()
+    scales = [log["e2po/scale"] for log in history]
+    assert scales[0] == pytest.approx(0.1)
+    assert all("e2po/anchor_reward" in log and "kl" in log for log in history)
+    visits = torch.zeros(len(PROMPTS), dtype=torch.float64)
+    for step in range(3):
+        for row in trainer.prompt_indices(step):
+            visits[row] += 1
+    torch.testing.assert_close(trainer.controller.scales, 0.1 * 1.25**visits)
+    assert (tmp_path / "checkpoint-3").is_dir()
+
+    resumed = tiny_trainer(tmp_path, max_steps=3, resume_from_checkpoint="latest")
+    resumed.train()
+    torch.testing.assert_close(resumed.controller.scales, trainer.controller.scales)
+
+
+def test_e2po_raises_the_reward(tmp_path):
+    trainer = tiny_trainer(tmp_path, max_steps=20)
+    rewards = [log["reward"] for log in trainer.train()]
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.008, rewards
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"e2po_num_anchors": 1}, "5 perturbed members must be a positive multiple of 2 \\* e2po_num_directions = 4"),
+        ({"e2po_init_scale": 0.5}, "e2po_init_scale <= e2po_max_scale"),
+        ({"e2po_scale_up": 0.9}, "e2po_scale_up >= 1"),
+    ],
+)
+def test_bad_e2po_settings(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_args(tmp_path, **overrides)

@@ -1,0 +1,135 @@
+"""training/train_grpo.py under `accelerate launch`: exact two-process resume, a loadable LoRA, argument errors."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "training", "train_grpo.py")
+TINY = [
+    "--dataset", "digits", "--reward_funcs", "digit_classifier", "brightness:0.8", "--reward_weights", "1", "0.5",
+    "--height", "16", "--width", "16", "--max_sequence_length", "8", "--num_inference_steps", "3",
+    "--guidance_scale", "1.0", "--num_generations", "4", "--per_device_train_batch_size", "4",
+    "--gradient_accumulation_steps", "2", "--lora_rank", "4", "--lora_alpha", "8", "--learning_rate", "1e-2",
+    "--epsilon", "0.2", "--beta", "0.1", "--save_steps", "2", "--seed", "3",
+]  # fmt: skip
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": REPO}
+
+
+@pytest.fixture(scope="module")
+def tiny_sd3(tmp_path_factory):
+    from diffusers import StableDiffusion3Pipeline
+
+    from diffusers_ext.testing import get_tiny_sd3_components
+
+    folder = tmp_path_factory.mktemp("tiny-sd3")
+    StableDiffusion3Pipeline(**get_tiny_sd3_components(0)).save_pretrained(folder)
+    return str(folder)
+
+
+def _launch(model, output_dir, steps, *extra):
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT,
+           "--pretrained_model_name_or_path", model, "--output_dir", str(output_dir), "--max_steps", str(steps),
+           *TINY, *extra]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_two_process_e2po_resume_equals_uninterrupted_run_and_lora_loads(tmp_path, tiny_sd3):
+    resumed, straight = tmp_path / "resumed", tmp_path / "straight"
+    _launch(tiny_sd3, resumed, 2, "--algorithm", "e2po", "--e2po_num_directions", "1")
+    assert (resumed / "checkpoint-2").is_dir()
+    log = _launch(tiny_sd3, resumed, 4, "--algorithm", "e2po", "--e2po_num_directions", "1",
+                  "--resume_from_checkpoint", "latest")  # fmt: skip
+    assert "Resuming from" in log and "checkpoint-2" in log
+    _launch(tiny_sd3, straight, 4, "--algorithm", "e2po", "--e2po_num_directions", "1")
+
+    a = load_file(resumed / "pytorch_lora_weights.safetensors")
+    b = load_file(straight / "pytorch_lora_weights.safetensors")
+    assert a.keys() == b.keys() and len(a) > 0
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=f"{name} differs after resume")
+    early = load_file(resumed / "checkpoint-2" / "model.safetensors")
+    lora_keys = [k for k in early if "lora_B" in k]
+    assert lora_keys and any(not torch.equal(early[k], torch.zeros_like(early[k])) for k in lora_keys)
+    assert "train_grpo.py" in (resumed / "README.md").read_text()
+
+    from diffusers import StableDiffusion3Pipeline
+
+    pipe = StableDiffusion3Pipeline.from_pretrained(tiny_sd3)
+    pipe.load_lora_weights(str(resumed))
+    assert any("lora" in name for name, _ in pipe.transformer.named_parameters())
+
+
+def _script_module():
+    sys.path.insert(0, os.path.join(REPO, "training"))
+    try:
+        import train_grpo
+    finally:
+        sys.path.pop(0)
+    return train_grpo
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--algorithm", "ppo"], "--algorithm 'ppo' unknown"),
+        (["--algorithm", "grpo", "--e2po_max_scale", "0.5"], "--e2po_max_scale is an E2PO option"),
+        (["--num_generations", "1"], "num_generations` must be >= 2"),
+        (["--not_an_option", "1"], "unrecognized arguments: --not_an_option 1"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(tmp_path, args, message):
+    train_grpo = _script_module()
+    with pytest.raises(ValueError, match=message):
+        train_grpo.parse_args(["--pretrained_model_name_or_path", "x", "--output_dir", str(tmp_path), *args])
+    with pytest.raises(ValueError, match="--pretrained_model_name_or_path is required"):
+        train_grpo.parse_args(["--output_dir", str(tmp_path)])
+    with pytest.raises(ValueError, match="--reward_funcs 'aesthetics' unknown"):
+        train_grpo.build_reward("aesthetics")
+
+
+def test_yaml_config_and_algorithm(tmp_path):
+    train_grpo = _script_module()
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "algorithm: e2po\nnum_generations: 6\nper_device_train_batch_size: 12\ne2po_num_directions: 2\nbeta: 0.04\n"
+    )
+    script_args, args = train_grpo.parse_args(["--config", str(config), "--pretrained_model_name_or_path", "x"])
+    assert script_args.algorithm == "e2po" and type(args).__name__ == "E2POConfig"
+    assert (args.num_generations, args.e2po_num_directions, args.beta) == (6, 2, 0.04)
+    _, grpo = train_grpo.parse_args(["--pretrained_model_name_or_path", "x", "--scale_rewards", "batch"])
+    assert type(grpo).__name__ == "DiffusionGRPOConfig" and grpo.scale_rewards == "batch"
+
+
+def test_script_errors_are_one_line(tmp_path):
+    cmd = [sys.executable, SCRIPT, "--output_dir", str(tmp_path), "--pretrained_model_name_or_path", "x",
+           "--dataset", "/nonexistent/prompts.txt", "--reward_funcs", "brightness:0.5"]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert "train_grpo.py: error:" in last and "--dataset '/nonexistent/prompts.txt'" in last, last
+    assert "Traceback" not in result.stderr
+
+
+def test_prompt_files_and_reward_names(tmp_path):
+    train_grpo = _script_module()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a cat", "label": 1}\n\n{"prompt": "a dog", "label": 2}\n')
+    assert train_grpo.load_prompts(str(prompts)) == [{"prompt": "a cat", "label": 1}, {"prompt": "a dog", "label": 2}]
+    text = tmp_path / "prompts.txt"
+    text.write_text("a cat\n a dog \n")
+    assert train_grpo.load_prompts(str(text)) == ["a cat", "a dog"]
+    with pytest.raises(ValueError, match="needs a model path"):
+        train_grpo.build_reward("clip_score")

@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""Align a flow-matching text-to-image pipeline (SD3 or Flux) to reward functions with GRPO or E2PO.
+
+Options are the fields of `DiffusionGRPOConfig` / `E2POConfig` plus the script arguments below, parsed by TRL's
+`TrlParser` (so `--config run.yaml` works as in TRL's scripts). The result is a LoRA that `load_lora_weights`
+accepts, with a model card; `--resume_from_checkpoint latest` continues a run exactly.
+
+    accelerate launch training/train_grpo.py --algorithm e2po \
+        --pretrained_model_name_or_path diffusers_ext/zoo/digits-sd3 --dataset digits \
+        --reward_funcs digit_classifier --height 8 --width 8 --max_sequence_length 8 --output_dir digits-e2po
+"""
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+
+
+logger = logging.getLogger("train_grpo")
+
+ALGORITHMS = ("grpo", "e2po")
+REWARD_HELP = (
+    "Reward functions by name: jpeg_compressibility, jpeg_incompressibility, brightness:<target in [0, 1]>, "
+    "color:<r>,<g>,<b>, digit_classifier (zoo classifier probability of the `label` column), digit_correct "
+    "(1 if the classifier's top class is the label), clip_score:<CLIPModel path>, pickscore:<CLIPModel path>."
+)
+
+
+@dataclass
+class ScriptArguments:
+    """What to train and on what; the trainer's options come from its config dataclass."""
+
+    pretrained_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "A StableDiffusion3Pipeline or FluxPipeline folder (or Hub id)."}
+    )
+    algorithm: str = field(default="grpo", metadata={"help": "'grpo' (Flow-GRPO) or 'e2po' (perturbed groups)."})
+    dataset: str = field(
+        default="digits",
+        metadata={
+            "help": "'digits' (the ten prompts of the digits-sd3 zoo model, with a `label` column), a .txt file "
+            "(one prompt per line) or a .jsonl file (objects with 'prompt' and any other columns)."
+        },
+    )
+    reward_funcs: list[str] = field(default_factory=lambda: ["digit_classifier"], metadata={"help": REWARD_HELP})
+
+
+def load_prompts(dataset: str) -> list:
+    """Rows for the trainer from `--dataset`."""
+    if dataset == "digits":
+        names = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+        return [{"prompt": f"a handwritten digit {name}", "label": label} for label, name in enumerate(names)]
+    if not os.path.isfile(dataset):
+        raise ValueError(f"--dataset {dataset!r} is neither 'digits' nor a .txt/.jsonl file.")
+    with open(dataset, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    if dataset.endswith(".jsonl"):
+        return [json.loads(line) for line in lines]
+    return lines
+
+
+def build_reward(spec: str):
+    """A reward callable from its command-line name."""
+    from diffusers_ext import rewards
+
+    name, _, value = spec.partition(":")
+    if name == "jpeg_compressibility":
+        return rewards.jpeg_compressibility
+    if name == "jpeg_incompressibility":
+        return rewards.jpeg_incompressibility
+    if name == "brightness":
+        return rewards.BrightnessReward(float(value or 0.5))
+    if name == "color":
+        return rewards.ColorReward([float(v) for v in value.split(",")])
+    if name in ("digit_classifier", "digit_correct"):
+        from diffusers_ext import zoo
+
+        mode = "probability" if name == "digit_classifier" else "correct"
+        return rewards.ClassifierReward(zoo.load("digits-classifier"), mode=mode)
+    if name in ("clip_score", "pickscore"):
+        if not value:
+            raise ValueError(f"--reward_funcs {name} needs a model path: {name}:<CLIPModel folder or Hub id>.")
+        return rewards.CLIPScoreReward(value, scale="clip_score" if name == "clip_score" else "logit_scale")
+    raise ValueError(f"--reward_funcs {spec!r} unknown. {REWARD_HELP}")
+
+
+def parse_args(argv=None):
+    """`(script_args, config)`: the config is an `E2POConfig` for `--algorithm e2po`, else a `DiffusionGRPOConfig`."""
+    import argparse
+
+    import yaml
+    from trl import TrlParser
+
+    from diffusers_ext import DiffusionGRPOConfig, E2POConfig
+
+    # The algorithm picks the config dataclass, so read it (from the command line or the YAML file) first.
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--algorithm", default=None)
+    first.add_argument("--config", default=None)
+    known, _ = first.parse_known_args(argv)
+    algorithm = known.algorithm
+    if algorithm is None and known.config is not None:
+        with open(known.config, encoding="utf-8") as f:
+            algorithm = (yaml.safe_load(f) or {}).get("algorithm")
+    algorithm = algorithm or "grpo"
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"--algorithm {algorithm!r} unknown; expected one of {ALGORITHMS}.")
+    parser = TrlParser((ScriptArguments, E2POConfig if algorithm == "e2po" else DiffusionGRPOConfig))
+    script_args, config, remaining = parser.parse_args_and_config(args=argv, return_remaining_strings=True)
+    e2po_only = [arg for arg in remaining if arg.startswith("--e2po_")]
+    if e2po_only:
+        raise ValueError(f"{e2po_only[0]} is an E2PO option; pass --algorithm e2po to use it.")
+    if remaining:
+        raise ValueError(f"unrecognized arguments: {' '.join(remaining)}")
+    if script_args.pretrained_model_name_or_path is None:
+        raise ValueError("--pretrained_model_name_or_path is required (a StableDiffusion3Pipeline or FluxPipeline).")
+    return script_args, config
+
+
+def load_pipeline(path: str):
+    from diffusers import DiffusionPipeline
+
+    return DiffusionPipeline.from_pretrained(path)
+
+
+def main(argv=None):
+    script_args, config = parse_args(argv)
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
+    import diffusers
+
+    from diffusers_ext import DiffusionGRPOTrainer, E2POTrainer
+
+    diffusers.utils.logging.set_verbosity_info()
+
+    # Cheap inputs first: a bad prompt file or reward name fails before the model loads.
+    prompts = load_prompts(script_args.dataset)
+    reward_funcs = [build_reward(spec) for spec in script_args.reward_funcs]
+    pipeline = load_pipeline(script_args.pretrained_model_name_or_path)
+    trainer_class = E2POTrainer if script_args.algorithm == "e2po" else DiffusionGRPOTrainer
+    trainer = trainer_class(pipeline, reward_funcs, config, train_dataset=prompts)
+    accelerator = trainer.accelerator
+    logger.info(
+        f"{script_args.algorithm}: {config.max_steps} steps, {config.generation_batch_size} images per process per "
+        f"step, {accelerator.num_processes} processes"
+    )
+    history = trainer.train()
+    if history and accelerator.is_main_process:
+        last = history[-1]
+        logger.info(
+            f"step {int(last['step'])}: reward {last['reward']:.4f}, frac_reward_zero_std "
+            f"{last['frac_reward_zero_std']:.3f}"
+        )
+    trainer.save_model(base_model=script_args.pretrained_model_name_or_path)
+    if accelerator.is_main_process:
+        logger.info(f"Saved the LoRA to {config.output_dir}")
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as error:
+        print(f"train_grpo.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
