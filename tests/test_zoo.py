@@ -25,7 +25,15 @@ def pipe():
 
 
 def test_names_paths_and_errors():
-    assert zoo.names() == ["addition-mdm", "digits-classifier", "digits-ddpm", "digits-sd3"]
+    assert zoo.names() == [
+        "addition-mdm",
+        "digits-classifier",
+        "digits-ddpm",
+        "digits-sd3",
+        "procedural-nvs",
+        "procedural-nvs-baseline",
+        "procedural-semantic-encoder",
+    ]
     for name in zoo.names():
         assert os.path.isfile(os.path.join(zoo.path(name), "README.md"))
     with pytest.raises(ValueError, match="unknown zoo name 'digits-gan'"):
@@ -54,6 +62,9 @@ def test_cards_state_the_rebuild_command():
         ("digits-classifier", "training/train_classifier.py"),
         ("addition-mdm", "training/train_masked_lm.py"),
         ("digits-sd3", "training/train_sd3_digits.py"),
+        ("procedural-semantic-encoder", "training/train_semantic_encoder.py"),
+        ("procedural-nvs", "training/train_semantic_nvs.py"),
+        ("procedural-nvs-baseline", "training/train_semantic_nvs.py"),
     ]:
         card = open(os.path.join(zoo.path(name), "README.md"), encoding="utf-8").read()
         assert card.startswith("---\n") and script in card and f"--output_dir diffusers_ext/zoo/{name}" in card

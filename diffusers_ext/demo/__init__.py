@@ -8,6 +8,7 @@ from .digits import digits_section
 from .divide_and_denoise import divide_and_denoise_section
 from .e2po import e2po_section
 from .report import Section, write_report
+from .semantic_nvs import semantic_nvs_section
 from .soar import soar_section
 
 
@@ -17,6 +18,7 @@ SECTIONS: list[tuple[str, Callable[[str, bool, int, str], Section]]] = [
     ("SOAR decoding", soar_section),
     ("divide-and-denoise", divide_and_denoise_section),
     ("e2po", e2po_section),
+    ("SemanticNVS", semantic_nvs_section),
 ]
 
 

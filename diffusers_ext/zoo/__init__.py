@@ -49,6 +49,23 @@ ENTRIES = {
             "StableDiffusion3Pipeline",
             library="diffusers",
         ),
+        ZooEntry(
+            "procedural-semantic-encoder",
+            "Tiny Dinov2Model whose patch features recognise the object classes of procedural scenes (stands in for "
+            "DINOv2).",
+            "Dinov2Model",
+            "transformers",
+        ),
+        ZooEntry(
+            "procedural-nvs",
+            "SemanticNVSPipeline for 16x16 procedural scenes with the procedural semantic encoder.",
+            "SemanticNVSPipeline",
+        ),
+        ZooEntry(
+            "procedural-nvs-baseline",
+            "The same multi-view denoiser trained with the same budget but without semantic conditioning.",
+            "SemanticNVSPipeline",
+        ),
     )
 }
 
