@@ -18,6 +18,8 @@ _import_structure = {
     "loading": ["load_pipeline"],
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
+    "trainers.constrained_unlearning_config": ["ConstrainedUnlearningConfig"],
+    "trainers.constrained_unlearning_trainer": ["ConstrainedUnlearningTrainer"],
 }
 
 if TYPE_CHECKING:
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
     from .loading import load_pipeline
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+    from .trainers.constrained_unlearning_config import ConstrainedUnlearningConfig
+    from .trainers.constrained_unlearning_trainer import ConstrainedUnlearningTrainer
 else:
     import sys
 
