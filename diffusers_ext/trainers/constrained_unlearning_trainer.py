@@ -208,6 +208,8 @@ class ConstrainedUnlearningTrainer:
         num_classes = unet.config.num_class_embeds
         if self.mode == "data":
             self.forget_conds = self.retain_conds = self.reference_cond = None
+            if num_classes is None:  # an unconditional UNet: labels, if any, play no part
+                self.forget_data, self.retain_data = (self.forget_data[0], None), (self.retain_data[0], None)
             labels = [d[1] for d in (self.forget_data, self.retain_data) if d[1] is not None]
             if num_classes is not None and len(labels) < 2:
                 raise ValueError("the UNet is class-conditional: `forget_dataset` and `retain_dataset` need labels.")
@@ -261,8 +263,8 @@ class ConstrainedUnlearningTrainer:
         )  # fmt: skip
         unk = getattr(tokenizer, "unk_token_id", None)
         if unk is not None and name != "reference_prompt":
-            for prompt, ids in zip(prompts, inputs.input_ids):
-                if (ids == unk).any():
+            for prompt in prompts:  # without padding and special tokens, which may share the unknown token's id
+                if unk in tokenizer(prompt, add_special_tokens=False).input_ids:
                     raise ValueError(
                         f"`{name}` prompt {prompt!r} holds tokens the tokenizer does not know (mapped to "
                         f"{tokenizer.unk_token!r}); the model cannot know that concept."
@@ -543,6 +545,42 @@ class ConstrainedUnlearningTrainer:
         metrics["loss"] = loss.detach()
         return loss, metrics
 
+    @torch.no_grad()
+    def calibrate_level(self, num_draws: int = 4) -> float:
+        """What this trainer's constraint estimate reads for the *retained* distributions, under the pretrained model.
+
+        A natural level b: the unlearned condition should be as far from p_u as the retained classes or anchor
+        prompts are. Uses the pretrained samples of the retained conditions, each paired with a forget condition:
+        the path KL(p_k || p_u) (reverse_kl), E_{p_k}[log p_u - log p_ref] (likelihood), or the denoising loss of
+        p_k's samples under the forget condition (forward_kl). Concept unlearning only.
+        """
+        if self.mode != "concept" or self.retain_pool is None:
+            raise ValueError(
+                "`calibrate_level` needs concept unlearning with retained conditions; for data unlearning use the "
+                "denoising loss of held-out non-members (membership parity)."
+            )
+        device = self.accelerator.device
+        generator = torch.Generator().manual_seed(self.config.seed + 12_345)
+        values = []
+        for _ in range(num_draws):
+            part = self._noised(self.retain_pool, self.retain_pool_conds, generator, "calibration")
+            u = self._repeat(self.forget_conds, len(part["t"])).to(device)
+            eps_u = self._eps(self.ref_unet, part["x_t"], part["t"], u)
+            if self.method == "forward_kl":
+                values.append(F.mse_loss(eps_u, part["noise"]))
+                continue
+            if self.method == "likelihood":
+                ref = self._repeat(self.reference_cond, len(part["t"])).to(device)
+                eps_ref = self._eps(self.ref_unet, part["x_t"], part["t"], ref)
+                diff = ((eps_ref - part["noise"]) ** 2).flatten(1).sum(1) - ((eps_u - part["noise"]) ** 2).flatten(
+                    1
+                ).sum(1)
+            else:
+                eps_k = self._eps(self.ref_unet, part["x_t"], part["t"], part["cond"])
+                diff = ((eps_k - eps_u) ** 2).flatten(1).sum(1)
+            values.append(self._path_sum(diff, part["t"]))
+        return float(torch.stack(values).mean())
+
     def constraint_satisfied(self, value: float) -> bool:
         if self.method == "likelihood":
             return value <= self.config.constraint_level
@@ -603,14 +641,12 @@ class ConstrainedUnlearningTrainer:
         metrics = {k: float(v) for k, v in zip(sorted(metrics), values.tolist())}
         self.dual_step(metrics["constraint_estimate"])
         self.global_step += 1
-        logs = {
-            **metrics,
-            "lambda": self.lambda_,
-            "guidance_strength": self.guidance_strength() if self.method in CONCEPT_ONLY else float("nan"),
-            "constraint_ema": self.constraint_ema,
-            "slack": self.slack(metrics["constraint_estimate"]),
-        }
-        logs = {k: v for k, v in logs.items() if not math.isnan(v)}
+        logs = {**metrics, "constraint_ema": self.constraint_ema}
+        if self.method in CONCEPT_ONLY:
+            logs["guidance_strength"] = self.guidance_strength()
+        if self.config.baseline is None:
+            logs["lambda"] = self.lambda_
+            logs["slack"] = self.slack(metrics["constraint_estimate"])
         self.history.append({"step": self.global_step, **logs})
         if self.global_step % self.config.logging_steps == 0:
             accelerator.log(logs, step=self.global_step)
@@ -681,7 +717,7 @@ class ConstrainedUnlearningTrainer:
         state = {k.replace(".base_layer", ""): v for k, v in merged.state_dict().items() if "lora_" not in k}
         plain = type(unet).from_config(unet.config)
         plain.load_state_dict(state)
-        return plain.to(dtype=next(unet.parameters()).dtype)
+        return plain
 
     def lora_state_dict(self) -> dict[str, torch.Tensor]:
         """The LoRA weights in diffusers' format (for `save_lora_weights`), for a UNet2DConditionModel with LoRA."""
