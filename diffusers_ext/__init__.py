@@ -1,12 +1,10 @@
 """diffusers-ext: recent diffusion methods as first-class diffusers classes.
 
-Every public name is imported lazily (diffusers' ``_LazyModule`` pattern), so ``import diffusers_ext`` costs
-about as much as ``import diffusers`` and the heavy modules load on first use.
+Every public name is imported lazily (diffusers' ``_LazyModule`` pattern): ``import diffusers_ext`` imports neither
+torch nor diffusers, and each class loads on first use.
 """
 
 from typing import TYPE_CHECKING
-
-from diffusers.utils import _LazyModule
 
 
 __version__ = "0.1.0"
@@ -18,6 +16,7 @@ _import_structure = {
     "loading": ["load_pipeline"],
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
+    "schedulers.scheduling_flow_match_sde": ["FlowMatchSDEScheduler", "FlowMatchSDESchedulerOutput"],
     "trainers.constrained_unlearning_config": ["ConstrainedUnlearningConfig"],
     "trainers.constrained_unlearning_trainer": ["ConstrainedUnlearningTrainer"],
 }
@@ -27,12 +26,15 @@ if TYPE_CHECKING:
     from .loading import load_pipeline
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+    from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
     from .trainers.constrained_unlearning_config import ConstrainedUnlearningConfig
     from .trainers.constrained_unlearning_trainer import ConstrainedUnlearningTrainer
 else:
     import sys
 
-    sys.modules[__name__] = _LazyModule(
+    from ._lazy_module import LazyModule
+
+    sys.modules[__name__] = LazyModule(
         __name__,
         globals()["__file__"],
         _import_structure,

@@ -13,12 +13,11 @@ def _run(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
 
 
-def test_import_loads_nothing_beyond_diffusers():
+def test_import_loads_neither_torch_nor_diffusers():
     out = _run(
-        "import sys, diffusers; before = set(sys.modules); import diffusers_ext; "
-        "print(sorted(m for m in set(sys.modules) - before))"
+        "import sys, diffusers_ext; print(sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))"
     )
-    assert eval(out) == ["diffusers_ext"]
+    assert eval(out) == []
 
 
 def test_import_time_within_1_5x_of_diffusers():
