@@ -20,6 +20,7 @@ import copy
 import json
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -40,17 +41,28 @@ def parse_args(argv=None):
         "--level_factors",
         type=float,
         nargs="+",
-        default=[1.0, 1.5],
+        default=[1.0, 0.5],
         help="Reverse-KL levels as multiples of the calibrated level (the first is the headline).",
     )
+    parser.add_argument(
+        "--retain_weight", type=float, default=10.0, help="Retain-term weight of the concept runs (not plain ESD)."
+    )
     parser.add_argument("--esd_guidance", type=float, nargs="+", default=[2.0], help="ESD negative guidance eta.")
+    parser.add_argument(
+        "--dual_rate", type=float, default=0.02, help="Concept dual step size, as a multiple of 1 / |level|."
+    )
     parser.add_argument("--forget_size", type=int, default=64, help="Training images forgotten (data unlearning).")
     parser.add_argument("--samples_per_class", type=int, default=100, help="Evaluation samples per class.")
     parser.add_argument("--num_inference_steps", type=int, default=25, help="DDIM steps of evaluation sampling.")
     parser.add_argument("--membership_draws", type=int, default=32, help="(t, noise) draws per membership loss.")
     parser.add_argument("--parts", nargs="+", default=["concept", "data"], choices=["concept", "data"])
     parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where unlearning.json/.md/.png go.")
-    parser.add_argument("--cache_dir", type=str, default=None, help="Per-run cache (default output_dir/.unlearning).")
+    parser.add_argument(
+        "--cache_dir",
+        type=str,
+        default=os.path.join(tempfile.gettempdir(), "diffusers_ext_unlearning_benchmark"),
+        help="Per-run cache: finished runs are not repeated (delete it to start over).",
+    )
     parser.add_argument("--report_only", action="store_true", help="Only aggregate the cached runs.")
     args = parser.parse_args(argv)
     if not 0 <= args.forget_class <= 9:
@@ -62,13 +74,18 @@ def parse_args(argv=None):
 
 def concept_methods(args):
     """(name, method key, config overrides, level factor) of every concept run."""
-    runs = [(f"reverse_kl x{f:g}", "reverse_kl", {"constraint": "reverse_kl"}, f) for f in args.level_factors]
-    runs.append(("likelihood", "likelihood", {"constraint": "likelihood"}, 1.0))
-    runs.append(("forward_kl", "forward_kl", {"constraint": "forward_kl", "lambda_max": 0.5}, 1.0))
-    runs += [
-        (f"esd eta={eta:g}", "esd", {"baseline": "esd", "esd_negative_guidance": eta, "retain_weight": 0.0}, None)
-        for eta in args.esd_guidance
+    retain = {"retain_weight": args.retain_weight}
+    runs = [
+        (f"reverse_kl x{f:g}", "reverse_kl", {"constraint": "reverse_kl", "lambda_max": 0.75, **retain}, f)
+        for f in args.level_factors
     ]
+    runs.append(("likelihood", "likelihood", {"constraint": "likelihood", "lambda_max": 3.0, **retain}, 1.0))
+    runs.append(("forward_kl", "forward_kl", {"constraint": "forward_kl", "lambda_max": 0.5, **retain}, 1.0))
+    for eta in args.esd_guidance:  # ESD as published (no retain term), and with our retain term
+        runs.append((f"esd eta={eta:g}", "esd", {"baseline": "esd", "esd_negative_guidance": eta,
+                                                 "retain_weight": 0.0}, None))  # fmt: skip
+        runs.append((f"esd+retain eta={eta:g}", "esd", {"baseline": "esd", "esd_negative_guidance": eta, **retain},
+                     None))  # fmt: skip
     return runs
 
 
@@ -126,8 +143,9 @@ def run_concept(args, pipe, classifier, seed, cache):
         }
         save_cache(args, cache)
     pretrained = cache[key]
+    # stop_patience = max_steps: a run never stops early here; each reports where its constraint ended
     base = {"forget_classes": [args.forget_class], "max_steps": args.max_steps, "seed": seed,
-            "learning_rate": args.learning_rate}  # fmt: skip
+            "learning_rate": args.learning_rate, "stop_patience": args.max_steps}  # fmt: skip
     for name, method, overrides, factor in concept_methods(args):
         key = f"concept/{name}/{seed}"
         if key in cache:
@@ -139,7 +157,7 @@ def run_concept(args, pipe, classifier, seed, cache):
             calibrated = trainer.calibrate_level()
             level = calibrated * factor if method != "likelihood" else calibrated
             trainer.config.constraint_level = level
-            trainer.config.dual_learning_rate = 0.1 / max(abs(level), 1e-3)
+            trainer.config.dual_learning_rate = args.dual_rate / max(abs(level), 1e-3)
         trainer.train()
         train_seconds = time.perf_counter() - start
         report = evaluate(_with_unet(pipe, trainer.unlearned_unet()))
@@ -202,7 +220,8 @@ def run_data(args, pipe, classifier, seed, cache):
         cache[key] = measure(pipe, time.perf_counter())
         save_cache(args, cache)
     pretrained = cache[key]
-    base = {"max_steps": args.max_steps, "seed": seed, "learning_rate": args.learning_rate}
+    base = {"max_steps": args.max_steps, "seed": seed, "learning_rate": args.learning_rate,
+            "stop_patience": args.max_steps}  # fmt: skip
     for name, overrides in DATA_METHODS:
         key = f"data/{name}/{seed}"
         if key in cache:
@@ -235,7 +254,7 @@ def run_data(args, pipe, classifier, seed, cache):
 
 
 def cache_path(args):
-    return os.path.join(args.cache_dir or os.path.join(args.output_dir, ".unlearning"), "runs.json")
+    return os.path.join(args.cache_dir, "runs.json")
 
 
 def load_cache(args):
@@ -300,21 +319,28 @@ def aggregate(args, cache):
                 "retained_frechet": entry["retained_frechet"],
                 "num_seeds": entry["num_seeds"],
             }
-    if esd_name in concept:
-        esd = concept[esd_name]
+    for esd_key, name in (("esd", esd_name), ("esd_retain", f"esd+retain eta={args.esd_guidance[0]:g}")):
+        if name not in concept:
+            continue
+        esd = concept[name]
+        if esd_key == "esd_retain":
+            summary["concept"]["esd_retain"] = {k: esd[k] for k in ("forgotten_rate", "retained_frechet", "num_seeds")}
+            summary["concept"]["esd_retain"]["max_retained_accuracy_drop"] = esd["max_retained_accuracy_drop"]
+        # matched forgetting: the reverse-KL levels that forget at least as well as ESD (or reach the 2% target)
         matched = [
             (concept[n]["retained_frechet"], n)
             for n in concept
             if n.startswith("reverse_kl") and concept[n]["forgotten_rate"] <= max(esd["forgotten_rate"], 0.02)
         ]
+        suffix = "" if esd_key == "esd" else "_retain"
         if matched:
             fd, chosen = min(matched)
-            summary["reverse_kl_over_esd_frechet"] = fd / esd["retained_frechet"]
-            summary["reverse_kl_matched_run"] = chosen
+            summary[f"reverse_kl_over_esd{suffix}_frechet"] = fd / esd["retained_frechet"]
+            summary[f"reverse_kl_matched_run{suffix}"] = chosen
         else:
-            summary["reverse_kl_over_esd_frechet"] = None
-            summary["reverse_kl_matched_run"] = (
-                f"no reverse_kl level reached ESD's forgotten rate {esd['forgotten_rate']:.3f} (or 0.02)"
+            summary[f"reverse_kl_over_esd{suffix}_frechet"] = None
+            summary[f"reverse_kl_matched_run{suffix}"] = (
+                f"no reverse_kl level reached {name}'s forgotten rate {esd['forgotten_rate']:.3f} (or 0.02)"
             )
     if "forward_kl" in data:
         fu = data["forward_kl"]
@@ -362,9 +388,11 @@ def write_markdown(results, path):
             f"{fmt(entry, 'max_retained_accuracy_drop')} | {fmt(entry, 'retained_frechet')} | {entry['num_seeds']} | "
             f"{fmt(entry, 'train_seconds', '.0f')} |"
         )
-    ratio = s.get("reverse_kl_over_esd_frechet")
+    ratio, ratio_retain = s.get("reverse_kl_over_esd_frechet"), s.get("reverse_kl_over_esd_retain_frechet")
     lines += ["", f"Reverse-KL over ESD retained Fréchet distance at matched forgetting: "
-              f"{'—' if ratio is None else f'{ratio:.3f}'} ({s.get('reverse_kl_matched_run')}; target <= 0.85).",
+              f"{'—' if ratio is None else f'{ratio:.3f}'} ({s.get('reverse_kl_matched_run')}; target <= 0.85); "
+              f"over ESD with the same retain term: {'—' if ratio_retain is None else f'{ratio_retain:.3f}'} "
+              f"({s.get('reverse_kl_matched_run_retain')}).",
               "", "## Data unlearning", "",
               "| method | forget loss | held-out loss | z of forget mean | FD ratio to pretrained | final lambda | seeds |",
               "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
@@ -385,7 +413,7 @@ def write_plot(results, cache, path):
     import matplotlib.pyplot as plt
 
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4), dpi=100)
-    colors = {"reverse_kl": "#1f77b4", "likelihood": "#2ca02c", "forward_kl": "#9467bd", "esd": "#d62728",
+    colors = {"reverse_kl": "#1f77b4", "likelihood": "#2ca02c", "forward_kl": "#9467bd", "esd": "#d62728", "esd+retain": "#ff7f0e",
               "pretrained": "#555"}  # fmt: skip
     for name, entry in results["concept"].items():
         method = name.split()[0]
