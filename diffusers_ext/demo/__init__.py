@@ -6,11 +6,13 @@ from collections.abc import Callable
 
 from .digits import digits_section
 from .report import Section, write_report
+from .unlearning import unlearning_section
 
 
 # (name, section builder). Each method adds its own: builder(output_dir, quick, seed, device) -> Section.
 SECTIONS: list[tuple[str, Callable[[str, bool, int, str], Section]]] = [
     ("digits zoo", digits_section),
+    ("constrained unlearning", unlearning_section),
 ]
 
 
