@@ -65,7 +65,7 @@ def parse_args(argv=None):
         "--dual_learning_rate",
         type=float,
         default=None,
-        help="Dual step size. Default 0.1 / |level| (0.3 / level for data unlearning).",
+        help="Dual step size. Default 0.02 / |level| (0.3 / level for data unlearning).",
     )
     method.add_argument("--lambda_init", type=float, default=0.0, help="Initial lambda.")
     method.add_argument("--lambda_min", type=float, default=0.0, help="Lower bound of lambda.")
@@ -318,7 +318,7 @@ def main(argv=None):
             logger.info(f"Constraint level: {level:.4g} (the retained conditions' value x {args.level_factor:g})")
         config.constraint_level = level
     if args.dual_learning_rate is None:
-        config.dual_learning_rate = (0.3 if data is not None else 0.1) / max(abs(config.constraint_level), 1e-3)
+        config.dual_learning_rate = (0.3 if data is not None else 0.02) / max(abs(config.constraint_level), 1e-3)
 
     global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
     if global_step != trainer.global_step:
