@@ -64,6 +64,9 @@ def parse_args(argv=None):
         help="Per-run cache: finished runs are not repeated (delete it to start over).",
     )
     parser.add_argument("--report_only", action="store_true", help="Only aggregate the cached runs.")
+    parser.add_argument(
+        "--only", nargs="+", default=None, help="Run only these run names (e.g. 'reverse_kl x1' siss); others wait."
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.forget_class <= 9:
         parser.error(f"--forget_class must be a digit 0-9, got {args.forget_class}.")
@@ -148,7 +151,7 @@ def run_concept(args, pipe, classifier, seed, cache):
             "learning_rate": args.learning_rate, "stop_patience": args.max_steps}  # fmt: skip
     for name, method, overrides, factor in concept_methods(args):
         key = f"concept/{name}/{seed}"
-        if key in cache:
+        if key in cache or (args.only and name not in args.only):
             continue
         start = time.perf_counter()
         trainer = _trainer(pipe, {**base, **overrides})
@@ -224,7 +227,7 @@ def run_data(args, pipe, classifier, seed, cache):
             "stop_patience": args.max_steps}  # fmt: skip
     for name, overrides in DATA_METHODS:
         key = f"data/{name}/{seed}"
-        if key in cache:
+        if key in cache or (args.only and name not in args.only):
             continue
         start = time.perf_counter()
         config = {**base, **overrides}

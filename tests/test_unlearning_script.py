@@ -82,6 +82,7 @@ def test_two_process_resume_equals_uninterrupted_run(tmp_path, base_pipeline):
     assert "class 3 unlearned" in card and "KL(q || p_u) >= b" in card and "final lambda" in card
 
 
+@pytest.mark.slow
 def test_data_unlearning_with_lora_merges_into_a_loadable_pipeline_and_logs(tmp_path, base_pipeline):
     out = tmp_path / "out"
     cmd = [sys.executable, SCRIPT, "--pretrained_model_name_or_path", base_pipeline, "--output_dir", str(out),
@@ -98,6 +99,7 @@ def test_data_unlearning_with_lora_merges_into_a_loadable_pipeline_and_logs(tmp_
     assert list((out / "logs").rglob("events.out.tfevents.*")), "no tensorboard log written"
 
 
+@pytest.mark.slow
 def test_unreachable_level_stops_cleanly_and_says_so(tmp_path, base_pipeline):
     out = tmp_path / "out"
     cmd = [sys.executable, SCRIPT, "--pretrained_model_name_or_path", base_pipeline, "--output_dir", str(out),
@@ -116,15 +118,7 @@ def test_unreachable_level_stops_cleanly_and_says_so(tmp_path, base_pipeline):
     "args, message",
     [
         (["--forget_classes"], "--forget_classes is empty"),
-        (["--forget_size", "0"], "--forget_size must be >= 1"),
-        ([], "nothing to forget"),
         (["--forget_classes", "42"], "does not know: [42]"),
-        (["--forget_classes", "10"], "does not know: [10]"),
-        (["--forget_classes", "3", "--lambda_max", "1.0"], "--lambda_max 1.0 must be < 1"),
-        (["--forget_classes", "3", "--constraint_level", "high"], "--constraint_level"),
-        (["--forget_classes", "3", "--baseline", "siss"], "pass a `forget_dataset`"),
-        (["--forget_size", "4", "--constraint", "reverse_kl"], "unlearns a concept"),
-        (["--forget_classes", "3", "--resume_from_checkpoint", "checkpoint-9"], "--resume_from_checkpoint"),
     ],
 )
 def test_bad_arguments_fail_with_one_line_error(tmp_path, base_pipeline, args, message):
@@ -134,6 +128,51 @@ def test_bad_arguments_fail_with_one_line_error(tmp_path, base_pipeline, args, m
     last = result.stderr.strip().splitlines()[-1]
     assert message in last and "error" in last, last
     assert "Traceback" not in result.stderr
+
+
+def _script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_unlearning", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--forget_size", "0"], "--forget_size must be >= 1"),
+        ([], "nothing to forget"),
+        (["--forget_classes", "3", "--forget_size", "4"], "give a concept"),
+        (["--forget_classes", "3", "--lambda_max", "1.0"], "--lambda_max 1.0 must be < 1"),
+        (["--forget_classes", "3", "--constraint_level", "high"], "--constraint_level"),
+    ],
+)
+def test_bad_arguments_are_refused_by_the_parser(tmp_path, capsys, args, message):
+    argv = ["--pretrained_model_name_or_path", "unused", "--output_dir", str(tmp_path), *args]
+    with pytest.raises(SystemExit) as exit_info:
+        _script().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--forget_classes", "10"], r"does not know: \[10\]"),
+        (["--forget_classes", "3", "--baseline", "siss"], "pass a `forget_dataset`"),
+        (["--forget_size", "4", "--constraint", "reverse_kl"], "unlearns a concept"),
+        (["--forget_indices", "5000"], "outside the digits training split"),
+        (["--forget_classes", "3", "--resume_from_checkpoint", "checkpoint-9"], "--resume_from_checkpoint"),
+    ],
+)
+def test_bad_inputs_raise_before_training(tmp_path, base_pipeline, args, message):
+    argv = ["--pretrained_model_name_or_path", base_pipeline, "--output_dir", str(tmp_path), "--report_to", "none",
+            "--max_train_steps", "1", "--pool_size", "2", "--pool_sampling_steps", "1", *args]  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        _script().main(argv)
+    assert not any(name.startswith("checkpoint-") for name in os.listdir(tmp_path))
 
 
 def test_results_file_keys(tmp_path):
@@ -151,3 +190,29 @@ def test_results_file_keys(tmp_path):
         ].keys()
     assert "reverse_kl_over_esd_frechet" in summary
     assert {"forget_loss", "heldout_loss_mean", "heldout_loss_std", "retained_frechet_ratio"} <= summary["data"].keys()
+
+
+@pytest.mark.slow
+def test_prompt_unlearning_with_lora_saves_weights_that_load_lora_weights(tmp_path):
+    from diffusers import StableDiffusionPipeline
+
+    from diffusers_ext.testing import get_tiny_sd_components
+
+    base = tmp_path / "tiny-sd"
+    StableDiffusionPipeline(**get_tiny_sd_components(seed=0)).save_pretrained(base)
+    out = tmp_path / "out"
+    cmd = [sys.executable, SCRIPT, "--pretrained_model_name_or_path", str(base), "--output_dir", str(out),
+           "--forget_prompts", "a photo of a cat", "--retain_prompts", "a photo of a dog", "--use_lora", "--rank", "2",
+           "--learning_rate", "1e-2", "--lambda_init", "0.5", "--max_train_steps", "2", *TINY]  # fmt: skip
+    _run(cmd)
+    assert (out / "pytorch_lora_weights.safetensors").is_file() and not (out / "unet").exists()
+    assert "load_lora_weights" in (out / "README.md").read_text()
+
+    pipe = StableDiffusionPipeline.from_pretrained(base)
+    prompt = pipe.encode_prompt("a photo of a cat", "cpu", 1, False)[0]
+    x, t = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0)), torch.tensor([400])
+    with torch.no_grad():
+        before = pipe.unet(x, t, encoder_hidden_states=prompt).sample
+        pipe.load_lora_weights(out)
+        after = pipe.unet(x, t, encoder_hidden_states=prompt).sample
+    assert not torch.allclose(before, after, atol=1e-6), "the saved LoRA does not change the UNet"
