@@ -655,6 +655,13 @@ class ConstrainedUnlearningTrainer:
     def train(self, max_steps: int | None = None) -> dict[str, float]:
         """Run steps until `max_steps` (default `config.max_steps`) or an unreachable level stops training."""
         max_steps = self.config.max_steps if max_steps is None else max_steps
+        if self.global_step == 0 and self.config.baseline is None:
+            level, method = self.config.constraint_level, self.method
+            if method in ("reverse_kl", "forward_kl") and level <= 0:
+                logger.warning(
+                    f"constraint_level {level:g} <= 0: KL({'q || p_u' if method == 'reverse_kl' else 'p_u || q'}) "
+                    ">= level always holds, so lambda stays at lambda_init and only the lambda_init target is trained."
+                )
         logs = {}
         while self.global_step < max_steps and self.stop_reason is None:
             logs = self.step()
