@@ -424,7 +424,8 @@ def write_plot(results, cache, path):
                       yerr=entry.get("retained_frechet_std"), fmt="o", color=colors.get(method, "k"), label=name)  # fmt: skip
     left.axvline(0.02, color="#c33", linestyle="--", linewidth=1)
     left.set_xlabel("forgotten rate (samples of the forgotten class still classified as it)")
-    left.set_ylabel("retained Fréchet distance")
+    left.set_yscale("log")
+    left.set_ylabel("retained Fréchet distance (log scale)")
     left.set_title("Concept unlearning: retention vs forgetting")
     left.legend(fontsize=7)
     for key, run in sorted(cache.items()):
