@@ -15,8 +15,26 @@ _import_structure = {
     "_mixins": ["ConfigMixin", "DiffusionPipeline", "ModelMixin", "SchedulerMixin"],
     "loading": ["load_pipeline"],
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
+    "models.semantic_multiview_unet": ["SemanticMultiViewUNetModel", "SemanticMultiViewUNetOutput"],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
+    "pipelines.semantic_nvs.pipeline_semantic_nvs": ["SemanticNVSPipeline", "SemanticNVSPipelineOutput"],
     "schedulers.scheduling_flow_match_sde": ["FlowMatchSDEScheduler", "FlowMatchSDESchedulerOutput"],
+    "pipelines.soar.adapters": [
+        "DiffusionLMAdapter",
+        "DreamAdapter",
+        "HFLogitsAdapter",
+        "LLaDA2Adapter",
+        "LLaDAAdapter",
+        "get_diffusion_lm_adapter",
+    ],
+    "pipelines.soar.pipeline_diffusion_lm": ["DiffusionLMPipeline", "DiffusionLMPipelineOutput"],
+    "schedulers.scheduling_soar": ["SOARScheduler", "SOARSchedulerOutput"],
+    "pipelines.divide_and_denoise.denoisers": ["EmpiricalOptimalDenoiser", "MultiDenoiserModel", "WindowedDenoiser"],
+    "pipelines.divide_and_denoise.fair_division": ["FairDivisionAllocator"],
+    "pipelines.divide_and_denoise.pipeline_divide_and_denoise": [
+        "DivideAndDenoisePipeline",
+        "DivideAndDenoisePipelineOutput",
+    ],
     "trainers.constrained_unlearning_config": ["ConstrainedUnlearningConfig"],
     "trainers.constrained_unlearning_trainer": ["ConstrainedUnlearningTrainer"],
 }
@@ -25,8 +43,26 @@ if TYPE_CHECKING:
     from ._mixins import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin
     from .loading import load_pipeline
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
+    from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+    from .pipelines.divide_and_denoise.denoisers import EmpiricalOptimalDenoiser, MultiDenoiserModel, WindowedDenoiser
+    from .pipelines.divide_and_denoise.fair_division import FairDivisionAllocator
+    from .pipelines.divide_and_denoise.pipeline_divide_and_denoise import (
+        DivideAndDenoisePipeline,
+        DivideAndDenoisePipelineOutput,
+    )
+    from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
+    from .pipelines.soar.adapters import (
+        DiffusionLMAdapter,
+        DreamAdapter,
+        HFLogitsAdapter,
+        LLaDA2Adapter,
+        LLaDAAdapter,
+        get_diffusion_lm_adapter,
+    )
+    from .pipelines.soar.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
+    from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
     from .trainers.constrained_unlearning_config import ConstrainedUnlearningConfig
     from .trainers.constrained_unlearning_trainer import ConstrainedUnlearningTrainer
 else:

@@ -454,6 +454,10 @@ def get_tiny_dream_like_lm(seed: int = 0) -> tuple[Qwen2ForCausalLM, PreTrainedT
 # Where a method registers its pipeline: a module of this name inside its pipeline package.
 DUMMIES_MODULE_NAME = "dummies"
 
+IMAGE_OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+# Text pipelines return token ids (`"seq"`, compared like arrays) and optionally decoded strings (`"text"`).
+TEXT_OUTPUT_TYPES = ("seq", "text")
+
 
 class BadInput(NamedTuple):
     """A bad call for [`PipelineConformanceTests`]: `overrides` replace dummy inputs, and the pipeline must raise a
@@ -472,9 +476,12 @@ class DummyPipelineSpec:
         components_fn (`Callable[[int], dict]`): `components_fn(seed)` gives the constructor's keyword arguments.
         inputs_fn (`Callable[[int], dict]`): `inputs_fn(seed)` gives one call's keyword arguments (one image).
         batch_params (`tuple[str, ...]`): per-image arguments, concatenated to make a batch.
-        output_types (`tuple[str, ...]`): supported `output_type` values among `"pil"`, `"np"`, `"pt"`, `"latent"`.
+        output_types (`tuple[str, ...]`): supported `output_type` values: image types among `"pil"`, `"np"`, `"pt"`,
+            `"latent"`, or token types among `"seq"`, `"text"` (a text pipeline); never both kinds.
         bad_inputs (`tuple[BadInput, ...]`): bad calls and the argument each error message must name.
         callback_edit_tensor (`str`): the callback tensor whose replacement must change the output.
+        batch_size_param (`str`, *optional*): an int argument that sets the number of images (e.g.
+            `num_images_per_prompt`), for pipelines whose per-image arguments are not lists; 1 in single inputs.
         module (`str`): the module that registered the entry; a fresh interpreter imports it before lookups.
     """
 
@@ -485,7 +492,18 @@ class DummyPipelineSpec:
     output_types: tuple[str, ...] = ("pil", "np", "pt", "latent")
     bad_inputs: tuple[BadInput, ...] = ()
     callback_edit_tensor: str = "latents"
+    batch_size_param: str | None = None
     module: str = ""
+
+    @property
+    def is_text(self) -> bool:
+        """Whether the pipeline generates token sequences (its output types are `"seq"`/`"text"`)."""
+        return set(self.output_types) <= set(TEXT_OUTPUT_TYPES)
+
+    @property
+    def comparison_output_type(self) -> str:
+        """The `output_type` of the dummy inputs: `"np"` for image pipelines, `"seq"` for text pipelines."""
+        return "seq" if self.is_text else "np"
 
 
 _REGISTRY: dict[type, DummyPipelineSpec] = {}
@@ -501,6 +519,7 @@ def register_dummy_pipeline(
     output_types: Sequence[str] = ("pil", "np", "pt", "latent"),
     bad_inputs: Sequence[BadInput | tuple[dict[str, Any], str]] = (),
     callback_edit_tensor: str = "latents",
+    batch_size_param: str | None = None,
 ) -> DummyPipelineSpec:
     """Register how to build a tiny, fast setup of `pipeline_class` for tests and the conformance suite.
 
@@ -513,17 +532,21 @@ def register_dummy_pipeline(
         components_fn (`Callable[[int], dict]`): `components_fn(seed)` returns the keyword arguments of
             `pipeline_class(...)`, with weights seeded by `seed`.
         inputs_fn (`Callable[[int], dict]`): `inputs_fn(seed)` returns the keyword arguments of one call making ONE
-            image (or sample), with `generator=torch.Generator("cpu").manual_seed(seed)`, `output_type="np"` and a
-            small `num_inference_steps`.
+            image (or sample), with `generator=torch.Generator("cpu").manual_seed(seed)`, `output_type="np"` (a text
+            pipeline: `output_type="seq"`, whose first output is the token ids) and a small `num_inference_steps`.
         batch_params (`Sequence[str]`, defaults to `()`): the per-image arguments. A batch of two is made from the
             inputs for two seeds: these arguments are concatenated (tensors along dim 0, lists joined, other values
             listed), `generator` becomes the list of both generators, and every other argument must be equal.
-        output_types (`Sequence[str]`, defaults to all four): the `output_type` values the pipeline supports among
-            `"pil"`, `"np"`, `"pt"` and `"latent"`.
+        output_types (`Sequence[str]`, defaults to all four image types): the `output_type` values the pipeline
+            supports: among `"pil"`, `"np"`, `"pt"` and `"latent"` for an image pipeline, or among `"seq"` (token
+            ids first) and `"text"` (token ids and decoded strings) for a text pipeline, which must support `"seq"`.
         bad_inputs (`Sequence[BadInput]`): bad calls, each an `(overrides, argument)` pair: the pipeline must raise a
             `ValueError`/`TypeError` naming `argument` before any model forward.
         callback_edit_tensor (`str`, defaults to `"latents"`): a name in `_callback_tensor_inputs` that a
             `callback_on_step_end` may replace; replacing it with zeros at the last step must change the output.
+        batch_size_param (`str`, *optional*): for pipelines whose batch is a count rather than a list of per-image
+            arguments (every image composes the same prompts, say): the int argument giving the number of images,
+            e.g. `"num_images_per_prompt"`. Single inputs must set it to 1; a batch of `n` seeds sets it to `n`.
 
     Returns:
         [`DummyPipelineSpec`]: the registered entry.
@@ -535,9 +558,18 @@ def register_dummy_pipeline(
             raise TypeError(f"`{name}` must be callable as {name}(seed), got {fn!r}.")
     if isinstance(batch_params, str) or not all(isinstance(p, str) for p in batch_params):
         raise TypeError(f"`batch_params` must be a sequence of argument names, got {batch_params!r}.")
-    unknown = set(output_types) - {"pil", "np", "pt", "latent"}
+    unknown = set(output_types) - set(IMAGE_OUTPUT_TYPES) - set(TEXT_OUTPUT_TYPES)
     if unknown:
-        raise ValueError(f"`output_types` must be among 'pil', 'np', 'pt', 'latent'; got unknown {sorted(unknown)}.")
+        raise ValueError(
+            f"`output_types` must be among {IMAGE_OUTPUT_TYPES} or {TEXT_OUTPUT_TYPES}; got unknown {sorted(unknown)}."
+        )
+    if not output_types:
+        raise ValueError("`output_types` must not be empty.")
+    if set(output_types) & set(TEXT_OUTPUT_TYPES):
+        if set(output_types) & set(IMAGE_OUTPUT_TYPES):
+            raise ValueError(f"`output_types` mixes image and text types: {sorted(output_types)}.")
+        if "seq" not in output_types:
+            raise ValueError("a text pipeline's `output_types` must include 'seq' (token ids, compared as arrays).")
     checked_bad_inputs = []
     for entry in bad_inputs:
         if not (
@@ -556,6 +588,7 @@ def register_dummy_pipeline(
         output_types=tuple(output_types),
         bad_inputs=tuple(checked_bad_inputs),
         callback_edit_tensor=callback_edit_tensor,
+        batch_size_param=batch_size_param,
         # the registering module: a fresh interpreter imports it to find this entry
         module=sys._getframe(1).f_globals.get("__name__", ""),
     )
@@ -628,8 +661,9 @@ def get_dummy_batch_inputs(pipeline_class: type[DiffusionPipeline], seeds: Seque
     """Call arguments for a batch with one image per seed, equal image by image to the single-seed runs.
 
     Built from `get_dummy_inputs(pipeline_class, seed)` for each seed: the registered `batch_params` are
-    concatenated, `generator` becomes the list of the per-seed generators, and every other argument must agree
-    across seeds (otherwise a `ValueError` says which one belongs in `batch_params`).
+    concatenated, `generator` becomes the list of the per-seed generators, a registered `batch_size_param` becomes
+    the number of seeds, and every other argument must agree across seeds (otherwise a `ValueError` says which one
+    belongs in `batch_params`).
     """
     spec = get_dummy_spec(pipeline_class)
     singles = [spec.inputs_fn(seed) for seed in seeds]
@@ -638,6 +672,13 @@ def get_dummy_batch_inputs(pipeline_class: type[DiffusionPipeline], seeds: Seque
         values = [single.get(key) for single in singles]
         if key == "generator":
             batch[key] = values
+        elif key == spec.batch_size_param:
+            if any(v != 1 for v in values):
+                raise ValueError(
+                    f"dummy inputs of {pipeline_class.__name__} set `{key}` (the `batch_size_param`) to {values}; "
+                    "single inputs must set it to 1."
+                )
+            batch[key] = len(singles)
         elif key in spec.batch_params:
             batch[key] = _concat_batch_values(key, values)
         elif all(_same_value(values[0], v) for v in values[1:]):
@@ -805,11 +846,16 @@ class PipelineConformanceTests:
             assert isinstance(generator, torch.Generator), "dummy inputs must pass `generator=torch.Generator(...)`"
             assert generator.device.type == "cpu", f"dummy generator must be on the CPU, got {generator.device}"
             assert generator.initial_seed() == seed, f"dummy generator seeded {generator.initial_seed()} != {seed}"
-            assert inputs.get("output_type") == "np", (
-                f"dummy `output_type` must be 'np', got {inputs.get('output_type')!r}"
+            expected_type = spec.comparison_output_type
+            assert inputs.get("output_type") == expected_type, (
+                f"dummy `output_type` must be {expected_type!r}, got {inputs.get('output_type')!r}"
             )
         for name in spec.batch_params:
             assert name in self.get_inputs(), f"batch parameter {name!r} is not among the dummy inputs"
+        if spec.batch_size_param is not None:
+            assert self.get_inputs().get(spec.batch_size_param) == 1, (
+                f"dummy inputs must set the batch size parameter {spec.batch_size_param!r} to 1"
+            )
         assert spec.bad_inputs, f"the registration of {self.pipeline_class.__name__} lists no `bad_inputs`"
 
     def test_model_index_names_our_classes(self, tmp_path):
@@ -950,31 +996,54 @@ class PipelineConformanceTests:
             results[output_type] = pipe(**self.get_inputs(output_type=output_type))[0]
         if "np" in results:
             images = results["np"]
-            assert isinstance(images, np.ndarray) and images.ndim == 4, "'np' must give a (batch, H, W, C) array"
+            # (batch, H, W, C); multi-view and video pipelines add dimensions after the batch: (batch, ..., H, W, C)
+            assert isinstance(images, np.ndarray) and images.ndim >= 4, "'np' must give a (batch, ..., H, W, C) array"
             assert np.issubdtype(images.dtype, np.floating), f"'np' images have dtype {images.dtype}"
             assert images.min() >= 0.0 and images.max() <= 1.0, "'np' images must lie in [0, 1]"
         if "pt" in results:
             images = results["pt"]
-            assert isinstance(images, torch.Tensor) and images.ndim == 4, "'pt' must give a (batch, C, H, W) tensor"
+            assert isinstance(images, torch.Tensor) and images.ndim >= 4, (
+                "'pt' must give a (batch, ..., C, H, W) tensor"
+            )
             assert images.min() >= 0.0 and images.max() <= 1.0, "'pt' images must lie in [0, 1]"
             if "np" in results:
                 _assert_outputs_close(
-                    results["np"], output_to_numpy(images.permute(0, 2, 3, 1)), self.atol, "'np' vs permuted 'pt'"
+                    results["np"], output_to_numpy(images.movedim(-3, -1)), self.atol, "'np' vs permuted 'pt'"
                 )
         if "pil" in results:
             images = results["pil"]
-            assert isinstance(images, list) and all(isinstance(im, PIL.Image.Image) for im in images), (
-                "'pil' must give a list of PIL images"
-            )
+            assert isinstance(images, list) and len(images) > 0, "'pil' must give a list (one entry per batch item)"
             if "np" in results:
                 array = results["np"]
                 assert len(images) == array.shape[0], "'pil' and 'np' give different batch sizes"
+                # Multi-view pipelines give a list of lists of views: flatten both to single images.
+                images = [im for item in images for im in (item if isinstance(item, list) else [item])]
+                array = array.reshape(-1, *array.shape[-3:])
+            assert all(isinstance(im, PIL.Image.Image) for im in images), "'pil' must give PIL images"
+            if "np" in results:
                 assert images[0].size == (array.shape[2], array.shape[1]), "'pil' and 'np' sizes differ"
                 as_uint8 = (array * 255).round().astype(np.int16)
                 if as_uint8.shape[-1] == 1:
                     as_uint8 = as_uint8[..., 0]
                 diff = np.abs(np.stack([np.asarray(im) for im in images]).astype(np.int16) - as_uint8).max()
                 assert diff <= 1, f"'pil' pixels differ from 'np' * 255 by up to {diff}"
+        if "seq" in results:
+            sequences = results["seq"]
+            assert isinstance(sequences, torch.Tensor) and sequences.ndim == 2, (
+                "'seq' must give a (batch, length) tensor"
+            )
+            assert not sequences.is_floating_point(), f"'seq' token ids have dtype {sequences.dtype}"
+        if "text" in results:
+            output = pipe(**self.get_inputs(output_type="text"))
+            texts = output[1] if isinstance(output, tuple) else getattr(output, "texts", None)
+            assert isinstance(texts, list) and all(isinstance(t, str) for t in texts), (
+                "'text' must give the decoded strings as the second output"
+            )
+            assert len(texts) == len(results["text"]), "'text' gives a different number of strings and sequences"
+            if "seq" in results:
+                _assert_outputs_close(
+                    output_to_numpy(results["text"]), output_to_numpy(results["seq"]), 0, "'text' vs 'seq' token ids"
+                )
         if "latent" in results:
             latents = results["latent"]
             assert isinstance(latents, torch.Tensor), f"'latent' must give a tensor, got {type(latents).__name__}"
@@ -1049,12 +1118,19 @@ class SchedulerConformanceTests:
         scheduler_config (`dict`, defaults to `{}`): constructor arguments.
         num_inference_steps (`int`, defaults to 10): steps for `set_timesteps`.
         sample_shape (`tuple`, defaults to `(2, 3, 8, 8)`): shape of the sample `(batch, channels, height, width)`.
+        step_kwargs (`dict`, defaults to `{}`): extra keyword arguments of every `step` call (e.g. the mask token
+            of a discrete scheduler).
+        sample_shaped_outputs (`tuple[str, ...]`, *optional*): the `step` output fields that have the sample's
+            shape; the other tensor fields must be per-sample (leading dimension = batch). `None`: every tensor
+            field has the sample's shape, as in continuous schedulers.
     """
 
     scheduler_class: type | None = None
     scheduler_config: dict[str, Any] = {}
     num_inference_steps: int = 10
     sample_shape: tuple[int, ...] = (2, 3, 8, 8)
+    step_kwargs: dict[str, Any] = {}
+    sample_shaped_outputs: tuple[str, ...] | None = None
 
     def get_scheduler(self, **overrides):
         if self.scheduler_class is None:
@@ -1072,9 +1148,12 @@ class SchedulerConformanceTests:
         """Run every step of a fresh scheduler; return the raw `step` outputs."""
         scheduler = self.get_scheduler()
         scheduler.set_timesteps(self.num_inference_steps)
-        # Flow-matching schedulers have neither `init_noise_sigma` nor `scale_model_input`; both are optional.
-        sample = self.get_sample() * getattr(scheduler, "init_noise_sigma", 1.0)
-        step_kwargs = {"return_dict": return_dict}
+        # Flow-matching and discrete schedulers have neither `init_noise_sigma` nor `scale_model_input`; both are
+        # optional (and a discrete sample must keep its integer dtype).
+        sample = self.get_sample()
+        if hasattr(scheduler, "init_noise_sigma"):
+            sample = sample * scheduler.init_noise_sigma
+        step_kwargs = {**self.step_kwargs, "return_dict": return_dict}
         if "generator" in inspect.signature(scheduler.step).parameters:
             step_kwargs["generator"] = torch.Generator("cpu").manual_seed(0)
         outputs = []
@@ -1118,11 +1197,19 @@ class SchedulerConformanceTests:
         for i, output in enumerate(outputs):
             assert isinstance(output, BaseOutput), f"step {i} returned {type(output).__name__}, not a BaseOutput"
             assert "prev_sample" in output, f"step {i} output has no `prev_sample`"
+            if self.sample_shaped_outputs is not None:
+                missing = set(self.sample_shaped_outputs) - set(output.keys())
+                assert not missing, f"step {i}: output has no fields {sorted(missing)}"
             for name, value in output.items():
                 if isinstance(value, torch.Tensor):
-                    assert tuple(value.shape) == self.sample_shape, (
-                        f"step {i}: `{name}` has shape {tuple(value.shape)}"
-                    )
+                    if self.sample_shaped_outputs is None or name in self.sample_shaped_outputs:
+                        assert tuple(value.shape) == self.sample_shape, (
+                            f"step {i}: `{name}` has shape {tuple(value.shape)}"
+                        )
+                    else:
+                        assert value.ndim >= 1 and value.shape[0] == self.sample_shape[0], (
+                            f"step {i}: per-sample field `{name}` has shape {tuple(value.shape)}"
+                        )
                     assert torch.isfinite(value).all(), f"step {i}: `{name}` is not finite"
 
     def test_step_return_dict_false_matches_output_fields(self):

@@ -340,6 +340,24 @@ def test_dummy_batch_inputs_combine_per_image_arguments():
     assert batch["num_inference_steps"] == 2 and batch["output_type"] == "np"
 
 
+class _CountBatchedPipeline(ClassConditionalDDPMPipeline):
+    pass
+
+
+def test_dummy_batch_inputs_set_a_batch_size_param_to_the_number_of_seeds():
+    def inputs(seed: int = 0, count: int = 1) -> dict:
+        return {**dummies.get_inputs(seed), "class_labels": [1], "batch_size": count}
+
+    register_dummy_pipeline(_CountBatchedPipeline, dummies.get_components, inputs, batch_size_param="batch_size")
+    batch = get_dummy_batch_inputs(_CountBatchedPipeline, seeds=(0, 1, 2))
+    assert batch["batch_size"] == 3 and len(batch["generator"]) == 3 and batch["class_labels"] == [1]
+    register_dummy_pipeline(
+        _CountBatchedPipeline, dummies.get_components, lambda seed=0: inputs(seed, 2), batch_size_param="batch_size"
+    )
+    with pytest.raises(ValueError, match="batch_size_param"):
+        get_dummy_batch_inputs(_CountBatchedPipeline)
+
+
 class _SeedDependentStepsPipeline(ClassConditionalDDPMPipeline):
     pass
 

@@ -25,7 +25,7 @@ def pipe():
 
 
 def test_names_paths_and_errors():
-    assert zoo.names() == ["digits-classifier", "digits-ddpm"]
+    assert zoo.names() == ["addition-mdm", "digits-classifier", "digits-ddpm"]
     for name in zoo.names():
         assert os.path.isfile(os.path.join(zoo.path(name), "README.md"))
     with pytest.raises(ValueError, match="unknown zoo name 'digits-gan'"):
@@ -52,6 +52,7 @@ def test_cards_state_the_rebuild_command():
     for name, script in [
         ("digits-ddpm", "training/train_ddpm.py"),
         ("digits-classifier", "training/train_classifier.py"),
+        ("addition-mdm", "training/train_masked_lm.py"),
     ]:
         card = open(os.path.join(zoo.path(name), "README.md"), encoding="utf-8").read()
         assert card.startswith("---\n") and script in card and f"--output_dir diffusers_ext/zoo/{name}" in card

@@ -5,13 +5,17 @@ import time
 from collections.abc import Callable
 
 from .digits import digits_section
+from .divide_and_denoise import divide_and_denoise_section
 from .report import Section, write_report
+from .soar import soar_section
 from .unlearning import unlearning_section
 
 
 # (name, section builder). Each method adds its own: builder(output_dir, quick, seed, device) -> Section.
 SECTIONS: list[tuple[str, Callable[[str, bool, int, str], Section]]] = [
     ("digits zoo", digits_section),
+    ("SOAR decoding", soar_section),
+    ("divide-and-denoise", divide_and_denoise_section),
     ("constrained unlearning", unlearning_section),
 ]
 

@@ -5,7 +5,7 @@ rebuilt it and its measured quality (see `benchmarks/results/zoo.json`).
 
     >>> from diffusers_ext import zoo
     >>> zoo.names()
-    ['digits-classifier', 'digits-ddpm']
+    ['addition-mdm', 'digits-classifier', 'digits-ddpm']
     >>> pipe = zoo.load("digits-ddpm")
 """
 
@@ -29,6 +29,12 @@ ENTRIES = {
             "digits-ddpm",
             "Class-conditional pixel DDPM on scikit-learn's 8x8 digits, null class 10 for guidance.",
             "ClassConditionalDDPMPipeline",
+        ),
+        ZooEntry(
+            "addition-mdm",
+            "Masked diffusion LM (bidirectional Llama, 1.1M parameters) for 3-digit addition, answer most-significant "
+            "digit first; the test bed of SOAR decoding.",
+            "DiffusionLMPipeline",
         ),
         ZooEntry(
             "digits-classifier",

@@ -1,0 +1,271 @@
+"""The models a [`DivideAndDenoisePipeline`] coordinates, and two analytic "expert" denoisers.
+
+- [`MultiDenoiserModel`] holds the list of denoisers (like diffusers' `MultiControlNetModel`) and saves each one in
+  its own subfolder, so a pipeline of several pretrained models round-trips through `save_pretrained`.
+- [`EmpiricalOptimalDenoiser`] is the exact minimum-mean-squared-error denoiser of a finite set of templates: an
+  "expert" that can only ever produce its own templates. Benchmarks use it as a model with known behaviour.
+- [`WindowedDenoiser`] places a pixel `UNet2DModel` at a fixed window of a larger canvas: inside the window the
+  model denoises its crop, outside it predicts a constant background. It is the exact denoiser of "the model's
+  images pasted at that window on a blank canvas", i.e. an expert with a position prior.
+
+Every denoiser is called like a `UNet2DModel`: `model(sample, timestep, class_labels=None).sample` (or, for a
+`UNet2DConditionModel`, with `encoder_hidden_states`).
+"""
+
+import importlib
+import os
+
+import torch
+from diffusers import DDPMScheduler, UNet2DModel
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_utils import ModelMixin
+from diffusers.models.unets.unet_2d import UNet2DOutput
+
+from ...utils import public
+
+
+_LIBRARIES = ("diffusers", "diffusers_ext")
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return (int(value[0]), int(value[1]))
+    raise ValueError(f"`{name}` must be an int or a pair of ints, got {value!r}.")
+
+
+def _alphas_cumprod(num_train_timesteps: int, beta_start: float, beta_end: float, beta_schedule: str) -> torch.Tensor:
+    return DDPMScheduler(
+        num_train_timesteps=num_train_timesteps, beta_start=beta_start, beta_end=beta_end, beta_schedule=beta_schedule
+    ).alphas_cumprod.clone()
+
+
+def _alpha_bar_at(alphas_cumprod: torch.Tensor, timestep, batch: int, sample: torch.Tensor) -> torch.Tensor:
+    """`alphas_cumprod` at `timestep` (a number, a 0-d or a `(batch,)` tensor), shaped `(batch, 1, 1, 1)`."""
+    t = torch.as_tensor(timestep, device=alphas_cumprod.device).float().round().long()
+    t = t.clamp(0, len(alphas_cumprod) - 1).expand(batch) if t.ndim == 0 else t.clamp(0, len(alphas_cumprod) - 1)
+    return alphas_cumprod[t].to(device=sample.device, dtype=sample.dtype).view(batch, 1, 1, 1)
+
+
+@public
+class MultiDenoiserModel(ModelMixin, ConfigMixin):
+    r"""
+    A list of denoisers that share one sample space, for [`DivideAndDenoisePipeline`].
+
+    Saved as `config.json` (the library and class of each denoiser) plus one subfolder `denoiser_{i}` per denoiser;
+    `from_pretrained` loads each with its own class (only classes of `diffusers` and `diffusers_ext` are resolved).
+
+    Args:
+        denoisers (`list[ModelMixin]`): the denoisers, e.g. several `UNet2DConditionModel`s fine-tuned from one base
+            model, or `UNet2DModel`s. One denoiser can serve several prompts or classes.
+    """
+
+    def __init__(self, denoisers: list[torch.nn.Module]):
+        super().__init__()
+        if isinstance(denoisers, torch.nn.Module) or not isinstance(denoisers, (list, tuple, torch.nn.ModuleList)):
+            raise TypeError(f"`denoisers` must be a list of models, got {type(denoisers).__name__}.")
+        if len(denoisers) == 0:
+            raise ValueError("`denoisers` must hold at least one model, got an empty list.")
+        for i, model in enumerate(denoisers):
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError(f"`denoisers[{i}]` must be a torch.nn.Module, got {type(model).__name__}.")
+        self.denoisers = torch.nn.ModuleList(denoisers)
+        classes = [[type(m).__module__.split(".")[0], type(m).__name__] for m in denoisers]
+        self.register_to_config(denoiser_classes=classes)
+
+    def __len__(self) -> int:
+        return len(self.denoisers)
+
+    def __getitem__(self, index: int) -> torch.nn.Module:
+        return self.denoisers[index]
+
+    def __iter__(self):
+        return iter(self.denoisers)
+
+    def forward(self, index: int, *args, **kwargs):
+        """Run denoiser `index` (so that `count_module_forwards` and offload hooks see the call)."""
+        return self.denoisers[index](*args, **kwargs)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> None:
+        """Write `config.json` and each denoiser's own `save_pretrained` folder `denoiser_{i}` (`kwargs` passed on)."""
+        for i, model in enumerate(self.denoisers):
+            if not isinstance(model, ModelMixin) or type(model).__module__.split(".")[0] not in _LIBRARIES:
+                raise ValueError(
+                    f"denoiser {i} is a {type(model).__name__}; only diffusers or diffusers_ext ModelMixin classes can "
+                    "be saved."
+                )
+        os.makedirs(save_directory, exist_ok=True)
+        self.save_config(save_directory)
+        for i, model in enumerate(self.denoisers):
+            model.save_pretrained(os.path.join(save_directory, f"denoiser_{i}"), **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "MultiDenoiserModel":
+        """Load a folder written by `save_pretrained`; `kwargs` (e.g. `torch_dtype`) go to each denoiser's loader."""
+        subfolder = kwargs.pop("subfolder", None)
+        folder = os.path.join(pretrained_model_name_or_path, subfolder) if subfolder else pretrained_model_name_or_path
+        if not os.path.isdir(folder):
+            raise ValueError(f"`pretrained_model_name_or_path` {str(folder)!r} is not a local folder.")
+        config = cls.load_config(folder)
+        denoisers = []
+        for i, (library, class_name) in enumerate(config["denoiser_classes"]):
+            if library not in _LIBRARIES:
+                raise ValueError(f"denoiser {i} names library {library!r}; expected one of {_LIBRARIES}.")
+            model_class = getattr(importlib.import_module(library), class_name)
+            denoisers.append(model_class.from_pretrained(os.path.join(folder, f"denoiser_{i}"), **kwargs))
+        return cls(denoisers)
+
+
+@public
+class EmpiricalOptimalDenoiser(ModelMixin, ConfigMixin):
+    r"""
+    The exact minimum-mean-squared-error denoiser of a finite set of templates (an analytic "expert").
+
+    For a noisy sample `x_t = sqrt(a) x_0 + sqrt(1 - a) eps` with `x_0` uniform over the templates, the posterior mean
+    is `E[x_0 | x_t] = sum_k softmax_k(-|x_t - sqrt(a) x_k|^2 / (2 (1 - a))) x_k`; the model returns the matching
+    noise prediction `(x_t - sqrt(a) E[x_0 | x_t]) / sqrt(1 - a)`. Sampling with it can only ever produce (up to the
+    sampler's error) one of its templates.
+
+    Args:
+        templates (`torch.Tensor` of shape `(num_templates, channels, height, width)`, *optional*): the data set;
+            zeros of the configured shape when omitted (as when `from_pretrained` builds it before loading weights).
+        num_templates, in_channels, sample_size: the shape of the template set (taken from `templates` when given).
+        num_train_timesteps, beta_start, beta_end, beta_schedule: the noise schedule (as in `DDPMScheduler`); it must
+            match the scheduler used for sampling.
+    """
+
+    @register_to_config
+    def __init__(
+        self,
+        num_templates: int = 1,
+        in_channels: int = 1,
+        sample_size: int | tuple[int, int] = 8,
+        num_train_timesteps: int = 1000,
+        beta_start: float = 0.0001,
+        beta_end: float = 0.02,
+        beta_schedule: str = "linear",
+        templates: torch.Tensor | None = None,
+    ):
+        super().__init__()
+        height, width = _pair(sample_size, "sample_size")
+        if templates is None:
+            templates = torch.zeros(num_templates, in_channels, height, width)
+        elif tuple(templates.shape) != (num_templates, in_channels, height, width):
+            raise ValueError(
+                f"`templates` has shape {tuple(templates.shape)}; expected (num_templates, in_channels, height, width) "
+                f"= {(num_templates, in_channels, height, width)}."
+            )
+        self.register_buffer("templates", templates.detach().clone().float())
+        self.register_buffer(
+            "alphas_cumprod",
+            _alphas_cumprod(num_train_timesteps, beta_start, beta_end, beta_schedule),
+            persistent=False,
+        )
+
+    @classmethod
+    def from_templates(cls, templates: torch.Tensor, **schedule) -> "EmpiricalOptimalDenoiser":
+        """Build from a `(num_templates, channels, height, width)` tensor; `schedule` as in the constructor."""
+        if not isinstance(templates, torch.Tensor) or templates.ndim != 4:
+            raise ValueError(f"`templates` must be a 4-D tensor, got {getattr(templates, 'shape', templates)!r}.")
+        num, channels, height, width = templates.shape
+        return cls(num, channels, (height, width), templates=templates, **schedule)
+
+    def register_to_config(self, **kwargs):
+        kwargs.pop("templates", None)  # weights, not configuration
+        super().register_to_config(**kwargs)
+
+    def posterior_mean(self, sample: torch.Tensor, timestep) -> torch.Tensor:
+        """`E[x_0 | x_t = sample]`, shape of `sample`."""
+        batch = sample.shape[0]
+        alpha_bar = _alpha_bar_at(self.alphas_cumprod, timestep, batch, sample)
+        templates = self.templates.to(sample.dtype)
+        diff = sample.unsqueeze(1) - alpha_bar.sqrt().unsqueeze(1) * templates.unsqueeze(0)
+        logits = -diff.pow(2).flatten(2).sum(dim=2) / (2 * (1 - alpha_bar.view(batch, 1)))
+        weights = torch.softmax(logits, dim=1)
+        return torch.einsum("bk,kchw->bchw", weights, templates)
+
+    def forward(self, sample: torch.Tensor, timestep, class_labels=None, return_dict: bool = True):
+        batch = sample.shape[0]
+        alpha_bar = _alpha_bar_at(self.alphas_cumprod, timestep, batch, sample)
+        x0 = self.posterior_mean(sample, timestep)
+        eps = (sample - alpha_bar.sqrt() * x0) / (1 - alpha_bar).sqrt()
+        return UNet2DOutput(sample=eps) if return_dict else (eps,)
+
+
+@public
+class WindowedDenoiser(ModelMixin, ConfigMixin):
+    r"""
+    A pixel [`UNet2DModel`] placed at a fixed window of a larger canvas, with a constant background elsewhere.
+
+    Inside the window it runs the UNet on the crop; outside it returns the noise prediction of a clean constant
+    `background`, `(x_t - sqrt(a) background) / sqrt(1 - a)`. This is the exact denoiser of the UNet's images pasted
+    at the window of a blank canvas: an expert that paints its object at one place. Class labels are passed to the
+    UNet.
+
+    Args:
+        denoiser_config (`dict`): the `UNet2DModel` config (use [`~WindowedDenoiser.from_unet`] to copy a model).
+        canvas_size (`int` or `(height, width)`): the canvas.
+        window_offset (`(top, left)`): where the UNet's `sample_size` window sits on the canvas.
+        background (`float`, defaults to -1.0): the clean value outside the window (-1 is black in [-1, 1] images).
+        num_train_timesteps, beta_start, beta_end, beta_schedule: the noise schedule of the UNet's training.
+    """
+
+    @register_to_config
+    def __init__(
+        self,
+        denoiser_config: dict,
+        canvas_size: int | tuple[int, int] = 16,
+        window_offset: tuple[int, int] = (0, 0),
+        background: float = -1.0,
+        num_train_timesteps: int = 1000,
+        beta_start: float = 0.0001,
+        beta_end: float = 0.02,
+        beta_schedule: str = "linear",
+    ):
+        super().__init__()
+        self.denoiser = UNet2DModel.from_config(denoiser_config)
+        height, width = _pair(canvas_size, "canvas_size")
+        win_h, win_w = _pair(self.denoiser.config.sample_size, "denoiser_config.sample_size")
+        top, left = _pair(tuple(window_offset), "window_offset")
+        if top < 0 or left < 0 or top + win_h > height or left + win_w > width:
+            raise ValueError(
+                f"`window_offset` {window_offset!r} puts the {win_h}x{win_w} window outside the {height}x{width} canvas."
+            )
+        self.window = (top, left, win_h, win_w)
+        self.register_buffer(
+            "alphas_cumprod",
+            _alphas_cumprod(num_train_timesteps, beta_start, beta_end, beta_schedule),
+            persistent=False,
+        )
+
+    @classmethod
+    def from_unet(
+        cls, unet: UNet2DModel, canvas_size, window_offset, background: float = -1.0, scheduler=None, **schedule
+    ) -> "WindowedDenoiser":
+        """Wrap a copy of `unet`'s weights at `window_offset` of a `canvas_size` canvas.
+
+        The noise schedule comes from `scheduler` (the UNet's own scheduler) or from the `schedule` keywords.
+        """
+        if scheduler is not None:
+            keys = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule")
+            schedule = {k: scheduler.config[k] for k in keys} | schedule
+        model = cls(dict(unet.config), canvas_size, tuple(window_offset), background, **schedule)
+        model.denoiser.load_state_dict(unet.state_dict())
+        model = model.to(unet.device)
+        return (model if model.dtype == unet.dtype else model.to(dtype=unet.dtype)).eval()
+
+    @property
+    def num_class_embeds(self) -> int | None:
+        return self.denoiser.config.num_class_embeds
+
+    def forward(self, sample: torch.Tensor, timestep, class_labels=None, return_dict: bool = True):
+        batch = sample.shape[0]
+        alpha_bar = _alpha_bar_at(self.alphas_cumprod, timestep, batch, sample)
+        eps = (sample - alpha_bar.sqrt() * self.config.background) / (1 - alpha_bar).sqrt()
+        top, left, win_h, win_w = self.window
+        crop = sample[:, :, top : top + win_h, left : left + win_w]
+        inner = self.denoiser(crop, timestep, class_labels=class_labels).sample
+        eps = eps.clone()
+        eps[:, :, top : top + win_h, left : left + win_w] = inner
+        return UNet2DOutput(sample=eps) if return_dict else (eps,)

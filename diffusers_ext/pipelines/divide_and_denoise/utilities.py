@@ -1,0 +1,149 @@
+"""Per-position utilities: how much each model "wants" each position of the sample, from its own predictions.
+
+- [`x0_saliency`]: how far the model's clean-sample prediction departs from its background there.
+- [`guidance_delta`]: the size of the model's classifier-free guidance direction there, `|eps(c) - eps(null)|`.
+- Cross-attention maps of concept tokens: [`ConceptAttentionStore`] records them through
+  [`ConceptAttentionProcessor`]s installed on the cross-attention layers of a `UNet2DConditionModel` (the weights are
+  untouched; the processors compute exactly what diffusers' `AttnProcessor` computes and keep the probabilities).
+
+All return non-negative maps of shape `(batch, height, width)` at the sample's resolution.
+"""
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.attention_processor import Attention
+
+
+UTILITIES = ("x0_saliency", "guidance_delta", "cross_attention")
+
+
+def x0_saliency(x0: torch.Tensor, background: torch.Tensor | float | None = None) -> torch.Tensor:
+    """`|x0 - background|` over channels, `(batch, channels, H, W)` -> `(batch, H, W)`.
+
+    Args:
+        x0: a model's prediction of the clean sample.
+        background: the value of "nothing here"; by default the per-image, per-channel median of `x0` (the
+            background, as long as the model's objects cover less than half of the sample).
+    """
+    if background is None:
+        background = x0.flatten(2).median(dim=2).values[..., None, None]
+    return (x0 - background).pow(2).sum(dim=1).sqrt()
+
+
+def guidance_delta(noise_cond: torch.Tensor, noise_uncond: torch.Tensor) -> torch.Tensor:
+    """`|eps(c) - eps(null)|` over channels, `(batch, channels, H, W)` -> `(batch, H, W)`."""
+    return (noise_cond - noise_uncond).pow(2).sum(dim=1).sqrt()
+
+
+class ConceptAttentionStore:
+    """Accumulates cross-attention probabilities (mean over heads) resized to the sample's resolution.
+
+    `maps` is `(batch, H, W, num_tokens)`: the sum over the recorded layers, divided by their number.
+    """
+
+    def __init__(self, size: tuple[int, int]):
+        self.size = tuple(size)
+        self.reset()
+
+    def reset(self) -> None:
+        self._sum: torch.Tensor | None = None
+        self.num_layers = 0
+
+    def record(self, probs: torch.Tensor, batch: int) -> None:
+        """`probs` of shape `(batch * heads, queries, tokens)` from one cross-attention layer."""
+        heads = probs.shape[0] // batch
+        probs = probs.reshape(batch, heads, probs.shape[1], probs.shape[2]).mean(dim=1)
+        height, width = self.size
+        factor = math.sqrt(height * width / probs.shape[1])
+        h, w = round(height / factor), round(width / factor)
+        if h * w != probs.shape[1]:
+            return  # a layer whose grid does not tile the sample (odd sizes); skip rather than guess
+        grid = probs.transpose(1, 2).reshape(batch, probs.shape[2], h, w).float()
+        if (h, w) != (height, width):
+            grid = F.interpolate(grid, size=(height, width), mode="bilinear", align_corners=False)
+        grid = grid.permute(0, 2, 3, 1)
+        self._sum = grid if self._sum is None else self._sum + grid
+        self.num_layers += 1
+
+    @property
+    def maps(self) -> torch.Tensor:
+        if self._sum is None:
+            raise RuntimeError("no cross-attention was recorded; does the model have cross-attention layers?")
+        return self._sum / self.num_layers
+
+
+class ConceptAttentionProcessor:
+    """diffusers' `AttnProcessor` computation that also hands the attention probabilities to a store."""
+
+    def __init__(self, store: ConceptAttentionStore):
+        self.store = store
+
+    def __call__(
+        self,
+        attn: Attention,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        temb: torch.Tensor | None = None,
+        *args,
+        **kwargs,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        if attn.spatial_norm is not None:
+            hidden_states = attn.spatial_norm(hidden_states, temb)
+        input_ndim = hidden_states.ndim
+        if input_ndim == 4:
+            batch_size, channel, height, width = hidden_states.shape
+            hidden_states = hidden_states.view(batch_size, channel, height * width).transpose(1, 2)
+        batch_size, sequence_length, _ = (
+            hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
+        )
+        attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
+        if attn.group_norm is not None:
+            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+        query = attn.to_q(hidden_states)
+        if encoder_hidden_states is None:
+            encoder_hidden_states = hidden_states
+        elif attn.norm_cross:
+            encoder_hidden_states = attn.norm_encoder_hidden_states(encoder_hidden_states)
+        key = attn.to_k(encoder_hidden_states)
+        value = attn.to_v(encoder_hidden_states)
+        query = attn.head_to_batch_dim(query)
+        key = attn.head_to_batch_dim(key)
+        value = attn.head_to_batch_dim(value)
+
+        attention_probs = attn.get_attention_scores(query, key, attention_mask)
+        self.store.record(attention_probs.detach(), batch_size)
+        hidden_states = torch.bmm(attention_probs, value)
+        hidden_states = attn.batch_to_head_dim(hidden_states)
+        hidden_states = attn.to_out[0](hidden_states)
+        hidden_states = attn.to_out[1](hidden_states)
+        if input_ndim == 4:
+            hidden_states = hidden_states.transpose(-1, -2).reshape(batch_size, channel, height, width)
+        if attn.residual_connection:
+            hidden_states = hidden_states + residual
+        return hidden_states / attn.rescale_output_factor
+
+
+@contextlib.contextmanager
+def record_cross_attention(unet: torch.nn.Module, store: ConceptAttentionStore) -> Iterator[ConceptAttentionStore]:
+    """Install [`ConceptAttentionProcessor`]s on every cross-attention layer (`attn2`) of `unet` for the block.
+
+    The UNet's own processors are restored on exit. Self-attention layers keep their processors.
+    """
+    original = unet.attn_processors
+    processors = {
+        name: ConceptAttentionProcessor(store) if name.endswith("attn2.processor") else processor
+        for name, processor in original.items()
+    }
+    if not any(name.endswith("attn2.processor") for name in original):
+        raise ValueError(f"{type(unet).__name__} has no cross-attention layers to read concept-token attention from.")
+    unet.set_attn_processor(processors)
+    try:
+        yield store
+    finally:
+        unet.set_attn_processor(original)

@@ -1,0 +1,323 @@
+"""SemanticNVS: novel view synthesis conditioned on warped and iteratively re-extracted semantic features."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers.utils import BaseOutput, logging
+from diffusers.utils.torch_utils import randn_tensor
+
+from ...models.semantic_multiview_unet import SemanticMultiViewUNetModel
+from ...utils import public
+from .camera import check_intrinsics, check_rigid, scale_intrinsics, scene_plucker
+from .semantic_features import semantic_feature_map
+from .warp import warp_to_targets
+
+
+logger = logging.get_logger(__name__)
+
+SEMANTIC_MODES = ("none", "warped", "iterative", "warped+iterative")
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+
+@public
+@dataclass
+class SemanticNVSPipelineOutput(BaseOutput):
+    """
+    Args:
+        images: the generated target views: a list (per scene) of lists of PIL images, or an array/tensor of
+            shape `(B, V_target, H, W, 3)` (`"np"`) / `(B, V_target, 3, H, W)` (`"pt"`, `"latent"`).
+        coverage (`torch.Tensor` of shape `(B, V_target, 1, H, W)`): where warped input-view features reached each
+            target view (all False when the mode does not warp).
+    """
+
+    images: list | np.ndarray | torch.Tensor
+    coverage: torch.Tensor
+
+
+@public
+class SemanticNVSPipeline(DiffusionPipeline):
+    r"""
+    Generate target views of a scene from one or a few posed input views with a camera-conditioned multi-view
+    denoiser ([`SemanticMultiViewUNetModel`]), conditioned on semantic features in two ways:
+
+    - **warped**: features of the input views, forward-warped to each target view by the input depth;
+    - **iterative**: at every denoising step, features extracted from the model's current estimate of the clean
+      target views, which complete what warping cannot see (disocclusions, outside the input frustum).
+
+    `semantic_mode="warped+iterative"` uses the warped features where they are valid and the iterative ones
+    elsewhere. Input views are given clean (their noisy sample is replaced by the image at every step).
+
+    Parameters:
+        unet ([`SemanticMultiViewUNetModel`]): the multi-view denoiser; its `semantic_channels` must equal the
+            semantic encoder's feature size.
+        scheduler ([`SchedulerMixin`]): a DDPM/DDIM-family scheduler with `alphas_cumprod`.
+        semantic_encoder (*optional*): a transformers ViT-style backbone (e.g. `Dinov2Model`) whose patch
+            features are the semantics; needed for every mode but `"none"`.
+    """
+
+    model_cpu_offload_seq = "semantic_encoder->unet"
+    _optional_components = ["semantic_encoder"]
+    _callback_tensor_inputs = ["latents", "noise_pred"]
+
+    def __init__(self, unet: SemanticMultiViewUNetModel, scheduler: SchedulerMixin, semantic_encoder=None):
+        super().__init__()
+        self.register_modules(unet=unet, scheduler=scheduler, semantic_encoder=semantic_encoder)
+
+    # ------------------------------------------------------------------------------------------- inputs
+    def _as_scene_batch(self, name: str, value, trailing: tuple[int, ...]) -> torch.Tensor:
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"`{name}` must be a torch.Tensor, got {type(value).__name__}.")
+        if value.ndim == len(trailing) + 1:
+            value = value[None]
+        if value.ndim != len(trailing) + 2 or (trailing and tuple(value.shape[-len(trailing) :]) != trailing):
+            raise ValueError(
+                f"`{name}` has shape {tuple(value.shape)}; expected (views, {', '.join(map(str, trailing))}) or "
+                f"(batch, views, {', '.join(map(str, trailing))})."
+            )
+        return value
+
+    def check_inputs(self, images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths,
+                     semantic_mode, num_inference_steps, guidance_scale, output_type, generator,
+                     callback_on_step_end_tensor_inputs):  # fmt: skip
+        """Validate and batch the inputs before any model work; return them as `(B, V, ...)` tensors."""
+        size = self.unet.config.sample_size
+        channels = self.unet.config.image_channels
+        images = self._as_scene_batch("images", images, (channels, size, size))
+        b, v_in = images.shape[:2]
+        if images.min() < -1e-3 or images.max() > 1 + 1e-3:
+            raise ValueError(
+                f"`images` must lie in [0, 1]; got [{float(images.min()):.3g}, {float(images.max()):.3g}]."
+            )
+        input_intrinsics = self._as_scene_batch("input_intrinsics", input_intrinsics, (3, 3))
+        input_c2w = self._as_scene_batch("input_c2w", input_c2w, (4, 4))
+        target_intrinsics = self._as_scene_batch("target_intrinsics", target_intrinsics, (3, 3))
+        target_c2w = self._as_scene_batch("target_c2w", target_c2w, (4, 4))
+        for name, value, views in (("input_intrinsics", input_intrinsics, v_in), ("input_c2w", input_c2w, v_in)):
+            if value.shape[:2] != (b, views):
+                raise ValueError(
+                    f"`{name}` describes {tuple(value.shape[:2])} (batch, views) cameras; `images` has {(b, v_in)}."
+                )
+        if target_intrinsics.shape[:2] != target_c2w.shape[:2] or target_c2w.shape[0] != b:
+            raise ValueError(
+                f"`target_intrinsics` {tuple(target_intrinsics.shape[:2])} and `target_c2w` {tuple(target_c2w.shape[:2])} "
+                f"must describe the same (batch={b}, views) cameras."
+            )
+        for name, value in (("input_intrinsics", input_intrinsics), ("target_intrinsics", target_intrinsics)):
+            check_intrinsics(value.float(), name)
+        for name, value in (("input_c2w", input_c2w), ("target_c2w", target_c2w)):
+            check_rigid(value.float(), name)
+        if semantic_mode not in SEMANTIC_MODES:
+            raise ValueError(f"`semantic_mode` must be one of {SEMANTIC_MODES}, got {semantic_mode!r}.")
+        if semantic_mode != "none":
+            if not self.unet.config.semantic_channels:
+                raise ValueError(f"`semantic_mode` {semantic_mode!r}: this unet has no semantic inputs; use 'none'.")
+            if self.semantic_encoder is None:
+                raise ValueError(
+                    f"`semantic_mode` {semantic_mode!r} needs a `semantic_encoder`; this pipeline has none."
+                )
+            hidden = self.semantic_encoder.config.hidden_size
+            if hidden != self.unet.config.semantic_channels:
+                raise ValueError(
+                    f"the semantic encoder gives {hidden} channels but the unet takes "
+                    f"{self.unet.config.semantic_channels} (`semantic_channels`)."
+                )
+        if "warped" in semantic_mode:
+            if depths is None:
+                raise ValueError(f"`semantic_mode` {semantic_mode!r} warps by depth: pass `depths`.")
+            depths = self._as_scene_batch("depths", depths, (1, size, size))
+            if depths.shape[:2] != (b, v_in):
+                raise ValueError(f"`depths` describes {tuple(depths.shape[:2])} views; `images` has {(b, v_in)}.")
+            if (depths <= 0).any() or not torch.isfinite(depths).all():
+                raise ValueError("`depths` must be finite and positive.")
+        if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
+            raise ValueError(f"`num_inference_steps` must be a positive int, got {num_inference_steps!r}.")
+        if not isinstance(guidance_scale, (int, float)) or isinstance(guidance_scale, bool):
+            raise TypeError(f"`guidance_scale` must be a number, got {type(guidance_scale).__name__}.")
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
+        if isinstance(generator, list) and len(generator) != b:
+            raise ValueError(f"`generator` is a list of {len(generator)} generators for {b} scenes.")
+        if not set(callback_on_step_end_tensor_inputs) <= set(self._callback_tensor_inputs):
+            raise ValueError(
+                f"`callback_on_step_end_tensor_inputs` must be a subset of {self._callback_tensor_inputs}, got "
+                f"{callback_on_step_end_tensor_inputs!r}."
+            )
+        return images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths
+
+    # ---------------------------------------------------------------------------------------- semantics
+    def encode_semantics(self, images: torch.Tensor) -> torch.Tensor:
+        """Semantic features of `(N, 3, H, W)` images in [0, 1], upsampled to `(N, S, H, W)`."""
+        return semantic_feature_map(self.semantic_encoder, images)
+
+    def _x0_estimate(self, noise_pred, latents, t):
+        alpha_bar = self.scheduler.alphas_cumprod.to(latents.device)[int(t)].to(latents.dtype)
+        prediction = self.scheduler.config.prediction_type
+        if prediction == "epsilon":
+            return (latents - (1 - alpha_bar).sqrt() * noise_pred) / alpha_bar.sqrt()
+        if prediction == "v_prediction":
+            return alpha_bar.sqrt() * latents - (1 - alpha_bar).sqrt() * noise_pred
+        return noise_pred
+
+    # ------------------------------------------------------------------------------------------- call
+    @torch.no_grad()
+    def __call__(
+        self,
+        images: torch.Tensor,
+        input_intrinsics: torch.Tensor,
+        input_c2w: torch.Tensor,
+        target_intrinsics: torch.Tensor,
+        target_c2w: torch.Tensor,
+        depths: torch.Tensor | None = None,
+        semantic_mode: str = "warped+iterative",
+        num_inference_steps: int = 50,
+        guidance_scale: float = 2.0,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        latents: torch.Tensor | None = None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+        callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
+        callback_on_step_end_tensor_inputs: list[str] = ["latents"],
+    ) -> SemanticNVSPipelineOutput | tuple:
+        r"""
+        Generate the target views.
+
+        Args:
+            images (`torch.Tensor` of shape `(V_in, 3, H, W)` or `(B, V_in, 3, H, W)`): input views in [0, 1].
+            input_intrinsics (`torch.Tensor` of shape `([B,] V_in, 3, 3)`), input_c2w (`([B,] V_in, 4, 4)`): the
+                input cameras (OpenCV axes, camera-to-world; see [`~pipelines.semantic_nvs.camera`]).
+            target_intrinsics (`torch.Tensor` of shape `([B,] V_t, 3, 3)`), target_c2w (`([B,] V_t, 4, 4)`): the
+                cameras to render.
+            depths (`torch.Tensor` of shape `([B,] V_in, 1, H, W)`, *optional*): input z-depth, needed to warp.
+            semantic_mode (`str`, defaults to `"warped+iterative"`): `"none"`, `"warped"`, `"iterative"` or
+                `"warped+iterative"`.
+            num_inference_steps (`int`, defaults to 50): denoising steps.
+            guidance_scale (`float`, defaults to 2.0): classifier-free guidance; the unconditional branch drops the
+                input views and the semantics and keeps the cameras. `1.0` disables it.
+            generator (`torch.Generator` or one per scene, *optional*): for the initial noise and the scheduler.
+            latents (`torch.Tensor` of shape `(B, V_t, C, H, W)`, *optional*): initial noise of the target views.
+            output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (raw [-1, 1] sample).
+            return_dict (`bool`, defaults to `True`): return a [`SemanticNVSPipelineOutput`] instead of a tuple.
+            callback_on_step_end (`Callable`, *optional*): `callback(pipe, i, t, kwargs)` after every step with the
+                tensors named in `callback_on_step_end_tensor_inputs` (`"latents"`: the target views'
+                `(B, V_t, C, H, W)` sample; `"noise_pred"`).
+
+        Returns:
+            [`SemanticNVSPipelineOutput`] or `(images, coverage)`.
+        """
+        if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
+            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths = self.check_inputs(
+            images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths, semantic_mode,
+            num_inference_steps, guidance_scale, output_type, generator, callback_on_step_end_tensor_inputs,
+        )  # fmt: skip
+        device, dtype = self._execution_device, self.unet.dtype
+        b, v_in, c, h, w = images.shape
+        v_t = target_c2w.shape[1]
+        size = self.unet.config.sample_size
+        if latents is not None and tuple(latents.shape) != (b, v_t, c, h, w):
+            raise ValueError(f"`latents` has shape {tuple(latents.shape)}; expected {(b, v_t, c, h, w)}.")
+        do_cfg = guidance_scale > 1.0
+        images = images.to(device)
+
+        # Cameras: Plücker maps of all views relative to the first input view of each scene.
+        intrinsics = torch.cat([input_intrinsics, target_intrinsics], 1).to(device, torch.float32)
+        c2w = torch.cat([input_c2w, target_c2w], 1).to(device, torch.float32)
+        plucker = scene_plucker(scale_intrinsics(intrinsics, size / w, size / h), c2w, size, size).to(dtype)
+
+        semantic_channels = self.unet.config.semantic_channels
+        input_features = torch.zeros(b, v_in, semantic_channels, h, w, device=device)
+        warped = torch.zeros(b, v_t, semantic_channels, h, w, device=device)
+        coverage = torch.zeros(b, v_t, 1, h, w, dtype=torch.bool, device=device)
+        if semantic_mode != "none":
+            input_features = self.encode_semantics(images.reshape(b * v_in, c, h, w)).reshape(b, v_in, -1, h, w)
+        if "warped" in semantic_mode:
+            warped, coverage = warp_to_targets(input_features, depths.to(device), input_intrinsics.to(device),
+                                                   input_c2w.to(device), target_intrinsics.to(device),
+                                                   target_c2w.to(device))  # fmt: skip
+
+        if latents is None:
+            latents = randn_tensor((b, v_t, c, h, w), generator=generator, device=device, dtype=dtype)
+        latents = latents.to(device, dtype) * self.scheduler.init_noise_sigma
+        clean_inputs = (images * 2 - 1).to(dtype)
+        input_mask = torch.cat([torch.ones(b, v_in, dtype=torch.bool), torch.zeros(b, v_t, dtype=torch.bool)], 1).to(
+            device
+        )
+        input_images = torch.cat([clean_inputs, torch.zeros_like(latents)], 1)
+
+        self.scheduler.set_timesteps(num_inference_steps, device=device)
+        iterative = None  # features of the current estimate of the clean target views
+        input_feature_mask = torch.full((b, v_in, 1, h, w), float(semantic_mode != "none"), device=device)
+        # The scheduler steps all target views as one batch: each scene's generator serves its views.
+        step_generator = [g for g in generator for _ in range(v_t)] if isinstance(generator, list) else generator
+        for i, t in enumerate(self.progress_bar(self.scheduler.timesteps)):
+            target_features, target_mask = self._target_semantics(semantic_mode, warped, coverage, iterative)
+            features = torch.cat([input_features, target_features], 1).to(dtype)
+            feature_mask = torch.cat([input_feature_mask, target_mask], 1).to(dtype)
+            sample = torch.cat([clean_inputs, self.scheduler.scale_model_input(latents, t)], 1)
+            conditional = {"plucker": plucker, "input_mask": input_mask, "input_images": input_images}
+            unconditional = {"plucker": plucker, "input_mask": torch.zeros_like(input_mask),
+                             "input_images": torch.zeros_like(input_images)}  # fmt: skip
+            if semantic_channels:
+                conditional.update(semantic_features=features, semantic_mask=feature_mask)
+                unconditional.update(semantic_features=torch.zeros_like(features),
+                                     semantic_mask=torch.zeros_like(feature_mask))  # fmt: skip
+            if do_cfg:
+                both = {k: torch.cat([unconditional[k], conditional[k]]) for k in conditional}
+                timestep = t.expand(2 * b).to(device)
+                prediction = self.unet(torch.cat([sample, sample]), timestep, **both).sample
+                uncond, cond = prediction.chunk(2)
+                prediction = uncond + guidance_scale * (cond - uncond)
+            else:
+                prediction = self.unet(sample, t.expand(b).to(device), **conditional).sample
+            noise_pred = prediction[:, v_in:]
+
+            if "iterative" in semantic_mode:
+                x0 = self._x0_estimate(noise_pred, latents, t).clamp(-1, 1)
+                iterative = self.encode_semantics(((x0 + 1) / 2).reshape(b * v_t, c, h, w).float())
+                iterative = iterative.reshape(b, v_t, -1, h, w)
+            flat = self.scheduler.step(
+                noise_pred.reshape(b * v_t, c, h, w), t, latents.reshape(b * v_t, c, h, w), generator=step_generator
+            )
+            latents = flat.prev_sample
+            latents = latents.reshape(b, v_t, c, h, w)
+
+            if callback_on_step_end is not None:
+                step_tensors = {"latents": latents, "noise_pred": noise_pred}
+                outputs = (
+                    callback_on_step_end(self, i, t, {k: step_tensors[k] for k in callback_on_step_end_tensor_inputs})
+                    or {}
+                )
+                latents = outputs.pop("latents", latents)
+
+        if output_type == "latent":
+            result = latents
+        else:
+            result = ((latents + 1) / 2).clamp(0, 1)
+            if output_type != "pt":
+                result = result.permute(0, 1, 3, 4, 2).float().cpu().numpy()
+                if output_type == "pil":
+                    result = [self.numpy_to_pil(scene) for scene in result]
+        self.maybe_free_model_hooks()
+        if not return_dict:
+            return (result, coverage)
+        return SemanticNVSPipelineOutput(images=result, coverage=coverage)
+
+    @staticmethod
+    def _target_semantics(mode, warped, coverage, iterative):
+        """The target views' semantic features and validity for `mode` at this step."""
+        zeros = torch.zeros_like(warped)
+        no_mask = torch.zeros_like(coverage, dtype=warped.dtype)
+        if mode == "none":
+            return zeros, no_mask
+        if mode == "warped":
+            return warped, coverage.to(warped.dtype)
+        if iterative is None:  # first step: no estimate yet
+            return (warped, coverage.to(warped.dtype)) if mode == "warped+iterative" else (zeros, no_mask)
+        if mode == "iterative":
+            return iterative, torch.ones_like(no_mask)
+        return torch.where(coverage, warped, iterative), torch.ones_like(no_mask)

@@ -1,0 +1,207 @@
+"""Model adapters: one calling convention per masked diffusion LM family, behind one interface.
+
+An adapter turns `(model, sequences, attention mask)` into logits aligned with the sequences (`logits[:, i]`
+predicts token `i`), whatever the family's convention: LLaDA reads a masked position where it stands, Dream keeps
+its autoregressive head (the prediction for position `i` sits at `i - 1`) and wants a 4-D mask with position ids for
+padded batches, LLaDA2 attends block-causally and runs on the window up to the current block.
+"""
+
+import torch
+
+from ...utils import public
+
+
+LLADA_MASK_TOKEN_ID = 126336
+DREAM_MASK_TOKEN_ID = 151666
+
+
+@public
+class DiffusionLMAdapter:
+    """Base adapter: the calling convention of a masked diffusion LM.
+
+    Subclasses implement `forward_logits`. Calling the adapter adds classifier-free guidance (LLaDA's
+    unsupervised form: the unconditional branch replaces the prompt by mask tokens, both branches run in one
+    batched forward, and `logits = u + (w + 1) * (c - u)` for `guidance_scale` w > 0).
+
+    Args:
+        mask_token_id (`int`, *optional*): the mask token; by default the model config's `mask_token_id`, then the
+            tokenizer's, then the family default (if any).
+        shift_logits (`bool`, defaults to `False`): the model's logits at position `i` predict token `i + 1` (they
+            are shifted right by one before use).
+    """
+
+    default_mask_token_id: int | None = None
+    name = "base"
+
+    def __init__(self, mask_token_id: int | None = None, shift_logits: bool = False):
+        self.mask_token_id = mask_token_id
+        self.shift_logits = shift_logits
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(mask_token_id={self.mask_token_id}, shift_logits={self.shift_logits})"
+
+    @staticmethod
+    def _padding_position_ids(attention_mask: torch.Tensor) -> torch.LongTensor:
+        position_ids = attention_mask.long().cumsum(-1) - 1
+        return position_ids.masked_fill(attention_mask == 0, 1)
+
+    def forward_logits(self, model, input_ids, attention_mask, block_end) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement `forward_logits`.")
+
+    def _align(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.shift_logits:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return logits
+
+    def __call__(
+        self,
+        model,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.LongTensor,
+        *,
+        prompt_mask: torch.BoolTensor | None = None,
+        block_end: int | None = None,
+        guidance_scale: float = 0.0,
+        mask_token_id: int | None = None,
+    ) -> torch.Tensor:
+        """Logits of shape `(N, L, V)` aligned with `input_ids` `(N, L)`.
+
+        Args:
+            model: the transformers / diffusers model.
+            input_ids (`torch.LongTensor` of shape `(N, L)`): sequences, mask tokens where undecided.
+            attention_mask (`torch.LongTensor` of shape `(N, L)`): 1 for real tokens, 0 for (left) padding.
+            prompt_mask (`torch.BoolTensor` of shape `(N, L)`, *optional*): prompt positions (for guidance).
+            block_end (`int`, *optional*): the end of the furthest current block (block-causal models).
+            guidance_scale (`float`, defaults to 0): classifier-free guidance weight; 0 disables it.
+            mask_token_id (`int`, *optional*): the mask token for the unconditional branch.
+        """
+        if guidance_scale > 0:
+            if prompt_mask is None or mask_token_id is None:
+                raise ValueError("classifier-free guidance needs `prompt_mask` and `mask_token_id`.")
+            unconditional = input_ids.masked_fill(prompt_mask, mask_token_id)
+            both = self.forward_logits(
+                model,
+                torch.cat([input_ids, unconditional]),
+                torch.cat([attention_mask, attention_mask]),
+                block_end,
+            )
+            conditional, unconditional = both.chunk(2)
+            logits = unconditional + (guidance_scale + 1) * (conditional - unconditional)
+        else:
+            logits = self.forward_logits(model, input_ids, attention_mask, block_end)
+        return self._align(logits)
+
+
+@public
+class LLaDAAdapter(DiffusionLMAdapter):
+    """LLaDA: `model(x, attention_mask=...).logits`, no shift, mask token 126336 by default.
+
+    The attention mask is passed only when the batch is padded (LLaDA's model takes no position ids).
+    """
+
+    default_mask_token_id = LLADA_MASK_TOKEN_ID
+    name = "llada"
+
+    def __init__(self, mask_token_id: int | None = None):
+        super().__init__(mask_token_id=mask_token_id, shift_logits=False)
+
+    def forward_logits(self, model, input_ids, attention_mask, block_end):
+        if bool((attention_mask == 0).any()):
+            return model(input_ids, attention_mask=attention_mask).logits
+        return model(input_ids).logits
+
+
+@public
+class DreamAdapter(DiffusionLMAdapter):
+    """Dream: logits shifted right by one; padded batches get a 4-D boolean mask and position ids.
+
+    As in Dream's sampler: without padding the model attends fully (no mask, no position ids); with padding the
+    mask is `(N, 1, L, L)` with `mask[i, j] = real_i and real_j` and the position ids count real tokens (padding
+    gets position 1). Mask token 151666 by default.
+    """
+
+    default_mask_token_id = DREAM_MASK_TOKEN_ID
+    name = "dream"
+
+    def __init__(self, mask_token_id: int | None = None):
+        super().__init__(mask_token_id=mask_token_id, shift_logits=True)
+
+    def forward_logits(self, model, input_ids, attention_mask, block_end):
+        if not bool((attention_mask == 0).any()):
+            return model(input_ids).logits
+        real = attention_mask.bool()
+        four_d = real[:, None, None, :] & real[:, None, :, None]
+        return model(input_ids, attention_mask=four_d, position_ids=self._padding_position_ids(attention_mask)).logits
+
+
+@public
+class LLaDA2Adapter(DiffusionLMAdapter):
+    """LLaDA2: block-causal attention; the model runs on the window up to the current block's end.
+
+    Called like diffusers' `LLaDA2Pipeline` calls it: `model(x[:, :end], attention_mask=mask[:, :end],
+    position_ids=positions[:, :end]).logits`, the block-causal structure being the model's own. Positions past the
+    window get zero logits (they are never eligible: they lie in later blocks). No shift.
+    """
+
+    name = "llada2"
+
+    def __init__(self, mask_token_id: int | None = None):
+        super().__init__(mask_token_id=mask_token_id, shift_logits=False)
+
+    def forward_logits(self, model, input_ids, attention_mask, block_end):
+        length = input_ids.shape[1]
+        end = length if block_end is None else int(block_end)
+        position_ids = self._padding_position_ids(attention_mask)[:, :end]
+        logits = model(input_ids[:, :end], attention_mask=attention_mask[:, :end], position_ids=position_ids).logits
+        if end < length:
+            logits = torch.cat([logits, logits.new_zeros(logits.shape[0], length - end, logits.shape[2])], dim=1)
+        return logits
+
+
+@public
+class HFLogitsAdapter(DiffusionLMAdapter):
+    """Any Hugging Face model returning `.logits`; `shift_logits` says whether they are shifted by one.
+
+    Padded batches pass the 2-D attention mask and position ids that count real tokens, so a left-padded prompt
+    sees the same positions as on its own.
+    """
+
+    name = "hf"
+
+    def forward_logits(self, model, input_ids, attention_mask, block_end):
+        if not bool((attention_mask == 0).any()):
+            return model(input_ids).logits
+        return model(
+            input_ids, attention_mask=attention_mask, position_ids=self._padding_position_ids(attention_mask)
+        ).logits
+
+
+ADAPTERS = {cls.name: cls for cls in (LLaDAAdapter, DreamAdapter, LLaDA2Adapter)}
+
+
+@public
+def get_diffusion_lm_adapter(model, adapter: "str | DiffusionLMAdapter | None" = None) -> DiffusionLMAdapter:
+    """Choose the adapter of `model`: an adapter instance is used as is, a name (`"llada"`, `"dream"`,
+    `"llada2"`, `"hf"`) builds that adapter, and `None` reads the model config.
+
+    From the config: `model_type` `"llada"` gives [`LLaDAAdapter`], `"dream"` [`DreamAdapter`], a name starting with
+    `"llada2"` [`LLaDA2Adapter`]; anything else gets [`HFLogitsAdapter`] with the config's `shift_logits`
+    (default `False`).
+    """
+    if isinstance(adapter, DiffusionLMAdapter):
+        return adapter
+    config = getattr(model, "config", None)
+    if adapter is not None:
+        if adapter == "hf":
+            return HFLogitsAdapter(shift_logits=bool(getattr(config, "shift_logits", False)))
+        if adapter not in ADAPTERS:
+            raise ValueError(
+                f"`adapter` must be a DiffusionLMAdapter or one of {sorted([*ADAPTERS, 'hf'])}, got {adapter!r}."
+            )
+        return ADAPTERS[adapter]()
+    model_type = str(getattr(config, "model_type", "")).lower()
+    if model_type.startswith("llada2"):
+        return LLaDA2Adapter()
+    if model_type in ADAPTERS:
+        return ADAPTERS[model_type]()
+    return HFLogitsAdapter(shift_logits=bool(getattr(config, "shift_logits", False)))

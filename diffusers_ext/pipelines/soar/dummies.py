@@ -1,0 +1,69 @@
+"""Dummy setup of [`DiffusionLMPipeline`] for tests and the conformance suite (see `diffusers_ext.testing`).
+
+The tiny LLaDA-like bidirectional Llama with its byte-level tokenizer, a SOAR scheduler (beam 2, a threshold low
+enough for a random model to cross sometimes, so both branches run), and calls generating 8 tokens in two blocks of
+4 at temperature 1 from a two-byte prompt (all dummy prompts have the same length, so a batch needs no padding).
+"""
+
+import torch
+
+from ...schedulers.scheduling_soar import SOARScheduler
+from ...testing import BadInput, get_tiny_llada_like_lm, register_dummy_pipeline
+from .pipeline_diffusion_lm import DiffusionLMPipeline
+
+
+def get_components(seed: int = 0) -> dict:
+    """`model` and `tokenizer` from `get_tiny_llada_like_lm(seed)`, and a SOAR `scheduler` (block length 4)."""
+    model, tokenizer = get_tiny_llada_like_lm(seed=seed)
+    scheduler = SOARScheduler(block_length=4, confidence_threshold=0.01, max_beam_size=2, max_parallel_tokens=2)
+    return {"model": model, "scheduler": scheduler, "tokenizer": tokenizer}
+
+
+def get_inputs(seed: int = 0) -> dict:
+    """One two-byte prompt, 8 tokens in blocks of 4 within 8 steps, temperature 1, seeded generator, `"seq"`."""
+    return {
+        "prompt": [f"q{seed % 10}"],
+        "gen_length": 8,
+        "block_length": 4,
+        "num_inference_steps": 8,
+        "temperature": 1.0,
+        "eos_early_stop": False,
+        "generator": torch.Generator("cpu").manual_seed(seed),
+        "output_type": "seq",
+    }
+
+
+BAD_INPUTS = [
+    BadInput({"mask_token_id": 10_000}, "mask_token_id"),
+    BadInput({"gen_length": 6}, "block_length"),
+    BadInput({"gen_length": 0}, "gen_length"),
+    BadInput({"num_inference_steps": 3}, "num_inference_steps"),
+    BadInput({"num_inference_steps": 1}, "num_inference_steps"),
+    BadInput({"prompt": [""]}, "prompt"),
+    BadInput({"prompt": []}, "prompt"),
+    BadInput({"prompt": None, "input_ids": torch.zeros(1, 0, dtype=torch.long)}, "empty prompt"),
+    BadInput({"generator": [torch.Generator("cpu"), torch.Generator("cpu")]}, "generator"),
+    BadInput(
+        {"prompt": None, "input_ids": torch.ones(1, 3, dtype=torch.long), "attention_mask": torch.ones(1, 4)},
+        "attention_mask",
+    ),
+    BadInput(
+        {"prompt": None, "input_ids": torch.ones(1, 3, dtype=torch.long), "attention_mask": torch.tensor([[1, 0, 1]])},
+        "attention_mask",
+    ),
+    BadInput({"prompt": None}, "prompt"),
+    BadInput({"input_ids": torch.ones(1, 3, dtype=torch.long)}, "input_ids"),
+    BadInput({"temperature": -1.0}, "temperature"),
+    BadInput({"output_type": "np"}, "output_type"),
+    BadInput({"callback_on_step_end_tensor_inputs": ["model"]}, "callback_on_step_end_tensor_inputs"),
+]
+
+register_dummy_pipeline(
+    DiffusionLMPipeline,
+    get_components,
+    get_inputs,
+    batch_params=("prompt",),
+    output_types=("seq", "text"),
+    bad_inputs=BAD_INPUTS,
+    callback_edit_tensor="sequences",
+)

@@ -1,0 +1,420 @@
+"""SOAR (Search Or AcceleRate): confidence-switched position beam search for masked diffusion language models.
+
+One scheduler covers the standard decoders of masked diffusion LMs and SOAR itself, by configuration:
+
+| decoder | `max_beam_size` | `confidence_threshold` | `transfer_schedule` |
+|---|---|---|---|
+| LLaDA low-confidence remasking (fixed per-step quota) | 1 | `None` | `"uniform"` |
+| Dream `maskgit_plus` / `topk_margin` / `entropy` | 1 | `None` | `"linear"` |
+| Fast-dLLM confidence-threshold parallel decoding | 1 | tau | `"uniform"` |
+| position beam search (PBS) | `> 1` | `None` | `"uniform"` |
+| SOAR | `> 1` | tau | `"uniform"` |
+
+Paper: "Search or Accelerate: Confidence-Switched Position Beam Search for Diffusion Language Models"
+(arXiv:2602.10953).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from diffusers import ConfigMixin, SchedulerMixin
+from diffusers.configuration_utils import register_to_config
+from diffusers.utils import BaseOutput
+
+from ..utils import public
+
+
+CONFIDENCE_MEASURES = ("prob", "margin", "neg_entropy")
+SCORE_RULES = ("sum", "mean", "logprob")
+TRANSFER_SCHEDULES = ("uniform", "linear")
+
+# The largest value each confidence measure can take: a threshold above it can never be reached.
+_MEASURE_MAX = {"prob": 1.0, "margin": 1.0, "neg_entropy": 0.0}
+_ENTROPY_EPS = 1e-10
+
+
+@public
+@dataclass
+class SOARSchedulerOutput(BaseOutput):
+    """Output of [`SOARScheduler.step`].
+
+    `N` is the number of rows (beams of all prompts) given to `step`, `N'` the number of rows it keeps, `L` the
+    sequence length.
+
+    Args:
+        prev_sample (`torch.LongTensor` of shape `(N', L)`): the kept sequences after this step's commits.
+        transfer_index (`torch.BoolTensor` of shape `(N', L)`): the positions each kept row committed in this step.
+        sampled_tokens (`torch.LongTensor` of shape `(N', L)`): the token proposed at every position of the kept
+            row's parent (argmax, or a Gumbel-max sample when `temperature > 0`).
+        sampled_probs (`torch.Tensor` of shape `(N', L)`): the model probability of each proposed token.
+        confidence (`torch.Tensor` of shape `(N', L)`): the configured confidence measure at every position.
+        beam_scores (`torch.DoubleTensor` of shape `(N',)`): running score sums (see `score` in the config).
+        beam_lengths (`torch.LongTensor` of shape `(N',)`): tokens committed so far by each kept row.
+        beam_groups (`torch.LongTensor` of shape `(N',)`): the prompt (group) each kept row belongs to; rows of a
+            group are contiguous and groups stay in their input order.
+        parent_index (`torch.LongTensor` of shape `(N',)`): the input row each kept row was expanded from.
+        accelerated (`torch.BoolTensor` of shape `(N',)`): whether the kept row took the accelerate branch.
+    """
+
+    prev_sample: torch.LongTensor
+    transfer_index: torch.BoolTensor
+    sampled_tokens: torch.LongTensor
+    sampled_probs: torch.Tensor
+    confidence: torch.Tensor
+    beam_scores: torch.DoubleTensor
+    beam_lengths: torch.LongTensor
+    beam_groups: torch.LongTensor
+    parent_index: torch.LongTensor
+    accelerated: torch.BoolTensor
+
+
+@public
+class SOARScheduler(SchedulerMixin, ConfigMixin):
+    """Confidence-switched position beam search ("Search Or AcceleRate") for masked diffusion language models.
+
+    At every step, for every row (a beam of a prompt) the scheduler proposes a token at each masked position, scores
+    each position with a confidence measure, and either
+
+    - **accelerates**: when at least `max(quota, min_parallel_tokens)` eligible positions reach
+      `confidence_threshold`, it commits the most confident of them (at most `max_parallel_tokens`, at least the
+      quota) in one child; or
+    - **searches**: otherwise it expands the row into up to `max_beam_size` children. Child `c` commits the
+      `quota - 1` most confident positions plus the position ranked `quota - 1 + c` (so with a quota of one, child
+      `c` commits the `c`-th most confident position).
+
+    The children of all beams of a prompt are ranked by score (ties keep the earlier row and child), identical
+    sequences are dropped, and the best `max_beam_size` are kept; when any beam of the prompt accelerated, only the
+    best child is kept (the beam collapses). With `max_beam_size=1` this is plain low-confidence remasking with a
+    per-step quota, and with a threshold it is Fast-dLLM's rule: commit the top position and every other one at or
+    above the threshold.
+
+    The quota is the number of tokens a step must commit, from `transfer_schedule`:
+
+    - `"uniform"` (LLaDA): with `m` eligible masked positions and `r` steps left in the block, `ceil(m / r)`. For a
+      row that committed exactly its quota at every step this equals LLaDA's precomputed split (`n // steps` per
+      step and one more in the first `n % steps` steps).
+    - `"linear"` (Dream): `int(m * (1 - s / t))` for the step from time `t` to `s` on `linspace(1, final_eps,
+      steps + 1)`, and all remaining masks at the last step.
+
+    Position ties (equal confidence) are broken towards the lower position. The scheduler is stateless across
+    `step` calls: beams, scores and groups travel in the arguments and the output.
+
+    Args:
+        block_length (`int`, defaults to 32): the semi-autoregressive block length a pipeline uses by default.
+        confidence_threshold (`float`, *optional*): the accelerate threshold, in the units of
+            `confidence_measure`: a probability in `[0, 1]` for `"prob"`, a top-2 probability margin in `[0, 1]`
+            for `"margin"`, a negative entropy `sum(p log p) <= 0` for `"neg_entropy"`. `None` disables the
+            accelerate branch. A threshold the measure can never reach is a `ValueError`.
+        max_beam_size (`int`, defaults to 1): beams kept per prompt; 1 disables search.
+        min_parallel_tokens (`int`, defaults to 1): the fewest confident positions that trigger acceleration.
+        max_parallel_tokens (`int`, *optional*): the most tokens one accelerate step commits (`None`: no limit).
+        score (`str`, defaults to `"sum"`): how beams are ranked: `"sum"` of committed confidences, their `"mean"`,
+            or `"logprob"`, the sum of the log-probabilities of the committed tokens.
+        confidence_measure (`str`, defaults to `"prob"`): `"prob"` (probability of the proposed token; LLaDA's
+            low-confidence remasking and Dream's `maskgit_plus`), `"margin"` (top-1 minus top-2 probability; Dream's
+            `topk_margin`) or `"neg_entropy"` (Dream's `entropy`).
+        transfer_schedule (`str`, defaults to `"uniform"`): the per-step quota rule, `"uniform"` or `"linear"`.
+        final_eps (`float`, defaults to 1e-3): the last time of the `"linear"` schedule.
+    """
+
+    order = 1
+
+    @register_to_config
+    def __init__(
+        self,
+        block_length: int = 32,
+        confidence_threshold: float | None = None,
+        max_beam_size: int = 1,
+        min_parallel_tokens: int = 1,
+        max_parallel_tokens: int | None = None,
+        score: str = "sum",
+        confidence_measure: str = "prob",
+        transfer_schedule: str = "uniform",
+        final_eps: float = 1e-3,
+    ):
+        if not isinstance(block_length, int) or block_length < 1:
+            raise ValueError(f"`block_length` must be a positive integer, got {block_length!r}.")
+        if confidence_measure not in CONFIDENCE_MEASURES:
+            raise ValueError(f"`confidence_measure` must be one of {CONFIDENCE_MEASURES}, got {confidence_measure!r}.")
+        if score not in SCORE_RULES:
+            raise ValueError(f"`score` must be one of {SCORE_RULES}, got {score!r}.")
+        if transfer_schedule not in TRANSFER_SCHEDULES:
+            raise ValueError(f"`transfer_schedule` must be one of {TRANSFER_SCHEDULES}, got {transfer_schedule!r}.")
+        if confidence_threshold is not None:
+            if not isinstance(confidence_threshold, (int, float)) or math.isnan(confidence_threshold):
+                raise ValueError(f"`confidence_threshold` must be a number or None, got {confidence_threshold!r}.")
+            highest = _MEASURE_MAX[confidence_measure]
+            if confidence_threshold > highest:
+                raise ValueError(
+                    f"`confidence_threshold`={confidence_threshold} can never be reached by "
+                    f"`confidence_measure`={confidence_measure!r}, whose values are at most {highest} "
+                    + (
+                        "(it is the negative entropy sum(p log p); try e.g. -0.3)."
+                        if confidence_measure == "neg_entropy"
+                        else "(a probability)."
+                    )
+                )
+        if not isinstance(max_beam_size, int) or max_beam_size < 1:
+            raise ValueError(f"`max_beam_size` must be a positive integer, got {max_beam_size!r}.")
+        if not isinstance(min_parallel_tokens, int) or min_parallel_tokens < 1:
+            raise ValueError(f"`min_parallel_tokens` must be a positive integer, got {min_parallel_tokens!r}.")
+        if max_parallel_tokens is not None and (
+            not isinstance(max_parallel_tokens, int) or max_parallel_tokens < min_parallel_tokens
+        ):
+            raise ValueError(
+                f"`max_parallel_tokens` must be None or an integer >= `min_parallel_tokens`={min_parallel_tokens}, "
+                f"got {max_parallel_tokens!r}."
+            )
+        if not 0.0 < final_eps < 1.0:
+            raise ValueError(f"`final_eps` must lie in (0, 1), got {final_eps!r}.")
+        self.set_timesteps(1)
+
+    # ---------------------------------------------------------------------------------------------------------------
+    # timesteps and quotas
+    # ---------------------------------------------------------------------------------------------------------------
+
+    def set_timesteps(self, num_inference_steps: int, device: str | torch.device | None = None) -> None:
+        """Set the steps of one block: `timesteps` are the times `linspace(1, final_eps, n + 1)[:-1]`.
+
+        Args:
+            num_inference_steps (`int`): denoising steps per block.
+            device (`str` or `torch.device`, *optional*): where `timesteps` live.
+        """
+        if (
+            not isinstance(num_inference_steps, int)
+            or isinstance(num_inference_steps, bool)
+            or num_inference_steps < 1
+        ):
+            raise ValueError(f"`num_inference_steps` must be a positive integer, got {num_inference_steps!r}.")
+        self.num_inference_steps = num_inference_steps
+        self._times = torch.linspace(1, self.config.final_eps, num_inference_steps + 1)
+        self.timesteps = self._times[:-1].to(device)
+
+    def _step_indices(self, timestep) -> torch.LongTensor:
+        """Index in `timesteps` of a timestep, or of each element of a 1-D tensor of timesteps."""
+        values = torch.as_tensor(timestep, dtype=self._times.dtype).reshape(-1).cpu()
+        matches = values.unsqueeze(1) == self._times[:-1].unsqueeze(0)
+        unknown = ~matches.any(1)
+        if bool(unknown.any()):
+            raise ValueError(
+                f"`timestep` {values[unknown].tolist()} is not among the scheduler's timesteps "
+                f"{self.timesteps.tolist()}; call `set_timesteps` first and pass its values."
+            )
+        return matches.to(torch.int8).argmax(1)
+
+    def num_transfer_tokens(self, num_masked: torch.LongTensor, timestep) -> torch.LongTensor:
+        """The per-row quota for rows with `num_masked` eligible masked positions.
+
+        Args:
+            num_masked (`torch.LongTensor` of shape `(N,)`): eligible masked positions per row.
+            timestep (`float` or `torch.Tensor`): one element of `timesteps`, or one per row (shape `(N,)`).
+        """
+        index = self._step_indices(timestep).to(num_masked.device)
+        n = self.num_inference_steps
+        last = index == n - 1
+        if self.config.transfer_schedule == "uniform":
+            remaining = n - index
+            quota = torch.div(num_masked + remaining - 1, remaining, rounding_mode="floor")
+        else:
+            times = self._times.to(num_masked.device)
+            t, s = times[index], times[(index + 1).clamp(max=n)]
+            quota = (num_masked.to(torch.float32) * (1 - s / t)).to(torch.long)
+        return torch.where(last, num_masked, quota)
+
+    # ---------------------------------------------------------------------------------------------------------------
+    # step
+    # ---------------------------------------------------------------------------------------------------------------
+
+    def _propose(self, logits: torch.Tensor, temperature: float, generator, groups: torch.Tensor):
+        """Proposed tokens, their probabilities and the configured confidence at every position."""
+        probs = torch.softmax(logits.float(), dim=-1)
+        if temperature > 0:
+            # Gumbel-max in float64 (LLaDA's `add_gumbel_noise`): argmax of exp(logits) / (-log U) ** temperature.
+            if isinstance(generator, (list, tuple)):
+                # one generator per group: each row draws from its group's generator, rows in order
+                noise = torch.stack(
+                    [
+                        torch.rand(logits.shape[1:], generator=generator[g], dtype=torch.float64, device=logits.device)
+                        for g in groups.tolist()
+                    ]
+                )
+            else:
+                noise = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=logits.device)
+            tokens = torch.argmax(logits.to(torch.float64).exp() / (-torch.log(noise)) ** temperature, dim=-1)
+        else:
+            tokens = torch.argmax(logits, dim=-1)
+        token_probs = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        measure = self.config.confidence_measure
+        if measure == "prob":
+            confidence = token_probs
+        elif measure == "margin":
+            top2 = torch.topk(probs, 2, dim=-1).values
+            confidence = top2[..., 0] - top2[..., 1]
+        else:
+            confidence = (probs * torch.log(probs + _ENTROPY_EPS)).sum(-1)
+        return tokens, token_probs, confidence
+
+    def step(
+        self,
+        model_output: torch.Tensor,
+        timestep: float | torch.Tensor,
+        sample: torch.LongTensor,
+        *,
+        mask_token_id: int = None,
+        transfer_mask: torch.BoolTensor | None = None,
+        beam_scores: torch.Tensor | None = None,
+        beam_lengths: torch.LongTensor | None = None,
+        beam_groups: torch.LongTensor | None = None,
+        temperature: float = 0.0,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        return_dict: bool = True,
+    ) -> SOARSchedulerOutput | tuple:
+        """Commit tokens in every row and select the beams to keep.
+
+        Args:
+            model_output (`torch.Tensor` of shape `(N, L, V)`): logits aligned with `sample` (`model_output[:, i]`
+                predicts `sample[:, i]`; shift-by-one models are realigned by the pipeline's adapter).
+            timestep (`float` or `torch.Tensor`): an element of `timesteps`, or one per row (shape `(N,)`; rows of
+                a batch can be at different steps of their blocks).
+            sample (`torch.LongTensor` of shape `(N, L)`): current sequences, with `mask_token_id` where undecided.
+            mask_token_id (`int`): the mask token.
+            transfer_mask (`torch.BoolTensor` of shape `(N, L)`, *optional*): positions that may be committed in
+                this step (the current block); masked positions outside it are left alone. Defaults to all.
+            beam_scores (`torch.Tensor` of shape `(N,)`, *optional*): running score sums (zeros by default).
+            beam_lengths (`torch.LongTensor` of shape `(N,)`, *optional*): tokens committed so far (zeros).
+            beam_groups (`torch.LongTensor` of shape `(N,)`, *optional*): the prompt of each row, rows of a prompt
+                contiguous (by default every row is its own prompt).
+            temperature (`float`, defaults to 0): 0 proposes the argmax; above 0, a Gumbel-max sample.
+            generator (`torch.Generator` or a list of them, *optional*): the noise source when `temperature > 0`;
+                a list holds one generator per group (indexed by `beam_groups`).
+            return_dict (`bool`, defaults to `True`): return a [`SOARSchedulerOutput`] or a plain tuple.
+        """
+        if mask_token_id is None:
+            raise ValueError("`mask_token_id` must be given to `SOARScheduler.step`.")
+        if model_output.ndim != 3 or sample.ndim != 2 or model_output.shape[:2] != sample.shape:
+            raise ValueError(
+                f"`model_output` must have shape (N, L, V) and `sample` (N, L); got {tuple(model_output.shape)} and "
+                f"{tuple(sample.shape)}."
+            )
+        if temperature < 0:
+            raise ValueError(f"`temperature` must be >= 0, got {temperature!r}.")
+        num_rows, length = sample.shape
+        device = sample.device
+        config = self.config
+
+        if beam_scores is None:
+            beam_scores = torch.zeros(num_rows, dtype=torch.float64, device=device)
+        if beam_lengths is None:
+            beam_lengths = torch.zeros(num_rows, dtype=torch.long, device=device)
+        if beam_groups is None:
+            beam_groups = torch.arange(num_rows, device=device)
+        for name, value in (
+            ("beam_scores", beam_scores),
+            ("beam_lengths", beam_lengths),
+            ("beam_groups", beam_groups),
+        ):
+            if value.shape != (num_rows,):
+                raise ValueError(
+                    f"`{name}` must have shape ({num_rows},), one entry per row; got {tuple(value.shape)}."
+                )
+        if bool((beam_groups[1:] < beam_groups[:-1]).any()):
+            raise ValueError("`beam_groups` must keep the rows of a group contiguous and groups in order.")
+        eligible = sample == mask_token_id
+        if transfer_mask is not None:
+            if transfer_mask.shape != sample.shape:
+                raise ValueError(
+                    f"`transfer_mask` must have the shape of `sample` {tuple(sample.shape)}, got "
+                    f"{tuple(transfer_mask.shape)}."
+                )
+            eligible = eligible & transfer_mask
+
+        tokens, token_probs, confidence = self._propose(model_output, temperature, generator, beam_groups)
+        num_masked = eligible.sum(-1)
+        quota = self.num_transfer_tokens(num_masked, timestep).clamp(max=num_masked)
+
+        # rank[r, p]: place of position p in row r when sorted by confidence (descending, lower position first).
+        ranked_conf = confidence.masked_fill(~eligible, float("-inf"))
+        order = torch.sort(ranked_conf, dim=-1, descending=True, stable=True).indices
+        rank = torch.empty_like(order)
+        rank.scatter_(-1, order, torch.arange(length, device=device).expand(num_rows, -1))
+
+        if config.confidence_threshold is not None:
+            num_confident = (eligible & (confidence >= config.confidence_threshold)).sum(-1)
+            accelerate = (num_confident >= quota.clamp(min=config.min_parallel_tokens)) & (num_confident > 0)
+            cap = quota.clamp(min=config.max_parallel_tokens) if config.max_parallel_tokens is not None else num_masked
+            num_accelerated = torch.minimum(num_confident, cap)
+        else:
+            accelerate = torch.zeros(num_rows, dtype=torch.bool, device=device)
+            num_accelerated = torch.zeros_like(quota)
+
+        # children: (row, c) for c < num_children[row]; row-major order
+        width = config.max_beam_size
+        search_children = (num_masked - quota + 1).clamp(min=1, max=width)
+        num_children = torch.where(accelerate | (quota == 0), torch.ones_like(quota), search_children)
+        child = torch.arange(width, device=device)
+        valid = child.unsqueeze(0) < num_children.unsqueeze(1)  # (N, W)
+        rows, children = valid.nonzero(as_tuple=True)
+        child_rank = rank[rows]
+        search_commit = (child_rank < (quota[rows] - 1).unsqueeze(1)) | (
+            child_rank == (quota[rows] - 1 + children).unsqueeze(1)
+        )
+        accel_commit = child_rank < num_accelerated[rows].unsqueeze(1)
+        commit = torch.where(accelerate[rows].unsqueeze(1), accel_commit, search_commit)
+        commit = commit & eligible[rows] & (quota[rows] > 0).unsqueeze(1)
+        new_samples = torch.where(commit, tokens[rows], sample[rows])
+
+        if config.score == "logprob":
+            gains = torch.log(token_probs[rows].to(torch.float64).clamp_min(torch.finfo(torch.float64).tiny))
+        else:
+            gains = confidence[rows].to(torch.float64)
+        new_scores = beam_scores[rows].to(torch.float64) + (gains * commit).sum(-1)
+        new_lengths = beam_lengths[rows] + commit.sum(-1)
+        groups = beam_groups[rows]
+
+        if width > 1:
+            keep = self._select_beams(new_samples, new_scores, new_lengths, groups, accelerate[rows])
+            rows, new_samples, new_scores, new_lengths, groups, commit = (
+                rows[keep],
+                new_samples[keep],
+                new_scores[keep],
+                new_lengths[keep],
+                groups[keep],
+                commit[keep],
+            )
+        output = SOARSchedulerOutput(
+            prev_sample=new_samples,
+            transfer_index=commit,
+            sampled_tokens=tokens[rows],
+            sampled_probs=token_probs[rows],
+            confidence=confidence[rows],
+            beam_scores=new_scores,
+            beam_lengths=new_lengths,
+            beam_groups=groups,
+            parent_index=rows,
+            accelerated=accelerate[rows],
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _ranking_key(self, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        if self.config.score == "mean":
+            return scores / lengths.clamp(min=1)
+        return scores
+
+    def _select_beams(self, samples, scores, lengths, groups, accelerated) -> torch.LongTensor:
+        """Indices of the candidates kept: per group, best first, duplicates dropped, `max_beam_size` at most."""
+        key = self._ranking_key(scores, lengths)
+        kept = []
+        for group in torch.unique_consecutive(groups).tolist():
+            members = (groups == group).nonzero(as_tuple=True)[0]
+            ranked = members[torch.sort(key[members], descending=True, stable=True).indices]
+            limit = 1 if bool(accelerated[members].any()) else self.config.max_beam_size
+            chosen: list[int] = []
+            for index in ranked.tolist():
+                if any(torch.equal(samples[index], samples[other]) for other in chosen):
+                    continue
+                chosen.append(index)
+                if len(chosen) == limit:
+                    break
+            kept.extend(chosen)
+        return torch.tensor(kept, dtype=torch.long, device=samples.device)

@@ -1,0 +1,363 @@
+"""DivideAndDenoisePipeline: the conformance suite, then behaviour specific to dividing a sample among models."""
+
+import numpy as np
+import pytest
+import torch
+from diffusers import (
+    AutoencoderKL,
+    DDIMScheduler,
+    DDPMScheduler,
+    DPMSolverMultistepScheduler,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    PNDMScheduler,
+    StableDiffusionPipeline,
+)
+
+from diffusers_ext import (
+    ClassConditionalDDPMPipeline,
+    DivideAndDenoisePipeline,
+    FairDivisionAllocator,
+    MultiDenoiserModel,
+    load_pipeline,
+)
+from diffusers_ext.pipelines.divide_and_denoise import dummies
+from diffusers_ext.pipelines.divide_and_denoise.composition_eval import (
+    conflict_experts,
+    discs_success,
+    dominant_experts,
+)
+from diffusers_ext.pipelines.divide_and_denoise.utilities import ConceptAttentionStore, record_cross_attention
+from diffusers_ext.testing import (
+    PipelineConformanceTests,
+    count_module_forwards,
+    get_dummy_components,
+    get_dummy_inputs,
+    get_tiny_pixel_unet,
+    get_tiny_sd_components,
+)
+
+
+class TestDivideAndDenoisePipeline(PipelineConformanceTests):
+    pipeline_class = DivideAndDenoisePipeline
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _pixel_pipeline(**overrides) -> DivideAndDenoisePipeline:
+    components = get_dummy_components(DivideAndDenoisePipeline, seed=0)
+    components.update(overrides)
+    pipe = DivideAndDenoisePipeline(**components)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _disc_pipeline(num_templates: int = 60) -> DivideAndDenoisePipeline:
+    scheduler = DDIMScheduler(num_train_timesteps=1000, beta_schedule="linear", clip_sample=False)
+    pipe = DivideAndDenoisePipeline(MultiDenoiserModel(conflict_experts(num_templates=num_templates)), scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _sd_pipelines(unet_seeds=(0, 1)) -> list[StableDiffusionPipeline]:
+    """Tiny SD pipelines sharing one VAE, text encoder and tokenizer, with differently seeded UNets."""
+    shared = get_tiny_sd_components(seed=0)
+    pipes = []
+    for seed in unet_seeds:
+        components = dict(shared, unet=get_tiny_sd_components(seed=seed)["unet"])
+        pipes.append(StableDiffusionPipeline(**components))
+    return pipes
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# composition on pixel models
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_allocations_are_divisions_per_step_and_shown_to_callbacks():
+    pipe = _pixel_pipeline()
+    seen = []
+
+    def callback(pipe_, step, timestep, kwargs):
+        seen.append(kwargs["allocation"].clone())
+        return {}
+
+    out = pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0), callback_on_step_end=callback,
+               callback_on_step_end_tensor_inputs=["allocation", "noise_pred"])  # fmt: skip
+    assert out.allocations.shape == (2, 1, 2, dummies.SAMPLE_SIZE, dummies.CANVAS_WIDTH)
+    torch.testing.assert_close(out.allocations.sum(dim=2), torch.ones(2, 1, 8, 12))
+    assert (out.allocations >= 0).all()
+    torch.testing.assert_close(torch.stack(seen), out.allocations)
+
+
+def test_baselines_use_fixed_weights():
+    pipe = _pixel_pipeline()
+    inputs = get_dummy_inputs(DivideAndDenoisePipeline, seed=0)
+    average = pipe(**inputs, composition="average").allocations
+    torch.testing.assert_close(average, torch.full_like(average, 0.5))
+    strips = pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0), composition="multidiffusion").allocations
+    assert (strips[:, :, 0, :, :6] == 1).all() and (strips[:, :, 0, :, 6:] == 0).all()
+    regions = torch.zeros(2, 8, 12)
+    regions[0, :4], regions[1, 4:] = 1.0, 1.0
+    custom = pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0), composition="multidiffusion",
+                  regions=regions).allocations  # fmt: skip
+    torch.testing.assert_close(custom[0, 0], regions)
+
+
+def test_identical_agents_reproduce_the_single_model_pipeline():
+    """Two agents asking for the same class: any division composes the same prediction, so without the alignment
+    step the result is the base pipeline's, step for step (this checks the composite and the scheduler loop)."""
+    components = dummies.get_components(seed=0)
+    unet = components["denoisers"][0]
+    base = ClassConditionalDDPMPipeline(unet=unet, scheduler=DDIMScheduler(num_train_timesteps=100),
+                                        null_class_label=dummies.NULL_CLASS_LABEL)  # fmt: skip
+    base.set_progress_bar_config(disable=True)
+    latents = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    expected = base(class_labels=[2], num_inference_steps=4, guidance_scale=2.0, latents=latents, output_type="np")
+    pipe = _pixel_pipeline()
+    got = pipe(class_labels=[2, 2], num_inference_steps=4, guidance_scale=2.0, latents=latents, output_type="np",
+               alignment_scale=0.0)  # fmt: skip
+    np.testing.assert_allclose(got.images, expected.images, atol=1e-5)
+
+
+def test_per_model_guidance_scales_are_used():
+    pipe = _pixel_pipeline()
+    inputs = get_dummy_inputs(DivideAndDenoisePipeline, seed=0)
+    same = pipe(**{**inputs, "guidance_scale": [2.0, 2.0]}).images
+    np.testing.assert_array_equal(same, pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0)).images)
+    different = pipe(**{**get_dummy_inputs(DivideAndDenoisePipeline, seed=0), "guidance_scale": [2.0, 5.0]}).images
+    assert np.abs(different - same).max() > 1e-4
+
+
+def test_fair_division_composes_conflicting_experts_where_baselines_fail():
+    pipe = _disc_pipeline()
+    scores, allocations = {}, None
+    for composition in ("divide_and_denoise", "average", "multidiffusion"):
+        out = pipe(num_inference_steps=20, num_images_per_prompt=6, generator=torch.Generator().manual_seed(0),
+                   output_type="pt", composition=composition)  # fmt: skip
+        scores[composition] = discs_success(out.images).mean()
+        if composition == "divide_and_denoise":
+            allocations = out.allocations
+    assert scores["divide_and_denoise"] >= 5 / 6, scores
+    assert scores["average"] <= 0.5 and scores["multidiffusion"] <= 0.5, scores
+    # the red expert (agent 0) paints on the right, where its templates are: it holds the right half at the end
+    final = allocations[-1, :, 0]
+    assert (final[..., 8:].mean() > 0.7) and (final[..., :8].mean() < 0.3)
+
+
+def test_alignment_changes_the_sample_only_in_its_first_steps():
+    pipe = _pixel_pipeline()
+    base = dict(get_dummy_inputs(DivideAndDenoisePipeline, seed=0), num_inference_steps=3, output_type="latent")
+    off = pipe(**{**base, "generator": torch.Generator().manual_seed(0)}, alignment_scale=0.0).images
+    on = pipe(**{**base, "generator": torch.Generator().manual_seed(0)}, alignment_scale=0.5).images
+    zero_steps = pipe(**{**base, "generator": torch.Generator().manual_seed(0)}, alignment_scale=0.5,
+                      max_iter_to_align=0).images  # fmt: skip
+    assert (on - off).abs().max() > 1e-4
+    torch.testing.assert_close(zero_steps, off)
+
+
+@pytest.mark.parametrize("solver", ["sinkhorn", "argmax", "lp"])
+def test_any_allocator_can_drive_the_pipeline(solver):
+    pipe = _pixel_pipeline()
+    out = pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0), allocator=FairDivisionAllocator(solver))
+    torch.testing.assert_close(out.allocations.sum(dim=2), torch.ones(2, 1, 8, 12))
+
+
+def test_guidance_delta_utility_runs_the_unconditional_branch_even_without_guidance():
+    pipe = _pixel_pipeline()
+    inputs = dict(get_dummy_inputs(DivideAndDenoisePipeline, seed=0), guidance_scale=1.0)
+    with count_module_forwards(pipe) as counts:
+        pipe(**inputs, utility="guidance_delta")
+    assert counts["denoisers"] == 2  # one batched forward (both agents, both branches) per step
+    unet_batches = []
+    handle = pipe.denoisers[0].register_forward_pre_hook(lambda m, args: unet_batches.append(args[0].shape[0]))
+    try:
+        pipe(**dict(get_dummy_inputs(DivideAndDenoisePipeline, seed=0), guidance_scale=1.0), utility="guidance_delta")
+        pipe(**dict(get_dummy_inputs(DivideAndDenoisePipeline, seed=0), guidance_scale=1.0))
+    finally:
+        handle.remove()
+    assert unet_batches == [4, 4, 2, 2]
+
+
+def test_timings_are_recorded():
+    pipe = _pixel_pipeline()
+    pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0))
+    assert set(pipe.last_call_timings) == {"model_forwards", "utility", "allocation", "alignment"}
+    assert pipe.last_call_timings["model_forwards"] > 0 and pipe.last_call_timings["allocation"] > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# construction and errors
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_from_pipelines_keeps_a_shared_unet_once_and_the_null_class():
+    unet = get_tiny_pixel_unet(seed=0, sample_size=8, in_channels=1, num_class_embeds=4)
+    digits = ClassConditionalDDPMPipeline(unet=unet, scheduler=DDIMScheduler(num_train_timesteps=100),
+                                          null_class_label=3)  # fmt: skip
+    pipe = DivideAndDenoisePipeline.from_pipelines([digits, digits])
+    assert len(pipe.denoisers) == 1 and pipe.config.null_class_label == 3
+    assert pipe.scheduler is not digits.scheduler and pipe.scheduler.config == digits.scheduler.config
+
+
+def test_mismatched_schedules_and_latent_spaces_are_rejected():
+    make = lambda **unet_kwargs: ClassConditionalDDPMPipeline(  # noqa: E731
+        unet=get_tiny_pixel_unet(**{"seed": 0, "sample_size": 8, "in_channels": 1, "num_class_embeds": 4,
+                                    **unet_kwargs}),
+        scheduler=DDIMScheduler(num_train_timesteps=100),
+        null_class_label=3,
+    )  # fmt: skip
+    other_schedule = make()
+    other_schedule.scheduler = DDIMScheduler(num_train_timesteps=100, beta_schedule="squaredcos_cap_v2")
+    with pytest.raises(ValueError, match="beta_schedule"):
+        DivideAndDenoisePipeline.from_pipelines([make(), other_schedule])
+    with pytest.raises(ValueError, match=r"latents \(channels, size\)"):
+        DivideAndDenoisePipeline.from_pipelines([make(), make(sample_size=16)])
+    with pytest.raises(ValueError, match="latent channels"):
+        DivideAndDenoisePipeline(MultiDenoiserModel([make().unet, make(in_channels=3).unet]),
+                                 DDIMScheduler(num_train_timesteps=100))  # fmt: skip
+    with pytest.raises(ValueError, match="mix conditioning kinds"):
+        DivideAndDenoisePipeline(MultiDenoiserModel([make().unet, make(num_class_embeds=None).unet]),
+                                 DDIMScheduler(num_train_timesteps=100))  # fmt: skip
+    with pytest.raises(ValueError, match="alphas_cumprod"):
+        DivideAndDenoisePipeline(MultiDenoiserModel([make().unet]), FlowMatchEulerDiscreteScheduler())
+    sd = _sd_pipelines()
+    sd[1].vae = AutoencoderKL(**{**dict(sd[0].vae.config), "latent_channels": 4, "norm_num_groups": 4,
+                                 "block_out_channels": (4, 8)})  # fmt: skip
+    with pytest.raises(ValueError, match="autoencoder"):
+        DivideAndDenoisePipeline.from_pipelines(sd)
+    with pytest.raises(ValueError, match="text_encoder"):
+        DivideAndDenoisePipeline(MultiDenoiserModel([sd[0].unet]), sd[0].scheduler, vae=sd[0].vae)
+
+
+def test_unconditional_experts_reject_guidance_and_labels():
+    pipe = _disc_pipeline(num_templates=4)
+    with pytest.raises(ValueError, match="guidance_scale"):
+        pipe(num_inference_steps=2, guidance_scale=3.0)
+    with pytest.raises(ValueError, match="class_labels"):
+        pipe(num_inference_steps=2, class_labels=[0, 1])
+    with pytest.raises(ValueError, match="height"):
+        pipe(num_inference_steps=2, height=32)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Stable Diffusion-family models: cross-attention utilities
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("utility", ["cross_attention", "guidance_delta", "x0_saliency"])
+def test_stable_diffusion_unets_compose_with_each_utility(utility):
+    pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
+    pipe.set_progress_bar_config(disable=True)
+    processors = {name: type(p) for name, p in pipe.denoisers[0].attn_processors.items()}
+    out = pipe(prompt=["a red cat", "a blue dog"], num_inference_steps=2, guidance_scale=3.0, utility=utility,
+               generator=torch.Generator().manual_seed(0), output_type="np")  # fmt: skip
+    assert out.images.shape == (1, 32, 32, 3)
+    assert out.allocations.shape == (2, 1, 2, 16, 16)
+    torch.testing.assert_close(out.allocations.sum(dim=2), torch.ones(2, 1, 16, 16))
+    # the recording processors are removed again
+    assert {name: type(p) for name, p in pipe.denoisers[0].attn_processors.items()} == processors
+
+
+def test_cross_attention_recording_leaves_the_unet_output_unchanged():
+    unet = get_tiny_sd_components(seed=0)["unet"]
+    sample = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    text = torch.randn(2, 77, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = unet(sample, 10, encoder_hidden_states=text).sample
+        store = ConceptAttentionStore((16, 16))
+        with record_cross_attention(unet, store):
+            got = unet(sample, 10, encoder_hidden_states=text).sample
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    maps = store.maps
+    cross_attention_layers = [name for name in unet.attn_processors if name.endswith("attn2.processor")]
+    assert maps.shape == (2, 16, 16, 77) and store.num_layers == len(cross_attention_layers) == 4
+    torch.testing.assert_close(maps.sum(dim=-1), torch.ones(2, 16, 16), atol=1e-4, rtol=0)
+
+
+def test_cross_attention_utility_follows_the_token_indices():
+    pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines(unet_seeds=(0,)))
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = {"prompt": ["a cat", "a dog"], "num_inference_steps": 1, "generator": torch.Generator().manual_seed(0),
+                  "output_type": "latent", "utility": "cross_attention", "alignment_scale": 0.0}  # fmt: skip
+    first = pipe(**kwargs).allocations
+    kwargs["generator"] = torch.Generator().manual_seed(0)
+    other = pipe(**kwargs, token_indices=[[1], [3]]).allocations
+    assert (first - other).abs().max() > 1e-4
+    three = pipe(prompt=["a cat", "a dog", "a bird"], num_inference_steps=1, output_type="latent")
+    assert three.allocations.shape[2] == 3  # one UNet serves any number of prompts
+    with pytest.raises(ValueError, match="token_indices"):
+        pipe(prompt=["a cat", "a dog"], token_indices=[[1]], num_inference_steps=1)
+    two_unets = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
+    with pytest.raises(ValueError, match="prompt"):
+        two_unets(prompt=["a cat", "a dog", "a bird"], num_inference_steps=1)
+    with pytest.raises(ValueError, match="class_labels"):
+        pipe(prompt=["a cat", "a dog"], class_labels=[0, 1], num_inference_steps=1)
+
+
+def test_stable_diffusion_composition_saves_and_loads(tmp_path):
+    pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = {"prompt": ["a cat", "a dog"], "num_inference_steps": 2, "output_type": "np"}
+    expected = pipe(**kwargs, generator=torch.Generator().manual_seed(0)).images
+    pipe.save_pretrained(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "denoisers").iterdir()) == ["config.json", "denoiser_0", "denoiser_1"]
+    loaded = load_pipeline(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    assert isinstance(loaded.denoisers, MultiDenoiserModel) and len(loaded.denoisers) == 2
+    np.testing.assert_allclose(loaded(**kwargs, generator=torch.Generator().manual_seed(0)).images, expected,
+                               atol=1e-5)  # fmt: skip
+
+
+def test_nash_welfare_division_keeps_a_dominated_expert_where_argmax_loses_it():
+    scheduler = DDIMScheduler(num_train_timesteps=1000, beta_schedule="linear", clip_sample=False)
+    pipe = DivideAndDenoisePipeline(MultiDenoiserModel(dominant_experts(num_templates=60)), scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    scores = {}
+    for solver in ("proportional_response", "argmax"):
+        out = pipe(
+            num_inference_steps=20,
+            num_images_per_prompt=8,
+            generator=torch.Generator().manual_seed(0),
+            output_type="pt",
+            allocator=FairDivisionAllocator(solver, num_iterations=20, tol=1e-4, spatial_sigma=1.0),
+        )
+        scores[solver] = discs_success(out.images).mean()
+    assert scores["proportional_response"] >= 7 / 8 and scores["argmax"] <= 4 / 8, scores
+
+
+@pytest.mark.parametrize(
+    "scheduler_class, overrides",
+    [
+        (DDPMScheduler, {}),
+        (EulerDiscreteScheduler, {}),
+        (DPMSolverMultistepScheduler, {}),
+        (PNDMScheduler, {"skip_prk_steps": True}),  # Stable Diffusion's PLMS setting
+    ],
+)
+def test_schedulers_swap(scheduler_class, overrides):
+    pipe = _pixel_pipeline()
+    pipe.scheduler = scheduler_class.from_config(pipe.scheduler.config, **overrides)
+    inputs = get_dummy_inputs(DivideAndDenoisePipeline, seed=0)
+    out = pipe(**{**inputs, "num_inference_steps": 3, "output_type": "pt"})
+    assert out.images.shape == (1, 1, 8, 12) and torch.isfinite(out.images).all()
+    assert out.allocations.shape[0] == pipe.num_timesteps
+
+
+def test_from_pipelines_warns_when_text_encoders_differ():
+    from diffusers.utils import logging as diffusers_logging
+    from diffusers.utils.testing_utils import CaptureLogger
+
+    from diffusers_ext.pipelines.divide_and_denoise import pipeline_divide_and_denoise
+
+    pipes = _sd_pipelines()
+    logger = diffusers_logging.get_logger(pipeline_divide_and_denoise.__name__)
+    with CaptureLogger(logger) as shared:
+        DivideAndDenoisePipeline.from_pipelines(pipes)
+    pipes[1].text_encoder = get_tiny_sd_components(seed=5)["text_encoder"]
+    with CaptureLogger(logger) as separate:
+        DivideAndDenoisePipeline.from_pipelines(pipes)
+    assert "text encoder" not in shared.out and "`pipelines[1]` has its own text encoder" in separate.out

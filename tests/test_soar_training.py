@@ -1,0 +1,85 @@
+"""training/train_masked_lm.py: the masked-diffusion loss, argument errors, and exact resume under accelerate."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "training", "train_masked_lm.py")
+TINY = [
+    "--hidden_size", "16", "--num_layers", "1", "--num_heads", "2", "--intermediate_size", "32",
+    "--num_digits", "2", "--train_batch_size", "4", "--lr_warmup_steps", "0", "--checkpointing_steps", "2",
+    "--report_to", "none", "--seed", "3",
+]  # fmt: skip
+
+
+def _script_module():
+    spec = importlib.util.spec_from_file_location("train_masked_lm", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": REPO}
+
+
+def test_loss_weights_masked_tokens_by_inverse_masking_probability():
+    module = _script_module()
+    logits = torch.zeros(2, 3, 5)
+    targets = torch.tensor([[0, 1, 2], [3, 4, 0]])
+    masked = torch.tensor([[True, False, False], [True, True, False]])
+    mask_prob = torch.tensor([0.5, 0.25])
+    ce = torch.log(torch.tensor(5.0))  # uniform logits
+    expected = (ce / 0.5 + 2 * ce / 0.25) / 6
+    assert module.masked_diffusion_loss(logits, targets, masked, mask_prob).item() == pytest.approx(expected.item())
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num_digits", "5"], "--num_digits"),
+        (["--gen_length", "2"], "--gen_length"),
+        (["--num_heads", "3"], "--hidden_size"),
+    ],
+)
+def test_bad_arguments_fail_with_one_line_error(tmp_path, args, message):
+    module = _script_module()
+    with pytest.raises(SystemExit):
+        module.parse_args(["--output_dir", str(tmp_path), *args])
+
+
+def _launch(output_dir, steps, *extra):
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           SCRIPT, "--output_dir", str(output_dir), "--max_train_steps", str(steps), *TINY, *extra]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_two_process_resume_equals_uninterrupted_run(tmp_path):
+    resumed, straight = tmp_path / "resumed", tmp_path / "straight"
+    _launch(resumed, 2)
+    log = _launch(resumed, 4, "--resume_from_checkpoint", "latest")
+    assert "Resuming from" in log and "checkpoint-2" in log
+    _launch(straight, 4)
+    a = load_file(os.path.join(resumed, "model", "model.safetensors"))
+    b = load_file(os.path.join(straight, "model", "model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=f"{name} differs after resume")
+
+    from diffusers_ext import DiffusionLMPipeline
+
+    pipe = DiffusionLMPipeline.from_pretrained(str(resumed))
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(prompt="<|bos|>12+34=", gen_length=7, eos_early_stop=False)
+    assert out.sequences.shape == (1, 7)
+    assert "train_masked_lm.py" in (resumed / "README.md").read_text()

@@ -1,0 +1,39 @@
+"""The addition-mdm zoo entry: loads as a DiffusionLMPipeline and is as good as its card says on the test split."""
+
+import os
+
+import torch
+
+from diffusers_ext import DiffusionLMPipeline, SOARScheduler, zoo
+from diffusers_ext.data.addition import AdditionTokens, addition_pairs, draw_test_problems
+
+
+def test_split_is_fixed_and_disjoint():
+    train, test = addition_pairs("train"), addition_pairs("test")
+    assert len(train) + len(test) == 1000**2 and 0.005 < len(test) / 1e6 < 0.015
+    as_index = lambda pairs: set((pairs[:, 0] * 1000 + pairs[:, 1]).tolist())  # noqa: E731
+    assert not as_index(train) & as_index(test)
+    assert torch.equal(draw_test_problems(5, seed=3), draw_test_problems(5, seed=3))
+
+
+def test_zoo_model_decodes_addition_well_but_not_perfectly():
+    pipe = zoo.load("addition-mdm")
+    assert isinstance(pipe, DiffusionLMPipeline) and isinstance(pipe.scheduler, SOARScheduler)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.scheduler = SOARScheduler(block_length=8)  # greedy low-confidence, one token per step
+    encoder = AdditionTokens(pipe.tokenizer)
+    pairs = draw_test_problems(200, seed=0)
+    out = pipe(input_ids=encoder.prompts(pairs), gen_length=8, eos_early_stop=False, output_type="text")
+    accuracy = (out.sequences == encoder.answers(pairs)).all(1).float().mean().item()
+    assert 0.5 <= accuracy < 0.95, accuracy
+    a, b = pairs[0].tolist()
+    if bool((out.sequences[0] == encoder.answers(pairs[:1])[0]).all()):
+        assert out.texts[0] == f"{a + b:04d}"
+
+
+def test_card_states_the_command_and_the_folder_is_small():
+    folder = zoo.path("addition-mdm")
+    card = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
+    assert "training/train_masked_lm.py" in card and "--output_dir diffusers_ext/zoo/addition-mdm" in card
+    size = sum(os.path.getsize(os.path.join(r, f)) for r, _, files in os.walk(folder) for f in files)
+    assert size < 8 * 2**20

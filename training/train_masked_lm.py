@@ -1,0 +1,279 @@
+#!/usr/bin/env python
+"""Train a small bidirectional masked diffusion LM (LLaDA-style loss) on multi-digit addition with accelerate.
+
+The model is a transformers `LlamaForCausalLM` with causal masking disabled (`is_causal=False`), read without a
+logit shift, like LLaDA. Each example is `<bos>a+b=` followed by the sum, most-significant digit first, and EOS
+padding (`diffusers_ext.data.addition`); the prompt is never masked, each answer token is masked with probability
+`t ~ U(eps, 1)`, and the loss is the cross-entropy on masked tokens weighted by `1 / t`.
+
+    accelerate launch training/train_masked_lm.py --output_dir addition-mdm --max_train_steps 6000
+
+The result is a `DiffusionLMPipeline` folder (model + tokenizer + `SOARScheduler`) with a model card; checkpoints
+are `output_dir/checkpoint-<step>` and `--resume_from_checkpoint latest` continues exactly where the last one
+stopped.
+"""
+
+import argparse
+import logging
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import ProjectConfiguration, set_seed
+from tqdm.auto import tqdm
+
+
+logger = get_logger(__name__, log_level="INFO")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    data = parser.add_argument_group("data")
+    data.add_argument("--num_digits", type=int, default=3, help="Digits per operand (1 to 4).")
+    data.add_argument(
+        "--gen_length",
+        type=int,
+        default=None,
+        help="Answer length in tokens, EOS padding included. Default: num_digits + 5.",
+    )
+    model = parser.add_argument_group("model")
+    model.add_argument("--hidden_size", type=int, default=128, help="Transformer width.")
+    model.add_argument("--num_layers", type=int, default=4, help="Transformer layers.")
+    model.add_argument("--num_heads", type=int, default=4, help="Attention heads.")
+    model.add_argument("--intermediate_size", type=int, default=512, help="MLP width.")
+    model.add_argument("--mask_eps", type=float, default=1e-3, help="Smallest masking probability.")
+    train = parser.add_argument_group("training")
+    train.add_argument("--output_dir", type=str, required=True, help="Where the pipeline and checkpoints go.")
+    train.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and masking.")
+    train.add_argument("--train_batch_size", type=int, default=128, help="Batch size per process.")
+    train.add_argument("--max_train_steps", type=int, default=6000, help="Total optimizer steps.")
+    train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
+    train.add_argument("--learning_rate", type=float, default=1e-3, help="Peak learning rate.")
+    train.add_argument(
+        "--lr_scheduler",
+        type=str,
+        default="constant_with_warmup",
+        help="A diffusers.optimization scheduler name.",
+    )
+    train.add_argument("--lr_warmup_steps", type=int, default=200, help="Warm-up optimizer steps.")
+    train.add_argument("--adam_weight_decay", type=float, default=0.01, help="AdamW weight decay.")
+    train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping norm.")
+    train.add_argument(
+        "--mixed_precision",
+        type=str,
+        default=None,
+        choices=["no", "fp16", "bf16"],
+        help="Overrides accelerate's config.",
+    )
+    train.add_argument("--checkpointing_steps", type=int, default=500, help="Save a checkpoint every N steps.")
+    train.add_argument("--checkpoints_total_limit", type=int, default=None, help="Keep at most N checkpoints.")
+    train.add_argument(
+        "--resume_from_checkpoint",
+        type=str,
+        default=None,
+        help="'latest', a checkpoint folder name in output_dir, or a path.",
+    )
+    train.add_argument(
+        "--report_to",
+        type=str,
+        default="tensorboard",
+        help="accelerate tracker: 'tensorboard', 'wandb', 'all' or 'none'.",
+    )
+    train.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")
+    train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
+    args = parser.parse_args(argv)
+    validate_args(args, parser)
+    return args
+
+
+def validate_args(args, parser):
+    if not 1 <= args.num_digits <= 4:
+        parser.error(f"--num_digits must lie in [1, 4], got {args.num_digits}.")
+    if args.gen_length is not None and args.gen_length < args.num_digits + 1:
+        parser.error(f"--gen_length must be at least num_digits + 1 = {args.num_digits + 1}, got {args.gen_length}.")
+    if args.hidden_size % args.num_heads:
+        parser.error(f"--hidden_size {args.hidden_size} must be divisible by --num_heads {args.num_heads}.")
+    if not 0.0 < args.mask_eps < 1.0:
+        parser.error(f"--mask_eps must lie in (0, 1), got {args.mask_eps}.")
+    for name in ("train_batch_size", "max_train_steps", "gradient_accumulation_steps", "checkpointing_steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+
+
+def build_model(args, tokenizer, max_length: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_hidden_layers=args.num_layers,
+        num_attention_heads=args.num_heads,
+        num_key_value_heads=args.num_heads,
+        max_position_embeddings=max_length,
+        tie_word_embeddings=True,
+        use_cache=False,
+        is_causal=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        mask_token_id=tokenizer.mask_token_id,
+        shift_logits=False,
+    )
+    return LlamaForCausalLM(config)
+
+
+def masked_diffusion_loss(logits, targets, masked, mask_prob):
+    """LLaDA's loss: cross-entropy on the masked answer tokens, each weighted by 1 / its masking probability,
+    averaged over the answer tokens of the batch."""
+    losses = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+    return (losses * masked / mask_prob.unsqueeze(1)).sum() / targets.numel()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from diffusers.optimization import get_scheduler
+
+    from diffusers_ext.data.addition import AdditionTokens, addition_pairs
+    from diffusers_ext.testing import get_tiny_lm_tokenizer
+    from diffusers_ext.training_utils import (
+        ResumableBatchSampler,
+        checkpoint_step,
+        command_line,
+        resolve_resume_checkpoint,
+        save_checkpoint,
+        step_generator,
+        write_model_card,
+    )
+
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        mixed_precision=args.mixed_precision,
+        log_with=None if args.report_to == "none" else args.report_to,
+        project_config=ProjectConfiguration(
+            project_dir=args.output_dir, logging_dir=os.path.join(args.output_dir, args.logging_dir)
+        ),
+    )
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
+    logger.info(accelerator.state, main_process_only=False)
+    set_seed(args.seed)
+
+    tokenizer = get_tiny_lm_tokenizer()
+    encoder = AdditionTokens(tokenizer, num_digits=args.num_digits, gen_length=args.gen_length)
+    pairs = addition_pairs("train", args.num_digits)
+    model = build_model(args, tokenizer, encoder.prompt_length + encoder.gen_length)
+    mask_id = tokenizer.mask_token_id
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.adam_weight_decay)
+    # accelerate steps a prepared LR scheduler once per process per optimizer step.
+    lr_scheduler = get_scheduler(
+        args.lr_scheduler,
+        optimizer=optimizer,
+        num_warmup_steps=args.lr_warmup_steps * accelerator.num_processes,
+        num_training_steps=args.max_train_steps * accelerator.num_processes,
+    )
+    model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
+
+    global_step = 0
+    resume_path = resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint)
+    if resume_path is not None:
+        logger.info(f"Resuming from {resume_path}")
+        accelerator.load_state(resume_path)
+        global_step = checkpoint_step(resume_path)
+    elif args.resume_from_checkpoint == "latest":
+        logger.info(f"No checkpoint in {args.output_dir}; starting a new run.")
+
+    # Batches and masks are functions of (seed, step, process) alone: a resumed run replays the uninterrupted one.
+    sampler = ResumableBatchSampler(
+        len(pairs),
+        args.train_batch_size,
+        accelerator.num_processes,
+        accelerator.process_index,
+        args.seed,
+        start_step=global_step * args.gradient_accumulation_steps,
+    )
+    loader = iter(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(pairs), batch_sampler=sampler))
+
+    if accelerator.is_main_process:
+        accelerator.init_trackers("train_masked_lm", config={k: str(v) for k, v in vars(args).items()})
+    total_batch = args.train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
+    logger.info(f"{len(pairs)} training pairs, batch {total_batch}, {args.max_train_steps} steps, from {global_step}")
+
+    progress = tqdm(range(args.max_train_steps), initial=global_step, disable=not accelerator.is_local_main_process)
+    model.train()
+    while global_step < args.max_train_steps:
+        loss_sum = 0.0
+        for micro in range(args.gradient_accumulation_steps):
+            (batch_pairs,) = next(loader)
+            generator = step_generator(
+                args.seed, global_step * args.gradient_accumulation_steps + micro, accelerator.process_index
+            )
+            prompts, answers = encoder.prompts(batch_pairs), encoder.answers(batch_pairs)
+            t = torch.rand(len(batch_pairs), generator=generator)
+            mask_prob = (1 - args.mask_eps) * t + args.mask_eps
+            masked = torch.rand(answers.shape, generator=generator) < mask_prob.unsqueeze(1)
+            noisy = torch.cat([prompts, torch.where(masked, mask_id, answers)], dim=1)
+            noisy, answers = noisy.to(accelerator.device), answers.to(accelerator.device)
+            masked, mask_prob = masked.to(accelerator.device), mask_prob.to(accelerator.device)
+
+            with accelerator.accumulate(model):
+                with accelerator.autocast():
+                    logits = model(noisy).logits[:, encoder.prompt_length :]
+                loss = masked_diffusion_loss(logits, answers, masked, mask_prob)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+            loss_sum += loss.detach().item() / args.gradient_accumulation_steps
+
+        global_step += 1
+        progress.update(1)
+        logs = {"loss": loss_sum, "lr": lr_scheduler.get_last_lr()[0]}
+        progress.set_postfix(**logs)
+        if global_step % args.logging_steps == 0 or global_step == args.max_train_steps:
+            accelerator.log(logs, step=global_step)
+        if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
+            path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
+            logger.info(f"Saved {path}")
+
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        from diffusers_ext import DiffusionLMPipeline, SOARScheduler
+
+        final_model = accelerator.unwrap_model(model).eval()
+        scheduler = SOARScheduler(
+            block_length=encoder.gen_length, confidence_threshold=0.9, max_beam_size=2, max_parallel_tokens=None
+        )
+        pipeline = DiffusionLMPipeline(model=final_model, scheduler=scheduler, tokenizer=tokenizer)
+        pipeline.save_pretrained(args.output_dir)
+        write_model_card(
+            args.output_dir,
+            title=f"Masked diffusion LM for {args.num_digits}-digit addition (answer most-significant digit first)",
+            description=(
+                f"A bidirectional `LlamaForCausalLM` ({sum(p.numel() for p in final_model.parameters()):,} "
+                f"parameters, {args.num_layers} layers, width {args.hidden_size}, `is_causal=False`, no logit "
+                f"shift) trained with `training/train_masked_lm.py` and LLaDA's masked-token loss for "
+                f"{args.max_train_steps} steps of batch {total_batch} on the train split of "
+                f"`diffusers_ext.data.addition` ({len(pairs):,} pairs). Prompts are `<bos>a+b=` with "
+                f"{args.num_digits}-digit zero-padded operands; the answer is {encoder.answer_digits} digits, "
+                f"most significant first, then EOS up to {encoder.gen_length} tokens. Load it with "
+                "`DiffusionLMPipeline.from_pretrained`; the scheduler saved with it is SOAR."
+            ),
+            command=command_line(),
+            tags=["masked-diffusion-lm", "soar", "text-generation"],
+        )
+        logger.info(f"Saved the pipeline to {args.output_dir}")
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as error:
+        print(f"train_masked_lm.py: error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,241 @@
+#!/usr/bin/env python
+"""Train a SemanticNVS multi-view denoiser (or its no-semantics baseline) on procedural scenes with accelerate.
+
+Each step renders fresh scenes (a function of the seed and the step, so resuming replays the same data): view 0 is
+the input, the others are targets at random azimuth offsets. The targets are noised and denoised with the input view
+clean. Semantic conditioning follows SemanticNVS: input-view features warped to each target by depth, and, standing
+in for the features of the model's own estimate used at inference ("iterative"), features of the Gaussian-blurred
+clean target. Each scene draws one of "warped", "iterative", "warped+iterative", and with `--cond_dropout`
+probability drops all conditioning but the cameras (for classifier-free guidance).
+
+    accelerate launch training/train_semantic_nvs.py --output_dir nvs --semantic_encoder diffusers_ext/zoo/procedural-semantic-encoder
+    accelerate launch training/train_semantic_nvs.py --output_dir nvs-baseline --no_semantics
+"""
+
+import argparse
+import logging
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from accelerate.logging import get_logger
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+
+
+logger = get_logger(__name__, log_level="INFO")
+TRAIN_MODES = ("warped", "iterative", "warped+iterative")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output_dir", type=str, required=True, help="Where the pipeline and checkpoints go.")
+    parser.add_argument("--semantic_encoder", type=str, default=None,
+                        help="A transformers ViT/Dinov2 folder giving the semantic features.")  # fmt: skip
+    parser.add_argument("--no_semantics", action="store_true", help="Train the baseline without semantic inputs.")
+    parser.add_argument("--resolution", type=int, default=16, help="View size.")
+    parser.add_argument("--num_views", type=int, default=3, help="Views per scene: 1 input + targets.")
+    parser.add_argument("--max_azimuth_span", type=float, default=90.0, help="Largest target azimuth offset (deg).")
+    parser.add_argument("--block_out_channels", type=int, nargs="+", default=[32, 64], help="UNet channels.")
+    parser.add_argument("--blur_sigma", type=float, nargs=2, default=[1.0, 3.0],
+                        help="Range of the Gaussian blur of the iterative-feature surrogate (pixels).")  # fmt: skip
+    parser.add_argument("--cond_dropout", type=float, default=0.1, help="Probability of dropping all conditioning.")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of initialisation, scenes and noise.")
+    parser.add_argument("--train_batch_size", type=int, default=8, help="Scenes per step and process.")
+    parser.add_argument("--max_train_steps", type=int, default=3000, help="Optimizer steps.")
+    parser.add_argument("--learning_rate", type=float, default=1e-3, help="Peak learning rate (cosine decay).")
+    parser.add_argument("--use_ema", action="store_true", help="Keep an exponential moving average of the weights.")
+    parser.add_argument("--mixed_precision", type=str, default=None, choices=["no", "fp16", "bf16"],
+                        help="Overrides accelerate's config.")  # fmt: skip
+    parser.add_argument("--checkpointing_steps", type=int, default=500, help="Save a checkpoint every N steps.")
+    parser.add_argument("--checkpoints_total_limit", type=int, default=1, help="Keep at most N checkpoints.")
+    parser.add_argument("--resume_from_checkpoint", type=str, default=None, help="'latest', a name or a path.")
+    parser.add_argument("--report_to", type=str, default="tensorboard", help="accelerate tracker, or 'none'.")
+    parser.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")
+    args = parser.parse_args(argv)
+    if args.no_semantics == (args.semantic_encoder is not None):
+        parser.error("pass exactly one of --semantic_encoder FOLDER and --no_semantics.")
+    if args.semantic_encoder is not None and not os.path.isdir(args.semantic_encoder):
+        parser.error(f"--semantic_encoder {args.semantic_encoder!r} is not a folder.")
+    if args.num_views < 2:
+        parser.error(f"--num_views must be >= 2 (an input and a target), got {args.num_views}.")
+    factor = 2 ** (len(args.block_out_channels) - 1)
+    if args.resolution % factor:
+        parser.error(f"--resolution {args.resolution} must be a multiple of {factor}.")
+    for name in ("train_batch_size", "max_train_steps", "checkpointing_steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+    return args
+
+
+def gaussian_blur(images: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
+    """Blur each image of `(N, C, H, W)` with its own Gaussian `sigmas` `(N,)` (separable, reflected edges)."""
+    radius = int(torch.ceil(3 * sigmas.max()).item())
+    offsets = torch.arange(-radius, radius + 1, dtype=images.dtype, device=images.device)
+    kernels = torch.exp(-(offsets[None] ** 2) / (2 * sigmas[:, None].to(images) ** 2))
+    kernels = kernels / kernels.sum(-1, keepdim=True)  # (N, K)
+    n, c, h, w = images.shape
+    mode = "reflect" if radius < min(h, w) else "replicate"  # reflection needs the image to be wider than the pad
+    x = F.pad(images, [radius] * 4, mode=mode).reshape(1, n * c, h + 2 * radius, w + 2 * radius)
+    weight = kernels.repeat_interleave(c, 0)
+    x = F.conv2d(x, weight[:, None, None, :], groups=n * c)
+    x = F.conv2d(x, weight[:, None, :, None], groups=n * c)
+    return x.reshape(n, c, h, w)
+
+
+def semantic_conditioning(encoder, batch, generator, blur_sigma):
+    """Features and validity `(B, V, S, H, W)`, `(B, V, 1, H, W)` for every view, following a random mode per scene."""
+    from diffusers_ext.pipelines.semantic_nvs.semantic_features import semantic_feature_map
+    from diffusers_ext.pipelines.semantic_nvs.warp import warp_to_targets
+
+    images = batch["images"]
+    b, v, c, h, w = images.shape
+    with torch.no_grad():
+        inputs = semantic_feature_map(encoder, images[:, 0]).reshape(b, 1, -1, h, w)
+        warped, coverage = warp_to_targets(inputs, batch["depths"][:, :1], batch["intrinsics"][:, :1],
+                                           batch["c2w"][:, :1], batch["intrinsics"][:, 1:], batch["c2w"][:, 1:])  # fmt: skip
+        sigmas = blur_sigma[0] + (blur_sigma[1] - blur_sigma[0]) * torch.rand(b * (v - 1), generator=generator)
+        blurred = gaussian_blur(images[:, 1:].reshape(-1, c, h, w), sigmas)
+        iterative = semantic_feature_map(encoder, blurred).reshape(b, v - 1, -1, h, w)
+    modes = torch.randint(0, len(TRAIN_MODES), (b,), generator=generator)
+    features, masks = [], []
+    for scene, mode in enumerate(TRAIN_MODES[m] for m in modes.tolist()):
+        if mode == "warped":
+            feature, mask = warped[scene], coverage[scene].float()
+        elif mode == "iterative":
+            feature, mask = iterative[scene], torch.ones_like(coverage[scene], dtype=torch.float32)
+        else:
+            feature = torch.where(coverage[scene], warped[scene], iterative[scene])
+            mask = torch.ones_like(coverage[scene], dtype=torch.float32)
+        features.append(torch.cat([inputs[scene], feature]))
+        masks.append(torch.cat([torch.ones(1, 1, h, w), mask]))
+    return torch.stack(features), torch.stack(masks)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from diffusers import DDIMScheduler, DDPMScheduler
+    from diffusers.training_utils import EMAModel
+    from transformers import AutoModel
+
+    from diffusers_ext import SemanticMultiViewUNetModel, SemanticNVSPipeline
+    from diffusers_ext.data.procedural_scenes import sample_scene_batch
+    from diffusers_ext.pipelines.semantic_nvs.camera import scene_plucker
+    from diffusers_ext.training_utils import (
+        build_accelerator,
+        command_line,
+        maybe_resume,
+        save_checkpoint,
+        step_generator,
+        write_model_card,
+    )
+
+    accelerator = build_accelerator(args.output_dir, args.logging_dir, args.mixed_precision, args.report_to)
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
+    set_seed(args.seed)
+    encoder = None
+    if args.semantic_encoder is not None:
+        encoder = AutoModel.from_pretrained(args.semantic_encoder).eval().requires_grad_(False)
+    levels = len(args.block_out_channels)
+    unet = SemanticMultiViewUNetModel(
+        sample_size=args.resolution,
+        semantic_channels=0 if encoder is None else encoder.config.hidden_size,
+        block_out_channels=tuple(args.block_out_channels),
+        down_block_types=("DownBlock2D",) + ("AttnDownBlock2D",) * (levels - 1),
+        up_block_types=("AttnUpBlock2D",) * (levels - 1) + ("UpBlock2D",),
+    )
+    noise_scheduler = DDPMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", clip_sample=False)
+    ema = None
+    if args.use_ema:
+        ema = EMAModel(unet.parameters(), decay=0.999, use_ema_warmup=True, power=0.75,
+                       model_cls=SemanticMultiViewUNetModel, model_config=unet.config)  # fmt: skip
+        accelerator.register_for_checkpointing(ema)
+    optimizer = torch.optim.AdamW(unet.parameters(), lr=args.learning_rate, weight_decay=1e-4)
+    lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.max_train_steps)
+    unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
+    if encoder is not None:
+        encoder.to(accelerator.device)
+    global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
+    if accelerator.is_main_process:
+        accelerator.init_trackers("train_semantic_nvs", config={k: str(v) for k, v in vars(args).items()})
+
+    size = args.resolution
+    progress = tqdm(range(args.max_train_steps), initial=global_step, disable=not accelerator.is_local_main_process)
+    unet.train()
+    while global_step < args.max_train_steps:
+        generator = step_generator(args.seed, global_step, accelerator.process_index)
+        batch = sample_scene_batch(generator, args.train_batch_size, args.num_views, size,
+                                   max_azimuth_span_deg=args.max_azimuth_span)  # fmt: skip
+        b, v = batch["images"].shape[:2]
+        clean = batch["images"] * 2 - 1
+        plucker = scene_plucker(batch["intrinsics"], batch["c2w"], size, size)
+        features = masks = None
+        if encoder is not None:
+            features, masks = semantic_conditioning(encoder, batch, generator, args.blur_sigma)
+        keep = (torch.rand(b, generator=generator) >= args.cond_dropout).float()
+        input_mask = torch.zeros(b, v, dtype=torch.bool)
+        input_mask[:, 0] = keep.bool()
+        input_images = torch.zeros_like(clean)
+        input_images[:, 0] = clean[:, 0] * keep[:, None, None, None]
+        if features is not None:
+            features, masks = features * keep[:, None, None, None, None], masks * keep[:, None, None, None, None]
+
+        noise = torch.randn(clean[:, 1:].shape, generator=generator)
+        timesteps = torch.randint(0, 1000, (b,), generator=generator)
+        noisy = noise_scheduler.add_noise(clean[:, 1:].reshape(b * (v - 1), 3, size, size),
+                                          noise.reshape(b * (v - 1), 3, size, size),
+                                          timesteps.repeat_interleave(v - 1)).reshape(b, v - 1, 3, size, size)  # fmt: skip
+        sample = torch.cat([clean[:, :1], noisy], 1)
+        device = accelerator.device
+        with accelerator.autocast():
+            prediction = unet(sample.to(device), timesteps.to(device), plucker.to(device), input_mask.to(device),
+                              input_images.to(device),
+                              None if features is None else features.to(device),
+                              None if masks is None else masks.to(device)).sample  # fmt: skip
+        loss = F.mse_loss(prediction[:, 1:].float(), noise.to(device))
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(unet.parameters(), 1.0)
+        optimizer.step()
+        lr_scheduler.step()
+        optimizer.zero_grad()
+        global_step += 1
+        if ema is not None:
+            ema.step(unet.parameters())
+        progress.update(1)
+        progress.set_postfix(loss=loss.item())
+        if global_step % 50 == 0:
+            accelerator.log({"loss": loss.item(), "lr": lr_scheduler.get_last_lr()[0]}, step=global_step)
+        if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
+            save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
+
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        final = accelerator.unwrap_model(unet)
+        if ema is not None:
+            ema.copy_to(final.parameters())
+        pipeline = SemanticNVSPipeline(final, DDIMScheduler.from_config(noise_scheduler.config), encoder)
+        pipeline.save_pretrained(args.output_dir)
+        kind = "without semantic conditioning (the baseline)" if encoder is None else "with semantic conditioning"
+        write_model_card(
+            args.output_dir,
+            title=f"SemanticNVS on procedural scenes, {kind}",
+            description=(
+                f"A `SemanticMultiViewUNetModel` ({sum(p.numel() for p in final.parameters()):,} parameters) trained "
+                f"{kind} with `training/train_semantic_nvs.py` on procedural scenes at {size}x{size}: 1 input view "
+                f"and {args.num_views - 1} targets within {args.max_azimuth_span:g} degrees of azimuth, "
+                f"{args.max_train_steps} steps of {args.train_batch_size} scenes"
+                + (", EMA weights." if ema is not None else ".")
+            ),
+            command=command_line(),
+            tags=["novel-view-synthesis", "semantic-nvs"],
+        )
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as error:
+        print(f"train_semantic_nvs.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
