@@ -39,6 +39,8 @@ _import_structure = {
     "trainers.diffusion_grpo_trainer": ["DiffusionGRPOTrainer"],
     "trainers.e2po_config": ["E2POConfig"],
     "trainers.e2po_trainer": ["E2POTrainer"],
+    "trainers.constrained_unlearning_config": ["ConstrainedUnlearningConfig"],
+    "trainers.constrained_unlearning_trainer": ["ConstrainedUnlearningTrainer"],
 }
 
 if TYPE_CHECKING:
@@ -65,6 +67,8 @@ if TYPE_CHECKING:
     from .pipelines.soar.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
     from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
+    from .trainers.constrained_unlearning_config import ConstrainedUnlearningConfig
+    from .trainers.constrained_unlearning_trainer import ConstrainedUnlearningTrainer
     from .trainers.diffusion_grpo_config import DiffusionGRPOConfig
     from .trainers.diffusion_grpo_trainer import DiffusionGRPOTrainer
     from .trainers.e2po_config import E2POConfig

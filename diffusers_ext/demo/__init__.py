@@ -10,6 +10,7 @@ from .e2po import e2po_section
 from .report import Section, write_report
 from .semantic_nvs import semantic_nvs_section
 from .soar import soar_section
+from .unlearning import unlearning_section
 
 
 # (name, section builder). Each method adds its own: builder(output_dir, quick, seed, device) -> Section.
@@ -19,6 +20,7 @@ SECTIONS: list[tuple[str, Callable[[str, bool, int, str], Section]]] = [
     ("divide-and-denoise", divide_and_denoise_section),
     ("e2po", e2po_section),
     ("SemanticNVS", semantic_nvs_section),
+    ("constrained unlearning", unlearning_section),
 ]
 
 
