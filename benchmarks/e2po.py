@@ -302,7 +302,7 @@ def main(argv=None):
     zoo_pipe.set_progress_bar_config(disable=True)
     results = {
         "command": "python benchmarks/e2po.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
-        "settings": vars(args),
+        "settings": vars(args) | {"output_dir": None},
         "zoo_prompt_accuracy": evaluate_prompt_following(zoo_pipe, classifier, 30, 10, 1.0, seed=0),
         "runs": {"grpo": {}, "e2po": {}},
     }

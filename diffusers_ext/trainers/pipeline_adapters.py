@@ -5,12 +5,14 @@ decodes latents to images in [0, 1]. Conditioning travels as a dict of per-image
 so that the trainers can index, perturb and store it without knowing the model family.
 """
 
+from abc import ABC, abstractmethod
+
 import numpy as np
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 
-class FlowPipelineAdapter:
+class FlowPipelineAdapter(ABC):
     """Base class; see [`SD3Adapter`] and [`FluxAdapter`]."""
 
     #: conditioning entries that E2PO may perturb (token sequence first, then pooled vectors)
@@ -27,21 +29,25 @@ class FlowPipelineAdapter:
     def uses_cfg(self, guidance_scale: float) -> bool:
         return False
 
+    @abstractmethod
     def encode(self, prompts: list[str], negative_prompt: str, guidance_scale: float, max_sequence_length: int):
         """Return `(cond, uncond)`: dicts of tensors with one row per prompt; `uncond` is None without CFG."""
-        raise NotImplementedError
 
+    @abstractmethod
     def prepare_latents(self, batch_size, height, width, generator, device, dtype) -> torch.Tensor:
-        raise NotImplementedError
+        """Implemented by each pipeline family."""
 
+    @abstractmethod
     def set_timesteps(self, scheduler, num_inference_steps: int, latents: torch.Tensor, device) -> torch.Tensor:
-        raise NotImplementedError
+        """Implemented by each pipeline family."""
 
+    @abstractmethod
     def velocity(self, transformer, latents, t, cond, uncond, guidance_scale: float) -> torch.Tensor:
-        raise NotImplementedError
+        """Implemented by each pipeline family."""
 
+    @abstractmethod
     def decode(self, latents: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        raise NotImplementedError
+        """Implemented by each pipeline family."""
 
 
 class SD3Adapter(FlowPipelineAdapter):

@@ -6,6 +6,8 @@ its autoregressive head (the prediction for position `i` sits at `i - 1`) and wa
 padded batches, LLaDA2 attends block-causally and runs on the window up to the current block.
 """
 
+from abc import ABC, abstractmethod
+
 import torch
 
 from ...utils import public
@@ -16,7 +18,7 @@ DREAM_MASK_TOKEN_ID = 151666
 
 
 @public
-class DiffusionLMAdapter:
+class DiffusionLMAdapter(ABC):
     """Base adapter: the calling convention of a masked diffusion LM.
 
     Subclasses implement `forward_logits`. Calling the adapter adds classifier-free guidance (LLaDA's
@@ -45,8 +47,9 @@ class DiffusionLMAdapter:
         position_ids = attention_mask.long().cumsum(-1) - 1
         return position_ids.masked_fill(attention_mask == 0, 1)
 
+    @abstractmethod
     def forward_logits(self, model, input_ids, attention_mask, block_end) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} must implement `forward_logits`.")
+        """The model's logits `(B, L, V)` aligned so that position i predicts token i; each family implements it."""
 
     def _align(self, logits: torch.Tensor) -> torch.Tensor:
         if self.shift_logits:
