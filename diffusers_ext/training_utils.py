@@ -211,3 +211,22 @@ def maybe_resume(accelerator, output_dir: str, resume_from_checkpoint: str | Non
         logger.info(f"Resuming from {path}")
     accelerator.load_state(path)
     return checkpoint_step(path)
+
+
+def add_accelerate_arguments(parser, checkpointing_steps: int = 500, checkpoints_total_limit: int | None = None):
+    """Add the flags every training script shares: mixed precision, checkpoints, resume and trackers.
+
+    `parser` is an `argparse.ArgumentParser` or one of its argument groups; the defaults of the two checkpoint
+    flags differ between scripts.
+    """
+    parser.add_argument("--mixed_precision", type=str, default=None, choices=["no", "fp16", "bf16"],
+                        help="Overrides accelerate's config.")  # fmt: skip
+    parser.add_argument("--checkpointing_steps", type=int, default=checkpointing_steps,
+                        help="Save a checkpoint every N steps.")  # fmt: skip
+    parser.add_argument("--checkpoints_total_limit", type=int, default=checkpoints_total_limit,
+                        help="Keep at most N checkpoints (the newest).")  # fmt: skip
+    parser.add_argument("--resume_from_checkpoint", type=str, default=None,
+                        help="'latest', a checkpoint folder name in output_dir, or a path.")  # fmt: skip
+    parser.add_argument("--report_to", type=str, default="tensorboard",
+                        help="accelerate tracker: 'tensorboard', 'wandb', 'all' or 'none'.")  # fmt: skip
+    parser.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")

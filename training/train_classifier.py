@@ -17,6 +17,8 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
+from diffusers_ext.training_utils import add_accelerate_arguments
+
 
 logger = get_logger(__name__, log_level="INFO")
 
@@ -33,23 +35,7 @@ def parse_args(argv=None):
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="Peak learning rate (cosine decay).")
     parser.add_argument("--weight_decay", type=float, default=1e-4, help="AdamW weight decay.")
     parser.add_argument("--max_shift", type=int, default=1, help="Random translation augmentation, in pixels.")
-    parser.add_argument(
-        "--mixed_precision",
-        type=str,
-        default=None,
-        choices=["no", "fp16", "bf16"],
-        help="Overrides accelerate's config.",
-    )
-    parser.add_argument("--checkpointing_steps", type=int, default=1000, help="Save a checkpoint every N steps.")
-    parser.add_argument("--checkpoints_total_limit", type=int, default=None, help="Keep at most N checkpoints.")
-    parser.add_argument(
-        "--resume_from_checkpoint",
-        type=str,
-        default=None,
-        help="'latest', a checkpoint folder name in output_dir, or a path.",
-    )
-    parser.add_argument("--report_to", type=str, default="tensorboard", help="accelerate tracker, or 'none'.")
-    parser.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")
+    add_accelerate_arguments(parser, checkpointing_steps=1000, checkpoints_total_limit=None)
     args = parser.parse_args(argv)
     factor = 2 ** len(args.block_out_channels)
     if args.resolution < factor or args.resolution % factor:

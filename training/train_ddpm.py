@@ -22,6 +22,8 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
+from diffusers_ext.training_utils import add_accelerate_arguments
+
 
 logger = get_logger(__name__, log_level="INFO")
 
@@ -102,28 +104,7 @@ def parse_args(argv=None):
     train.add_argument("--ema_max_decay", type=float, default=0.999, help="EMA maximum decay.")
     train.add_argument("--ema_inv_gamma", type=float, default=1.0, help="EMA warm-up inverse gamma.")
     train.add_argument("--ema_power", type=float, default=0.75, help="EMA warm-up power.")
-    train.add_argument(
-        "--mixed_precision",
-        type=str,
-        default=None,
-        choices=["no", "fp16", "bf16"],
-        help="Overrides accelerate's config.",
-    )
-    train.add_argument("--checkpointing_steps", type=int, default=1000, help="Save a checkpoint every N steps.")
-    train.add_argument("--checkpoints_total_limit", type=int, default=None, help="Keep at most N checkpoints.")
-    train.add_argument(
-        "--resume_from_checkpoint",
-        type=str,
-        default=None,
-        help="'latest', a checkpoint folder name in output_dir, or a path.",
-    )
-    train.add_argument(
-        "--report_to",
-        type=str,
-        default="tensorboard",
-        help="accelerate tracker: 'tensorboard', 'wandb', 'all' or 'none'.",
-    )
-    train.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")
+    add_accelerate_arguments(train, checkpointing_steps=1000, checkpoints_total_limit=None)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
     train.add_argument("--dataloader_num_workers", type=int, default=0, help="DataLoader worker processes.")
     args = parser.parse_args(argv)

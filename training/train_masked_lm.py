@@ -25,6 +25,8 @@ from accelerate.logging import get_logger
 from accelerate.utils import ProjectConfiguration, set_seed
 from tqdm.auto import tqdm
 
+from diffusers_ext.training_utils import add_accelerate_arguments
+
 
 logger = get_logger(__name__, log_level="INFO")
 
@@ -61,28 +63,7 @@ def parse_args(argv=None):
     train.add_argument("--lr_warmup_steps", type=int, default=200, help="Warm-up optimizer steps.")
     train.add_argument("--adam_weight_decay", type=float, default=0.01, help="AdamW weight decay.")
     train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping norm.")
-    train.add_argument(
-        "--mixed_precision",
-        type=str,
-        default=None,
-        choices=["no", "fp16", "bf16"],
-        help="Overrides accelerate's config.",
-    )
-    train.add_argument("--checkpointing_steps", type=int, default=500, help="Save a checkpoint every N steps.")
-    train.add_argument("--checkpoints_total_limit", type=int, default=None, help="Keep at most N checkpoints.")
-    train.add_argument(
-        "--resume_from_checkpoint",
-        type=str,
-        default=None,
-        help="'latest', a checkpoint folder name in output_dir, or a path.",
-    )
-    train.add_argument(
-        "--report_to",
-        type=str,
-        default="tensorboard",
-        help="accelerate tracker: 'tensorboard', 'wandb', 'all' or 'none'.",
-    )
-    train.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")
+    add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=None)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
     args = parser.parse_args(argv)
     validate_args(args, parser)

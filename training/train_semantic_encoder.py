@@ -17,6 +17,8 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
+from diffusers_ext.training_utils import add_accelerate_arguments
+
 
 logger = get_logger(__name__, log_level="INFO")
 
@@ -32,13 +34,7 @@ def parse_args(argv=None):
     parser.add_argument("--train_batch_size", type=int, default=32, help="Views per step and process.")
     parser.add_argument("--max_train_steps", type=int, default=1500, help="Optimizer steps.")
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="Peak learning rate (cosine decay).")
-    parser.add_argument("--mixed_precision", type=str, default=None, choices=["no", "fp16", "bf16"],
-                        help="Overrides accelerate's config.")  # fmt: skip
-    parser.add_argument("--checkpointing_steps", type=int, default=500, help="Save a checkpoint every N steps.")
-    parser.add_argument("--checkpoints_total_limit", type=int, default=1, help="Keep at most N checkpoints.")
-    parser.add_argument("--resume_from_checkpoint", type=str, default=None, help="'latest', a name or a path.")
-    parser.add_argument("--report_to", type=str, default="tensorboard", help="accelerate tracker, or 'none'.")
-    parser.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")
+    add_accelerate_arguments(parser, checkpointing_steps=500, checkpoints_total_limit=1)
     args = parser.parse_args(argv)
     if args.resolution % args.patch_size:
         parser.error(f"--resolution {args.resolution} must be a multiple of --patch_size {args.patch_size}.")

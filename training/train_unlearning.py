@@ -33,6 +33,8 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
+from diffusers_ext.training_utils import add_accelerate_arguments
+
 
 logger = get_logger(__name__, log_level="INFO")
 
@@ -112,19 +114,7 @@ def parse_args(argv=None):
     train.add_argument("--use_lora", action="store_true", help="Train LoRA adapters instead of all weights.")
     train.add_argument("--rank", type=int, default=8, help="LoRA rank.")
     train.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default: the rank).")
-    train.add_argument(
-        "--mixed_precision", type=str, default=None, choices=["no", "fp16", "bf16"], help="Overrides accelerate."
-    )
-    train.add_argument("--checkpointing_steps", type=int, default=50, help="Save a checkpoint every N steps.")
-    train.add_argument("--checkpoints_total_limit", type=int, default=None, help="Keep at most N checkpoints.")
-    train.add_argument(
-        "--resume_from_checkpoint",
-        type=str,
-        default=None,
-        help="'latest', a checkpoint name in output_dir, or a path.",
-    )
-    train.add_argument("--report_to", type=str, default="tensorboard", help="'tensorboard', 'wandb', 'all', 'none'.")
-    train.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")
+    add_accelerate_arguments(train, checkpointing_steps=50, checkpoints_total_limit=None)
     evaluation = parser.add_argument_group("evaluation (model card)")
     evaluation.add_argument(
         "--eval_classifier",
