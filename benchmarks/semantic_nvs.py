@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MODES = ("none", "warped", "iterative", "warped+iterative")
+DELAYED = "semantic/warped+iterative (delayed)"
 
 
 def parse_args(argv=None):
@@ -31,6 +32,8 @@ def parse_args(argv=None):
                         help="Azimuth offsets of the targets from the input view (degrees).")  # fmt: skip
     parser.add_argument("--num_inference_steps", type=int, default=25, help="DDIM steps.")
     parser.add_argument("--guidance_scale", type=float, default=2.0, help="Classifier-free guidance.")
+    parser.add_argument("--iterative_start", type=float, default=0.8,
+                        help="iterative_start of the extra 'delayed' warped+iterative row.")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="Seed of the scenes and the sampling noise.")
     parser.add_argument("--model", type=str, default=None, help="A SemanticNVSPipeline folder (default: the zoo's).")
     parser.add_argument("--baseline_model", type=str, default=None,
@@ -70,14 +73,14 @@ def warp_milliseconds(repeats: int = 10) -> float:
     return 1000 * sorted(times)[len(times) // 2]
 
 
-def evaluate(pipe, scenes, mode, args, encoder, real_descriptors):
+def evaluate(pipe, scenes, mode, args, encoder, real_descriptors, iterative_start=0.0):
     from diffusers_ext.metrics import frechet_distance, peak_signal_noise_ratio, structural_similarity
 
     start = time.perf_counter()
     out = pipe(
         images=scenes["images"][:, :1], input_intrinsics=scenes["intrinsics"][:, :1], input_c2w=scenes["c2w"][:, :1],
         target_intrinsics=scenes["intrinsics"][:, 1:], target_c2w=scenes["c2w"][:, 1:],
-        depths=scenes["depths"][:, :1] if "warped" in mode else None, semantic_mode=mode,
+        depths=scenes["depths"][:, :1] if "warped" in mode else None, semantic_mode=mode, iterative_start=iterative_start,
         num_inference_steps=args.num_inference_steps, guidance_scale=args.guidance_scale,
         generator=torch.Generator().manual_seed(args.seed), output_type="pt",
     )  # fmt: skip
@@ -142,7 +145,7 @@ def main(argv=None):
     encoder = semantic.semantic_encoder
     size = semantic.unet.config.sample_size
 
-    runs = {"baseline": {}, **{f"semantic/{mode}": {} for mode in MODES}}
+    runs = {"baseline": {}, **{f"semantic/{mode}": {} for mode in MODES}, DELAYED: {}}
     for distance in args.distances:
         generator = torch.Generator().manual_seed(10**9 + args.seed)  # held out: training seeds are small
         scenes = sample_scene_batch(
@@ -152,6 +155,8 @@ def main(argv=None):
         runs["baseline"][str(distance)] = evaluate(baseline, scenes, "none", args, encoder, real)
         for mode in MODES:
             runs[f"semantic/{mode}"][str(distance)] = evaluate(semantic, scenes, mode, args, encoder, real)
+        runs[DELAYED][str(distance)] = evaluate(semantic, scenes, "warped+iterative", args, encoder, real,
+                                                iterative_start=args.iterative_start)  # fmt: skip
         print(f"{distance:g} deg: " + ", ".join(f"{k} FD {v[str(distance)]['frechet']:.3f}" for k, v in runs.items()))
 
     longest, shortest = str(args.distances[-1]), str(args.distances[0])

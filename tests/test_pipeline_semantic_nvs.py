@@ -72,3 +72,15 @@ def test_input_views_are_kept_and_views_without_batch_dimension_work():
     batched = pipe(**inputs).images
     unbatched["generator"] = torch.Generator().manual_seed(0)
     np.testing.assert_allclose(pipe(**unbatched).images, batched, atol=1e-6)
+
+
+def test_iterative_start_delays_the_iterative_features():
+    pipe = _pipe()
+    inputs = get_dummy_inputs(SemanticNVSPipeline, seed=0)
+    inputs.update(num_inference_steps=3)
+    warped = pipe(**dict(inputs, semantic_mode="warped", generator=torch.Generator().manual_seed(0))).images
+    never = pipe(**dict(inputs, semantic_mode="warped+iterative", iterative_start=1.0,
+                        generator=torch.Generator().manual_seed(0))).images  # fmt: skip
+    always = pipe(**dict(inputs, semantic_mode="warped+iterative", generator=torch.Generator().manual_seed(0))).images
+    np.testing.assert_allclose(never, warped, atol=1e-6)
+    assert not np.allclose(always, warped)

@@ -65,6 +65,7 @@ def get_inputs(seed: int = 0) -> dict:
 
 BAD_INPUTS = [
     BadInput({"semantic_mode": "dino"}, "semantic_mode"),
+    BadInput({"iterative_start": 1.5}, "iterative_start"),
     BadInput({"num_inference_steps": 0}, "num_inference_steps"),
     BadInput({"output_type": "jpeg"}, "output_type"),
     BadInput({"images": torch.rand(1, 1, 3, 8, 8)}, "images"),

@@ -174,6 +174,7 @@ class SemanticNVSPipeline(DiffusionPipeline):
         target_c2w: torch.Tensor,
         depths: torch.Tensor | None = None,
         semantic_mode: str = "warped+iterative",
+        iterative_start: float = 0.0,
         num_inference_steps: int = 50,
         guidance_scale: float = 2.0,
         generator: torch.Generator | list[torch.Generator] | None = None,
@@ -195,6 +196,9 @@ class SemanticNVSPipeline(DiffusionPipeline):
             depths (`torch.Tensor` of shape `([B,] V_in, 1, H, W)`, *optional*): input z-depth, needed to warp.
             semantic_mode (`str`, defaults to `"warped+iterative"`): `"none"`, `"warped"`, `"iterative"` or
                 `"warped+iterative"`.
+            iterative_start (`float`, defaults to 0.0): fraction of the denoising steps to run before the iterative
+                features are used (the estimate of the clean views is poor at high noise); 0 uses them from the
+                second step on, as the method is described.
             num_inference_steps (`int`, defaults to 50): denoising steps.
             guidance_scale (`float`, defaults to 2.0): classifier-free guidance; the unconditional branch drops the
                 input views and the semantics and keeps the cameras. `1.0` disables it.
@@ -211,6 +215,8 @@ class SemanticNVSPipeline(DiffusionPipeline):
         """
         if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        if not isinstance(iterative_start, (int, float)) or not 0.0 <= iterative_start <= 1.0:
+            raise ValueError(f"`iterative_start` must be a fraction in [0, 1], got {iterative_start!r}.")
         images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths = self.check_inputs(
             images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths, semantic_mode,
             num_inference_steps, guidance_scale, output_type, generator, callback_on_step_end_tensor_inputs,
@@ -276,7 +282,7 @@ class SemanticNVSPipeline(DiffusionPipeline):
                 prediction = self.unet(sample, t.expand(b).to(device), **conditional).sample
             noise_pred = prediction[:, v_in:]
 
-            if "iterative" in semantic_mode:
+            if "iterative" in semantic_mode and i + 1 >= iterative_start * len(self.scheduler.timesteps):
                 x0 = self._x0_estimate(noise_pred, latents, t).clamp(-1, 1)
                 iterative = self.encode_semantics(((x0 + 1) / 2).reshape(b * v_t, c, h, w).float())
                 iterative = iterative.reshape(b, v_t, -1, h, w)
