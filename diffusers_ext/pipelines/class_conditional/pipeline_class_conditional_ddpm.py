@@ -5,6 +5,7 @@ from collections.abc import Callable
 import torch
 from diffusers import DiffusionPipeline, ImagePipelineOutput, UNet2DModel
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+from diffusers.image_processor import VaeImageProcessor
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import logging
 from diffusers.utils.torch_utils import randn_tensor
@@ -43,6 +44,8 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
         super().__init__()
         self.register_modules(unet=unet, scheduler=scheduler)
         self.register_to_config(null_class_label=null_class_label)
+        # Samples live in [-1, 1] pixel space: the processor only maps them to [0, 1] and the output type.
+        self.image_processor = VaeImageProcessor(do_resize=False)
 
     @property
     def num_class_embeds(self) -> int | None:
@@ -245,14 +248,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
                 callback_outputs = callback_on_step_end(self, i, t, callback_kwargs) or {}
                 latents = callback_outputs.pop("latents", latents)
 
-        if output_type == "latent":
-            images = latents
-        else:
-            images = (latents / 2 + 0.5).clamp(0, 1)
-            if output_type != "pt":
-                images = images.cpu().permute(0, 2, 3, 1).float().numpy()
-                if output_type == "pil":
-                    images = self.numpy_to_pil(images)
+        images = self.image_processor.postprocess(latents, output_type=output_type)
 
         self.maybe_free_model_hooks()
 

@@ -752,12 +752,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         elif self.vae is not None:
             decoded = self.vae.decode(latents / self.vae.config.scaling_factor, return_dict=False)[0]
             images = self.image_processor.postprocess(decoded, output_type=output_type)
-        else:
-            images = (latents / 2 + 0.5).clamp(0, 1)
-            if output_type != "pt":
-                images = images.cpu().permute(0, 2, 3, 1).float().numpy()
-                if output_type == "pil":
-                    images = self.numpy_to_pil(images)
+        else:  # pixel-space models: samples in [-1, 1]
+            images = self.image_processor.postprocess(latents, output_type=output_type)
 
         self.maybe_free_model_hooks()
         stacked = torch.stack(allocations) if allocations else torch.zeros(0, batch, num_agents, height_l, width_l)

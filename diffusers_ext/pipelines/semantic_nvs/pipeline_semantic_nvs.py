@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+from diffusers.image_processor import VaeImageProcessor
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
@@ -67,6 +68,8 @@ class SemanticNVSPipeline(DiffusionPipeline):
     def __init__(self, unet: SemanticMultiViewUNetModel, scheduler: SchedulerMixin, semantic_encoder=None):
         super().__init__()
         self.register_modules(unet=unet, scheduler=scheduler, semantic_encoder=semantic_encoder)
+        # Views live in [-1, 1] pixel space: the processor only maps them to [0, 1] and the output type.
+        self.image_processor = VaeImageProcessor(do_resize=False)
 
     # ------------------------------------------------------------------------------------------- inputs
     def _as_scene_batch(self, name: str, value, trailing: tuple[int, ...]) -> torch.Tensor:
@@ -300,14 +303,11 @@ class SemanticNVSPipeline(DiffusionPipeline):
                 )
                 latents = outputs.pop("latents", latents)
 
-        if output_type == "latent":
-            result = latents
+        result = self.image_processor.postprocess(latents.reshape(b * v_t, c, h, w), output_type=output_type)
+        if output_type == "pil":
+            result = [result[i * v_t : (i + 1) * v_t] for i in range(b)]
         else:
-            result = ((latents + 1) / 2).clamp(0, 1)
-            if output_type != "pt":
-                result = result.permute(0, 1, 3, 4, 2).float().cpu().numpy()
-                if output_type == "pil":
-                    result = [self.numpy_to_pil(scene) for scene in result]
+            result = result.reshape(b, v_t, *result.shape[1:])
         self.maybe_free_model_hooks()
         if not return_dict:
             return (result, coverage)
