@@ -1,10 +1,11 @@
-"""Evaluation metrics shared by benchmarks and tests: PSNR, SSIM, Fréchet distance and classification accuracy.
+"""Evaluation metrics shared by benchmarks and tests: PSNR, SSIM, Fréchet distance, classification accuracy and peak memory.
 
 All accept torch tensors (numpy arrays too), work on any device and compute in float64 where precision matters.
 """
 
 from .classification import accuracy, classifier_accuracy, classifier_predictions, per_class_accuracy
 from .frechet import feature_statistics, frechet_distance, frechet_distance_from_statistics
+from .memory import peak_memory_bytes
 from .psnr import peak_signal_noise_ratio
 from .ssim import gaussian_window_1d, structural_similarity
 
@@ -17,6 +18,7 @@ __all__ = [
     "frechet_distance",
     "frechet_distance_from_statistics",
     "gaussian_window_1d",
+    "peak_memory_bytes",
     "peak_signal_noise_ratio",
     "per_class_accuracy",
     "structural_similarity",

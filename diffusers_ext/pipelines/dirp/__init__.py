@@ -1,0 +1,1 @@
+"""DIRP: DDIM-inversion reconstruction purification, with the protections it is tested against and its baselines."""

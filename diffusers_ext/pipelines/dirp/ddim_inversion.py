@@ -1,0 +1,126 @@
+"""Differentiable K-step DDIM inversion and reconstruction.
+
+Both directions use the same deterministic DDIM move between two noise levels `a_from -> a_to` (cumulative alphas):
+
+    x0_hat = (z - sqrt(1 - a_from) * eps) / sqrt(a_from)
+    z'     = sqrt(a_to) * x0_hat + sqrt(1 - a_to) * eps
+
+with `eps` the denoiser's noise estimate at the *noisier* of the two levels (the usual inversion approximation, as
+in diffusers' `DDIMInverseScheduler`). With the same `eps` on the way up and down the round trip is the identity, so
+the reconstruction error measures only how far the denoiser's estimates move between inversion and reconstruction.
+Everything is plain tensor arithmetic, so gradients flow through the denoiser; each denoiser call can be
+checkpointed so that backpropagating through `2K` calls stores only the `2K` step inputs.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+NoiseFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""`noise_fn(z, t) -> eps`: the denoiser's noise estimate for `z` of shape `(B, C, H, W)` at integer timestep `t`."""
+
+SUPPORTED_PREDICTION_TYPES = ("epsilon", "v_prediction")
+
+
+def inversion_timesteps(scheduler, num_inversion_steps: int, strength: float = 1.0) -> torch.Tensor:
+    r"""
+    The `num_inversion_steps` timesteps of a DDIM inversion up to `strength` of the noise schedule, ascending.
+
+    The steps are evenly spaced, `t_k = round(k * strength * (T - 1) / K)` for `k = 1..K` with `T` the scheduler's
+    `num_train_timesteps`: `strength=1` inverts to the last timestep, a smaller strength stops at a lower noise level
+    (partial inversion) with the same number of steps.
+
+    Args:
+        scheduler: a diffusers scheduler with `alphas_cumprod` (DDIM, DDPM, PNDM, ...).
+        num_inversion_steps (`int`): `K >= 1`.
+        strength (`float`, defaults to 1.0): in (0, 1].
+
+    Returns:
+        `torch.LongTensor` of shape `(K,)`, ascending (repeated values are possible when `strength * T < K`).
+    """
+    last = len(scheduler.alphas_cumprod) - 1
+    steps = torch.arange(1, num_inversion_steps + 1, dtype=torch.float64)
+    return (steps * strength * last / num_inversion_steps).round().long().clamp(min=1)
+
+
+def noise_levels(scheduler, timesteps: torch.Tensor) -> torch.Tensor:
+    r"""
+    The cumulative alphas of the clean image and of each inversion timestep.
+
+    Returns:
+        `torch.Tensor` of shape `(K + 1,)`, float64: `[1.0, alphas_cumprod[t_1], ..., alphas_cumprod[t_K]]`.
+    """
+    alphas = scheduler.alphas_cumprod.double().cpu()[timesteps]
+    return torch.cat([torch.ones(1, dtype=torch.float64), alphas])
+
+
+def model_output_to_epsilon(model_output: torch.Tensor, sample: torch.Tensor, alpha, prediction_type: str):
+    """Convert a denoiser output at cumulative alpha `alpha` (a float or a tensor broadcasting against `sample`) to a
+    noise estimate (`epsilon` or `v_prediction`)."""
+    if prediction_type == "epsilon":
+        return model_output
+    if prediction_type == "v_prediction":
+        return alpha**0.5 * model_output + (1 - alpha) ** 0.5 * sample
+    raise ValueError(
+        f"DDIM inversion needs a noise estimate; `prediction_type` {prediction_type!r} is not supported, expected "
+        f"one of {SUPPORTED_PREDICTION_TYPES}."
+    )
+
+
+def ddim_move(z: torch.Tensor, eps: torch.Tensor, alpha_from: float, alpha_to: float) -> torch.Tensor:
+    """One deterministic DDIM move of `z` from cumulative alpha `alpha_from` to `alpha_to` with noise estimate `eps`."""
+    x0 = (z - (1 - alpha_from) ** 0.5 * eps) / alpha_from**0.5
+    return alpha_to**0.5 * x0 + (1 - alpha_to) ** 0.5 * eps
+
+
+def _call(noise_fn: NoiseFn, z: torch.Tensor, t: torch.Tensor, use_checkpoint: bool) -> torch.Tensor:
+    if use_checkpoint and torch.is_grad_enabled() and z.requires_grad:
+        # Recompute the denoiser's activations in the backward pass: memory holds one call's activations at a time.
+        return checkpoint(noise_fn, z, t, use_reentrant=False)
+    return noise_fn(z, t)
+
+
+def ddim_invert(
+    noise_fn: NoiseFn, z0: torch.Tensor, timesteps: torch.Tensor, alphas: torch.Tensor, use_checkpoint: bool = False
+) -> torch.Tensor:
+    r"""
+    Deterministic DDIM inversion of clean `z0` up to the last of `timesteps`.
+
+    Args:
+        noise_fn: `noise_fn(z, t) -> eps` (see `NoiseFn`).
+        z0 (`torch.Tensor` of shape `(B, C, H, W)`): clean samples in the denoiser's space.
+        timesteps (`torch.LongTensor` of shape `(K,)`), alphas (`torch.Tensor` of shape `(K + 1,)`): from
+            [`inversion_timesteps`] and [`noise_levels`].
+        use_checkpoint (`bool`): checkpoint every denoiser call when gradients are being recorded.
+
+    Returns:
+        `torch.Tensor` of shape `(B, C, H, W)`: the inverted noise at `timesteps[-1]`.
+    """
+    z = z0
+    for k, t in enumerate(timesteps):
+        eps = _call(noise_fn, z, t, use_checkpoint)
+        z = ddim_move(z, eps, float(alphas[k]), float(alphas[k + 1]))
+    return z
+
+
+def ddim_reconstruct(
+    noise_fn: NoiseFn, zK: torch.Tensor, timesteps: torch.Tensor, alphas: torch.Tensor, use_checkpoint: bool = False
+) -> torch.Tensor:
+    """Deterministic DDIM sampling (eta 0) of `zK` from `timesteps[-1]` down to clean; the inverse of [`ddim_invert`]
+    when the noise estimates agree. Shapes as in [`ddim_invert`]."""
+    z = zK
+    for k in range(len(timesteps) - 1, -1, -1):
+        eps = _call(noise_fn, z, timesteps[k], use_checkpoint)
+        z = ddim_move(z, eps, float(alphas[k + 1]), float(alphas[k]))
+    return z
+
+
+def ddim_round_trip(
+    noise_fn: NoiseFn, z0: torch.Tensor, timesteps: torch.Tensor, alphas: torch.Tensor, use_checkpoint: bool = False
+) -> torch.Tensor:
+    """Invert `z0` with [`ddim_invert`] and reconstruct it with [`ddim_reconstruct`]: `2K` denoiser calls."""
+    return ddim_reconstruct(
+        noise_fn, ddim_invert(noise_fn, z0, timesteps, alphas, use_checkpoint), timesteps, alphas, use_checkpoint
+    )

@@ -1,0 +1,506 @@
+"""DIRP: purify images of anti-mimicry perturbations by minimising their DDIM-inversion reconstruction error."""
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import PIL.Image
+import torch
+from diffusers import DiffusionPipeline, UNet2DConditionModel, UNet2DModel
+from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+from diffusers.image_processor import VaeImageProcessor
+from diffusers.models import AutoencoderKL
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers.utils import BaseOutput, logging
+from diffusers.utils.torch_utils import randn_tensor
+
+from ...utils import public
+from .ddim_inversion import (
+    SUPPORTED_PREDICTION_TYPES,
+    ddim_round_trip,
+    inversion_timesteps,
+    model_output_to_epsilon,
+    noise_levels,
+)
+from .perceptual import PerceptualDistance, get_perceptual_distance
+
+
+logger = logging.get_logger(__name__)
+
+OUTPUT_TYPES = ("pil", "np", "pt")
+ImageInput = PIL.Image.Image | np.ndarray | torch.Tensor | list
+
+
+@dataclass
+class DIRPPipelineOutput(BaseOutput):
+    r"""
+    Output of [`DIRPPipeline`].
+
+    Args:
+        images (`list[PIL.Image.Image]`, `np.ndarray` of shape `(B, H, W, C)` or `torch.Tensor` of shape
+            `(B, C, H, W)`): the purified images, in [0, 1] for `"np"` and `"pt"`.
+        recon_error_before (`torch.Tensor` of shape `(B,)`): DDIM-inversion reconstruction error (mean squared, in
+            [-1, 1] pixel units) of each input image.
+        recon_error_after (`torch.Tensor` of shape `(B,)`): the same for each purified image.
+        perceptual_distance (`torch.Tensor` of shape `(B,)`): distance of each purified image to its input.
+        loss_history (`torch.Tensor` of shape `(num_iterations, B)`): the per-image objective at every iteration.
+    """
+
+    images: list[PIL.Image.Image] | np.ndarray | torch.Tensor
+    recon_error_before: torch.Tensor
+    recon_error_after: torch.Tensor
+    perceptual_distance: torch.Tensor
+    loss_history: torch.Tensor
+
+
+@contextlib.contextmanager
+def _frozen(*modules: torch.nn.Module | None) -> Iterator[None]:
+    """Switch off `requires_grad` of the modules' parameters (gradients are only wanted for the image), then
+    restore it."""
+    params = [p for m in modules if m is not None for p in m.parameters()]
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+
+
+@public
+class DIRPPipeline(DiffusionPipeline):
+    r"""
+    DIRP purification: optimise each image to minimise its DDIM-inversion reconstruction error, within a perceptual
+    budget of the input.
+
+    For an input `x_in` the purified image minimises, by Adam with a cosine learning-rate decay,
+
+        L(x) = mean((x - D(R_K(I_K(E(x)))))^2) + perceptual_weight * max(d(x, x_in) - perceptual_budget, 0)
+
+    where `I_K` / `R_K` are `K`-step deterministic DDIM inversion and reconstruction with the denoiser (conditioned
+    on `prompt`, empty by default, or on the null class of a class-conditional pixel model), `E` / `D` the VAE's
+    encoder and decoder (identity for pixel-space models) and `d` the perceptual distance. Gradients flow through
+    every denoiser call (with the same noise estimates inversion followed by reconstruction is the identity, so a
+    stop-gradient there would make the objective constant); gradient checkpointing keeps memory near one denoiser
+    forward+backward. With `num_inversion_steps=0` and a VAE the objective is IMPRESS's VAE consistency.
+
+    This model inherits from [`DiffusionPipeline`]. Check the superclass documentation for the generic methods
+    implemented for all pipelines (downloading, saving, running on a particular device, etc.).
+
+    Parameters:
+        unet ([`UNet2DModel`] or [`UNet2DConditionModel`]): the denoiser, predicting `"epsilon"` or
+            `"v_prediction"`.
+        scheduler ([`SchedulerMixin`]): any scheduler with `alphas_cumprod` (e.g. [`DDIMScheduler`]): the noise
+            schedule of the inversion.
+        vae ([`AutoencoderKL`], *optional*): for latent models; omit for pixel-space models.
+        text_encoder ([`~transformers.CLIPTextModel`], *optional*), tokenizer ([`~transformers.CLIPTokenizer`],
+            *optional*): for text-conditioned denoisers.
+        null_class_label (`int`, *optional*): the unconditional class of a class-conditional pixel UNet.
+    """
+
+    model_cpu_offload_seq = "text_encoder->unet->vae"
+    _optional_components = ["vae", "text_encoder", "tokenizer"]
+    _callback_tensor_inputs = ["images", "reconstruction"]
+
+    def __init__(
+        self,
+        unet: UNet2DModel | UNet2DConditionModel,
+        scheduler: SchedulerMixin,
+        vae: AutoencoderKL | None = None,
+        text_encoder=None,
+        tokenizer=None,
+        null_class_label: int | None = None,
+    ):
+        super().__init__()
+        self.register_modules(unet=unet, scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+        self.register_to_config(null_class_label=null_class_label)
+        self.image_processor = VaeImageProcessor(do_resize=False)
+
+    # ----------------------------------------------------------------------------------------------------- shapes
+
+    @property
+    def vae_scale_factor(self) -> int:
+        """Pixels per latent pixel (1 for pixel-space models)."""
+        if getattr(self, "vae", None) is None:
+            return 1
+        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    @property
+    def image_channels(self) -> int:
+        """Channels of the images the pipeline purifies."""
+        return self.vae.config.in_channels if getattr(self, "vae", None) is not None else self.unet.config.in_channels
+
+    @property
+    def size_multiple(self) -> int:
+        """Image height and width must be multiples of this (the VAE's and the UNet's downsampling)."""
+        return self.vae_scale_factor * 2 ** (len(self.unet.config.block_out_channels) - 1)
+
+    @property
+    def num_timesteps(self) -> int:
+        """Optimisation iterations of the last call (one callback and one progress-bar tick each)."""
+        return self._num_timesteps
+
+    # ------------------------------------------------------------------------------------------ model components
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """Images `(B, C, H, W)` in [-1, 1] to the denoiser's space (scaled VAE latents, or the images themselves)."""
+        if getattr(self, "vae", None) is None:
+            return images
+        latents = self.vae.encode(images.to(self.vae.dtype)).latent_dist.mode()
+        shift = getattr(self.vae.config, "shift_factor", None) or 0.0
+        return (latents - shift) * self.vae.config.scaling_factor
+
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """The inverse of [`encode_images`]: denoiser-space samples to images in (about) [-1, 1]."""
+        if getattr(self, "vae", None) is None:
+            return latents
+        shift = getattr(self.vae.config, "shift_factor", None) or 0.0
+        return self.vae.decode(latents / self.vae.config.scaling_factor + shift).sample
+
+    def encode_prompt(self, prompt: str | list[str], batch_size: int, device) -> torch.Tensor | None:
+        """Text-encoder hidden states `(B, L, D)` for a text-conditioned UNet, else None."""
+        if not isinstance(self.unet, UNet2DConditionModel):
+            return None
+        prompts = [prompt] * batch_size if isinstance(prompt, str) else list(prompt)
+        tokens = self.tokenizer(
+            prompts,
+            padding="max_length",
+            max_length=self.tokenizer.model_max_length,
+            truncation=True,
+            return_tensors="pt",
+        )
+        return self.text_encoder(tokens.input_ids.to(device))[0]
+
+    def noise_function(
+        self, batch_size: int, device, prompt: str | list[str] = "", unet: torch.nn.Module | None = None
+    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        r"""
+        `noise_fn(z, t) -> eps` for the denoiser under this pipeline's condition (the prompt for a text-conditioned
+        UNet, the null class for a class-conditional one, else none).
+
+        `z` has shape `(batch_size, C, h, w)` and `t` is an integer timestep, 0-d or of shape `(batch_size,)`.
+        `unet` replaces the pipeline's own (a surrogate being fine-tuned, say); it must take the same condition.
+        """
+        unet = self.unet if unet is None else unet
+        condition = {}
+        if isinstance(unet, UNet2DConditionModel):
+            with torch.no_grad():
+                condition["encoder_hidden_states"] = self.encode_prompt(prompt, batch_size, device)
+        elif unet.config.num_class_embeds is not None:
+            condition["class_labels"] = torch.full((batch_size,), self.config.null_class_label, device=device)
+        prediction_type = self.scheduler.config.prediction_type
+
+        def noise_fn(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            t = t.to(z.device)
+            output = unet(z.to(unet.dtype), t, **condition).sample.to(z.dtype)
+            alpha = self.scheduler.alphas_cumprod.to(z.device, z.dtype)[t]
+            alpha = alpha.view(-1, *[1] * (z.ndim - 1)) if alpha.ndim else alpha
+            return model_output_to_epsilon(output, z, alpha, prediction_type)
+
+        return noise_fn
+
+    def reconstruct(
+        self,
+        images: torch.Tensor,
+        num_inversion_steps: int,
+        inversion_strength: float = 1.0,
+        prompt: str | list[str] = "",
+        gradient_checkpointing: bool = False,
+    ) -> torch.Tensor:
+        r"""
+        `D(R_K(I_K(E(images))))`: the DDIM-inversion round trip of images `(B, C, H, W)` in [-1, 1], differentiable.
+        With `num_inversion_steps=0` only the VAE round trip remains.
+        """
+        latents = self.encode_images(images)
+        if num_inversion_steps > 0:
+            timesteps = inversion_timesteps(self.scheduler, num_inversion_steps, inversion_strength)
+            alphas = noise_levels(self.scheduler, timesteps)
+            noise_fn = self.noise_function(images.shape[0], images.device, prompt)
+            latents = ddim_round_trip(noise_fn, latents, timesteps, alphas, use_checkpoint=gradient_checkpointing)
+        return self.decode_latents(latents).to(images.dtype)
+
+    @torch.no_grad()
+    def reconstruction_error(
+        self,
+        image: ImageInput,
+        num_inversion_steps: int = 10,
+        inversion_strength: float = 1.0,
+        prompt: str | list[str] = "",
+    ) -> torch.Tensor:
+        """Per-image mean squared DDIM-inversion reconstruction error `(B,)` of `image` (any input `__call__`
+        takes), in [-1, 1] pixel units."""
+        self._check_schedule(num_inversion_steps, inversion_strength)
+        images = self.preprocess(image).to(self._execution_device)
+        self._check_prompt(prompt, images.shape[0])
+        recon = self.reconstruct(images, num_inversion_steps, inversion_strength, prompt)
+        return (recon - images).pow(2).flatten(1).mean(1).cpu()
+
+    # ------------------------------------------------------------------------------------------------- inputs
+
+    def preprocess(self, image: ImageInput) -> torch.Tensor:
+        r"""
+        Convert `image` to a float32 batch `(B, C, H, W)` in [-1, 1], checking range, channels and size.
+
+        Accepts a PIL image, a numpy array (`(H, W)`, `(H, W, C)` or `(B, H, W, C)`; float in [0, 1] or [-1, 1], or
+        uint8), a tensor (`(C, H, W)` or `(B, C, H, W)` in [0, 1] or [-1, 1]) or a list of any of these. Arrays and
+        tensors with a negative value are read as [-1, 1], others as [0, 1] (diffusers' convention).
+        """
+        items = image if isinstance(image, list) else [image]
+        if not items:
+            raise ValueError("`image` is an empty list; expected at least one image.")
+        channels = self.image_channels
+        batches = []
+        for item in items:
+            if isinstance(item, PIL.Image.Image):
+                item = np.asarray(item.convert("L" if channels == 1 else "RGB"))
+            if isinstance(item, np.ndarray):
+                array = item.astype(np.float32) / 255.0 if item.dtype == np.uint8 else item
+                if array.ndim == 2:
+                    array = array[..., None]
+                if array.ndim == 3:
+                    array = array[None]
+                if array.ndim != 4:
+                    raise ValueError(f"`image` numpy arrays must be (H, W), (H, W, C) or (B, H, W, C); got {item.shape}.")
+                tensor = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
+            elif isinstance(item, torch.Tensor):
+                tensor = item.detach().cpu()
+                if tensor.ndim == 3:
+                    tensor = tensor[None]
+                if tensor.ndim != 4:
+                    raise ValueError(f"`image` tensors must be (C, H, W) or (B, C, H, W); got {tuple(item.shape)}.")
+            else:
+                raise TypeError(
+                    f"`image` must be a PIL image, numpy array, torch tensor or a list of them; got {type(item).__name__}."
+                )
+            if not tensor.is_floating_point():
+                raise TypeError(f"`image` values must be floats (or uint8 numpy arrays); got dtype {tensor.dtype}.")
+            tensor = tensor.float()
+            if not torch.isfinite(tensor).all():
+                raise ValueError("`image` contains NaN or infinite values.")
+            low, high = float(tensor.min()), float(tensor.max())
+            if low < -1.0 - 1e-6 or high > 1.0 + 1e-6:
+                raise ValueError(
+                    f"`image` values span [{low:.3g}, {high:.3g}]; expected [0, 1] or [-1, 1] (uint8 only as numpy)."
+                )
+            batches.append(tensor if low < 0 else tensor * 2.0 - 1.0)
+        shapes = {tuple(t.shape[1:]) for t in batches}
+        if len(shapes) > 1:
+            raise ValueError(f"`image` items have different shapes {sorted(shapes)}; expected one size.")
+        images = torch.cat(batches).clamp(-1.0, 1.0)
+        c, h, w = images.shape[1:]
+        if c != channels:
+            raise ValueError(f"`image` has {c} channels; this pipeline's model expects {channels}.")
+        m = self.size_multiple
+        if h % m or w % m:
+            raise ValueError(f"`image` size {h}x{w} is not a multiple of {m}, which this pipeline's model needs.")
+        return images
+
+    def _check_schedule(self, num_inversion_steps, inversion_strength) -> None:
+        if not isinstance(num_inversion_steps, int) or isinstance(num_inversion_steps, bool) or num_inversion_steps < 0:
+            raise ValueError(f"`num_inversion_steps` must be an int >= 0, got {num_inversion_steps!r}.")
+        if num_inversion_steps == 0 and getattr(self, "vae", None) is None:
+            raise ValueError(
+                "`num_inversion_steps` 0 leaves only the VAE round trip, but this pipeline has no `vae`; use >= 1."
+            )
+        if not isinstance(inversion_strength, (int, float)) or not 0.0 < inversion_strength <= 1.0:
+            raise ValueError(f"`inversion_strength` must lie in (0, 1], got {inversion_strength!r}.")
+        prediction_type = self.scheduler.config.prediction_type
+        if num_inversion_steps > 0 and prediction_type not in SUPPORTED_PREDICTION_TYPES:
+            raise ValueError(
+                f"the scheduler's `prediction_type` {prediction_type!r} is not supported by DDIM inversion; expected "
+                f"one of {SUPPORTED_PREDICTION_TYPES}."
+            )
+        if getattr(self.unet.config, "num_class_embeds", None) is not None and self.config.null_class_label is None:
+            raise ValueError(
+                "the UNet is class-conditional, so inversion needs its unconditional class: set `null_class_label`."
+            )
+
+    def _check_prompt(self, prompt, batch_size: int) -> None:
+        if isinstance(prompt, str):
+            return
+        if not isinstance(prompt, list) or not all(isinstance(p, str) for p in prompt):
+            raise TypeError(f"`prompt` must be a str or a list of str, got {type(prompt).__name__}.")
+        if len(prompt) != batch_size:
+            raise ValueError(f"`prompt` has {len(prompt)} entries for {batch_size} images; expected one per image.")
+
+    def check_inputs(
+        self,
+        num_inversion_steps,
+        inversion_strength,
+        num_iterations,
+        learning_rate,
+        perceptual_budget,
+        perceptual_weight,
+        init_noise_std,
+        output_type,
+        callback_on_step_end_tensor_inputs,
+    ) -> None:
+        """Validate the scalar arguments before any model work (the images are checked by [`preprocess`])."""
+        self._check_schedule(num_inversion_steps, inversion_strength)
+        if not isinstance(num_iterations, int) or isinstance(num_iterations, bool) or num_iterations < 1:
+            raise ValueError(f"`num_iterations` must be a positive int, got {num_iterations!r}.")
+        for name, value, allow_zero in (
+            ("learning_rate", learning_rate, False),
+            ("perceptual_budget", perceptual_budget, False),
+            ("perceptual_weight", perceptual_weight, True),
+            ("init_noise_std", init_noise_std, True),
+        ):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise TypeError(f"`{name}` must be a finite number, got {value!r}.")
+            if value < 0 or (value == 0 and not allow_zero):
+                raise ValueError(f"`{name}` must be {'>= 0' if allow_zero else '> 0'}, got {value!r}.")
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
+        if callback_on_step_end_tensor_inputs is not None and not all(
+            k in self._callback_tensor_inputs for k in callback_on_step_end_tensor_inputs
+        ):
+            raise ValueError(
+                f"`callback_on_step_end_tensor_inputs` must be a subset of {self._callback_tensor_inputs}, got "
+                f"{callback_on_step_end_tensor_inputs!r}."
+            )
+
+    # --------------------------------------------------------------------------------------------------- call
+
+    def __call__(
+        self,
+        image: ImageInput,
+        prompt: str | list[str] = "",
+        num_inversion_steps: int = 10,
+        inversion_strength: float = 1.0,
+        num_iterations: int = 100,
+        learning_rate: float = 0.01,
+        perceptual: str | PerceptualDistance = "ssim",
+        perceptual_budget: float = 0.05,
+        perceptual_weight: float = 1.0,
+        init_noise_std: float = 0.0,
+        gradient_checkpointing: bool = True,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+        callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
+        callback_on_step_end_tensor_inputs: list[str] = ["images"],
+    ) -> DIRPPipelineOutput | tuple:
+        r"""
+        Purify `image`. Gradients are enabled inside (the images are optimised); the models' weights are frozen.
+
+        Args:
+            image (PIL image, `np.ndarray`, `torch.Tensor` or a list of them): the (possibly protected) images; see
+                [`preprocess`] for shapes and value ranges. Height and width must be multiples of `size_multiple`.
+            prompt (`str` or `list[str]`, defaults to `""`): the condition of a text-conditioned denoiser during
+                inversion (one per image, or one for all). Ignored by unconditional and class-conditional models,
+                which use no condition or the null class.
+            num_inversion_steps (`int`, defaults to 10): DDIM steps `K` of the inversion (and of the reconstruction);
+                `0` (latent models only) leaves the VAE round trip (IMPRESS).
+            inversion_strength (`float`, defaults to 1.0): how far up the noise schedule the inversion goes, in
+                (0, 1]: the `K` steps are spaced evenly up to timestep `strength * (T - 1)` (partial inversion).
+            num_iterations (`int`, defaults to 100): Adam iterations.
+            learning_rate (`float`, defaults to 0.01): Adam's initial learning rate (cosine decay to 1/1000 of it),
+                in [-1, 1] pixel units.
+            perceptual (`str` or callable, defaults to `"ssim"`): the distance to the input: `"ssim"` (1 - SSIM),
+                `"l2"` (RMS), `"lpips"` (needs the `lpips` package and its weights locally) or a callable
+                `(x, y) -> (B,)` on [-1, 1] images.
+            perceptual_budget (`float`, defaults to 0.05): distance allowed for free (the hinge's threshold).
+            perceptual_weight (`float`, defaults to 1.0): weight of the hinge `max(d - budget, 0)`.
+            init_noise_std (`float`, defaults to 0.0): standard deviation of Gaussian noise added to the input
+                before optimising (IMPRESS uses 0.1 against PhotoGuard); drawn from `generator`.
+            gradient_checkpointing (`bool`, defaults to True): recompute each denoiser call in the backward pass,
+                so memory holds one call's activations instead of `2K`.
+            generator (`torch.Generator` or `list[torch.Generator]`, *optional*): for `init_noise_std`.
+            output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"` (`(B, H, W, C)` in [0, 1]) or `"pt"`
+                (`(B, C, H, W)` in [0, 1]).
+            return_dict (`bool`, defaults to True): return a [`DIRPPipelineOutput`], else a tuple in its order.
+            callback_on_step_end (`Callable`, *optional*): called as `callback_on_step_end(self, i, i, kwargs)` after
+                every iteration with the tensors named in `callback_on_step_end_tensor_inputs` (`"images"`: the
+                current images `(B, C, H, W)` in [-1, 1]; `"reconstruction"`: their round trip); returning
+                `{"images": ...}` replaces the images being optimised.
+            callback_on_step_end_tensor_inputs (`list[str]`, defaults to `["images"]`).
+
+        Examples:
+
+        ```py
+        >>> from diffusers_ext import DIRPPipeline, zoo
+
+        >>> pipe = DIRPPipeline.from_pretrained(zoo.path("digits-ddpm"))
+        >>> out = pipe(protected_images, num_inversion_steps=10, num_iterations=60, output_type="pt")
+        >>> out.recon_error_before, out.recon_error_after
+        ```
+
+        Returns:
+            [`DIRPPipelineOutput`] or `tuple`.
+        """
+        if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
+            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        self.check_inputs(
+            num_inversion_steps,
+            inversion_strength,
+            num_iterations,
+            learning_rate,
+            perceptual_budget,
+            perceptual_weight,
+            init_noise_std,
+            output_type,
+            callback_on_step_end_tensor_inputs,
+        )
+        distance = get_perceptual_distance(perceptual)
+        device = self._execution_device
+        source = self.preprocess(image).to(device)
+        batch_size = source.shape[0]
+        self._check_prompt(prompt, batch_size)
+        if isinstance(generator, list) and len(generator) != batch_size:
+            raise ValueError(f"`generator` is a list of {len(generator)} generators for {batch_size} images.")
+        self._num_timesteps = num_iterations
+
+        def objective(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            recon = self.reconstruct(x, num_inversion_steps, inversion_strength, prompt, gradient_checkpointing)
+            recon_error = (recon - x).pow(2).flatten(1).mean(1)
+            hinge = torch.relu(distance(x, source).to(x.dtype) - perceptual_budget)
+            return recon_error + perceptual_weight * hinge, recon_error, recon
+
+        with _frozen(self.unet, getattr(self, "vae", None), getattr(self, "text_encoder", None)):
+            with torch.no_grad():
+                recon_error_before = objective(source)[1]
+            images = source
+            if init_noise_std > 0:
+                noise = randn_tensor(source.shape, generator=generator, device=device, dtype=source.dtype)
+                images = (source + init_noise_std * noise).clamp(-1.0, 1.0)
+            images = images.detach().clone().requires_grad_(True)
+            optimizer = torch.optim.Adam([images], lr=learning_rate, eps=1e-8)
+            schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, num_iterations, learning_rate * 1e-3)
+            history = []
+            for i in self.progress_bar(range(num_iterations)):
+                with torch.enable_grad():
+                    loss, _, recon = objective(images)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.sum().backward()  # a sum: each image's gradient is its own objective's
+                optimizer.step()
+                schedule.step()
+                with torch.no_grad():
+                    images.clamp_(-1.0, 1.0)
+                history.append(loss.detach().cpu())
+                if callback_on_step_end is not None:
+                    step_tensors = {"images": images.detach(), "reconstruction": recon.detach()}
+                    callback_kwargs = {k: step_tensors[k] for k in callback_on_step_end_tensor_inputs}
+                    callback_outputs = callback_on_step_end(self, i, i, callback_kwargs) or {}
+                    if "images" in callback_outputs:
+                        with torch.no_grad():
+                            images.copy_(callback_outputs["images"])
+            purified = images.detach()
+            with torch.no_grad():
+                recon_error_after = objective(purified)[1]
+                final_distance = distance(purified, source)
+
+        output = self.image_processor.postprocess(purified, output_type=output_type)
+        self.maybe_free_model_hooks()
+        result = (
+            output,
+            recon_error_before.detach().cpu(),
+            recon_error_after.detach().cpu(),
+            final_distance.detach().float().cpu(),
+            torch.stack(history),
+        )
+        if not return_dict:
+            return result
+        return DIRPPipelineOutput(*result)

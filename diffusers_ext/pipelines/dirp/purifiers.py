@@ -1,0 +1,153 @@
+r"""
+The purification baselines DIRP is measured against. Each maps images `(B, C, H, W)` in [-1, 1] to purified images
+of the same shape and range.
+
+| name | what it does |
+| --- | --- |
+| `jpeg` | JPEG re-encoding at `quality` (PIL) |
+| `noise` | additive Gaussian noise of standard deviation `sigma` (in [0, 1] units), clipped |
+| `diffpure` | DiffPure: noise the (latent) image to timestep `t_star`, then denoise it with deterministic DDIM steps |
+| `gridpure` | GrIDPure: DiffPure on overlapping tiles, averaged, blended with the input at `gamma`, iterated |
+| `impress` | IMPRESS: minimise the VAE round-trip error `||x - D(E(x))||^2` under the same perceptual hinge as DIRP |
+
+IMPRESS needs a VAE. For pixel-space models, where `D(E(x)) = x`, the documented variant replaces the VAE round trip
+by the denoiser's own one-step consistency: a single DDIM inversion step to a low noise level and back
+(`num_inversion_steps=1`, `inversion_strength=impress_strength`); this is DIRP's objective with `K = 1` and a shallow inversion.
+"""
+
+import io
+
+import numpy as np
+import PIL.Image
+import torch
+
+from .ddim_inversion import ddim_reconstruct, noise_levels
+
+
+PURIFIERS = ("jpeg", "noise", "diffpure", "gridpure", "impress")
+
+
+def jpeg(images: torch.Tensor, quality: int = 75) -> torch.Tensor:
+    """Re-encode each image as a JPEG of `quality` (1-95) and decode it again."""
+    if not isinstance(quality, int) or not 1 <= quality <= 95:
+        raise ValueError(f"`quality` must be an int in [1, 95], got {quality!r}.")
+    out = []
+    for image in images.detach().cpu():
+        array = ((image.clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()
+        mode = "L" if array.shape[-1] == 1 else "RGB"
+        buffer = io.BytesIO()
+        PIL.Image.fromarray(array[..., 0] if mode == "L" else array, mode=mode).save(buffer, "JPEG", quality=quality)
+        decoded = np.asarray(PIL.Image.open(io.BytesIO(buffer.getvalue())).convert(mode), dtype=np.float32)
+        decoded = decoded[..., None] if decoded.ndim == 2 else decoded
+        out.append(torch.from_numpy(decoded).permute(2, 0, 1) / 127.5 - 1)
+    return torch.stack(out).to(images.device, images.dtype)
+
+
+def gaussian_noise(images: torch.Tensor, sigma: float = 0.05, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Add `N(0, sigma^2)` noise (`sigma` in [0, 1] image units) and clip to the image range."""
+    if not isinstance(sigma, (int, float)) or sigma <= 0:
+        raise ValueError(f"`sigma` must be a positive number, got {sigma!r}.")
+    noise = torch.randn(images.shape, generator=generator, dtype=images.dtype).to(images.device)
+    return (images + 2 * sigma * noise).clamp(-1.0, 1.0)
+
+
+@torch.no_grad()
+def diffpure(
+    pipe, images: torch.Tensor, t_star: int = 150, num_steps: int = 10, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    r"""
+    DiffPure: diffuse `images` to timestep `t_star` (fresh noise from `generator`), then denoise with `num_steps`
+    deterministic DDIM steps, through the VAE for latent models.
+    """
+    num_train = len(pipe.scheduler.alphas_cumprod)
+    if not isinstance(t_star, int) or not 0 < t_star < num_train:
+        raise ValueError(f"`t_star` must be an int in (0, {num_train}), got {t_star!r}.")
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"`num_steps` must be a positive int, got {num_steps!r}.")
+    device = pipe._execution_device
+    latents = pipe.encode_images(images.to(device, torch.float32))
+    timesteps = torch.linspace(t_star / num_steps, t_star, num_steps).round().long()
+    alphas = noise_levels(pipe.scheduler, timesteps)
+    noise = torch.randn(latents.shape, generator=generator, dtype=latents.dtype).to(device)
+    noisy = float(alphas[-1]) ** 0.5 * latents + (1 - float(alphas[-1])) ** 0.5 * noise
+    noise_fn = pipe.noise_function(latents.shape[0], device)
+    return pipe.decode_latents(ddim_reconstruct(noise_fn, noisy, timesteps, alphas)).clamp(-1, 1).to(images.device)
+
+
+@torch.no_grad()
+def gridpure(
+    pipe,
+    images: torch.Tensor,
+    tile_size: int | None = None,
+    stride: int | None = None,
+    num_iterations: int = 2,
+    gamma: float = 0.1,
+    t_star: int = 100,
+    num_steps: int = 10,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    r"""
+    GrIDPure: `num_iterations` times, purify every `tile_size` tile (at `stride`, covering the image) with
+    [`diffpure`], average the overlapping tiles, and blend with the previous image: `(1 - gamma) * tiles + gamma * x`.
+    Defaults: tiles of half the image side at a stride of a quarter (GrIDPure uses 256 tiles at stride 128).
+    """
+    h, w = images.shape[-2:]
+    tile_size = tile_size or max(pipe.size_multiple, min(h, w) // 2)
+    stride = stride or max(pipe.size_multiple, tile_size // 2)
+    if tile_size % pipe.size_multiple or tile_size > min(h, w):
+        raise ValueError(
+            f"`tile_size` {tile_size} must be a multiple of {pipe.size_multiple} and at most the image side {min(h, w)}."
+        )
+    if not 0 <= gamma < 1:
+        raise ValueError(f"`gamma` must lie in [0, 1), got {gamma!r}.")
+
+    def starts(size: int) -> list[int]:
+        positions = list(range(0, size - tile_size + 1, stride))
+        return positions if positions[-1] == size - tile_size else positions + [size - tile_size]
+
+    x = images
+    for _ in range(num_iterations):
+        total, count = torch.zeros_like(x), torch.zeros_like(x)
+        for top in starts(h):
+            for left in starts(w):
+                tile = x[..., top : top + tile_size, left : left + tile_size]
+                total[..., top : top + tile_size, left : left + tile_size] += diffpure(
+                    pipe, tile, t_star, num_steps, generator
+                )
+                count[..., top : top + tile_size, left : left + tile_size] += 1
+        x = (1 - gamma) * total / count + gamma * x
+    return x
+
+
+def impress(
+    pipe,
+    images: torch.Tensor,
+    num_iterations: int = 100,
+    learning_rate: float = 0.01,
+    perceptual: str = "ssim",
+    perceptual_budget: float = 0.05,
+    perceptual_weight: float = 1.0,
+    impress_strength: float = 0.05,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    r"""
+    IMPRESS with DIRP's optimiser and hinge: the VAE consistency `||x - D(E(x))||^2` when the pipeline has a VAE;
+    for pixel models the one-step denoiser consistency described in this module's docstring (one DDIM inversion
+    step at `impress_strength`).
+    """
+    if getattr(pipe, "vae", None) is not None:
+        schedule = {"num_inversion_steps": 0}
+    else:
+        schedule = {"num_inversion_steps": 1, "inversion_strength": impress_strength}
+    out = pipe(
+        images,
+        num_iterations=num_iterations,
+        learning_rate=learning_rate,
+        perceptual=perceptual,
+        perceptual_budget=perceptual_budget,
+        perceptual_weight=perceptual_weight,
+        generator=generator,
+        output_type="pt",
+        **schedule,
+    )
+    return out.images.to(images.device) * 2 - 1
