@@ -100,7 +100,11 @@ def test_checkpointing_lowers_peak_memory(digits_pipe, threes):
 
     def purify(checkpointing: bool):
         return lambda: digits_pipe(
-            x, num_inversion_steps=6, inversion_strength=0.5, num_iterations=1, gradient_checkpointing=checkpointing,
+            x,
+            num_inversion_steps=6,
+            inversion_strength=0.5,
+            num_iterations=1,
+            gradient_checkpointing=checkpointing,
             output_type="pt",
         )
 

@@ -29,7 +29,11 @@ def peak_memory_bytes(fn: Callable[[], object], device: str | torch.device = "cp
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
+    events = [
+        e
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == DeviceType.CPU
+    ]
     events.sort(key=lambda e: e.start_ns())
     current = peak = 0
     for event in events:

@@ -83,14 +83,20 @@ def evaluate_mimicry(
     """
     with torch.enable_grad():
         unet = finetune_unconditional(ddpm_pipe, images, num_steps=num_steps, seed=seed)
-    mimic = type(ddpm_pipe)(unet=unet, scheduler=ddpm_pipe.scheduler, null_class_label=ddpm_pipe.config.null_class_label)
+    mimic = type(ddpm_pipe)(
+        unet=unet, scheduler=ddpm_pipe.scheduler, null_class_label=ddpm_pipe.config.null_class_label
+    )
     mimic.set_progress_bar_config(disable=True)
-    samples = mimic(
-        batch_size=num_samples,
-        num_inference_steps=num_inference_steps,
-        generator=torch.Generator().manual_seed(seed + 1),
-        output_type="pt",
-    ).images.cpu() * 2 - 1
+    samples = (
+        mimic(
+            batch_size=num_samples,
+            num_inference_steps=num_inference_steps,
+            generator=torch.Generator().manual_seed(seed + 1),
+            output_type="pt",
+        ).images.cpu()
+        * 2
+        - 1
+    )
     predictions, features = classifier_predictions(classifier, samples)
     if reference_images is None:
         real, labels = load_digits_images("heldout", resolution=samples.shape[-1])

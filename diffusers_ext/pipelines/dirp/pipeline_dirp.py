@@ -263,7 +263,9 @@ class DIRPPipeline(DiffusionPipeline):
                 if array.ndim == 3:
                     array = array[None]
                 if array.ndim != 4:
-                    raise ValueError(f"`image` numpy arrays must be (H, W), (H, W, C) or (B, H, W, C); got {item.shape}.")
+                    raise ValueError(
+                        f"`image` numpy arrays must be (H, W), (H, W, C) or (B, H, W, C); got {item.shape}."
+                    )
                 tensor = torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2)
             elif isinstance(item, torch.Tensor):
                 tensor = item.detach().cpu()
@@ -299,7 +301,11 @@ class DIRPPipeline(DiffusionPipeline):
         return images
 
     def _check_schedule(self, num_inversion_steps, inversion_strength) -> None:
-        if not isinstance(num_inversion_steps, int) or isinstance(num_inversion_steps, bool) or num_inversion_steps < 0:
+        if (
+            not isinstance(num_inversion_steps, int)
+            or isinstance(num_inversion_steps, bool)
+            or num_inversion_steps < 0
+        ):
             raise ValueError(f"`num_inversion_steps` must be an int >= 0, got {num_inversion_steps!r}.")
         if num_inversion_steps == 0 and getattr(self, "vae", None) is None:
             raise ValueError(

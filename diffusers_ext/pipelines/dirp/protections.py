@@ -229,7 +229,7 @@ def aspl(
         surrogate.eval()
         noise_fn = pipe.noise_function(b, device, unet=surrogate)
 
-        def objective(x):
+        def objective(x, noise_fn=noise_fn):
             return denoising_loss(noise_fn, pipe.encode_images(x), alphas, generator)[0]
 
         perturbed = _pgd(clean, objective, eps, step_size, pgd_steps, start=perturbed)

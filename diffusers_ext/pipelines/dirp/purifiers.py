@@ -43,7 +43,9 @@ def jpeg(images: torch.Tensor, quality: int = 75) -> torch.Tensor:
     return torch.stack(out).to(images.device, images.dtype)
 
 
-def gaussian_noise(images: torch.Tensor, sigma: float = 0.05, generator: torch.Generator | None = None) -> torch.Tensor:
+def gaussian_noise(
+    images: torch.Tensor, sigma: float = 0.05, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Add `N(0, sigma^2)` noise (`sigma` in [0, 1] image units) and clip to the image range."""
     if not isinstance(sigma, (int, float)) or sigma <= 0:
         raise ValueError(f"`sigma` must be a positive number, got {sigma!r}.")
