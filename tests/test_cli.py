@@ -51,3 +51,56 @@ def test_quick_demo_writes_a_self_contained_report(tmp_path, capsys):
     for name in images:
         assert not name.startswith(("http", "/")) and os.path.getsize(out / name) > 1000
     assert "Digits zoo" in page and "http" not in page
+
+
+def _digit_pngs(folder, count):
+    import numpy as np
+    import PIL.Image
+
+    from diffusers_ext.data.digits import load_digits_images
+
+    images, _ = load_digits_images("heldout", resolution=8)
+    os.makedirs(folder, exist_ok=True)
+    for i in range(count):
+        array = ((images[i, 0].numpy() + 1) * 127.5).round().astype(np.uint8)
+        PIL.Image.fromarray(array, mode="L").save(os.path.join(folder, f"digit{i}.png"))
+
+
+def test_purify_writes_images_and_a_report(tmp_path, capsys):
+    import json
+
+    import PIL.Image
+
+    _digit_pngs(tmp_path / "in", 3)
+    out = tmp_path / "out"
+    code = main(["purify", str(tmp_path / "in"), "--out", str(out), "--num_iterations", "2",
+                 "--num_inversion_steps", "2", "--batch_size", "2"])  # fmt: skip
+    assert code == 0
+    assert sorted(os.listdir(out)) == ["digit0.png", "digit1.png", "digit2.png", "purification.json"]
+    assert PIL.Image.open(out / "digit1.png").size == (8, 8)
+    report = json.loads((out / "purification.json").read_text())
+    assert set(report["images"]) == {"digit0.png", "digit1.png", "digit2.png"}
+    assert all(v["recon_error_after"] >= 0 for v in report["images"].values())
+    assert "Purified 3 images" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--perceptual_budget", "0"], "perceptual_budget"),
+        (["--model", "no-such-model"], "--model"),
+        (["--resolution", "9"], "multiple of 2"),
+    ],
+)
+def test_purify_rejects_bad_options_before_work(tmp_path, extra, message):
+    _digit_pngs(tmp_path / "in", 1)
+    result = _cli("purify", str(tmp_path / "in"), "--out", str(tmp_path / "out"), *extra)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_purify_needs_images(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = _cli("purify", str(tmp_path / "empty"), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "no images" in result.stderr

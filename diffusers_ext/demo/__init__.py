@@ -5,6 +5,7 @@ import time
 from collections.abc import Callable
 
 from .digits import digits_section
+from .dirp import dirp_section
 from .divide_and_denoise import divide_and_denoise_section
 from .e2po import e2po_section
 from .report import Section, write_report
@@ -21,6 +22,7 @@ SECTIONS: list[tuple[str, Callable[[str, bool, int, str], Section]]] = [
     ("e2po", e2po_section),
     ("SemanticNVS", semantic_nvs_section),
     ("constrained unlearning", unlearning_section),
+    ("DIRP", dirp_section),
 ]
 
 

@@ -206,7 +206,7 @@ class DIRPPipeline(DiffusionPipeline):
         self,
         images: torch.Tensor,
         num_inversion_steps: int,
-        inversion_strength: float = 1.0,
+        inversion_strength: float = 0.5,
         prompt: str | list[str] = "",
         gradient_checkpointing: bool = False,
     ) -> torch.Tensor:
@@ -227,7 +227,7 @@ class DIRPPipeline(DiffusionPipeline):
         self,
         image: ImageInput,
         num_inversion_steps: int = 10,
-        inversion_strength: float = 1.0,
+        inversion_strength: float = 0.5,
         prompt: str | list[str] = "",
     ) -> torch.Tensor:
         """Per-image mean squared DDIM-inversion reconstruction error `(B,)` of `image` (any input `__call__`
@@ -375,7 +375,7 @@ class DIRPPipeline(DiffusionPipeline):
         image: ImageInput,
         prompt: str | list[str] = "",
         num_inversion_steps: int = 10,
-        inversion_strength: float = 1.0,
+        inversion_strength: float = 0.5,
         num_iterations: int = 100,
         learning_rate: float = 0.01,
         perceptual: str | PerceptualDistance = "ssim",
@@ -400,8 +400,10 @@ class DIRPPipeline(DiffusionPipeline):
                 which use no condition or the null class.
             num_inversion_steps (`int`, defaults to 10): DDIM steps `K` of the inversion (and of the reconstruction);
                 `0` (latent models only) leaves the VAE round trip (IMPRESS).
-            inversion_strength (`float`, defaults to 1.0): how far up the noise schedule the inversion goes, in
+            inversion_strength (`float`, defaults to 0.5): how far up the noise schedule the inversion goes, in
                 (0, 1]: the `K` steps are spaced evenly up to timestep `strength * (T - 1)` (partial inversion).
+                Near 1 many schedules have cumulative alphas near 0 (1e-9 for the cosine schedule at its last step),
+                where DDIM inversion is ill-conditioned and the reconstruction error explodes.
             num_iterations (`int`, defaults to 100): Adam iterations.
             learning_rate (`float`, defaults to 0.01): Adam's initial learning rate (cosine decay to 1/1000 of it),
                 in [-1, 1] pixel units.

@@ -91,10 +91,13 @@ def gridpure(
     r"""
     GrIDPure: `num_iterations` times, purify every `tile_size` tile (at `stride`, covering the image) with
     [`diffpure`], average the overlapping tiles, and blend with the previous image: `(1 - gamma) * tiles + gamma * x`.
-    Defaults: tiles of half the image side at a stride of a quarter (GrIDPure uses 256 tiles at stride 128).
+    Defaults: tiles of the denoiser's native size (its `sample_size` in pixels; GrIDPure uses 256 tiles for a
+    256-pixel model) or the whole image if smaller, at a stride of half a tile.
     """
     h, w = images.shape[-2:]
-    tile_size = tile_size or max(pipe.size_multiple, min(h, w) // 2)
+    native = pipe.unet.config.sample_size
+    native = (native if isinstance(native, int) else min(native)) * pipe.vae_scale_factor
+    tile_size = tile_size or min(native, h, w)
     stride = stride or max(pipe.size_multiple, tile_size // 2)
     if tile_size % pipe.size_multiple or tile_size > min(h, w):
         raise ValueError(
