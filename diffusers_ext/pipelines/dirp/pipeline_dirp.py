@@ -377,9 +377,9 @@ class DIRPPipeline(DiffusionPipeline):
         num_inversion_steps: int = 10,
         inversion_strength: float = 0.5,
         num_iterations: int = 100,
-        learning_rate: float = 0.01,
+        learning_rate: float = 0.003,
         perceptual: str | PerceptualDistance = "ssim",
-        perceptual_budget: float = 0.05,
+        perceptual_budget: float = 0.02,
         perceptual_weight: float = 1.0,
         init_noise_std: float = 0.0,
         gradient_checkpointing: bool = True,
@@ -405,12 +405,13 @@ class DIRPPipeline(DiffusionPipeline):
                 Near 1 many schedules have cumulative alphas near 0 (1e-9 for the cosine schedule at its last step),
                 where DDIM inversion is ill-conditioned and the reconstruction error explodes.
             num_iterations (`int`, defaults to 100): Adam iterations.
-            learning_rate (`float`, defaults to 0.01): Adam's initial learning rate (cosine decay to 1/1000 of it),
-                in [-1, 1] pixel units.
+            learning_rate (`float`, defaults to 0.003): Adam's initial learning rate (cosine decay to 1/1000 of it),
+                in [-1, 1] pixel units. Each iteration moves a pixel by about this much, so `num_iterations *
+                learning_rate` bounds the change; larger rates overshoot past the clean image.
             perceptual (`str` or callable, defaults to `"ssim"`): the distance to the input: `"ssim"` (1 - SSIM),
                 `"l2"` (RMS), `"lpips"` (needs the `lpips` package and its weights locally) or a callable
                 `(x, y) -> (B,)` on [-1, 1] images.
-            perceptual_budget (`float`, defaults to 0.05): distance allowed for free (the hinge's threshold).
+            perceptual_budget (`float`, defaults to 0.02): distance allowed for free (the hinge's threshold).
             perceptual_weight (`float`, defaults to 1.0): weight of the hinge `max(d - budget, 0)`.
             init_noise_std (`float`, defaults to 0.0): standard deviation of Gaussian noise added to the input
                 before optimising (IMPRESS uses 0.1 against PhotoGuard); drawn from `generator`.
