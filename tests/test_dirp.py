@@ -1,5 +1,7 @@
 """DIRP: DDIM inversion, the purification objective on the zoo digits DDPM, protections and purification baselines."""
 
+import os
+
 import numpy as np
 import PIL.Image
 import pytest
@@ -262,3 +264,38 @@ def test_perceptual_distances():
 def test_bad_arguments_are_named(digits_pipe, threes, call, argument):
     with pytest.raises((ValueError, TypeError), match=argument):
         call(digits_pipe, threes[:2])
+
+
+# ------------------------------------------------------------------------------------------------------ benchmark
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _benchmark_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dirp_benchmark", os.path.join(REPO, "benchmarks", "dirp.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_runs_on_a_pipeline_folder_with_a_vae(tmp_path):
+    """The benchmark's real-checkpoint mode, on a saved tiny Stable Diffusion folder and a folder of images."""
+    import json
+
+    DIRPPipeline(**get_components(0)).save_pretrained(tmp_path / "tiny-sd")
+    (tmp_path / "images").mkdir()
+    for i in range(2):
+        array = (np.random.default_rng(i).random((32, 32, 3)) * 255).astype(np.uint8)
+        PIL.Image.fromarray(array).save(tmp_path / "images" / f"{i}.png")
+    _benchmark_module().main([
+        "--pretrained_model_name_or_path", str(tmp_path / "tiny-sd"), "--image_dir", str(tmp_path / "images"),
+        "--resolution", "32", "--protections", "advdm", "photoguard", "--budgets", "8", "--pgd_steps", "2",
+        "--num_iterations", "2", "--output_dir", str(tmp_path / "results"), "--run_name", "tiny",
+    ])  # fmt: skip
+    results = json.loads((tmp_path / "results" / "tiny.json").read_text())
+    assert set(results["grid"]) == {"advdm@8", "photoguard@8"}
+    assert set(results["grid"]["advdm@8"]) == {"none", "jpeg", "noise", "diffpure", "gridpure", "impress", "dirp"}
+    assert "downstream_frechet" not in results["summary"]
+    assert (tmp_path / "results" / "tiny.md").exists() and (tmp_path / "results" / "tiny.png").exists()
