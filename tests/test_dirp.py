@@ -299,3 +299,19 @@ def test_benchmark_runs_on_a_pipeline_folder_with_a_vae(tmp_path):
     assert set(results["grid"]["advdm@8"]) == {"none", "jpeg", "noise", "diffpure", "gridpure", "impress", "dirp"}
     assert "downstream_frechet" not in results["summary"]
     assert (tmp_path / "results" / "tiny.md").exists() and (tmp_path / "results" / "tiny.png").exists()
+
+
+def test_results_file_has_the_summary_the_issue_asks_for():
+    import json
+
+    with open(os.path.join(REPO, "benchmarks", "results", "dirp.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    summary = results["summary"]
+    assert results["command"].startswith("python benchmarks/dirp.py")
+    assert {"jpeg", "noise", "diffpure", "gridpure", "impress", "dirp"} <= summary["psnr_to_clean"].keys()
+    assert {"clean", "protected", "dirp"} <= summary["recon_error"].keys()
+    assert {"clean", "protected", "dirp"} <= summary["downstream_frechet"].keys()
+    assert summary["peak_memory_ratio"] > 0
+    budgets = {key.split("@")[1] for key in results["grid"]}
+    protections = {key.split("@")[0] for key in results["grid"]}
+    assert budgets == {"8", "16"} and protections == set(PROTECTIONS)
