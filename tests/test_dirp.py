@@ -122,7 +122,8 @@ def test_dirp_undoes_advdm_on_the_zoo_model(digits_pipe, threes):
     protected = protect(digits_pipe, threes, "advdm", eps=EPS, num_steps=20, generator=seeded(0))
     schedule = {"num_inversion_steps": 5, "inversion_strength": 0.5}
     clean_error = digits_pipe.reconstruction_error(threes, **schedule)
-    out = digits_pipe(protected, num_iterations=30, output_type="pt", gradient_checkpointing=False, **schedule)
+    out = digits_pipe(protected, num_iterations=30, learning_rate=0.01, perceptual_budget=0.05, output_type="pt",
+                      gradient_checkpointing=False, **schedule)  # fmt: skip
     purified = out.images * 2 - 1
 
     torch.testing.assert_close(out.recon_error_before, digits_pipe.reconstruction_error(protected, **schedule))
