@@ -21,7 +21,7 @@ def get_components(seed: int = 0) -> dict:
 
 
 def get_inputs(seed: int = 0) -> dict:
-    """One seeded random 32x32 RGB image in [0, 1], 2 inversion steps, 2 iterations, `output_type="np"`."""
+    """One seeded random 32x32 RGB image in [0, 1], 2 inversion steps, 2 iterations, a loose budget, `output_type="np"`."""
     image = torch.rand(1, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator("cpu").manual_seed(100 + seed))
     return {
         "image": image,
@@ -29,6 +29,8 @@ def get_inputs(seed: int = 0) -> dict:
         "num_iterations": 2,
         "learning_rate": 0.05,
         "init_noise_std": 0.05,
+        # away from the hinge's kink, where float rounding between batched and single runs can flip the gradient
+        "perceptual_budget": 0.5,
         "generator": torch.Generator("cpu").manual_seed(seed),
         "output_type": "np",
     }

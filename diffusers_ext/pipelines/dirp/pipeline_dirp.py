@@ -33,6 +33,7 @@ OUTPUT_TYPES = ("pil", "np", "pt")
 ImageInput = PIL.Image.Image | np.ndarray | torch.Tensor | list
 
 
+@public
 @dataclass
 class DIRPPipelineOutput(BaseOutput):
     r"""
