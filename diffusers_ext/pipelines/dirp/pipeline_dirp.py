@@ -210,16 +210,18 @@ class DIRPPipeline(DiffusionPipeline):
         inversion_strength: float = 0.5,
         prompt: str | list[str] = "",
         gradient_checkpointing: bool = False,
+        noise_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         r"""
         `D(R_K(I_K(E(images))))`: the DDIM-inversion round trip of images `(B, C, H, W)` in [-1, 1], differentiable.
-        With `num_inversion_steps=0` only the VAE round trip remains.
+        With `num_inversion_steps=0` only the VAE round trip remains. `noise_fn` (from [`noise_function`]) saves
+        encoding `prompt` again when the round trip is repeated.
         """
         latents = self.encode_images(images)
         if num_inversion_steps > 0:
             timesteps = inversion_timesteps(self.scheduler, num_inversion_steps, inversion_strength)
             alphas = noise_levels(self.scheduler, timesteps)
-            noise_fn = self.noise_function(images.shape[0], images.device, prompt)
+            noise_fn = noise_fn or self.noise_function(images.shape[0], images.device, prompt)
             latents = ddim_round_trip(noise_fn, latents, timesteps, alphas, use_checkpoint=gradient_checkpointing)
         return self.decode_latents(latents).to(images.dtype)
 
@@ -463,8 +465,12 @@ class DIRPPipeline(DiffusionPipeline):
             raise ValueError(f"`generator` is a list of {len(generator)} generators for {batch_size} images.")
         self._num_timesteps = num_iterations
 
+        noise_fn = self.noise_function(batch_size, device, prompt)
+
         def objective(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            recon = self.reconstruct(x, num_inversion_steps, inversion_strength, prompt, gradient_checkpointing)
+            recon = self.reconstruct(
+                x, num_inversion_steps, inversion_strength, prompt, gradient_checkpointing, noise_fn=noise_fn
+            )
             recon_error = (recon - x).pow(2).flatten(1).mean(1)
             hinge = torch.relu(distance(x, source).to(x.dtype) - perceptual_budget)
             return recon_error + perceptual_weight * hinge, recon_error, recon
