@@ -29,6 +29,12 @@ def test_encoder_then_nvs_training_give_a_working_pipeline(tmp_path):
     result = _run(NVS, "--output_dir", str(nvs_dir), "--semantic_encoder", str(encoder_dir), *TINY)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (nvs_dir / "checkpoint-2").is_dir() and not (nvs_dir / "checkpoint-1").exists()
+    # the paper's surrogate (blurred clean targets) stays available
+    blur_dir = tmp_path / "nvs-blur"
+    result = _run(NVS, "--output_dir", str(blur_dir), "--semantic_encoder", str(encoder_dir), *TINY,
+                  "--iterative_surrogate", "blur")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--iterative_surrogate blur" in (blur_dir / "README.md").read_text()
 
     from diffusers_ext import SemanticNVSPipeline
     from diffusers_ext.data.procedural_scenes import sample_scene_batch
@@ -50,6 +56,8 @@ def test_encoder_then_nvs_training_give_a_working_pipeline(tmp_path):
         (["--semantic_encoder", "/nonexistent/encoder"], "--semantic_encoder"),
         (["--no_semantics", "--num_views", "1"], "--num_views"),
         (["--no_semantics", "--resolution", "9"], "--resolution 9"),
+        (["--no_semantics", "--self_cond_prob", "1.5"], "--self_cond_prob must be in [0, 1], got 1.5"),
+        (["--no_semantics", "--iterative_surrogate", "noise"], "--iterative_surrogate"),
     ],
 )
 def test_bad_arguments(tmp_path, args, message):

@@ -3,10 +3,20 @@
 
 Each step renders fresh scenes (a function of the seed and the step, so resuming replays the same data): view 0 is
 the input, the others are targets at random azimuth offsets. The targets are noised and denoised with the input view
-clean. Semantic conditioning follows SemanticNVS: input-view features warped to each target by depth, and, standing
-in for the features of the model's own estimate used at inference ("iterative"), features of the Gaussian-blurred
-clean target. Each scene draws one of "warped", "iterative", "warped+iterative", and with `--cond_dropout`
-probability drops all conditioning but the cameras (for classifier-free guidance).
+clean. Semantic conditioning follows SemanticNVS: input-view features warped to each target by depth, and features
+of the model's own estimate of the clean targets ("iterative"). Each scene draws one of "warped", "iterative",
+"warped+iterative", and with `--cond_dropout` probability drops all conditioning but the cameras (for
+classifier-free guidance).
+
+The iterative features at inference come from the model's early, often wrong, estimates. `--iterative_surrogate`
+chooses what stands in for them in training:
+
+- `self_cond` (default): two-pass self-conditioning. With probability `--self_cond_prob` a scene in an iterative mode
+  first runs through the model without iterative features (what the pipeline's first step sees), under no_grad; the
+  features of that pass's estimate of the clean targets at the training timestep, extracted exactly as the pipeline
+  does (`pipelines/semantic_nvs/conditioning.py`), condition the second pass, which gets the gradient. Otherwise
+  the scene is trained as at the first step (no iterative features yet).
+- `blur`: the paper's surrogate, features of the Gaussian-blurred clean target (`--blur_sigma`), always right.
 
     accelerate launch training/train_semantic_nvs.py --output_dir nvs --semantic_encoder diffusers_ext/zoo/procedural-semantic-encoder
     accelerate launch training/train_semantic_nvs.py --output_dir nvs-baseline --no_semantics
@@ -28,6 +38,7 @@ from diffusers_ext.training_utils import add_accelerate_arguments
 
 logger = get_logger(__name__, log_level="INFO")
 TRAIN_MODES = ("warped", "iterative", "warped+iterative")
+SURROGATES = ("self_cond", "blur")
 
 
 def parse_args(argv=None):
@@ -40,8 +51,14 @@ def parse_args(argv=None):
     parser.add_argument("--num_views", type=int, default=3, help="Views per scene: 1 input + targets.")
     parser.add_argument("--max_azimuth_span", type=float, default=90.0, help="Largest target azimuth offset (deg).")
     parser.add_argument("--block_out_channels", type=int, nargs="+", default=[32, 64], help="UNet channels.")
+    parser.add_argument("--iterative_surrogate", type=str, default="self_cond", choices=SURROGATES,
+                        help="What stands in for the iterative features in training: the model's own stop-gradient "
+                        "estimate ('self_cond') or the blurred clean target ('blur', the paper's).")  # fmt: skip
+    parser.add_argument("--self_cond_prob", type=float, default=0.5,
+                        help="With 'self_cond': probability that a scene in an iterative mode gets features of the "
+                        "model's estimate (else none, as at the first sampling step).")  # fmt: skip
     parser.add_argument("--blur_sigma", type=float, nargs=2, default=[1.0, 3.0],
-                        help="Range of the Gaussian blur of the iterative-feature surrogate (pixels).")  # fmt: skip
+                        help="With 'blur': range of the Gaussian blur of the surrogate (pixels).")  # fmt: skip
     parser.add_argument("--cond_dropout", type=float, default=0.1, help="Probability of dropping all conditioning.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of initialisation, scenes and noise.")
     parser.add_argument("--train_batch_size", type=int, default=8, help="Scenes per step and process.")
@@ -54,6 +71,8 @@ def parse_args(argv=None):
         parser.error("pass exactly one of --semantic_encoder FOLDER and --no_semantics.")
     if args.semantic_encoder is not None and not os.path.isdir(args.semantic_encoder):
         parser.error(f"--semantic_encoder {args.semantic_encoder!r} is not a folder.")
+    if not 0.0 <= args.self_cond_prob <= 1.0:
+        parser.error(f"--self_cond_prob must be in [0, 1], got {args.self_cond_prob}.")
     if args.num_views < 2:
         parser.error(f"--num_views must be >= 2 (an input and a target), got {args.num_views}.")
     factor = 2 ** (len(args.block_out_channels) - 1)
@@ -80,8 +99,9 @@ def gaussian_blur(images: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
     return x.reshape(n, c, h, w)
 
 
-def semantic_conditioning(encoder, batch, generator, blur_sigma):
-    """Features and validity `(B, V, S, H, W)`, `(B, V, 1, H, W)` for every view, following a random mode per scene."""
+def scene_semantics(encoder, batch, generator):
+    """Input-view features `(B, 1, S, H, W)`, their warp to the targets `(B, V - 1, S, H, W)` with its coverage
+    `(B, V - 1, 1, H, W)`, and one training mode per scene (names from `TRAIN_MODES`)."""
     from diffusers_ext.pipelines.semantic_nvs.semantic_features import semantic_feature_map
     from diffusers_ext.pipelines.semantic_nvs.warp import warp_to_targets
 
@@ -91,21 +111,33 @@ def semantic_conditioning(encoder, batch, generator, blur_sigma):
         inputs = semantic_feature_map(encoder, images[:, 0]).reshape(b, 1, -1, h, w)
         warped, coverage = warp_to_targets(inputs, batch["depths"][:, :1], batch["intrinsics"][:, :1],
                                            batch["c2w"][:, :1], batch["intrinsics"][:, 1:], batch["c2w"][:, 1:])  # fmt: skip
+    modes = [TRAIN_MODES[m] for m in torch.randint(0, len(TRAIN_MODES), (b,), generator=generator).tolist()]
+    return inputs, warped, coverage, modes
+
+
+def blurred_target_semantics(encoder, images, generator, blur_sigma):
+    """The paper's surrogate for the iterative features: features `(B, V - 1, S, H, W)` of the targets of `images`
+    `(B, V, 3, H, W)` in [0, 1], each blurred with a Gaussian of random sigma in `blur_sigma`."""
+    from diffusers_ext.pipelines.semantic_nvs.semantic_features import semantic_feature_map
+
+    b, v, c, h, w = images.shape
+    with torch.no_grad():
         sigmas = blur_sigma[0] + (blur_sigma[1] - blur_sigma[0]) * torch.rand(b * (v - 1), generator=generator)
         blurred = gaussian_blur(images[:, 1:].reshape(-1, c, h, w), sigmas)
-        iterative = semantic_feature_map(encoder, blurred).reshape(b, v - 1, -1, h, w)
-    modes = torch.randint(0, len(TRAIN_MODES), (b,), generator=generator)
+        return semantic_feature_map(encoder, blurred).reshape(b, v - 1, -1, h, w)
+
+
+def compose_semantics(inputs, warped, coverage, modes, iterative):
+    """Features `(B, V, S, H, W)` and validity `(B, V, 1, H, W)` of every view: the input view's own features, and
+    the targets' as the pipeline builds them (`target_semantics`) for each scene's mode; `iterative` is a list with,
+    per scene, `(V - 1, S, H, W)` features of an estimate of its targets or None (no estimate yet)."""
+    from diffusers_ext.pipelines.semantic_nvs.conditioning import target_semantics
+
     features, masks = [], []
-    for scene, mode in enumerate(TRAIN_MODES[m] for m in modes.tolist()):
-        if mode == "warped":
-            feature, mask = warped[scene], coverage[scene].float()
-        elif mode == "iterative":
-            feature, mask = iterative[scene], torch.ones_like(coverage[scene], dtype=torch.float32)
-        else:
-            feature = torch.where(coverage[scene], warped[scene], iterative[scene])
-            mask = torch.ones_like(coverage[scene], dtype=torch.float32)
+    for scene, mode in enumerate(modes):
+        feature, mask = target_semantics(mode, warped[scene], coverage[scene], iterative[scene])
         features.append(torch.cat([inputs[scene], feature]))
-        masks.append(torch.cat([torch.ones(1, 1, h, w), mask]))
+        masks.append(torch.cat([torch.ones_like(mask[:1]), mask]))
     return torch.stack(features), torch.stack(masks)
 
 
@@ -118,6 +150,7 @@ def main(argv=None):
     from diffusers_ext import SemanticMultiViewUNetModel, SemanticNVSPipeline
     from diffusers_ext.data.procedural_scenes import sample_scene_batch
     from diffusers_ext.pipelines.semantic_nvs.camera import scene_plucker
+    from diffusers_ext.pipelines.semantic_nvs.conditioning import iterative_semantics, x0_estimate
     from diffusers_ext.training_utils import (
         build_accelerator,
         command_line,
@@ -168,14 +201,20 @@ def main(argv=None):
         plucker = scene_plucker(batch["intrinsics"], batch["c2w"], size, size)
         features = masks = None
         if encoder is not None:
-            features, masks = semantic_conditioning(encoder, batch, generator, args.blur_sigma)
+            inputs, warped, coverage, modes = scene_semantics(encoder, batch, generator)
+            if args.iterative_surrogate == "blur":
+                blurred = blurred_target_semantics(encoder, batch["images"], generator, args.blur_sigma)
+                iterative = [blurred[scene] if "iterative" in mode else None for scene, mode in enumerate(modes)]
+            else:
+                draws = torch.rand(b, generator=generator) < args.self_cond_prob
+                self_cond = [bool(d) and "iterative" in mode for d, mode in zip(draws, modes)]
+                iterative = [None] * b  # filled after the first pass below
+            features, masks = compose_semantics(inputs, warped, coverage, modes, iterative)
         keep = (torch.rand(b, generator=generator) >= args.cond_dropout).float()
         input_mask = torch.zeros(b, v, dtype=torch.bool)
         input_mask[:, 0] = keep.bool()
         input_images = torch.zeros_like(clean)
         input_images[:, 0] = clean[:, 0] * keep[:, None, None, None]
-        if features is not None:
-            features, masks = features * keep[:, None, None, None, None], masks * keep[:, None, None, None, None]
 
         noise = torch.randn(clean[:, 1:].shape, generator=generator)
         timesteps = torch.randint(0, 1000, (b,), generator=generator)
@@ -184,6 +223,22 @@ def main(argv=None):
                                           timesteps.repeat_interleave(v - 1)).reshape(b, v - 1, 3, size, size)  # fmt: skip
         sample = torch.cat([clean[:, :1], noisy], 1)
         device = accelerator.device
+        if encoder is not None and args.iterative_surrogate == "self_cond" and any(self_cond):
+            # First pass, as the pipeline's step before: no iterative features; its estimate of the clean targets at
+            # this timestep gives the iterative features of the second pass (stop-gradient).
+            with torch.no_grad(), accelerator.autocast():
+                first = accelerator.unwrap_model(unet)(
+                    sample.to(device), timesteps.to(device), plucker.to(device), input_mask.to(device),
+                    input_images.to(device), features.to(device), masks.to(device),
+                ).sample[:, 1:]  # fmt: skip
+                x0 = x0_estimate(noise_scheduler, first.float().reshape(-1, 3, size, size),
+                                 noisy.to(device).reshape(-1, 3, size, size),
+                                 timesteps.to(device).repeat_interleave(v - 1))  # fmt: skip
+                estimated = iterative_semantics(encoder, x0).reshape(b, v - 1, -1, size, size).to(inputs.device)
+            iterative = [estimated[scene] if use else None for scene, use in enumerate(self_cond)]
+            features, masks = compose_semantics(inputs, warped, coverage, modes, iterative)
+        if features is not None:
+            features, masks = features * keep[:, None, None, None, None], masks * keep[:, None, None, None, None]
         with accelerator.autocast():
             prediction = unet(sample.to(device), timesteps.to(device), plucker.to(device), input_mask.to(device),
                               input_images.to(device),
