@@ -58,8 +58,50 @@ def test_encoder_then_nvs_training_give_a_working_pipeline(tmp_path):
         (["--no_semantics", "--resolution", "9"], "--resolution 9"),
         (["--no_semantics", "--self_cond_prob", "1.5"], "--self_cond_prob must be in [0, 1], got 1.5"),
         (["--no_semantics", "--iterative_surrogate", "noise"], "--iterative_surrogate"),
+        (["--no_semantics", "--train_data_dir", "a", "--dataset_name", "b"], "at most one of --train_data_dir"),
+        (["--no_semantics", "--train_data_dir", "/nonexistent/captures"], "--train_data_dir"),
     ],
 )
 def test_bad_arguments(tmp_path, args, message):
     result = _run(NVS, "--output_dir", str(tmp_path), *args)
     assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1]
+
+
+def _write_captures(root, with_depth):
+    """Two procedural scenes of three views each, written in the multi-view folder format."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from diffusers_ext.data.procedural_scenes import random_scene, render_orbit
+
+    for index in range(2):
+        scene = render_orbit(random_scene(torch.Generator().manual_seed(index), num_objects=2), 3, 8, sweep_deg=60)
+        folder = root / f"scene{index}"
+        folder.mkdir(parents=True)
+        frames = []
+        for view in range(3):
+            pixels = (scene["images"][view].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"{view}.png")
+            frame = {"image": f"{view}.png", "intrinsics": scene["intrinsics"][view].tolist(),
+                     "c2w": scene["c2w"][view].tolist()}  # fmt: skip
+            if with_depth:
+                np.save(folder / f"{view}.npy", scene["depths"][view, 0].numpy())
+                frame["depth"] = f"{view}.npy"
+            frames.append(frame)
+        (folder / "cameras.json").write_text(json.dumps({"frames": frames}))
+
+
+def test_training_on_captures_from_a_folder(tmp_path):
+    encoder = os.path.join(REPO, "diffusers_ext", "zoo", "procedural-semantic-encoder")
+    _write_captures(tmp_path / "captures", with_depth=True)
+    result = _run(NVS, "--output_dir", str(tmp_path / "nvs"), "--semantic_encoder", encoder, *TINY,
+                  "--train_data_dir", str(tmp_path / "captures"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 posed multi-view scenes at 8x8" in (tmp_path / "nvs" / "README.md").read_text()
+
+    _write_captures(tmp_path / "no-depth", with_depth=False)
+    result = _run(NVS, "--output_dir", str(tmp_path / "nvs2"), "--semantic_encoder", encoder, *TINY,
+                  "--train_data_dir", str(tmp_path / "no-depth"))  # fmt: skip
+    assert result.returncode == 2 and "no depth" in result.stderr.strip().splitlines()[-1]

@@ -1,8 +1,11 @@
 #!/usr/bin/env python
-"""Train a SemanticNVS multi-view denoiser (or its no-semantics baseline) on procedural scenes with accelerate.
+"""Train a SemanticNVS multi-view denoiser (or its no-semantics baseline) on posed multi-view scenes with accelerate.
 
-Each step renders fresh scenes (a function of the seed and the step, so resuming replays the same data): view 0 is
-the input, the others are targets at random azimuth offsets. The targets are noised and denoised with the input view
+By default each step renders fresh procedural scenes (a function of the seed and the step, so resuming replays the
+same data): view 0 is the input, the others are targets at random azimuth offsets. `--train_data_dir` (a folder of
+captures) or `--dataset_name` (a `datasets` dataset, saved to disk or by name) trains on posed captures instead
+(`diffusers_ext/data/multiview_folder.py` describes the format: images, intrinsics, camera-to-world poses, optional
+depth, which the semantic model needs for warping); each step draws scenes and views from the seed and the step. The targets are noised and denoised with the input view
 clean. Semantic conditioning follows SemanticNVS: input-view features warped to each target by depth, and features
 of the model's own estimate of the clean targets ("iterative"). Each scene draws one of "warped", "iterative",
 "warped+iterative", and with `--cond_dropout` probability drops all conditioning but the cameras (for
@@ -20,6 +23,7 @@ chooses what stands in for them in training:
 
     accelerate launch training/train_semantic_nvs.py --output_dir nvs --semantic_encoder diffusers_ext/zoo/procedural-semantic-encoder
     accelerate launch training/train_semantic_nvs.py --output_dir nvs-baseline --no_semantics
+    accelerate launch training/train_semantic_nvs.py --output_dir nvs --semantic_encoder ENCODER --train_data_dir captures
 """
 
 import argparse
@@ -47,6 +51,12 @@ def parse_args(argv=None):
     parser.add_argument("--semantic_encoder", type=str, default=None,
                         help="A transformers ViT/Dinov2 folder giving the semantic features.")  # fmt: skip
     parser.add_argument("--no_semantics", action="store_true", help="Train the baseline without semantic inputs.")
+    parser.add_argument("--train_data_dir", type=str, default=None,
+                        help="A folder of posed multi-view captures (default: procedural scenes).")  # fmt: skip
+    parser.add_argument("--dataset_name", type=str, default=None,
+                        help="A `datasets` dataset of posed captures: a folder from save_to_disk or a name for "
+                        "load_dataset (default: procedural scenes).")  # fmt: skip
+    parser.add_argument("--dataset_split", type=str, default="train", help="The split of --dataset_name.")
     parser.add_argument("--resolution", type=int, default=16, help="View size.")
     parser.add_argument("--num_views", type=int, default=3, help="Views per scene: 1 input + targets.")
     parser.add_argument("--max_azimuth_span", type=float, default=90.0, help="Largest target azimuth offset (deg).")
@@ -71,6 +81,10 @@ def parse_args(argv=None):
         parser.error("pass exactly one of --semantic_encoder FOLDER and --no_semantics.")
     if args.semantic_encoder is not None and not os.path.isdir(args.semantic_encoder):
         parser.error(f"--semantic_encoder {args.semantic_encoder!r} is not a folder.")
+    if args.train_data_dir is not None and args.dataset_name is not None:
+        parser.error("pass at most one of --train_data_dir and --dataset_name.")
+    if args.train_data_dir is not None and not os.path.isdir(args.train_data_dir):
+        parser.error(f"--train_data_dir {args.train_data_dir!r} is not a folder.")
     if not 0.0 <= args.self_cond_prob <= 1.0:
         parser.error(f"--self_cond_prob must be in [0, 1], got {args.self_cond_prob}.")
     if args.num_views < 2:
@@ -141,6 +155,27 @@ def compose_semantics(inputs, warped, coverage, modes, iterative):
     return torch.stack(features), torch.stack(masks)
 
 
+def load_captures(args):
+    """The posed captures named by `--train_data_dir` / `--dataset_name` as a `MultiViewSceneDataset`, or None."""
+    from diffusers_ext.data.multiview_folder import MultiViewSceneDataset
+
+    if args.train_data_dir is not None:
+        return MultiViewSceneDataset.from_folder(args.train_data_dir, args.resolution)
+    if args.dataset_name is None:
+        return None
+    import datasets
+
+    if os.path.isdir(args.dataset_name):
+        dataset = datasets.load_from_disk(args.dataset_name)
+        if isinstance(dataset, datasets.DatasetDict):
+            if args.dataset_split not in dataset:
+                raise ValueError(f"--dataset_split {args.dataset_split!r} is not one of {list(dataset)}.")
+            dataset = dataset[args.dataset_split]
+    else:
+        dataset = datasets.load_dataset(args.dataset_name, split=args.dataset_split)
+    return MultiViewSceneDataset.from_dataset(dataset, args.resolution)
+
+
 def main(argv=None):
     args = parse_args(argv)
     from diffusers import DDIMScheduler, DDPMScheduler
@@ -163,6 +198,12 @@ def main(argv=None):
     accelerator = build_accelerator(args.output_dir, args.logging_dir, args.mixed_precision, args.report_to)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     set_seed(args.seed)
+    captures = load_captures(args)
+    if captures is not None and args.semantic_encoder is not None and not captures.has_depth:
+        raise ValueError(
+            "the captures have no depth for every view; semantic training warps input features by depth "
+            "(add depth maps, or train the baseline with --no_semantics)."
+        )
     encoder = None
     if args.semantic_encoder is not None:
         encoder = AutoModel.from_pretrained(args.semantic_encoder).eval().requires_grad_(False)
@@ -194,8 +235,11 @@ def main(argv=None):
     unet.train()
     while global_step < args.max_train_steps:
         generator = step_generator(args.seed, global_step, accelerator.process_index)
-        batch = sample_scene_batch(generator, args.train_batch_size, args.num_views, size,
-                                   max_azimuth_span_deg=args.max_azimuth_span)  # fmt: skip
+        if captures is None:
+            batch = sample_scene_batch(generator, args.train_batch_size, args.num_views, size,
+                                       max_azimuth_span_deg=args.max_azimuth_span)  # fmt: skip
+        else:
+            batch = captures.sample_batch(generator, args.train_batch_size, args.num_views)
         b, v = batch["images"].shape[:2]
         clean = batch["images"] * 2 - 1
         plucker = scene_plucker(batch["intrinsics"], batch["c2w"], size, size)
@@ -268,14 +312,26 @@ def main(argv=None):
         pipeline = SemanticNVSPipeline(final, DDIMScheduler.from_config(noise_scheduler.config), encoder)
         pipeline.save_pretrained(args.output_dir)
         kind = "without semantic conditioning (the baseline)" if encoder is None else "with semantic conditioning"
+        if captures is None:
+            data = (f"procedural scenes at {size}x{size}: 1 input view and {args.num_views - 1} targets within "
+                    f"{args.max_azimuth_span:g} degrees of azimuth")  # fmt: skip
+        else:
+            data = f"{len(captures)} posed multi-view scenes at {size}x{size}: 1 input view and {args.num_views - 1} targets"
+        surrogate = ""
+        if encoder is not None:
+            surrogate = (
+                f"; iterative features from the model's own stop-gradient estimate (two-pass self-conditioning, "
+                f"probability {args.self_cond_prob:g})"
+                if args.iterative_surrogate == "self_cond"
+                else f"; iterative features from the Gaussian-blurred clean target (sigma {args.blur_sigma})"
+            )
         write_model_card(
             args.output_dir,
-            title=f"SemanticNVS on procedural scenes, {kind}",
+            title=f"SemanticNVS on {'procedural scenes' if captures is None else 'posed captures'}, {kind}",
             description=(
                 f"A `SemanticMultiViewUNetModel` ({sum(p.numel() for p in final.parameters()):,} parameters) trained "
-                f"{kind} with `training/train_semantic_nvs.py` on procedural scenes at {size}x{size}: 1 input view "
-                f"and {args.num_views - 1} targets within {args.max_azimuth_span:g} degrees of azimuth, "
-                f"{args.max_train_steps} steps of {args.train_batch_size} scenes"
+                f"{kind} with `training/train_semantic_nvs.py` on {data}, "
+                f"{args.max_train_steps} steps of {args.train_batch_size} scenes{surrogate}"
                 + (", EMA weights." if ema is not None else ".")
             ),
             command=command_line(),
