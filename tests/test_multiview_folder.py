@@ -93,6 +93,10 @@ def test_datasets_rows_match_the_folder(tmp_path):
     row = MultiViewSceneDataset.from_dataset(rows, resolution=8)[0]
     for key in folder:
         torch.testing.assert_close(row[key], folder[key])
+    # images as integer arrays (as `datasets` stores them without an Image feature) read the same
+    arrays = datasets.Dataset.from_dict({"images": [[np.asarray(image).tolist() for image in images]],
+                                         "intrinsics": [intrinsics.tolist()], "c2w": [c2w.tolist()]})  # fmt: skip
+    torch.testing.assert_close(MultiViewSceneDataset.from_dataset(arrays, resolution=8)[0]["images"], folder["images"])
     no_depth = MultiViewSceneDataset.from_dataset(rows.remove_columns("depths"), resolution=8)
     assert not no_depth.has_depth and "depths" not in no_depth[0]
     with pytest.raises(ValueError, match="lacks the columns \\['c2w'\\]"):

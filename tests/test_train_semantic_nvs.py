@@ -105,3 +105,25 @@ def test_training_on_captures_from_a_folder(tmp_path):
     result = _run(NVS, "--output_dir", str(tmp_path / "nvs2"), "--semantic_encoder", encoder, *TINY,
                   "--train_data_dir", str(tmp_path / "no-depth"))  # fmt: skip
     assert result.returncode == 2 and "no depth" in result.stderr.strip().splitlines()[-1]
+
+
+def test_training_on_a_saved_datasets_dataset(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from diffusers_ext.data.multiview_folder import MultiViewSceneDataset
+
+    _write_captures(tmp_path / "captures", with_depth=False)
+    scenes = MultiViewSceneDataset.from_folder(str(tmp_path / "captures"), resolution=8)
+    rows = [scenes[i] for i in range(len(scenes))]
+    dataset = datasets.Dataset.from_dict({
+        "images": [[(image.permute(1, 2, 0) * 255).round().byte().numpy() for image in row["images"]] for row in rows],
+        "intrinsics": [row["intrinsics"].tolist() for row in rows],
+        "c2w": [row["c2w"].tolist() for row in rows],
+    })  # fmt: skip
+    datasets.DatasetDict({"train": dataset}).save_to_disk(str(tmp_path / "saved"))
+    result = _run(NVS, "--output_dir", str(tmp_path / "nvs"), "--no_semantics", *TINY,
+                  "--dataset_name", str(tmp_path / "saved"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 posed multi-view scenes" in (tmp_path / "nvs" / "README.md").read_text()
+    result = _run(NVS, "--output_dir", str(tmp_path / "nvs2"), "--no_semantics", *TINY,
+                  "--dataset_name", str(tmp_path / "saved"), "--dataset_split", "test")  # fmt: skip
+    assert result.returncode == 2 and "--dataset_split 'test'" in result.stderr.strip().splitlines()[-1]

@@ -189,12 +189,17 @@ class MultiViewSceneDataset(torch.utils.data.Dataset):
 
 
 def _to_image_tensor(image) -> torch.Tensor:
-    """A PIL image or an `(H, W, 3)` uint8 array as a `(3, H, W)` float tensor in [0, 1]."""
+    """A PIL image, or an `(H, W, 3)` array (integers in [0, 255] or floats in [0, 1]), as a `(3, H, W)` float
+    tensor in [0, 1]."""
     array = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image)
     if array.ndim != 3 or array.shape[2] != 3:
         raise ValueError(f"an image must be RGB (H, W, 3), got an array of shape {array.shape}.")
-    scale = 255.0 if array.dtype == np.uint8 else 1.0
-    return torch.from_numpy(array.astype(np.float32) / scale).permute(2, 0, 1).contiguous()
+    pixels = array.astype(np.float32) / (255.0 if np.issubdtype(array.dtype, np.integer) else 1.0)
+    if pixels.min() < 0 or pixels.max() > 1:
+        raise ValueError(
+            f"image values must lie in [0, 255] (integers) or [0, 1] (floats); got [{pixels.min()}, {pixels.max()}]."
+        )
+    return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
 
 
 def _to_depth_tensor(depth) -> torch.Tensor:
