@@ -148,3 +148,39 @@ def test_conditioning_target_semantics_per_mode():
     assert (features == 2).all() and (mask == 1).all()
     with pytest.raises(ValueError, match="`mode` must be one of"):
         target_semantics("warp", warped, coverage, None)
+
+
+def test_guidance_keeps_the_iterative_features_in_the_unconditional_branch():
+    pipe = _pipe()
+    calls = []
+    original = pipe.unet.forward
+
+    def recording(sample, timestep, plucker, input_mask, input_images, semantic_features=None, semantic_mask=None,
+                  **kwargs):  # fmt: skip
+        calls.append((input_mask.clone(), semantic_features.clone(), semantic_mask.clone()))
+        return original(
+            sample, timestep, plucker, input_mask, input_images, semantic_features, semantic_mask, **kwargs
+        )
+
+    pipe.unet.forward = recording
+    for mode in ("warped+iterative", "warped"):
+        calls.clear()
+        inputs = get_dummy_inputs(SemanticNVSPipeline, seed=0)
+        inputs.update(semantic_mode=mode, num_inference_steps=3, guidance_scale=2.0)
+        coverage = pipe(**inputs).coverage
+        assert len(calls) == 3
+        for step, (input_mask, features, mask) in enumerate(calls):
+            (uncond_mask, cond_mask), (uncond, cond), (uncond_valid, _) = (
+                input_mask.chunk(2),
+                features.chunk(2),
+                mask.chunk(2),
+            )
+            assert not uncond_mask.any() and cond_mask[:, 0].all()
+            assert (uncond[:, :1] == 0).all() and (uncond_valid[:, :1] == 0).all()  # no input-view features
+            if mode == "warped" or step == 0:  # nothing iterative (yet): the branch has no semantics
+                assert (uncond == 0).all() and (uncond_valid == 0).all()
+            else:  # the iterative features of the estimate, everywhere, also where the warp landed
+                assert (uncond_valid[:, 1:] == 1).all() and uncond[:, 1:].abs().sum() > 0
+                outside = ~coverage.expand_as(cond[:, 1:])
+                assert outside.any()
+                torch.testing.assert_close(uncond[:, 1:][outside], cond[:, 1:][outside])

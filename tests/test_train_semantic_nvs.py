@@ -127,3 +127,28 @@ def test_training_on_a_saved_datasets_dataset(tmp_path):
     result = _run(NVS, "--output_dir", str(tmp_path / "nvs2"), "--no_semantics", *TINY,
                   "--dataset_name", str(tmp_path / "saved"), "--dataset_split", "test")  # fmt: skip
     assert result.returncode == 2 and "--dataset_split 'test'" in result.stderr.strip().splitlines()[-1]
+
+
+def test_dropped_scenes_get_the_unconditional_branch_semantics():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_semantic_nvs", NVS)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    inputs = torch.full((2, 1, 4, 3, 3), 5.0)
+    warped, iterative = torch.full((2, 2, 4, 3, 3), 1.0), torch.full((2, 4, 3, 3), 2.0)
+    coverage = torch.zeros(2, 2, 1, 3, 3, dtype=torch.bool)
+    coverage[..., 0] = True
+    modes = ["warped+iterative", "warped"]
+    features, masks = script.compose_semantics(inputs, warped, coverage, modes, [iterative, None],
+                                               keep=torch.tensor([True, True]))  # fmt: skip
+    assert (
+        (features[0, 0] == 5).all() and (features[0, 1:, :, :, 0] == 1).all() and (features[0, 1:, ..., 1:] == 2).all()
+    )
+    assert (masks[:, 0] == 1).all() and (masks[0, 1:] == 1).all() and (masks[1, 1:] == coverage[1]).all()
+    features, masks = script.compose_semantics(inputs, warped, coverage, modes, [iterative, None],
+                                               keep=torch.tensor([False, False]))  # fmt: skip
+    # unconditional: no input-view or warped features; the iterative ones stay where the scene's mode has them
+    assert (features[:, 0] == 0).all() and (masks[:, 0] == 0).all()
+    assert (features[0, 1:] == 2).all() and (masks[0, 1:] == 1).all()
+    assert (features[1] == 0).all() and (masks[1] == 0).all()

@@ -8,8 +8,9 @@ captures) or `--dataset_name` (a `datasets` dataset, saved to disk or by name) t
 depth, which the semantic model needs for warping); each step draws scenes and views from the seed and the step. The targets are noised and denoised with the input view
 clean. Semantic conditioning follows SemanticNVS: input-view features warped to each target by depth, and features
 of the model's own estimate of the clean targets ("iterative"). Each scene draws one of "warped", "iterative",
-"warped+iterative", and with `--cond_dropout` probability drops all conditioning but the cameras (for
-classifier-free guidance).
+"warped+iterative", and with `--cond_dropout` probability drops the conditioning for classifier-free guidance
+as the pipeline's unconditional branch does (the input view and the warped features go; the cameras and the
+iterative features stay).
 
 The iterative features at inference come from the model's early, often wrong, estimates. `--iterative_surrogate`
 chooses what stands in for them in training:
@@ -69,7 +70,9 @@ def parse_args(argv=None):
                         "model's estimate (else none, as at the first sampling step).")  # fmt: skip
     parser.add_argument("--blur_sigma", type=float, nargs=2, default=[1.0, 3.0],
                         help="With 'blur': range of the Gaussian blur of the surrogate (pixels).")  # fmt: skip
-    parser.add_argument("--cond_dropout", type=float, default=0.1, help="Probability of dropping all conditioning.")
+    parser.add_argument(
+        "--cond_dropout", type=float, default=0.1, help="Probability of dropping the conditioning (for guidance)."
+    )
     parser.add_argument("--seed", type=int, default=0, help="Seed of initialisation, scenes and noise.")
     parser.add_argument("--train_batch_size", type=int, default=8, help="Scenes per step and process.")
     parser.add_argument("--max_train_steps", type=int, default=3000, help="Optimizer steps.")
@@ -141,17 +144,24 @@ def blurred_target_semantics(encoder, images, generator, blur_sigma):
         return semantic_feature_map(encoder, blurred).reshape(b, v - 1, -1, h, w)
 
 
-def compose_semantics(inputs, warped, coverage, modes, iterative):
-    """Features `(B, V, S, H, W)` and validity `(B, V, 1, H, W)` of every view: the input view's own features, and
-    the targets' as the pipeline builds them (`target_semantics`) for each scene's mode; `iterative` is a list with,
-    per scene, `(V - 1, S, H, W)` features of an estimate of its targets or None (no estimate yet)."""
-    from diffusers_ext.pipelines.semantic_nvs.conditioning import target_semantics
+def compose_semantics(inputs, warped, coverage, modes, iterative, keep=None):
+    """Features `(B, V, S, H, W)` and validity `(B, V, 1, H, W)` of every view as the pipeline builds them for each
+    scene's mode: the input view's own features and the targets' (`target_semantics`); for scenes whose conditioning
+    is dropped (`keep` `(B,)` False), those of the unconditional branch: no input-view or warped features, only the
+    iterative ones (`unconditional_target_semantics`). `iterative` is a list with, per scene, `(V - 1, S, H, W)`
+    features of an estimate of its targets or None (no estimate yet)."""
+    from diffusers_ext.pipelines.semantic_nvs.conditioning import target_semantics, unconditional_target_semantics
 
     features, masks = [], []
     for scene, mode in enumerate(modes):
-        feature, mask = target_semantics(mode, warped[scene], coverage[scene], iterative[scene])
-        features.append(torch.cat([inputs[scene], feature]))
-        masks.append(torch.cat([torch.ones_like(mask[:1]), mask]))
+        if keep is None or keep[scene]:
+            feature, mask = target_semantics(mode, warped[scene], coverage[scene], iterative[scene])
+            features.append(torch.cat([inputs[scene], feature]))
+            masks.append(torch.cat([torch.ones_like(mask[:1]), mask]))
+        else:
+            feature, mask = unconditional_target_semantics(mode, warped[scene], coverage[scene], iterative[scene])
+            features.append(torch.cat([torch.zeros_like(inputs[scene]), feature]))
+            masks.append(torch.cat([torch.zeros_like(mask[:1]), mask]))
     return torch.stack(features), torch.stack(masks)
 
 
@@ -253,12 +263,11 @@ def main(argv=None):
                 draws = torch.rand(b, generator=generator) < args.self_cond_prob
                 self_cond = [bool(d) and "iterative" in mode for d, mode in zip(draws, modes)]
                 iterative = [None] * b  # filled after the first pass below
-            features, masks = compose_semantics(inputs, warped, coverage, modes, iterative)
-        keep = (torch.rand(b, generator=generator) >= args.cond_dropout).float()
+        keep = torch.rand(b, generator=generator) >= args.cond_dropout
         input_mask = torch.zeros(b, v, dtype=torch.bool)
-        input_mask[:, 0] = keep.bool()
+        input_mask[:, 0] = True
         input_images = torch.zeros_like(clean)
-        input_images[:, 0] = clean[:, 0] * keep[:, None, None, None]
+        input_images[:, 0] = clean[:, 0]
 
         noise = torch.randn(clean[:, 1:].shape, generator=generator)
         timesteps = torch.randint(0, 1000, (b,), generator=generator)
@@ -268,21 +277,25 @@ def main(argv=None):
         sample = torch.cat([clean[:, :1], noisy], 1)
         device = accelerator.device
         if encoder is not None and args.iterative_surrogate == "self_cond" and any(self_cond):
-            # First pass, as the pipeline's step before: no iterative features; its estimate of the clean targets at
-            # this timestep gives the iterative features of the second pass (stop-gradient).
+            # First pass, as the pipeline's conditional branch at the step before: the input view, no iterative
+            # features yet. Its estimate of the clean targets at this timestep gives the iterative features of the
+            # second pass (stop-gradient), for the conditional and the unconditional (dropped) scenes alike.
+            first_features, first_masks = compose_semantics(inputs, warped, coverage, modes, [None] * b)
             with torch.no_grad(), accelerator.autocast():
                 first = accelerator.unwrap_model(unet)(
                     sample.to(device), timesteps.to(device), plucker.to(device), input_mask.to(device),
-                    input_images.to(device), features.to(device), masks.to(device),
+                    input_images.to(device), first_features.to(device), first_masks.to(device),
                 ).sample[:, 1:]  # fmt: skip
                 x0 = x0_estimate(noise_scheduler, first.float().reshape(-1, 3, size, size),
                                  noisy.to(device).reshape(-1, 3, size, size),
                                  timesteps.to(device).repeat_interleave(v - 1))  # fmt: skip
                 estimated = iterative_semantics(encoder, x0).reshape(b, v - 1, -1, size, size).to(inputs.device)
             iterative = [estimated[scene] if use else None for scene, use in enumerate(self_cond)]
-            features, masks = compose_semantics(inputs, warped, coverage, modes, iterative)
-        if features is not None:
-            features, masks = features * keep[:, None, None, None, None], masks * keep[:, None, None, None, None]
+        if encoder is not None:
+            features, masks = compose_semantics(inputs, warped, coverage, modes, iterative, keep)
+        # Dropped scenes (classifier-free guidance) lose the input view and, in compose_semantics, its features.
+        input_mask[:, 0] = keep
+        input_images[:, 0] = clean[:, 0] * keep[:, None, None, None]
         with accelerator.autocast():
             prediction = unet(sample.to(device), timesteps.to(device), plucker.to(device), input_mask.to(device),
                               input_images.to(device),

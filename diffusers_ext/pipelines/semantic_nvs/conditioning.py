@@ -96,3 +96,17 @@ def target_semantics(
     if mode == "iterative":
         return iterative, torch.ones_like(no_mask)
     return torch.where(coverage, warped, iterative), torch.ones_like(no_mask)
+
+
+def unconditional_target_semantics(
+    mode: str, warped: torch.Tensor, coverage: torch.Tensor, iterative: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""
+    The target views' semantic features and mask in the unconditional branch of classifier-free guidance.
+
+    The unconditional branch drops what comes from the input views (their images and the warped features) but keeps
+    the iterative features: they describe the sample being denoised, not the condition (as in self-conditioning), so
+    guidance does not amplify the model's own, possibly wrong, estimate. Arguments and shapes as in
+    [`target_semantics`]; in the non-iterative modes the features are all zero.
+    """
+    return target_semantics("iterative" if "iterative" in mode else "none", warped, coverage, iterative)

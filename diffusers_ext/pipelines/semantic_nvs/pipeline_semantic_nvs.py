@@ -15,7 +15,13 @@ from diffusers.utils.torch_utils import randn_tensor
 from ...models.semantic_multiview_unet import SemanticMultiViewUNetModel
 from ...utils import public
 from .camera import check_intrinsics, check_rigid, scale_intrinsics, scene_plucker
-from .conditioning import SEMANTIC_MODES, estimate_to_images, target_semantics, x0_estimate
+from .conditioning import (
+    SEMANTIC_MODES,
+    estimate_to_images,
+    target_semantics,
+    unconditional_target_semantics,
+    x0_estimate,
+)
 from .semantic_features import semantic_feature_map
 from .warp import warp_to_targets
 
@@ -197,7 +203,8 @@ class SemanticNVSPipeline(DiffusionPipeline):
                 ([`~pipelines.semantic_nvs.conditioning.iterative_semantics`]).
             num_inference_steps (`int`, defaults to 50): denoising steps.
             guidance_scale (`float`, defaults to 2.0): classifier-free guidance; the unconditional branch drops the
-                input views and the semantics and keeps the cameras. `1.0` disables it.
+                input views and the warped features and keeps the cameras and the iterative features (which describe
+                the sample, not the condition, as in self-conditioning). `1.0` disables it.
             generator (`torch.Generator` or one per scene, *optional*): for the initial noise and the scheduler.
             latents (`torch.Tensor` of shape `(B, V_t, C, H, W)`, *optional*): initial noise of the target views.
             output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (raw [-1, 1] sample).
@@ -266,8 +273,13 @@ class SemanticNVSPipeline(DiffusionPipeline):
                              "input_images": torch.zeros_like(input_images)}  # fmt: skip
             if semantic_channels:
                 conditional.update(semantic_features=features, semantic_mask=feature_mask)
-                unconditional.update(semantic_features=torch.zeros_like(features),
-                                     semantic_mask=torch.zeros_like(feature_mask))  # fmt: skip
+                # The unconditional branch keeps only the iterative features (see unconditional_target_semantics).
+                uncond_features, uncond_mask = unconditional_target_semantics(semantic_mode, warped, coverage,
+                                                                              iterative)  # fmt: skip
+                unconditional.update(
+                    semantic_features=torch.cat([torch.zeros_like(input_features), uncond_features], 1).to(dtype),
+                    semantic_mask=torch.cat([torch.zeros_like(input_feature_mask), uncond_mask], 1).to(dtype),
+                )
             if do_cfg:
                 both = {k: torch.cat([unconditional[k], conditional[k]]) for k in conditional}
                 timestep = t.expand(2 * b).to(device)
