@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from diffusers_ext import SemanticNVSPipeline
@@ -84,3 +85,102 @@ def test_iterative_start_delays_the_iterative_features():
     always = pipe(**dict(inputs, semantic_mode="warped+iterative", generator=torch.Generator().manual_seed(0))).images
     np.testing.assert_allclose(never, warped, atol=1e-6)
     assert not np.allclose(always, warped)
+
+
+def test_iterative_features_come_from_the_conditional_estimate():
+    # The iterative features are extracted from the conditional (unguided) prediction, as in training: at the first
+    # step the latents are the same whatever the guidance, so the first estimate does not depend on it.
+    pipe = _pipe()
+    seen = {}
+    original = pipe.encode_semantics
+    for scale in (1.0, 3.0):
+        images = []
+
+        def recording(x, images=images):
+            images.append(x.clone())
+            return original(x)
+
+        pipe.encode_semantics = recording
+        inputs = get_dummy_inputs(SemanticNVSPipeline, seed=0)
+        inputs.update(semantic_mode="iterative", num_inference_steps=2, guidance_scale=scale)
+        pipe(**inputs)
+        seen[scale] = images
+    torch.testing.assert_close(seen[1.0][1], seen[3.0][1])
+    assert 0 <= seen[3.0][1].min() and seen[3.0][1].max() <= 1
+
+
+def test_conditioning_x0_estimate_inverts_the_forward_process():
+    from diffusers import DDPMScheduler
+
+    from diffusers_ext.pipelines.semantic_nvs.conditioning import x0_estimate
+
+    generator = torch.Generator().manual_seed(0)
+    clean, noise = torch.randn(3, 3, 4, 4, generator=generator), torch.randn(3, 3, 4, 4, generator=generator)
+    timesteps = torch.tensor([0, 500, 990])
+    for prediction_type in ("epsilon", "v_prediction", "sample"):
+        scheduler = DDPMScheduler(num_train_timesteps=1000, prediction_type=prediction_type)
+        noisy = scheduler.add_noise(clean, noise, timesteps)
+        output = {"epsilon": noise, "v_prediction": scheduler.get_velocity(clean, noise, timesteps),
+                  "sample": clean}[prediction_type]  # fmt: skip
+        torch.testing.assert_close(x0_estimate(scheduler, output, noisy, timesteps), clean, atol=1e-3, rtol=1e-3)
+        # a single timestep for the whole batch, as the pipeline passes it
+        torch.testing.assert_close(x0_estimate(scheduler, output[1:2], noisy[1:2], timesteps[1]), clean[1:2],
+                                   atol=1e-4, rtol=1e-4)  # fmt: skip
+    with pytest.raises(ValueError, match="`timesteps` must be a number or of shape \\(3,\\)"):
+        x0_estimate(scheduler, clean, clean, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="`model_output` has shape"):
+        x0_estimate(scheduler, clean[:1], clean, 1)
+
+
+def test_conditioning_target_semantics_per_mode():
+    from diffusers_ext.pipelines.semantic_nvs.conditioning import target_semantics
+
+    warped, iterative = torch.full((2, 4, 3, 3), 1.0), torch.full((2, 4, 3, 3), 2.0)
+    coverage = torch.zeros(2, 1, 3, 3, dtype=torch.bool)
+    coverage[..., 0] = True
+    features, mask = target_semantics("warped+iterative", warped, coverage, iterative)
+    assert (features[..., 0] == 1).all() and (features[..., 1:] == 2).all() and (mask == 1).all()
+    features, mask = target_semantics("warped+iterative", warped, coverage, None)  # no estimate yet
+    torch.testing.assert_close(mask, coverage.float())
+    features, mask = target_semantics("iterative", warped, coverage, None)
+    assert (features == 0).all() and (mask == 0).all()
+    features, mask = target_semantics("iterative", warped, coverage, iterative)
+    assert (features == 2).all() and (mask == 1).all()
+    with pytest.raises(ValueError, match="`mode` must be one of"):
+        target_semantics("warp", warped, coverage, None)
+
+
+def test_guidance_keeps_the_iterative_features_in_the_unconditional_branch():
+    pipe = _pipe()
+    calls = []
+    original = pipe.unet.forward
+
+    def recording(sample, timestep, plucker, input_mask, input_images, semantic_features=None, semantic_mask=None,
+                  **kwargs):  # fmt: skip
+        calls.append((input_mask.clone(), semantic_features.clone(), semantic_mask.clone()))
+        return original(
+            sample, timestep, plucker, input_mask, input_images, semantic_features, semantic_mask, **kwargs
+        )
+
+    pipe.unet.forward = recording
+    for mode in ("warped+iterative", "warped"):
+        calls.clear()
+        inputs = get_dummy_inputs(SemanticNVSPipeline, seed=0)
+        inputs.update(semantic_mode=mode, num_inference_steps=3, guidance_scale=2.0)
+        coverage = pipe(**inputs).coverage
+        assert len(calls) == 3
+        for step, (input_mask, features, mask) in enumerate(calls):
+            (uncond_mask, cond_mask), (uncond, cond), (uncond_valid, _) = (
+                input_mask.chunk(2),
+                features.chunk(2),
+                mask.chunk(2),
+            )
+            assert not uncond_mask.any() and cond_mask[:, 0].all()
+            assert (uncond[:, :1] == 0).all() and (uncond_valid[:, :1] == 0).all()  # no input-view features
+            if mode == "warped" or step == 0:  # nothing iterative (yet): the branch has no semantics
+                assert (uncond == 0).all() and (uncond_valid == 0).all()
+            else:  # the iterative features of the estimate, everywhere, also where the warp landed
+                assert (uncond_valid[:, 1:] == 1).all() and uncond[:, 1:].abs().sum() > 0
+                outside = ~coverage.expand_as(cond[:, 1:])
+                assert outside.any()
+                torch.testing.assert_close(uncond[:, 1:][outside], cond[:, 1:][outside])

@@ -29,6 +29,12 @@ def test_encoder_then_nvs_training_give_a_working_pipeline(tmp_path):
     result = _run(NVS, "--output_dir", str(nvs_dir), "--semantic_encoder", str(encoder_dir), *TINY)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (nvs_dir / "checkpoint-2").is_dir() and not (nvs_dir / "checkpoint-1").exists()
+    # the paper's surrogate (blurred clean targets) stays available
+    blur_dir = tmp_path / "nvs-blur"
+    result = _run(NVS, "--output_dir", str(blur_dir), "--semantic_encoder", str(encoder_dir), *TINY,
+                  "--iterative_surrogate", "blur")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--iterative_surrogate blur" in (blur_dir / "README.md").read_text()
 
     from diffusers_ext import SemanticNVSPipeline
     from diffusers_ext.data.procedural_scenes import sample_scene_batch
@@ -50,8 +56,99 @@ def test_encoder_then_nvs_training_give_a_working_pipeline(tmp_path):
         (["--semantic_encoder", "/nonexistent/encoder"], "--semantic_encoder"),
         (["--no_semantics", "--num_views", "1"], "--num_views"),
         (["--no_semantics", "--resolution", "9"], "--resolution 9"),
+        (["--no_semantics", "--self_cond_prob", "1.5"], "--self_cond_prob must be in [0, 1], got 1.5"),
+        (["--no_semantics", "--iterative_surrogate", "noise"], "--iterative_surrogate"),
+        (["--no_semantics", "--train_data_dir", "a", "--dataset_name", "b"], "at most one of --train_data_dir"),
+        (["--no_semantics", "--train_data_dir", "/nonexistent/captures"], "--train_data_dir"),
     ],
 )
 def test_bad_arguments(tmp_path, args, message):
     result = _run(NVS, "--output_dir", str(tmp_path), *args)
     assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1]
+
+
+def _write_captures(root, with_depth):
+    """Two procedural scenes of three views each, written in the multi-view folder format."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from diffusers_ext.data.procedural_scenes import random_scene, render_orbit
+
+    for index in range(2):
+        scene = render_orbit(random_scene(torch.Generator().manual_seed(index), num_objects=2), 3, 8, sweep_deg=60)
+        folder = root / f"scene{index}"
+        folder.mkdir(parents=True)
+        frames = []
+        for view in range(3):
+            pixels = (scene["images"][view].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"{view}.png")
+            frame = {"image": f"{view}.png", "intrinsics": scene["intrinsics"][view].tolist(),
+                     "c2w": scene["c2w"][view].tolist()}  # fmt: skip
+            if with_depth:
+                np.save(folder / f"{view}.npy", scene["depths"][view, 0].numpy())
+                frame["depth"] = f"{view}.npy"
+            frames.append(frame)
+        (folder / "cameras.json").write_text(json.dumps({"frames": frames}))
+
+
+def test_training_on_captures_from_a_folder(tmp_path):
+    encoder = os.path.join(REPO, "diffusers_ext", "zoo", "procedural-semantic-encoder")
+    _write_captures(tmp_path / "captures", with_depth=True)
+    result = _run(NVS, "--output_dir", str(tmp_path / "nvs"), "--semantic_encoder", encoder, *TINY,
+                  "--train_data_dir", str(tmp_path / "captures"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 posed multi-view scenes at 8x8" in (tmp_path / "nvs" / "README.md").read_text()
+
+    _write_captures(tmp_path / "no-depth", with_depth=False)
+    result = _run(NVS, "--output_dir", str(tmp_path / "nvs2"), "--semantic_encoder", encoder, *TINY,
+                  "--train_data_dir", str(tmp_path / "no-depth"))  # fmt: skip
+    assert result.returncode == 2 and "no depth" in result.stderr.strip().splitlines()[-1]
+
+
+def test_training_on_a_saved_datasets_dataset(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from diffusers_ext.data.multiview_folder import MultiViewSceneDataset
+
+    _write_captures(tmp_path / "captures", with_depth=False)
+    scenes = MultiViewSceneDataset.from_folder(str(tmp_path / "captures"), resolution=8)
+    rows = [scenes[i] for i in range(len(scenes))]
+    dataset = datasets.Dataset.from_dict({
+        "images": [[(image.permute(1, 2, 0) * 255).round().byte().numpy() for image in row["images"]] for row in rows],
+        "intrinsics": [row["intrinsics"].tolist() for row in rows],
+        "c2w": [row["c2w"].tolist() for row in rows],
+    })  # fmt: skip
+    datasets.DatasetDict({"train": dataset}).save_to_disk(str(tmp_path / "saved"))
+    result = _run(NVS, "--output_dir", str(tmp_path / "nvs"), "--no_semantics", *TINY,
+                  "--dataset_name", str(tmp_path / "saved"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 posed multi-view scenes" in (tmp_path / "nvs" / "README.md").read_text()
+    result = _run(NVS, "--output_dir", str(tmp_path / "nvs2"), "--no_semantics", *TINY,
+                  "--dataset_name", str(tmp_path / "saved"), "--dataset_split", "test")  # fmt: skip
+    assert result.returncode == 2 and "--dataset_split 'test'" in result.stderr.strip().splitlines()[-1]
+
+
+def test_dropped_scenes_get_the_unconditional_branch_semantics():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_semantic_nvs", NVS)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    inputs = torch.full((2, 1, 4, 3, 3), 5.0)
+    warped, iterative = torch.full((2, 2, 4, 3, 3), 1.0), torch.full((2, 4, 3, 3), 2.0)
+    coverage = torch.zeros(2, 2, 1, 3, 3, dtype=torch.bool)
+    coverage[..., 0] = True
+    modes = ["warped+iterative", "warped"]
+    features, masks = script.compose_semantics(inputs, warped, coverage, modes, [iterative, None],
+                                               keep=torch.tensor([True, True]))  # fmt: skip
+    assert (
+        (features[0, 0] == 5).all() and (features[0, 1:, :, :, 0] == 1).all() and (features[0, 1:, ..., 1:] == 2).all()
+    )
+    assert (masks[:, 0] == 1).all() and (masks[0, 1:] == 1).all() and (masks[1, 1:] == coverage[1]).all()
+    features, masks = script.compose_semantics(inputs, warped, coverage, modes, [iterative, None],
+                                               keep=torch.tensor([False, False]))  # fmt: skip
+    # unconditional: no input-view or warped features; the iterative ones stay where the scene's mode has them
+    assert (features[:, 0] == 0).all() and (masks[:, 0] == 0).all()
+    assert (features[0, 1:] == 2).all() and (masks[0, 1:] == 1).all()
+    assert (features[1] == 0).all() and (masks[1] == 0).all()

@@ -1,15 +1,30 @@
 #!/usr/bin/env python
-"""Train a SemanticNVS multi-view denoiser (or its no-semantics baseline) on procedural scenes with accelerate.
+"""Train a SemanticNVS multi-view denoiser (or its no-semantics baseline) on posed multi-view scenes with accelerate.
 
-Each step renders fresh scenes (a function of the seed and the step, so resuming replays the same data): view 0 is
-the input, the others are targets at random azimuth offsets. The targets are noised and denoised with the input view
-clean. Semantic conditioning follows SemanticNVS: input-view features warped to each target by depth, and, standing
-in for the features of the model's own estimate used at inference ("iterative"), features of the Gaussian-blurred
-clean target. Each scene draws one of "warped", "iterative", "warped+iterative", and with `--cond_dropout`
-probability drops all conditioning but the cameras (for classifier-free guidance).
+By default each step renders fresh procedural scenes (a function of the seed and the step, so resuming replays the
+same data): view 0 is the input, the others are targets at random azimuth offsets. `--train_data_dir` (a folder of
+captures) or `--dataset_name` (a `datasets` dataset, saved to disk or by name) trains on posed captures instead
+(`diffusers_ext/data/multiview_folder.py` describes the format: images, intrinsics, camera-to-world poses, optional
+depth, which the semantic model needs for warping); each step draws scenes and views from the seed and the step. The targets are noised and denoised with the input view
+clean. Semantic conditioning follows SemanticNVS: input-view features warped to each target by depth, and features
+of the model's own estimate of the clean targets ("iterative"). Each scene draws one of "warped", "iterative",
+"warped+iterative", and with `--cond_dropout` probability drops the conditioning for classifier-free guidance
+as the pipeline's unconditional branch does (the input view and the warped features go; the cameras and the
+iterative features stay).
+
+The iterative features at inference come from the model's early, often wrong, estimates. `--iterative_surrogate`
+chooses what stands in for them in training:
+
+- `self_cond` (default): two-pass self-conditioning. With probability `--self_cond_prob` a scene in an iterative mode
+  first runs through the model without iterative features (what the pipeline's first step sees), under no_grad; the
+  features of that pass's estimate of the clean targets at the training timestep, extracted exactly as the pipeline
+  does (`pipelines/semantic_nvs/conditioning.py`), condition the second pass, which gets the gradient. Otherwise
+  the scene is trained as at the first step (no iterative features yet).
+- `blur`: the paper's surrogate, features of the Gaussian-blurred clean target (`--blur_sigma`), always right.
 
     accelerate launch training/train_semantic_nvs.py --output_dir nvs --semantic_encoder diffusers_ext/zoo/procedural-semantic-encoder
     accelerate launch training/train_semantic_nvs.py --output_dir nvs-baseline --no_semantics
+    accelerate launch training/train_semantic_nvs.py --output_dir nvs --semantic_encoder ENCODER --train_data_dir captures
 """
 
 import argparse
@@ -28,6 +43,7 @@ from diffusers_ext.training_utils import add_accelerate_arguments
 
 logger = get_logger(__name__, log_level="INFO")
 TRAIN_MODES = ("warped", "iterative", "warped+iterative")
+SURROGATES = ("self_cond", "blur")
 
 
 def parse_args(argv=None):
@@ -36,13 +52,27 @@ def parse_args(argv=None):
     parser.add_argument("--semantic_encoder", type=str, default=None,
                         help="A transformers ViT/Dinov2 folder giving the semantic features.")  # fmt: skip
     parser.add_argument("--no_semantics", action="store_true", help="Train the baseline without semantic inputs.")
+    parser.add_argument("--train_data_dir", type=str, default=None,
+                        help="A folder of posed multi-view captures (default: procedural scenes).")  # fmt: skip
+    parser.add_argument("--dataset_name", type=str, default=None,
+                        help="A `datasets` dataset of posed captures: a folder from save_to_disk or a name for "
+                        "load_dataset (default: procedural scenes).")  # fmt: skip
+    parser.add_argument("--dataset_split", type=str, default="train", help="The split of --dataset_name.")
     parser.add_argument("--resolution", type=int, default=16, help="View size.")
     parser.add_argument("--num_views", type=int, default=3, help="Views per scene: 1 input + targets.")
     parser.add_argument("--max_azimuth_span", type=float, default=90.0, help="Largest target azimuth offset (deg).")
     parser.add_argument("--block_out_channels", type=int, nargs="+", default=[32, 64], help="UNet channels.")
+    parser.add_argument("--iterative_surrogate", type=str, default="self_cond", choices=SURROGATES,
+                        help="What stands in for the iterative features in training: the model's own stop-gradient "
+                        "estimate ('self_cond') or the blurred clean target ('blur', the paper's).")  # fmt: skip
+    parser.add_argument("--self_cond_prob", type=float, default=0.5,
+                        help="With 'self_cond': probability that a scene in an iterative mode gets features of the "
+                        "model's estimate (else none, as at the first sampling step).")  # fmt: skip
     parser.add_argument("--blur_sigma", type=float, nargs=2, default=[1.0, 3.0],
-                        help="Range of the Gaussian blur of the iterative-feature surrogate (pixels).")  # fmt: skip
-    parser.add_argument("--cond_dropout", type=float, default=0.1, help="Probability of dropping all conditioning.")
+                        help="With 'blur': range of the Gaussian blur of the surrogate (pixels).")  # fmt: skip
+    parser.add_argument(
+        "--cond_dropout", type=float, default=0.1, help="Probability of dropping the conditioning (for guidance)."
+    )
     parser.add_argument("--seed", type=int, default=0, help="Seed of initialisation, scenes and noise.")
     parser.add_argument("--train_batch_size", type=int, default=8, help="Scenes per step and process.")
     parser.add_argument("--max_train_steps", type=int, default=3000, help="Optimizer steps.")
@@ -54,6 +84,12 @@ def parse_args(argv=None):
         parser.error("pass exactly one of --semantic_encoder FOLDER and --no_semantics.")
     if args.semantic_encoder is not None and not os.path.isdir(args.semantic_encoder):
         parser.error(f"--semantic_encoder {args.semantic_encoder!r} is not a folder.")
+    if args.train_data_dir is not None and args.dataset_name is not None:
+        parser.error("pass at most one of --train_data_dir and --dataset_name.")
+    if args.train_data_dir is not None and not os.path.isdir(args.train_data_dir):
+        parser.error(f"--train_data_dir {args.train_data_dir!r} is not a folder.")
+    if not 0.0 <= args.self_cond_prob <= 1.0:
+        parser.error(f"--self_cond_prob must be in [0, 1], got {args.self_cond_prob}.")
     if args.num_views < 2:
         parser.error(f"--num_views must be >= 2 (an input and a target), got {args.num_views}.")
     factor = 2 ** (len(args.block_out_channels) - 1)
@@ -80,8 +116,9 @@ def gaussian_blur(images: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
     return x.reshape(n, c, h, w)
 
 
-def semantic_conditioning(encoder, batch, generator, blur_sigma):
-    """Features and validity `(B, V, S, H, W)`, `(B, V, 1, H, W)` for every view, following a random mode per scene."""
+def scene_semantics(encoder, batch, generator):
+    """Input-view features `(B, 1, S, H, W)`, their warp to the targets `(B, V - 1, S, H, W)` with its coverage
+    `(B, V - 1, 1, H, W)`, and one training mode per scene (names from `TRAIN_MODES`)."""
     from diffusers_ext.pipelines.semantic_nvs.semantic_features import semantic_feature_map
     from diffusers_ext.pipelines.semantic_nvs.warp import warp_to_targets
 
@@ -91,22 +128,62 @@ def semantic_conditioning(encoder, batch, generator, blur_sigma):
         inputs = semantic_feature_map(encoder, images[:, 0]).reshape(b, 1, -1, h, w)
         warped, coverage = warp_to_targets(inputs, batch["depths"][:, :1], batch["intrinsics"][:, :1],
                                            batch["c2w"][:, :1], batch["intrinsics"][:, 1:], batch["c2w"][:, 1:])  # fmt: skip
+    modes = [TRAIN_MODES[m] for m in torch.randint(0, len(TRAIN_MODES), (b,), generator=generator).tolist()]
+    return inputs, warped, coverage, modes
+
+
+def blurred_target_semantics(encoder, images, generator, blur_sigma):
+    """The paper's surrogate for the iterative features: features `(B, V - 1, S, H, W)` of the targets of `images`
+    `(B, V, 3, H, W)` in [0, 1], each blurred with a Gaussian of random sigma in `blur_sigma`."""
+    from diffusers_ext.pipelines.semantic_nvs.semantic_features import semantic_feature_map
+
+    b, v, c, h, w = images.shape
+    with torch.no_grad():
         sigmas = blur_sigma[0] + (blur_sigma[1] - blur_sigma[0]) * torch.rand(b * (v - 1), generator=generator)
         blurred = gaussian_blur(images[:, 1:].reshape(-1, c, h, w), sigmas)
-        iterative = semantic_feature_map(encoder, blurred).reshape(b, v - 1, -1, h, w)
-    modes = torch.randint(0, len(TRAIN_MODES), (b,), generator=generator)
+        return semantic_feature_map(encoder, blurred).reshape(b, v - 1, -1, h, w)
+
+
+def compose_semantics(inputs, warped, coverage, modes, iterative, keep=None):
+    """Features `(B, V, S, H, W)` and validity `(B, V, 1, H, W)` of every view as the pipeline builds them for each
+    scene's mode: the input view's own features and the targets' (`target_semantics`); for scenes whose conditioning
+    is dropped (`keep` `(B,)` False), those of the unconditional branch: no input-view or warped features, only the
+    iterative ones (`unconditional_target_semantics`). `iterative` is a list with, per scene, `(V - 1, S, H, W)`
+    features of an estimate of its targets or None (no estimate yet)."""
+    from diffusers_ext.pipelines.semantic_nvs.conditioning import target_semantics, unconditional_target_semantics
+
     features, masks = [], []
-    for scene, mode in enumerate(TRAIN_MODES[m] for m in modes.tolist()):
-        if mode == "warped":
-            feature, mask = warped[scene], coverage[scene].float()
-        elif mode == "iterative":
-            feature, mask = iterative[scene], torch.ones_like(coverage[scene], dtype=torch.float32)
+    for scene, mode in enumerate(modes):
+        if keep is None or keep[scene]:
+            feature, mask = target_semantics(mode, warped[scene], coverage[scene], iterative[scene])
+            features.append(torch.cat([inputs[scene], feature]))
+            masks.append(torch.cat([torch.ones_like(mask[:1]), mask]))
         else:
-            feature = torch.where(coverage[scene], warped[scene], iterative[scene])
-            mask = torch.ones_like(coverage[scene], dtype=torch.float32)
-        features.append(torch.cat([inputs[scene], feature]))
-        masks.append(torch.cat([torch.ones(1, 1, h, w), mask]))
+            feature, mask = unconditional_target_semantics(mode, warped[scene], coverage[scene], iterative[scene])
+            features.append(torch.cat([torch.zeros_like(inputs[scene]), feature]))
+            masks.append(torch.cat([torch.zeros_like(mask[:1]), mask]))
     return torch.stack(features), torch.stack(masks)
+
+
+def load_captures(args):
+    """The posed captures named by `--train_data_dir` / `--dataset_name` as a `MultiViewSceneDataset`, or None."""
+    from diffusers_ext.data.multiview_folder import MultiViewSceneDataset
+
+    if args.train_data_dir is not None:
+        return MultiViewSceneDataset.from_folder(args.train_data_dir, args.resolution)
+    if args.dataset_name is None:
+        return None
+    import datasets
+
+    if os.path.isdir(args.dataset_name):
+        dataset = datasets.load_from_disk(args.dataset_name)
+        if isinstance(dataset, datasets.DatasetDict):
+            if args.dataset_split not in dataset:
+                raise ValueError(f"--dataset_split {args.dataset_split!r} is not one of {list(dataset)}.")
+            dataset = dataset[args.dataset_split]
+    else:
+        dataset = datasets.load_dataset(args.dataset_name, split=args.dataset_split)
+    return MultiViewSceneDataset.from_dataset(dataset, args.resolution)
 
 
 def main(argv=None):
@@ -118,6 +195,7 @@ def main(argv=None):
     from diffusers_ext import SemanticMultiViewUNetModel, SemanticNVSPipeline
     from diffusers_ext.data.procedural_scenes import sample_scene_batch
     from diffusers_ext.pipelines.semantic_nvs.camera import scene_plucker
+    from diffusers_ext.pipelines.semantic_nvs.conditioning import iterative_semantics, x0_estimate
     from diffusers_ext.training_utils import (
         build_accelerator,
         command_line,
@@ -130,6 +208,12 @@ def main(argv=None):
     accelerator = build_accelerator(args.output_dir, args.logging_dir, args.mixed_precision, args.report_to)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     set_seed(args.seed)
+    captures = load_captures(args)
+    if captures is not None and args.semantic_encoder is not None and not captures.has_depth:
+        raise ValueError(
+            "the captures have no depth for every view; semantic training warps input features by depth "
+            "(add depth maps, or train the baseline with --no_semantics)."
+        )
     encoder = None
     if args.semantic_encoder is not None:
         encoder = AutoModel.from_pretrained(args.semantic_encoder).eval().requires_grad_(False)
@@ -161,21 +245,29 @@ def main(argv=None):
     unet.train()
     while global_step < args.max_train_steps:
         generator = step_generator(args.seed, global_step, accelerator.process_index)
-        batch = sample_scene_batch(generator, args.train_batch_size, args.num_views, size,
-                                   max_azimuth_span_deg=args.max_azimuth_span)  # fmt: skip
+        if captures is None:
+            batch = sample_scene_batch(generator, args.train_batch_size, args.num_views, size,
+                                       max_azimuth_span_deg=args.max_azimuth_span)  # fmt: skip
+        else:
+            batch = captures.sample_batch(generator, args.train_batch_size, args.num_views)
         b, v = batch["images"].shape[:2]
         clean = batch["images"] * 2 - 1
         plucker = scene_plucker(batch["intrinsics"], batch["c2w"], size, size)
         features = masks = None
         if encoder is not None:
-            features, masks = semantic_conditioning(encoder, batch, generator, args.blur_sigma)
-        keep = (torch.rand(b, generator=generator) >= args.cond_dropout).float()
+            inputs, warped, coverage, modes = scene_semantics(encoder, batch, generator)
+            if args.iterative_surrogate == "blur":
+                blurred = blurred_target_semantics(encoder, batch["images"], generator, args.blur_sigma)
+                iterative = [blurred[scene] if "iterative" in mode else None for scene, mode in enumerate(modes)]
+            else:
+                draws = torch.rand(b, generator=generator) < args.self_cond_prob
+                self_cond = [bool(d) and "iterative" in mode for d, mode in zip(draws, modes)]
+                iterative = [None] * b  # filled after the first pass below
+        keep = torch.rand(b, generator=generator) >= args.cond_dropout
         input_mask = torch.zeros(b, v, dtype=torch.bool)
-        input_mask[:, 0] = keep.bool()
+        input_mask[:, 0] = True
         input_images = torch.zeros_like(clean)
-        input_images[:, 0] = clean[:, 0] * keep[:, None, None, None]
-        if features is not None:
-            features, masks = features * keep[:, None, None, None, None], masks * keep[:, None, None, None, None]
+        input_images[:, 0] = clean[:, 0]
 
         noise = torch.randn(clean[:, 1:].shape, generator=generator)
         timesteps = torch.randint(0, 1000, (b,), generator=generator)
@@ -184,6 +276,26 @@ def main(argv=None):
                                           timesteps.repeat_interleave(v - 1)).reshape(b, v - 1, 3, size, size)  # fmt: skip
         sample = torch.cat([clean[:, :1], noisy], 1)
         device = accelerator.device
+        if encoder is not None and args.iterative_surrogate == "self_cond" and any(self_cond):
+            # First pass, as the pipeline's conditional branch at the step before: the input view, no iterative
+            # features yet. Its estimate of the clean targets at this timestep gives the iterative features of the
+            # second pass (stop-gradient), for the conditional and the unconditional (dropped) scenes alike.
+            first_features, first_masks = compose_semantics(inputs, warped, coverage, modes, [None] * b)
+            with torch.no_grad(), accelerator.autocast():
+                first = accelerator.unwrap_model(unet)(
+                    sample.to(device), timesteps.to(device), plucker.to(device), input_mask.to(device),
+                    input_images.to(device), first_features.to(device), first_masks.to(device),
+                ).sample[:, 1:]  # fmt: skip
+                x0 = x0_estimate(noise_scheduler, first.float().reshape(-1, 3, size, size),
+                                 noisy.to(device).reshape(-1, 3, size, size),
+                                 timesteps.to(device).repeat_interleave(v - 1))  # fmt: skip
+                estimated = iterative_semantics(encoder, x0).reshape(b, v - 1, -1, size, size).to(inputs.device)
+            iterative = [estimated[scene] if use else None for scene, use in enumerate(self_cond)]
+        if encoder is not None:
+            features, masks = compose_semantics(inputs, warped, coverage, modes, iterative, keep)
+        # Dropped scenes (classifier-free guidance) lose the input view and, in compose_semantics, its features.
+        input_mask[:, 0] = keep
+        input_images[:, 0] = clean[:, 0] * keep[:, None, None, None]
         with accelerator.autocast():
             prediction = unet(sample.to(device), timesteps.to(device), plucker.to(device), input_mask.to(device),
                               input_images.to(device),
@@ -213,14 +325,26 @@ def main(argv=None):
         pipeline = SemanticNVSPipeline(final, DDIMScheduler.from_config(noise_scheduler.config), encoder)
         pipeline.save_pretrained(args.output_dir)
         kind = "without semantic conditioning (the baseline)" if encoder is None else "with semantic conditioning"
+        if captures is None:
+            data = (f"procedural scenes at {size}x{size}: 1 input view and {args.num_views - 1} targets within "
+                    f"{args.max_azimuth_span:g} degrees of azimuth")  # fmt: skip
+        else:
+            data = f"{len(captures)} posed multi-view scenes at {size}x{size}: 1 input view and {args.num_views - 1} targets"
+        surrogate = ""
+        if encoder is not None:
+            surrogate = (
+                f"; iterative features from the model's own stop-gradient estimate (two-pass self-conditioning, "
+                f"probability {args.self_cond_prob:g})"
+                if args.iterative_surrogate == "self_cond"
+                else f"; iterative features from the Gaussian-blurred clean target (sigma {args.blur_sigma})"
+            )
         write_model_card(
             args.output_dir,
-            title=f"SemanticNVS on procedural scenes, {kind}",
+            title=f"SemanticNVS on {'procedural scenes' if captures is None else 'posed captures'}, {kind}",
             description=(
                 f"A `SemanticMultiViewUNetModel` ({sum(p.numel() for p in final.parameters()):,} parameters) trained "
-                f"{kind} with `training/train_semantic_nvs.py` on procedural scenes at {size}x{size}: 1 input view "
-                f"and {args.num_views - 1} targets within {args.max_azimuth_span:g} degrees of azimuth, "
-                f"{args.max_train_steps} steps of {args.train_batch_size} scenes"
+                f"{kind} with `training/train_semantic_nvs.py` on {data}, "
+                f"{args.max_train_steps} steps of {args.train_batch_size} scenes{surrogate}"
                 + (", EMA weights." if ema is not None else ".")
             ),
             command=command_line(),

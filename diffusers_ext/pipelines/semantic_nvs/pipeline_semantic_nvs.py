@@ -15,13 +15,19 @@ from diffusers.utils.torch_utils import randn_tensor
 from ...models.semantic_multiview_unet import SemanticMultiViewUNetModel
 from ...utils import public
 from .camera import check_intrinsics, check_rigid, scale_intrinsics, scene_plucker
+from .conditioning import (
+    SEMANTIC_MODES,
+    estimate_to_images,
+    target_semantics,
+    unconditional_target_semantics,
+    x0_estimate,
+)
 from .semantic_features import semantic_feature_map
 from .warp import warp_to_targets
 
 
 logger = logging.get_logger(__name__)
 
-SEMANTIC_MODES = ("none", "warped", "iterative", "warped+iterative")
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
 
@@ -157,15 +163,6 @@ class SemanticNVSPipeline(DiffusionPipeline):
         """Semantic features of `(N, 3, H, W)` images in [0, 1], upsampled to `(N, S, H, W)`."""
         return semantic_feature_map(self.semantic_encoder, images)
 
-    def _x0_estimate(self, noise_pred, latents, t):
-        alpha_bar = self.scheduler.alphas_cumprod.to(latents.device)[int(t)].to(latents.dtype)
-        prediction = self.scheduler.config.prediction_type
-        if prediction == "epsilon":
-            return (latents - (1 - alpha_bar).sqrt() * noise_pred) / alpha_bar.sqrt()
-        if prediction == "v_prediction":
-            return alpha_bar.sqrt() * latents - (1 - alpha_bar).sqrt() * noise_pred
-        return noise_pred
-
     # ------------------------------------------------------------------------------------------- call
     @torch.no_grad()
     def __call__(
@@ -201,10 +198,13 @@ class SemanticNVSPipeline(DiffusionPipeline):
                 `"warped+iterative"`.
             iterative_start (`float`, defaults to 0.0): fraction of the denoising steps to run before the iterative
                 features are used (the estimate of the clean views is poor at high noise); 0 uses them from the
-                second step on, as the method is described.
+                second step on, as the method is described. The iterative features are those of the conditional
+                (unguided) prediction's estimate of the clean targets, extracted as in training
+                ([`~pipelines.semantic_nvs.conditioning.iterative_semantics`]).
             num_inference_steps (`int`, defaults to 50): denoising steps.
             guidance_scale (`float`, defaults to 2.0): classifier-free guidance; the unconditional branch drops the
-                input views and the semantics and keeps the cameras. `1.0` disables it.
+                input views and the warped features and keeps the cameras and the iterative features (which describe
+                the sample, not the condition, as in self-conditioning). `1.0` disables it.
             generator (`torch.Generator` or one per scene, *optional*): for the initial noise and the scheduler.
             latents (`torch.Tensor` of shape `(B, V_t, C, H, W)`, *optional*): initial noise of the target views.
             output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (raw [-1, 1] sample).
@@ -264,7 +264,7 @@ class SemanticNVSPipeline(DiffusionPipeline):
         # The scheduler steps all target views as one batch: each scene's generator serves its views.
         step_generator = [g for g in generator for _ in range(v_t)] if isinstance(generator, list) else generator
         for i, t in enumerate(self.progress_bar(self.scheduler.timesteps)):
-            target_features, target_mask = self._target_semantics(semantic_mode, warped, coverage, iterative)
+            target_features, target_mask = target_semantics(semantic_mode, warped, coverage, iterative)
             features = torch.cat([input_features, target_features], 1).to(dtype)
             feature_mask = torch.cat([input_feature_mask, target_mask], 1).to(dtype)
             sample = torch.cat([clean_inputs, self.scheduler.scale_model_input(latents, t)], 1)
@@ -273,8 +273,13 @@ class SemanticNVSPipeline(DiffusionPipeline):
                              "input_images": torch.zeros_like(input_images)}  # fmt: skip
             if semantic_channels:
                 conditional.update(semantic_features=features, semantic_mask=feature_mask)
-                unconditional.update(semantic_features=torch.zeros_like(features),
-                                     semantic_mask=torch.zeros_like(feature_mask))  # fmt: skip
+                # The unconditional branch keeps only the iterative features (see unconditional_target_semantics).
+                uncond_features, uncond_mask = unconditional_target_semantics(semantic_mode, warped, coverage,
+                                                                              iterative)  # fmt: skip
+                unconditional.update(
+                    semantic_features=torch.cat([torch.zeros_like(input_features), uncond_features], 1).to(dtype),
+                    semantic_mask=torch.cat([torch.zeros_like(input_feature_mask), uncond_mask], 1).to(dtype),
+                )
             if do_cfg:
                 both = {k: torch.cat([unconditional[k], conditional[k]]) for k in conditional}
                 timestep = t.expand(2 * b).to(device)
@@ -282,13 +287,14 @@ class SemanticNVSPipeline(DiffusionPipeline):
                 uncond, cond = prediction.chunk(2)
                 prediction = uncond + guidance_scale * (cond - uncond)
             else:
-                prediction = self.unet(sample, t.expand(b).to(device), **conditional).sample
+                prediction = cond = self.unet(sample, t.expand(b).to(device), **conditional).sample
             noise_pred = prediction[:, v_in:]
 
             if "iterative" in semantic_mode and i + 1 >= iterative_start * len(self.scheduler.timesteps):
-                x0 = self._x0_estimate(noise_pred, latents, t).clamp(-1, 1)
-                iterative = self.encode_semantics(((x0 + 1) / 2).reshape(b * v_t, c, h, w).float())
-                iterative = iterative.reshape(b, v_t, -1, h, w)
+                # As in training: the conditional (unguided) prediction's estimate of the clean targets.
+                x0 = x0_estimate(self.scheduler, cond[:, v_in:].reshape(b * v_t, c, h, w),
+                                 latents.reshape(b * v_t, c, h, w), t)  # fmt: skip
+                iterative = self.encode_semantics(estimate_to_images(x0)).reshape(b, v_t, -1, h, w)
             flat = self.scheduler.step(
                 noise_pred.reshape(b * v_t, c, h, w), t, latents.reshape(b * v_t, c, h, w), generator=step_generator
             )
@@ -312,18 +318,3 @@ class SemanticNVSPipeline(DiffusionPipeline):
         if not return_dict:
             return (result, coverage)
         return SemanticNVSPipelineOutput(images=result, coverage=coverage)
-
-    @staticmethod
-    def _target_semantics(mode, warped, coverage, iterative):
-        """The target views' semantic features and validity for `mode` at this step."""
-        zeros = torch.zeros_like(warped)
-        no_mask = torch.zeros_like(coverage, dtype=warped.dtype)
-        if mode == "none":
-            return zeros, no_mask
-        if mode == "warped":
-            return warped, coverage.to(warped.dtype)
-        if iterative is None:  # first step: no estimate yet
-            return (warped, coverage.to(warped.dtype)) if mode == "warped+iterative" else (zeros, no_mask)
-        if mode == "iterative":
-            return iterative, torch.ones_like(no_mask)
-        return torch.where(coverage, warped, iterative), torch.ones_like(no_mask)
