@@ -184,3 +184,52 @@ def test_guidance_keeps_the_iterative_features_in_the_unconditional_branch():
                 outside = ~coverage.expand_as(cond[:, 1:])
                 assert outside.any()
                 torch.testing.assert_close(uncond[:, 1:][outside], cond[:, 1:][outside])
+
+
+def _tiny_metric_depth_estimator(depth_estimation_type: str = "metric"):
+    from transformers import DepthAnythingConfig, DepthAnythingForDepthEstimation, Dinov2Config
+    from transformers import DPTImageProcessorPil as DepthProcessor
+
+    torch.manual_seed(0)
+    backbone = Dinov2Config(hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32,
+                            image_size=28, patch_size=14, out_features=["stage1", "stage2", "stage3", "stage4"],
+                            reshape_hidden_states=False)  # fmt: skip
+    config = DepthAnythingConfig(backbone_config=backbone, reassemble_hidden_size=16, patch_size=14,
+                                 neck_hidden_sizes=[8, 8, 8, 8], fusion_hidden_size=8, head_hidden_size=8,
+                                 depth_estimation_type=depth_estimation_type, max_depth=10)  # fmt: skip
+    processor = DepthProcessor(size={"height": 28, "width": 28}, keep_aspect_ratio=False, ensure_multiple_of=14,
+                               image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])  # fmt: skip
+    return DepthAnythingForDepthEstimation(config).eval(), processor
+
+
+def test_depth_estimator_supplies_depth_for_warping(tmp_path):
+    from diffusers_ext.pipelines.semantic_nvs.dummies import get_components, get_inputs
+
+    estimator, processor = _tiny_metric_depth_estimator()
+    pipe = SemanticNVSPipeline(**get_components(0), depth_estimator=estimator, depth_processor=processor)
+    pipe.set_progress_bar_config(disable=True)
+    inputs = get_inputs(0)
+    inputs.pop("depths")
+    estimated = pipe.estimate_depth(inputs["images"])
+    assert estimated.shape == (1, 1, 1, *inputs["images"].shape[-2:]) and (estimated > 0).all()
+    out = pipe(**inputs)
+    again = pipe(**get_inputs(0) | {"depths": estimated})
+    np.testing.assert_allclose(out.images, again.images, atol=1e-5)
+    torch.testing.assert_close(out.coverage, again.coverage)
+    pipe.save_pretrained(tmp_path / "with-depth")
+    reloaded = SemanticNVSPipeline.from_pretrained(tmp_path / "with-depth")
+    reloaded.set_progress_bar_config(disable=True)
+    np.testing.assert_allclose(reloaded(**get_inputs(0) | {"depths": None}).images, out.images, atol=1e-5)
+
+
+def test_depth_estimator_must_be_metric_and_come_with_its_processor():
+    from diffusers_ext.pipelines.semantic_nvs.dummies import get_components, get_inputs
+
+    estimator, processor = _tiny_metric_depth_estimator("relative")
+    with pytest.raises(ValueError, match="metric"):
+        SemanticNVSPipeline(**get_components(0), depth_estimator=estimator, depth_processor=processor)
+    with pytest.raises(ValueError, match="depth_processor"):
+        SemanticNVSPipeline(**get_components(0), depth_estimator=_tiny_metric_depth_estimator()[0])
+    pipe = SemanticNVSPipeline(**get_components(0))
+    with pytest.raises(ValueError, match="depth_estimator"):
+        pipe(**get_inputs(0) | {"depths": None})

@@ -65,15 +65,43 @@ class SemanticNVSPipeline(DiffusionPipeline):
         scheduler ([`SchedulerMixin`]): a DDPM/DDIM-family scheduler with `alphas_cumprod`.
         semantic_encoder (*optional*): a transformers ViT-style backbone (e.g. `Dinov2Model`) whose patch
             features are the semantics; needed for every mode but `"none"`.
+        depth_estimator (*optional*): a transformers depth-estimation model predicting **metric** z-depth (e.g.
+            `DepthAnythingForDepthEstimation` with `depth_estimation_type="metric"`, ZoeDepth), used when a warped
+            mode is called without `depths`. Relative (disparity) estimators cannot place the input in the scene's
+            units and are rejected when their config says so.
+        depth_processor (*optional*): the estimator's transformers image processor (resizing and normalisation);
+            needed with `depth_estimator`.
     """
 
-    model_cpu_offload_seq = "semantic_encoder->unet"
-    _optional_components = ["semantic_encoder"]
+    model_cpu_offload_seq = "semantic_encoder->depth_estimator->unet"
+    _optional_components = ["semantic_encoder", "depth_estimator", "depth_processor"]
     _callback_tensor_inputs = ["latents", "noise_pred"]
 
-    def __init__(self, unet: SemanticMultiViewUNetModel, scheduler: SchedulerMixin, semantic_encoder=None):
+    def __init__(
+        self,
+        unet: SemanticMultiViewUNetModel,
+        scheduler: SchedulerMixin,
+        semantic_encoder=None,
+        depth_estimator=None,
+        depth_processor=None,
+    ):
         super().__init__()
-        self.register_modules(unet=unet, scheduler=scheduler, semantic_encoder=semantic_encoder)
+        if depth_estimator is not None:
+            if depth_processor is None:
+                raise ValueError("`depth_estimator` needs its `depth_processor` (a transformers image processor).")
+            kind = getattr(depth_estimator.config, "depth_estimation_type", "metric")
+            if kind != "metric":
+                raise ValueError(
+                    f"`depth_estimator` predicts {kind!r} depth; warping needs metric z-depth (e.g. a Depth Anything "
+                    "metric checkpoint)."
+                )
+        self.register_modules(
+            unet=unet,
+            scheduler=scheduler,
+            semantic_encoder=semantic_encoder,
+            depth_estimator=depth_estimator,
+            depth_processor=depth_processor,
+        )
         # Views live in [-1, 1] pixel space: the processor only maps them to [0, 1] and the output type.
         self.image_processor = VaeImageProcessor(do_resize=False)
 
@@ -89,6 +117,20 @@ class SemanticNVSPipeline(DiffusionPipeline):
                 f"(batch, views, {', '.join(map(str, trailing))})."
             )
         return value
+
+    @torch.no_grad()
+    def estimate_depth(self, images: torch.Tensor) -> torch.Tensor:
+        r"""
+        Metric z-depth of views `(B, V, C, H, W)` in [0, 1] from the `depth_estimator`, resized to the views:
+        `(B, V, 1, H, W)`, clamped to at least 1e-3.
+        """
+        b, v, c, h, w = images.shape
+        flat = images.reshape(b * v, c, h, w).float().cpu()
+        inputs = self.depth_processor(images=list(flat), return_tensors="pt", do_rescale=False)
+        pixel_values = inputs["pixel_values"].to(self._execution_device, self.depth_estimator.dtype)
+        depth = self.depth_estimator(pixel_values=pixel_values).predicted_depth  # (B * V, h', w')
+        depth = torch.nn.functional.interpolate(depth[:, None].float(), size=(h, w), mode="bilinear")
+        return depth.clamp(min=1e-3).reshape(b, v, 1, h, w)
 
     def check_inputs(self, images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths,
                      semantic_mode, num_inference_steps, guidance_scale, output_type, generator,
@@ -135,9 +177,12 @@ class SemanticNVSPipeline(DiffusionPipeline):
                     f"the semantic encoder gives {hidden} channels but the unet takes "
                     f"{self.unet.config.semantic_channels} (`semantic_channels`)."
                 )
-        if "warped" in semantic_mode:
-            if depths is None:
-                raise ValueError(f"`semantic_mode` {semantic_mode!r} warps by depth: pass `depths`.")
+        if "warped" in semantic_mode and depths is None and getattr(self, "depth_estimator", None) is None:
+            raise ValueError(
+                f"`semantic_mode` {semantic_mode!r} warps by depth: pass `depths` or give the pipeline a "
+                "`depth_estimator`."
+            )
+        if "warped" in semantic_mode and depths is not None:
             depths = self._as_scene_batch("depths", depths, (1, size, size))
             if depths.shape[:2] != (b, v_in):
                 raise ValueError(f"`depths` describes {tuple(depths.shape[:2])} views; `images` has {(b, v_in)}.")
@@ -193,7 +238,8 @@ class SemanticNVSPipeline(DiffusionPipeline):
                 input cameras (OpenCV axes, camera-to-world; see [`~pipelines.semantic_nvs.camera`]).
             target_intrinsics (`torch.Tensor` of shape `([B,] V_t, 3, 3)`), target_c2w (`([B,] V_t, 4, 4)`): the
                 cameras to render.
-            depths (`torch.Tensor` of shape `([B,] V_in, 1, H, W)`, *optional*): input z-depth, needed to warp.
+            depths (`torch.Tensor` of shape `([B,] V_in, 1, H, W)`, *optional*): input z-depth, needed to warp;
+                estimated by the `depth_estimator` when omitted.
             semantic_mode (`str`, defaults to `"warped+iterative"`): `"none"`, `"warped"`, `"iterative"` or
                 `"warped+iterative"`.
             iterative_start (`float`, defaults to 0.0): fraction of the denoising steps to run before the iterative
@@ -245,6 +291,8 @@ class SemanticNVSPipeline(DiffusionPipeline):
         if semantic_mode != "none":
             input_features = self.encode_semantics(images.reshape(b * v_in, c, h, w)).reshape(b, v_in, -1, h, w)
         if "warped" in semantic_mode:
+            if depths is None:
+                depths = self.estimate_depth(images)
             warped, coverage = warp_to_targets(input_features, depths.to(device), input_intrinsics.to(device),
                                                    input_c2w.to(device), target_intrinsics.to(device),
                                                    target_c2w.to(device))  # fmt: skip
