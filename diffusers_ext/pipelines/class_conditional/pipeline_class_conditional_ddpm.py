@@ -11,6 +11,7 @@ from diffusers.utils import logging
 from diffusers.utils.torch_utils import randn_tensor
 
 from ...utils import public
+from ..pipeline_utils import check_callback_tensor_inputs
 
 
 logger = logging.get_logger(__name__)
@@ -94,13 +95,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
             raise TypeError(f"`guidance_scale` must be a number, got {type(guidance_scale).__name__}.")
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
-        if callback_on_step_end_tensor_inputs is not None and not all(
-            k in self._callback_tensor_inputs for k in callback_on_step_end_tensor_inputs
-        ):
-            raise ValueError(
-                f"`callback_on_step_end_tensor_inputs` must be a subset of {self._callback_tensor_inputs}, got "
-                f"{callback_on_step_end_tensor_inputs!r}."
-            )
+        check_callback_tensor_inputs(self, callback_on_step_end_tensor_inputs)
         null_label = self.config.null_class_label
         if guidance_scale > 1.0 and null_label is None:
             raise ValueError(

@@ -17,6 +17,7 @@ from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
 
 from ...utils import public
+from ..pipeline_utils import check_callback_tensor_inputs
 from .ddim_inversion import (
     SUPPORTED_PREDICTION_TYPES,
     ddim_round_trip,
@@ -363,13 +364,7 @@ class DIRPPipeline(DiffusionPipeline):
                 raise ValueError(f"`{name}` must be {'>= 0' if allow_zero else '> 0'}, got {value!r}.")
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
-        if callback_on_step_end_tensor_inputs is not None and not all(
-            k in self._callback_tensor_inputs for k in callback_on_step_end_tensor_inputs
-        ):
-            raise ValueError(
-                f"`callback_on_step_end_tensor_inputs` must be a subset of {self._callback_tensor_inputs}, got "
-                f"{callback_on_step_end_tensor_inputs!r}."
-            )
+        check_callback_tensor_inputs(self, callback_on_step_end_tensor_inputs)
 
     # --------------------------------------------------------------------------------------------------- call
 

@@ -17,6 +17,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from ...utils import public
+from ..pipeline_utils import check_callback_tensor_inputs
 from .denoisers import MultiDenoiserModel, WindowedDenoiser
 from .fair_division import FairDivisionAllocator
 from .utilities import UTILITIES, ConceptAttentionStore, guidance_delta, record_cross_attention, x0_saliency
@@ -298,13 +299,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             or num_images_per_prompt < 1
         ):
             raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
-        if callback_on_step_end_tensor_inputs is not None and not all(
-            k in self._callback_tensor_inputs for k in callback_on_step_end_tensor_inputs
-        ):
-            raise ValueError(
-                f"`callback_on_step_end_tensor_inputs` must be a subset of {self._callback_tensor_inputs}, got "
-                f"{callback_on_step_end_tensor_inputs!r}."
-            )
+        check_callback_tensor_inputs(self, callback_on_step_end_tensor_inputs)
         if composition not in COMPOSITIONS:
             raise ValueError(f"`composition` must be one of {COMPOSITIONS}, got {composition!r}.")
         if allocator is not None and not isinstance(allocator, FairDivisionAllocator):

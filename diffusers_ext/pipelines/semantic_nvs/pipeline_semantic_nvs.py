@@ -14,6 +14,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from ...models.semantic_multiview_unet import SemanticMultiViewUNetModel
 from ...utils import public
+from ..pipeline_utils import check_callback_tensor_inputs
 from .camera import check_intrinsics, check_rigid, scale_intrinsics, scene_plucker
 from .conditioning import (
     SEMANTIC_MODES,
@@ -196,11 +197,7 @@ class SemanticNVSPipeline(DiffusionPipeline):
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         if isinstance(generator, list) and len(generator) != b:
             raise ValueError(f"`generator` is a list of {len(generator)} generators for {b} scenes.")
-        if not set(callback_on_step_end_tensor_inputs) <= set(self._callback_tensor_inputs):
-            raise ValueError(
-                f"`callback_on_step_end_tensor_inputs` must be a subset of {self._callback_tensor_inputs}, got "
-                f"{callback_on_step_end_tensor_inputs!r}."
-            )
+        check_callback_tensor_inputs(self, callback_on_step_end_tensor_inputs)
         return images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths
 
     # ---------------------------------------------------------------------------------------- semantics
