@@ -1,4 +1,4 @@
-"""[`DiffusionTrainerConfig`]: the options every trainer of the pack shares, named as in `transformers.TrainingArguments`."""
+"""[`DiffusionTrainerConfig`]: the options every trainer of the pack shares, with `TrainingArguments`' names."""
 
 import warnings
 from dataclasses import dataclass, field, fields
@@ -89,7 +89,8 @@ class DiffusionTrainerConfig:
                 continue
             if getattr(self, new) != defaults[new] and getattr(self, new) != value:
                 raise ValueError(
-                    f"`{old}` is the deprecated name of `{new}`; got both ({old}={value!r}, {new}={getattr(self, new)!r})."
+                    f"`{old}` is the deprecated name of `{new}`; got both ({old}={value!r}, "
+                    f"{new}={getattr(self, new)!r})."
                 )
             warnings.warn(
                 f"`{type(self).__name__}({old}=...)` is deprecated and will be removed in a future release; use "

@@ -1,5 +1,5 @@
 r"""
-[`DiffusionTrainer`]: what every trainer of the pack shares (accelerator, optimizer, metrics, loop, checkpoints, saving).
+[`DiffusionTrainer`]: what every trainer of the pack shares (accelerator, optimizer, metrics, loop, checkpoints).
 
 Why not `transformers.Trainer`? TRL's `GRPOTrainer` subclasses it, and for language models that is right: the model
 is a `PreTrainedModel`, a step is "a batch from a DataLoader through `compute_loss`", and `Trainer` brings the data
@@ -97,7 +97,8 @@ class DiffusionTrainer:
         elif accelerator.gradient_accumulation_steps != steps:
             raise ValueError(
                 f"the given `accelerator` accumulates {accelerator.gradient_accumulation_steps} micro-steps; this "
-                f"trainer needs {steps} (build it with `Accelerator(gradient_accumulation_steps={steps})`, or pass none)."
+                f"trainer needs {steps} (build it with `Accelerator(gradient_accumulation_steps={steps})`, or pass "
+                "none)."
             )
         self.accelerator = accelerator
         if self.state_file is not None:
@@ -194,7 +195,9 @@ class DiffusionTrainer:
             self.accelerator.log(logs, step=self.global_step)
 
     def save_checkpoint(self) -> str:
-        """Save `output_dir/checkpoint-<global_step>` atomically (the last good one survives a crash); every process."""
+        """Save `output_dir/checkpoint-<global_step>` atomically (the last good one survives a crash).
+
+        Call on every process."""
         path = save_checkpoint(self.accelerator, self.args.output_dir, self.global_step, self.args.save_total_limit)
         logger.info(f"Saved {path}")
         return path
