@@ -71,9 +71,9 @@ if TYPE_CHECKING:
     from .pipelines.soar.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
     from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
-    from .trainers.constrained_unlearning_config import ConstrainedUnlearningConfig
     from .trainers.base_config import DiffusionTrainerConfig
     from .trainers.base_trainer import DiffusionTrainer
+    from .trainers.constrained_unlearning_config import ConstrainedUnlearningConfig
     from .trainers.constrained_unlearning_trainer import ConstrainedUnlearningTrainer
     from .trainers.diffusion_grpo_config import DiffusionGRPOConfig
     from .trainers.diffusion_grpo_trainer import DiffusionGRPOTrainer
