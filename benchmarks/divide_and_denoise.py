@@ -92,7 +92,7 @@ def run_discs(experts_fn, args, seed: int, timings: dict, keep: dict | None):
     from diffusers import DDIMScheduler
 
     from diffusers_ext import DivideAndDenoisePipeline, MultiDenoiserModel
-    from diffusers_ext.pipelines.divide_and_denoise.composition_eval import discs_success
+    from diffusers_ext.evaluation.divide_and_denoise.composition import discs_success
 
     scheduler = DDIMScheduler(num_train_timesteps=1000, beta_schedule="linear", clip_sample=False)
     pipe = DivideAndDenoisePipeline(MultiDenoiserModel(experts_fn(seed=seed)), scheduler)
@@ -112,7 +112,7 @@ def run_discs(experts_fn, args, seed: int, timings: dict, keep: dict | None):
 
 def run_digits(unet, scheduler, classifier, args, seed: int, timings: dict, keep: dict | None):
     from diffusers_ext import DivideAndDenoisePipeline, MultiDenoiserModel, WindowedDenoiser
-    from diffusers_ext.pipelines.divide_and_denoise.composition_eval import digits_success, score_digit_slots
+    from diffusers_ext.evaluation.divide_and_denoise.composition import digits_success, score_digit_slots
 
     schedule = {k: scheduler.config[k] for k in ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule")}
     windows = [WindowedDenoiser.from_unet(unet, (8, 24), (0, 8 * s), -1.0, **schedule) for s in range(3)]
@@ -146,7 +146,7 @@ def run_digits(unet, scheduler, classifier, args, seed: int, timings: dict, keep
 
 def run_digits_shared(ddpm, classifier, args, seed: int, timings: dict, keep: dict | None):
     from diffusers_ext import DivideAndDenoisePipeline
-    from diffusers_ext.pipelines.divide_and_denoise.composition_eval import digits_success, score_digit_slots
+    from diffusers_ext.evaluation.divide_and_denoise.composition import digits_success, score_digit_slots
 
     pipe = DivideAndDenoisePipeline.from_pipelines([ddpm])
     pipe.set_progress_bar_config(disable=True)
@@ -281,7 +281,7 @@ def main(argv=None):
     args = parse_args(argv)
     import diffusers_ext
     from diffusers_ext import zoo
-    from diffusers_ext.pipelines.divide_and_denoise.composition_eval import (
+    from diffusers_ext.evaluation.divide_and_denoise.composition import (
         centred_experts,
         conflict_experts,
         dominant_experts,

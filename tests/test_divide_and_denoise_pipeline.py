@@ -21,8 +21,7 @@ from diffusers_ext import (
     MultiDenoiserModel,
     load_pipeline,
 )
-from diffusers_ext.pipelines.divide_and_denoise import dummies
-from diffusers_ext.pipelines.divide_and_denoise.composition_eval import (
+from diffusers_ext.evaluation.divide_and_denoise.composition import (
     conflict_experts,
     discs_success,
     dominant_experts,
@@ -36,6 +35,7 @@ from diffusers_ext.testing import (
     get_tiny_pixel_unet,
     get_tiny_sd_components,
 )
+from diffusers_ext.testing.dummies import divide_and_denoise as dummies
 
 
 class TestDivideAndDenoisePipeline(PipelineConformanceTests):

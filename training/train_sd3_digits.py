@@ -160,7 +160,7 @@ def main(argv=None):
 
     from diffusers_ext import zoo
     from diffusers_ext.data.digits import load_digits_images
-    from diffusers_ext.testing import get_tiny_sd3_components
+    from diffusers_ext.models.tiny_components import get_tiny_sd3_components
     from diffusers_ext.training_utils import command_line, write_model_card
 
     start = time.perf_counter()

@@ -47,7 +47,7 @@ def divide_and_denoise_section(output_dir: str, quick: bool, seed: int, device: 
     from diffusers import DDIMScheduler
 
     from .. import DivideAndDenoisePipeline, MultiDenoiserModel, WindowedDenoiser, zoo
-    from ..pipelines.divide_and_denoise.composition_eval import (
+    from ..evaluation.divide_and_denoise.composition import (
         conflict_experts,
         digits_success,
         discs_success,

@@ -8,9 +8,10 @@ native 8x8), so that guidance, the fair division and the alignment step all run.
 import torch
 from diffusers import DDIMScheduler
 
-from ...testing import BadInput, get_tiny_pixel_unet, register_dummy_pipeline
-from .denoisers import MultiDenoiserModel
-from .pipeline_divide_and_denoise import DivideAndDenoisePipeline
+from ...models.tiny_components import get_tiny_pixel_unet
+from ...pipelines.divide_and_denoise.denoisers import MultiDenoiserModel
+from ...pipelines.divide_and_denoise.pipeline_divide_and_denoise import DivideAndDenoisePipeline
+from ..registry import BadInput, register_dummy_pipeline
 
 
 NUM_CLASSES = 3
