@@ -64,12 +64,12 @@ def parse_args(argv=None):
 
 
 def method_kwargs(method: str) -> dict:
-    from diffusers_ext import DivideAndDenoisePipeline, FairDivisionAllocator
+    from diffusers_ext import AverageAllocator, DivideAndDenoisePipeline, FairDivisionAllocator, RegionAllocator
 
     if method == "averaging":
-        return {"composition": "average"}
+        return {"allocator": AverageAllocator()}
     if method == "multidiffusion":
-        return {"composition": "multidiffusion"}
+        return {"allocator": RegionAllocator()}
     if method == "dnd_no_alignment":
         return {"alignment_scale": 0.0}
     if method == "dnd_argmax":
@@ -104,7 +104,7 @@ def run_discs(experts_fn, args, seed: int, timings: dict, keep: dict | None):
         scores[method] = float(discs_success(out.images).mean())
         scores["lenient/" + method] = float(discs_success(out.images, min_intensity=LENIENT_DISC).mean())
         if method == "divide_and_denoise":
-            add_timings(timings, pipe.last_call_timings)
+            add_timings(timings, out.timings)
         if keep is not None and method in ("divide_and_denoise", "multidiffusion", "averaging"):
             keep[method] = (out.images[0].permute(1, 2, 0).numpy(), out.allocations[:, 0].numpy())
     return scores
@@ -136,7 +136,7 @@ def run_digits(unet, scheduler, classifier, args, seed: int, timings: dict, keep
             present, labels = score_digit_slots(classifier, out.images * 2 - 1, ink_threshold=LENIENT_INK)
             successes["lenient/" + method].extend(digits_success(present, labels, digits).tolist())
             if method == "divide_and_denoise":
-                add_timings(timings, pipe.last_call_timings)
+                add_timings(timings, out.timings)
             if keep is not None and p == 0 and method in ("divide_and_denoise", "multidiffusion", "averaging"):
                 keep[method] = (out.images[0].permute(1, 2, 0).numpy(), out.allocations[:, 0].numpy())
         if keep is not None and p == 0:
@@ -162,7 +162,7 @@ def run_digits_shared(ddpm, classifier, args, seed: int, timings: dict, keep: di
                 present, labels = score_digit_slots(classifier, out.images * 2 - 1, ink_threshold=ink)
                 successes[prefix + method].extend(digits_success(present, labels, digits).tolist())
             if method == "divide_and_denoise":
-                add_timings(timings, pipe.last_call_timings)
+                add_timings(timings, out.timings)
             if keep is not None and p == 0 and method in ("divide_and_denoise", "multidiffusion", "averaging"):
                 keep[method] = (out.images[0].permute(1, 2, 0).numpy(), out.allocations[:, 0].numpy())
     return {name: float(np.mean(values)) for name, values in successes.items()}

@@ -31,6 +31,7 @@ _import_structure = {
     ],
     "pipelines.diffusion_lm.pipeline_diffusion_lm": ["DiffusionLMPipeline", "DiffusionLMPipelineOutput"],
     "schedulers.scheduling_soar": ["SOARScheduler", "SOARSchedulerOutput"],
+    "pipelines.divide_and_denoise.baseline_allocators": ["AverageAllocator", "RegionAllocator"],
     "pipelines.divide_and_denoise.denoisers": ["MultiDenoiserModel", "WindowedDenoiser"],
     "pipelines.divide_and_denoise.fair_division": ["FairDivisionAllocator"],
     "pipelines.divide_and_denoise.pipeline_divide_and_denoise": [
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     )
     from .pipelines.diffusion_lm.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
     from .pipelines.dirp.pipeline_dirp import DIRPPipeline, DIRPPipelineOutput
+    from .pipelines.divide_and_denoise.baseline_allocators import AverageAllocator, RegionAllocator
     from .pipelines.divide_and_denoise.denoisers import MultiDenoiserModel, WindowedDenoiser
     from .pipelines.divide_and_denoise.fair_division import FairDivisionAllocator
     from .pipelines.divide_and_denoise.pipeline_divide_and_denoise import (

@@ -13,16 +13,19 @@ Every denoiser is called like a `UNet2DModel`: `model(sample, timestep, class_la
 import os
 
 import torch
-from diffusers import DDPMScheduler, UNet2DModel
+from diffusers import DDPMScheduler, UNet2DConditionModel, UNet2DModel
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.unets.unet_2d import UNet2DOutput
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from ...loading import resolve_model_class
 from ...utils import public
 
 
 _LIBRARIES = ("diffusers", "diffusers_ext")
+# Noise-schedule entries that must agree for models to share one sampler.
+_SCHEDULE_KEYS = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "trained_betas", "prediction_type")
 
 
 def as_pair(value, name: str) -> tuple[int, int]:
@@ -195,3 +198,57 @@ class WindowedDenoiser(ModelMixin, ConfigMixin):
         eps = eps.clone()
         eps[:, :, top : top + win_h, left : left + win_w] = inner
         return UNet2DOutput(sample=eps) if return_dict else (eps,)
+
+
+# What the pipeline needs to know about a denoiser, whatever its class --------------------------------------------
+
+
+def denoiser_conditioning(model: torch.nn.Module) -> str:
+    """`"text"` (cross-attention), `"class"` (class embedding) or `"none"`."""
+    if isinstance(model, UNet2DConditionModel):
+        return "text"
+    return "class" if denoiser_num_class_embeds(model) is not None else "none"
+
+
+def denoiser_num_class_embeds(model: torch.nn.Module) -> int | None:
+    """The size of a class-conditional denoiser's class table (null class included), else `None`."""
+    if isinstance(model, WindowedDenoiser):
+        return model.num_class_embeds
+    return getattr(getattr(model, "config", None), "num_class_embeds", None)
+
+
+def denoiser_sample_size(model: torch.nn.Module) -> tuple[int, int] | None:
+    """The denoiser's native latent size `(height, width)` (a windowed denoiser's canvas), if it has one."""
+    config = getattr(model, "config", None)
+    size = getattr(config, "canvas_size", None) or getattr(config, "sample_size", None)
+    if size is None:
+        return None
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def denoiser_in_channels(model: torch.nn.Module) -> int:
+    """The channels of the samples the denoiser takes."""
+    return (model.denoiser if isinstance(model, WindowedDenoiser) else model).config.in_channels
+
+
+def denoiser_latent_constraint(model: torch.nn.Module) -> tuple[int, bool]:
+    """`(multiple, fixed)`: latent sides must be multiples of `multiple`; `fixed` models only take their own size."""
+    if isinstance(model, WindowedDenoiser) or not hasattr(getattr(model, "config", None), "block_out_channels"):
+        return 1, True
+    return 2 ** (len(model.config.block_out_channels) - 1), False
+
+
+def check_compatible_schedulers(schedulers: list[SchedulerMixin]) -> None:
+    """Raise a `ValueError` unless every scheduler has the same noise schedule and prediction type."""
+    reference = schedulers[0].config
+    for i, scheduler in enumerate(schedulers[1:], start=1):
+        differing = {
+            key: (reference.get(key), scheduler.config.get(key))
+            for key in _SCHEDULE_KEYS
+            if reference.get(key) != scheduler.config.get(key)
+        }
+        if differing:
+            raise ValueError(
+                f"the scheduler of model {i} has a different noise schedule than model 0's as (model 0, model {i}): "
+                f"{differing}; Divide-and-Denoise needs models trained with one schedule and prediction type."
+            )
