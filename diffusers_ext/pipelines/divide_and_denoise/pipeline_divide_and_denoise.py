@@ -3,7 +3,7 @@
 import inspect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import PIL.Image
@@ -64,7 +64,7 @@ class DivideAndDenoisePipelineOutput(BaseOutput):
 
     images: list[PIL.Image.Image] | np.ndarray | torch.Tensor
     allocations: torch.Tensor
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float]
 
 
 @public
