@@ -42,12 +42,16 @@ _import_structure = {
     "trainers.e2po_trainer": ["E2POTrainer"],
     "trainers.constrained_unlearning_config": ["ConstrainedUnlearningConfig"],
     "trainers.constrained_unlearning_trainer": ["ConstrainedUnlearningTrainer"],
+    "models.lomdm_schedule_network": ["LoMDMScheduleNetwork", "LoMDMScheduleOutput"],
+    "pipelines.lomdm.pipeline_lomdm": ["LoMDMPipeline"],
+    "schedulers.scheduling_oemdm": ["OeMDMScheduler", "OeMDMSchedulerOutput"],
 }
 
 if TYPE_CHECKING:
     from ._mixins import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin
     from .loading import load_pipeline
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
+    from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
     from .pipelines.dirp.pipeline_dirp import DIRPPipeline, DIRPPipelineOutput
@@ -57,6 +61,7 @@ if TYPE_CHECKING:
         DivideAndDenoisePipeline,
         DivideAndDenoisePipelineOutput,
     )
+    from .pipelines.lomdm.pipeline_lomdm import LoMDMPipeline
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
     from .pipelines.soar.adapters import (
         DiffusionLMAdapter,
@@ -68,6 +73,7 @@ if TYPE_CHECKING:
     )
     from .pipelines.soar.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
+    from .schedulers.scheduling_oemdm import OeMDMScheduler, OeMDMSchedulerOutput
     from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
     from .trainers.constrained_unlearning_config import ConstrainedUnlearningConfig
     from .trainers.constrained_unlearning_trainer import ConstrainedUnlearningTrainer
