@@ -106,7 +106,8 @@ def lomdm_loss(
         mask_eps (`float`, defaults to 1e-3): times are `(1 - eps) * U + eps`.
         num_mask_samples (`int`, defaults to 2): masks per `(x, t)`; at least 2 for the RLOO baseline (1 drops the
             REINFORCE term).
-        t (`torch.Tensor` of shape `(B,)`, *optional*): fixed times in `(0, 1]` (evaluation).
+        t (`torch.Tensor` of shape `(B,)`, *optional*): fixed times in `(0, 1]` (evaluation); pass float64 for times
+            below float32's range.
     """
     if input_ids.ndim != 2:
         raise ValueError(f"`input_ids` must have shape (batch, length), got {tuple(input_ids.shape)}.")

@@ -28,7 +28,9 @@ def sample_mask(
     """Independent Bernoulli masks of `shape` `(B, L)`; `mask_prob` is `(B,)` (one per sequence) or `(B, L)`."""
     if mask_prob.ndim == 1:
         mask_prob = mask_prob.unsqueeze(1)
-    return torch.rand(shape, generator=generator, device=mask_prob.device) < mask_prob
+    # float64 probabilities (tiny times in evaluation) get float64 uniforms; float32 draws are the default stream
+    dtype = torch.float64 if mask_prob.dtype == torch.float64 else torch.float32
+    return torch.rand(shape, generator=generator, device=mask_prob.device, dtype=dtype) < mask_prob
 
 
 def masked_diffusion_loss(
