@@ -8,15 +8,17 @@ from ...models.lomdm_schedule_network import LoMDMScheduleNetwork
 from ...utils import public
 
 
-class LearnedOrderAdapter:
-    """Wrap a diffusion-LM adapter: append the reverse scheduler's exponents `w` as one more logit channel.
+class LoMDMAdapter:
+    """Wrap a diffusion-LM adapter for a masked diffusion LM trained with MDLM or LoMDM.
 
-    The output is `(N, L, V + 1)`: the wrapped adapter's logits, then `w` of every position computed on the current
-    sequence (the prompt is excluded from the NormSig mean). This is the input [`OeMDMScheduler`] expects with
+    The mask token's logit is set to `-inf` (the denoiser never predicts a mask: MDLM's zero-masking
+    parameterisation), so every scheduler, sampling or greedy, commits real tokens. With a reverse scheduler the
+    output gets one more channel, `(N, L, V + 1)`: the exponents `w` of every position computed on the current
+    sequence (the prompt is excluded from the NormSig mean), the input [`OeMDMScheduler`] expects with
     `schedule="learned"`.
     """
 
-    def __init__(self, adapter, reverse_schedule: LoMDMScheduleNetwork):
+    def __init__(self, adapter, reverse_schedule: LoMDMScheduleNetwork | None = None):
         self.adapter = adapter
         self.reverse_schedule = reverse_schedule
 
@@ -26,8 +28,15 @@ class LearnedOrderAdapter:
             raise AttributeError(name)
         return getattr(self.adapter, name)
 
-    def __call__(self, model, input_ids, attention_mask, *, prompt_mask=None, **kwargs) -> torch.Tensor:
-        logits = self.adapter(model, input_ids, attention_mask, prompt_mask=prompt_mask, **kwargs)
+    def __call__(self, model, input_ids, attention_mask, *, prompt_mask=None, mask_token_id=None, **kwargs):
+        logits = self.adapter(
+            model, input_ids, attention_mask, prompt_mask=prompt_mask, mask_token_id=mask_token_id, **kwargs
+        )
+        if mask_token_id is not None:
+            logits = logits.clone()
+            logits[..., mask_token_id] = float("-inf")
+        if self.reverse_schedule is None:
+            return logits
         schedule_mask = torch.ones_like(input_ids, dtype=torch.bool) if prompt_mask is None else ~prompt_mask
         exponents = self.reverse_schedule(input_ids, schedule_mask).exponents
         return torch.cat([logits, exponents.unsqueeze(-1).to(logits.dtype)], dim=-1)
@@ -67,16 +76,15 @@ class LoMDMPipeline(DiffusionLMPipeline):
         self.register_modules(reverse_schedule=reverse_schedule, forward_schedule=forward_schedule)
 
     def __call__(self, *args, **kwargs):
-        """Generate; see [`DiffusionLMPipeline.__call__`]. With `OeMDMScheduler(schedule="learned")` the reverse
-        scheduler's exponents travel to the scheduler beside the logits. For sampling from the model (rather than
+        """Generate; see [`DiffusionLMPipeline.__call__`]. The mask token is never committed (its logit is `-inf`
+        for every scheduler); with `OeMDMScheduler(schedule="learned")` the reverse scheduler's exponents travel to
+        the scheduler beside the logits. For sampling from the model (rather than
         greedy decoding) pass `temperature=1.0`."""
         learned = isinstance(self.scheduler, OeMDMScheduler) and self.scheduler.config.schedule == "learned"
-        if not learned:
-            return super().__call__(*args, **kwargs)
-        if self.reverse_schedule is None:
+        if learned and self.reverse_schedule is None:
             raise ValueError("`OeMDMScheduler(schedule='learned')` needs the pipeline's `reverse_schedule`.")
         base = self.adapter
-        self.adapter = LearnedOrderAdapter(base, self.reverse_schedule)
+        self.adapter = LoMDMAdapter(base, self.reverse_schedule if learned else None)
         try:
             return super().__call__(*args, **kwargs)
         finally:
