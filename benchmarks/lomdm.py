@@ -41,6 +41,9 @@ def parse_args(argv=None):
     parser.add_argument("--corpora", nargs="+", default=["markov", "stdlib"], help="Corpora to run.")
     parser.add_argument("--markov_steps", type=int, default=800, help="Training steps on the Markov corpus.")
     parser.add_argument("--stdlib_steps", type=int, default=500, help="Training steps on the stdlib corpus.")
+    parser.add_argument("--num_symbols", type=int, default=8, help="Markov corpus: symbols.")
+    parser.add_argument("--block_size", type=int, default=3, help="Markov corpus: data tokens per checksum.")
+    parser.add_argument("--num_blocks", type=int, default=4, help="Markov corpus: blocks per sequence.")
     parser.add_argument("--batch_size", type=int, default=64, help="Sequences per step (two masks each).")
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="AdamW learning rate (all networks).")
     parser.add_argument("--num_evals", type=int, default=10, help="Validation NELBO evaluations along training.")
@@ -76,7 +79,9 @@ def make_corpus(name: str, args) -> dict:
         from diffusers_ext.data.markov_checksum import MarkovChecksumSource
         from diffusers_ext.evaluation.lomdm import markov_checksum_entropy_rate
 
-        source = MarkovChecksumSource()
+        source = MarkovChecksumSource(
+            num_symbols=args.num_symbols, block_size=args.block_size, num_blocks=args.num_blocks
+        )
         tokenizer = build_char_tokenizer(source.alphabet)
         return {
             "name": name,

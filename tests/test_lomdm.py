@@ -265,3 +265,22 @@ def test_char_tokenizer_round_trip():
     assert tokenizer.decode(ids, skip_special_tokens=True) == "ab c"
     with pytest.raises(ValueError, match="repeat"):
         build_char_tokenizer("aa")
+
+
+def test_zoo_checkpoint_learned_to_generate_checksums_late():
+    from diffusers_ext import zoo
+
+    pipe = zoo.load("lomdm-markov")
+    pipe.set_progress_bar_config(disable=True)
+    source = MarkovChecksumSource()
+    ids = torch.cat([torch.ones(256, 1, dtype=torch.long), source.sample(256, seed=3) + 4], 1)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[:, 0] = False
+    with torch.no_grad():
+        w = pipe.forward_schedule(ids, mask).exponents[:, 1:].mean(0)
+    # every checksum position gets a smaller exponent than the average position: it is generated late
+    assert w[source.checksum_positions].max() < w.mean()
+    out = pipe(prompt=["<|bos|>"] * 64, gen_length=source.length, num_inference_steps=source.length,
+               temperature=1.0, eos_early_stop=False, generator=torch.Generator().manual_seed(0), output_type="seq")  # fmt: skip
+    quality = markov_checksum_sample_quality(source, out.sequences - 4)
+    assert quality["valid_fraction"] > 0.9 and quality["nll_per_token"] < 2.7  # uniform symbols: 4.07 nats/token
