@@ -46,12 +46,16 @@ _import_structure = {
     "trainers.constrained_unlearning_trainer": ["ConstrainedUnlearningTrainer"],
     "trainers.base_config": ["DiffusionTrainerConfig"],
     "trainers.base_trainer": ["DiffusionTrainer"],
+    "models.lomdm_schedule_network": ["LoMDMScheduleNetwork", "LoMDMScheduleOutput"],
+    "pipelines.lomdm.pipeline_lomdm": ["LoMDMPipeline"],
+    "schedulers.scheduling_oemdm": ["OeMDMScheduler", "OeMDMSchedulerOutput"],
 }
 
 if TYPE_CHECKING:
     from ._mixins import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin
     from .loading import load_pipeline
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
+    from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
     from .pipelines.diffusion_lm.adapters import (
@@ -71,8 +75,10 @@ if TYPE_CHECKING:
         DivideAndDenoisePipeline,
         DivideAndDenoisePipelineOutput,
     )
+    from .pipelines.lomdm.pipeline_lomdm import LoMDMPipeline
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
+    from .schedulers.scheduling_oemdm import OeMDMScheduler, OeMDMSchedulerOutput
     from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
     from .trainers.base_config import DiffusionTrainerConfig
     from .trainers.base_trainer import DiffusionTrainer

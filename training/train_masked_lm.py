@@ -19,12 +19,16 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import ProjectConfiguration, set_seed
 from tqdm.auto import tqdm
 
+from diffusers_ext.training_objectives.masked_diffusion import (
+    masked_diffusion_loss,
+    sample_mask,
+    sample_mask_probability,
+)
 from diffusers_ext.training_utils import add_accelerate_arguments
 
 
@@ -107,13 +111,6 @@ def build_model(args, tokenizer, max_length: int):
     return LlamaForCausalLM(config)
 
 
-def masked_diffusion_loss(logits, targets, masked, mask_prob):
-    """LLaDA's loss: cross-entropy on the masked answer tokens, each weighted by 1 / its masking probability,
-    averaged over the answer tokens of the batch."""
-    losses = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
-    return (losses * masked / mask_prob.unsqueeze(1)).sum() / targets.numel()
-
-
 def main(argv=None):
     args = parse_args(argv)
     from diffusers.optimization import get_scheduler
@@ -193,9 +190,8 @@ def main(argv=None):
                 args.seed, global_step * args.gradient_accumulation_steps + micro, accelerator.process_index
             )
             prompts, answers = encoder.prompts(batch_pairs), encoder.answers(batch_pairs)
-            t = torch.rand(len(batch_pairs), generator=generator)
-            mask_prob = (1 - args.mask_eps) * t + args.mask_eps
-            masked = torch.rand(answers.shape, generator=generator) < mask_prob.unsqueeze(1)
+            mask_prob = sample_mask_probability(len(batch_pairs), args.mask_eps, generator)
+            masked = sample_mask(answers.shape, mask_prob, generator)
             noisy = torch.cat([prompts, torch.where(masked, mask_id, answers)], dim=1)
             noisy, answers = noisy.to(accelerator.device), answers.to(accelerator.device)
             masked, mask_prob = masked.to(accelerator.device), mask_prob.to(accelerator.device)

@@ -62,6 +62,12 @@ ENTRIES = {
             "SemanticNVSPipeline",
         ),
         ZooEntry(
+            "lomdm-markov",
+            "LoMDM masked diffusion LM (bidirectional Llama + learned forward and reverse schedulers) on the "
+            "Markov-checksum test bed; samples with its learned generation order.",
+            "LoMDMPipeline",
+        ),
+        ZooEntry(
             "procedural-nvs-baseline",
             "The same multi-view denoiser trained with the same budget but without semantic conditioning.",
             "SemanticNVSPipeline",

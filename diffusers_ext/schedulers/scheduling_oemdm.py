@@ -1,0 +1,255 @@
+"""OeMDM sampling: unmask each position by its own schedule `alpha^i(t)` (order-expressive masked diffusion).
+
+OeMDM (arXiv 2602.02112) reads masked diffusion, autoregressive and block diffusion as one family: every position
+`i` has its own schedule `alpha^i(t)`, the probability that it is clean at time `t` (`alpha(1) = 0`, `alpha(0) = 1`).
+Going from time `t` to `s < t`, a still-masked position is unmasked with probability
+`(alpha^i(s) - alpha^i(t)) / (1 - alpha^i(t))`, and its token is drawn from the denoiser. The named schedules:
+
+| `schedule` | `alpha^i(t)` | is |
+|---|---|---|
+| `"mdm"` | `1 - t` | MDLM / LLaDA random-order masked diffusion |
+| `"ar"` | 0 before, 1 after position `i`'s window `[1 - (i+1)/G, 1 - i/G]`, linear inside | left-to-right decoding |
+| `"block"` | the same windows per block of `order_block_length` positions | block diffusion |
+| `"learned"` | `1 - t^(w_i)`, `w_i` from LoMDM's reverse scheduler on the current sequence | LoMDM |
+
+`i` counts the positions the pipeline lets the scheduler fill (its `transfer_mask`), `G` is their number. With
+`"learned"` the model output carries one extra channel: `model_output[..., :-1]` are the logits and
+`model_output[..., -1]` the exponents `w` ([`LoMDMPipeline`] appends it from its reverse scheduler).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from diffusers import ConfigMixin, SchedulerMixin
+from diffusers.configuration_utils import register_to_config
+from diffusers.utils import BaseOutput
+
+from ..utils import public
+
+
+SCHEDULES = ("mdm", "ar", "block", "learned")
+
+
+@public
+@dataclass
+class OeMDMSchedulerOutput(BaseOutput):
+    """Output of [`OeMDMScheduler.step`] (the fields [`DiffusionLMPipeline`] reads; one beam per prompt).
+
+    Args:
+        prev_sample (`torch.LongTensor` of shape `(N, L)`): the sequences after this step's unmasking.
+        transfer_index (`torch.BoolTensor` of shape `(N, L)`): the positions unmasked in this step.
+        sampled_tokens (`torch.LongTensor` of shape `(N, L)`): the token drawn at every position.
+        confidence (`torch.Tensor` of shape `(N, L)`): the unmasking probability of every eligible position (0
+            elsewhere).
+        beam_scores (`torch.DoubleTensor` of shape `(N,)`): running sums of the committed tokens' log-probabilities.
+        beam_lengths (`torch.LongTensor` of shape `(N,)`): tokens committed so far.
+        beam_groups (`torch.LongTensor` of shape `(N,)`): the prompt of each row (unchanged).
+        parent_index (`torch.LongTensor` of shape `(N,)`): `arange(N)` (no beam search).
+    """
+
+    prev_sample: torch.LongTensor
+    transfer_index: torch.BoolTensor
+    sampled_tokens: torch.LongTensor
+    confidence: torch.Tensor
+    beam_scores: torch.DoubleTensor
+    beam_lengths: torch.LongTensor
+    beam_groups: torch.LongTensor
+    parent_index: torch.LongTensor
+
+
+@public
+class OeMDMScheduler(SchedulerMixin, ConfigMixin):
+    """Per-position-schedule ancestral sampler for masked diffusion LMs (MDLM, AR, block diffusion, LoMDM).
+
+    Each step moves from time `t` to the next time `s` on `linspace(1, 0, num_inference_steps + 1)`; the last step
+    reaches `s = 0`, where every schedule is 1, so every position is filled. Named presets: [`from_preset`].
+
+    Args:
+        schedule (`str`, defaults to `"mdm"`): one of `"mdm"`, `"ar"`, `"block"`, `"learned"` (see the module
+            docstring).
+        order_block_length (`int`, defaults to 4): positions per block of the `"block"` schedule.
+        block_length (`int`, defaults to 1024): the pipeline's semi-autoregressive block length by default (the
+            pipeline uses `min(block_length, gen_length)`; the order lives in `schedule`).
+    """
+
+    order = 1
+
+    @register_to_config
+    def __init__(self, schedule: str = "mdm", order_block_length: int = 4, block_length: int = 1024):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"`schedule` must be one of {SCHEDULES}, got {schedule!r}.")
+        if not isinstance(order_block_length, int) or order_block_length < 1:
+            raise ValueError(f"`order_block_length` must be a positive integer, got {order_block_length!r}.")
+        if not isinstance(block_length, int) or block_length < 1:
+            raise ValueError(f"`block_length` must be a positive integer, got {block_length!r}.")
+        self.set_timesteps(1)
+
+    @classmethod
+    def from_preset(cls, name: str, **kwargs) -> "OeMDMScheduler":
+        """The named OeMDM special cases: `"mdm"` (MDLM), `"ar"`, `"block"` (pass `order_block_length`), and
+        `"lomdm"` (the learned order; same as `schedule="learned"`)."""
+        schedule = {"lomdm": "learned"}.get(name, name)
+        if schedule not in SCHEDULES:
+            raise ValueError(f"`name` must be one of {sorted([*SCHEDULES, 'lomdm'])}, got {name!r}.")
+        return cls(schedule=schedule, **kwargs)
+
+    def set_timesteps(self, num_inference_steps: int, device: str | torch.device | None = None) -> None:
+        """Set the times `linspace(1, 0, n + 1)[:-1]` of one block's `n` steps."""
+        if (
+            not isinstance(num_inference_steps, int)
+            or isinstance(num_inference_steps, bool)
+            or num_inference_steps < 1
+        ):
+            raise ValueError(f"`num_inference_steps` must be a positive integer, got {num_inference_steps!r}.")
+        self.num_inference_steps = num_inference_steps
+        self._times = torch.linspace(1, 0, num_inference_steps + 1, dtype=torch.float64)
+        self.timesteps = self._times[:-1].to(device)
+
+    def _next_times(self, timestep) -> tuple[torch.Tensor, torch.Tensor]:
+        values = torch.as_tensor(timestep, dtype=torch.float64).reshape(-1).cpu()
+        matches = values.unsqueeze(1) == self._times[:-1].unsqueeze(0)
+        if not bool(matches.any(1).all()):
+            raise ValueError(
+                f"`timestep` {values.tolist()} is not among the scheduler's timesteps {self.timesteps.tolist()}; "
+                "call `set_timesteps` first and pass its values."
+            )
+        index = matches.to(torch.int8).argmax(1)
+        return self._times[index], self._times[index + 1]
+
+    def alpha(self, t: torch.Tensor, rank: torch.Tensor, count: torch.Tensor, exponents=None) -> torch.Tensor:
+        """`alpha^i(t)`: the probability that position `i` is clean at time `t`.
+
+        Args:
+            t (`torch.Tensor` of shape `(N, 1)`): times.
+            rank (`torch.Tensor` of shape `(N, L)`): `i`, the index of each position among the fillable ones.
+            count (`torch.Tensor` of shape `(N, 1)`): `G`, the number of fillable positions.
+            exponents (`torch.Tensor` of shape `(N, L)`, *optional*): `w` for `"learned"`.
+        """
+        schedule = self.config.schedule
+        if schedule == "mdm":
+            return (1 - t).expand_as(rank)
+        if schedule == "learned":
+            return 1 - t**exponents
+        if schedule == "ar":
+            unit, units = rank, count
+        else:
+            size = self.config.order_block_length
+            unit = torch.div(rank, size, rounding_mode="floor")
+            units = torch.div(count + size - 1, size, rounding_mode="floor")
+        units = units.clamp(min=1)
+        high = 1 - unit / units
+        return ((high - t) * units).clamp(0, 1)
+
+    def step(
+        self,
+        model_output: torch.Tensor,
+        timestep: float | torch.Tensor,
+        sample: torch.LongTensor,
+        *,
+        mask_token_id: int = None,
+        transfer_mask: torch.BoolTensor | None = None,
+        beam_scores: torch.Tensor | None = None,
+        beam_lengths: torch.LongTensor | None = None,
+        beam_groups: torch.LongTensor | None = None,
+        temperature: float = 1.0,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        return_dict: bool = True,
+    ) -> OeMDMSchedulerOutput | tuple:
+        """Unmask positions from time `timestep` to the next time and draw their tokens.
+
+        Random draws, in order: the tokens (Gumbel-max at `temperature > 0`), then one uniform per position for the
+        unmasking decision; with a list of generators, row `r` draws from `generator[beam_groups[r]]`.
+
+        Args:
+            model_output (`torch.Tensor` of shape `(N, L, V)`, or `(N, L, V + 1)` for `"learned"`): logits aligned
+                with `sample`, plus the exponent channel for `"learned"`.
+            timestep (`float` or `torch.Tensor` of shape `(N,)`): the current time(s), among `timesteps`.
+            sample (`torch.LongTensor` of shape `(N, L)`): the current sequences.
+            mask_token_id (`int`): the mask token.
+            transfer_mask (`torch.BoolTensor` of shape `(N, L)`, *optional*): positions this step may fill (the
+                generated region or block); default: every masked position.
+            beam_scores, beam_lengths, beam_groups (`torch.Tensor` of shape `(N,)`, *optional*): carried through.
+            temperature (`float`, defaults to 1): 0 takes the argmax token; above 0 samples from
+                `softmax(logits / temperature)`.
+            generator (`torch.Generator` or a list with one per prompt, *optional*): randomness.
+            return_dict (`bool`, defaults to `True`): return an [`OeMDMSchedulerOutput`] or a tuple.
+        """
+        if mask_token_id is None:
+            raise ValueError("`mask_token_id` is required.")
+        if model_output.ndim != 3 or model_output.shape[:2] != sample.shape:
+            raise ValueError(
+                f"`model_output` must have shape (N, L, V) with (N, L) = {tuple(sample.shape)}, got "
+                f"{tuple(model_output.shape)}."
+            )
+        if not isinstance(temperature, (int, float)) or temperature < 0 or math.isnan(temperature):
+            raise ValueError(f"`temperature` must be a number >= 0, got {temperature!r}.")
+        num_rows, length = sample.shape
+        device = sample.device
+        if transfer_mask is None:
+            transfer_mask = torch.ones_like(sample, dtype=torch.bool)
+        elif transfer_mask.shape != sample.shape:
+            raise ValueError(
+                f"`transfer_mask` must have the shape of `sample` {tuple(sample.shape)}, got "
+                f"{tuple(transfer_mask.shape)}."
+            )
+        if self.config.schedule == "learned":
+            logits, exponents = model_output[..., :-1], model_output[..., -1].double()
+            if bool((exponents <= 0).any()):
+                raise ValueError("the exponent channel of `model_output` must be positive (LoMDM's `w`).")
+        else:
+            logits, exponents = model_output, None
+        groups = torch.arange(num_rows, device=device) if beam_groups is None else beam_groups
+        if beam_scores is None:
+            beam_scores = torch.zeros(num_rows, dtype=torch.float64, device=device)
+        if beam_lengths is None:
+            beam_lengths = torch.zeros(num_rows, dtype=torch.long, device=device)
+
+        # the mask token is never a prediction (MDLM's zero-masking parameterisation)
+        logits = logits.float().clone()
+        logits[..., mask_token_id] = float("-inf")
+        log_probs = torch.log_softmax(logits, dim=-1)
+        if temperature > 0:
+            gumbel = -torch.log(-torch.log(self._uniform(logits.shape, generator, groups, device).clamp_min(1e-20)))
+            tokens = torch.argmax(log_probs.double() / temperature + gumbel, dim=-1)
+        else:
+            tokens = torch.argmax(log_probs, dim=-1)
+        token_log_probs = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+        t, s = self._next_times(timestep)
+        t = t.to(device).expand(num_rows).unsqueeze(1)
+        s = s.to(device).expand(num_rows).unsqueeze(1)
+        rank = (torch.cumsum(transfer_mask.long(), 1) - 1).double()
+        count = transfer_mask.sum(1, keepdim=True).double()
+        alpha_t = self.alpha(t, rank, count, exponents)
+        alpha_s = self.alpha(s, rank, count, exponents)
+        still_masked = 1 - alpha_t
+        prob = torch.where(still_masked > 0, (alpha_s - alpha_t) / still_masked.clamp_min(1e-300), 1.0)
+        eligible = (sample == mask_token_id) & transfer_mask
+        prob = torch.where(eligible, prob.clamp(0, 1), 0.0)
+        if bool((s == 0).any()):
+            prob = torch.where(eligible & (s == 0), 1.0, prob)
+        commit = eligible & (self._uniform(sample.shape, generator, groups, device) < prob)
+
+        output = OeMDMSchedulerOutput(
+            prev_sample=torch.where(commit, tokens, sample),
+            transfer_index=commit,
+            sampled_tokens=tokens,
+            confidence=prob.float(),
+            beam_scores=beam_scores.double() + (token_log_probs.double() * commit).sum(-1),
+            beam_lengths=beam_lengths + commit.sum(-1),
+            beam_groups=groups,
+            parent_index=torch.arange(num_rows, device=device),
+        )
+        return output if return_dict else output.to_tuple()
+
+    @staticmethod
+    def _uniform(shape, generator, groups, device) -> torch.Tensor:
+        if isinstance(generator, (list, tuple)):
+            return torch.stack(
+                [
+                    torch.rand(shape[1:], generator=generator[g], dtype=torch.float64, device=device)
+                    for g in groups.tolist()
+                ]
+            )
+        return torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
