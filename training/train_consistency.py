@@ -91,7 +91,9 @@ def parse_args(argv=None):
     train.add_argument("--train_batch_size", type=int, default=64, help="Batch size per process.")
     train.add_argument("--max_train_steps", type=int, default=800, help="Total optimizer steps.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
-    train.add_argument("--learning_rate", type=float, default=1e-3, help="Adam learning rate (constant after warm-up).")
+    train.add_argument(
+        "--learning_rate", type=float, default=1e-3, help="Adam learning rate (constant after warm-up)."
+    )
     train.add_argument("--lr_warmup_steps", type=int, default=0, help="Linear warm-up optimizer steps.")
     train.add_argument("--adam_beta1", type=float, default=0.9, help="Adam beta1.")
     train.add_argument("--adam_beta2", type=float, default=0.999, help="Adam beta2.")

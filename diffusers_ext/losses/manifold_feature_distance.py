@@ -41,7 +41,9 @@ class ManifoldFeatureDistance(nn.Module):
         epsilon (`float`, defaults to 1e-5): the pseudo-Huber constant (the distance is smooth at 0).
     """
 
-    def __init__(self, feature_network: nn.Module, layer_weights: Sequence[float] | None = None, epsilon: float = 1e-5):
+    def __init__(
+        self, feature_network: nn.Module, layer_weights: Sequence[float] | None = None, epsilon: float = 1e-5
+    ):
         super().__init__()
         if not isinstance(feature_network, nn.Module):
             raise TypeError(f"`feature_network` must be a torch.nn.Module, got {type(feature_network).__name__}.")
