@@ -132,6 +132,13 @@ def validate_args(args, parser):
         parser.error(f"--ect_q must be > 1, got {args.ect_q}.")
     if not 0 < args.sigma_min < args.sigma_max:
         parser.error(f"expected 0 < --sigma_min < --sigma_max, got {args.sigma_min} and {args.sigma_max}.")
+    if args.resume_from_checkpoint is not None:
+        from diffusers_ext.training_utils import resolve_resume_checkpoint
+
+        try:  # fail before any model is built
+            resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint)
+        except ValueError as error:
+            parser.error(str(error))
 
 
 def build_unet(args, num_classes: int):
