@@ -320,6 +320,16 @@ def summarise(results: dict) -> dict:
     }
 
 
+def interpolated_steps(steps, curve, level):
+    """Training steps at which a decreasing FD curve first reaches `level` (linear between evaluations)."""
+    if curve[0] <= level:
+        return float(steps[0])  # reached at the first evaluation or earlier
+    for (s0, v0), (s1, v1) in zip(zip(steps, curve), zip(steps[1:], curve[1:])):
+        if v1 <= level:
+            return s0 + (s1 - s0) * (v0 - level) / (v0 - v1)
+    return None
+
+
 def write_markdown(results: dict, path: str) -> None:
     s, cfg = results["summary"], results["config"]
     j = s["by_judge"]
@@ -367,6 +377,26 @@ def write_markdown(results: dict, path: str) -> None:
     lines += ["| arm | " + " | ".join(map(str, steps)) + " |", "| --- |" + " --- |" * len(steps)]
     for arm, curves in s["fd_vs_steps"].items():
         lines.append(f"| {arm} | " + " | ".join(f"{v:.1f}" for v in curves["one_step"]["test_mean"]) + " |")
+    lines += [
+        "",
+        "## Descriptive: steps MFD needs to reach the FD pseudo-Huber has at each step",
+        "",
+        "Read off the test mean curves above (linear interpolation between evaluations); not a target, since the "
+        "levels come from the test curves rather than from validation.",
+        "",
+        "| pseudo-Huber step | its 1-step FD | MFD steps to reach it | ratio |",
+        "| --- | --- | --- | --- |",
+    ]
+    mfd_curve = s["fd_vs_steps"]["mfd"]["one_step"]["test_mean"]
+    for step, level in zip(steps, s["fd_vs_steps"]["pseudo_huber"]["one_step"]["test_mean"]):
+        needed = interpolated_steps(steps, mfd_curve, level)
+        if needed is None:
+            cells = ("> budget", "-")
+        elif mfd_curve[0] <= level:
+            cells = (f"<= {steps[0]}", f"<= {steps[0] / step:.2f}")
+        else:
+            cells = (f"{needed:.0f}", f"{needed / step:.2f}")
+        lines.append(f"| {step} | {level:.1f} | {cells[0]} | {cells[1]} |")
     lines += ["", *[f"- {n}" for n in s["notes"]], ""]
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
