@@ -60,6 +60,14 @@ def parse_args(argv=None):
     parser.add_argument("--judge_steps", type=int, default=800, help="Training steps of the second judge.")
     parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where consistency.json/.md/.png go.")
     parser.add_argument(
+        "--from_denoiser_steps",
+        type=int,
+        default=0,
+        help="If > 0: every arm starts from one shared denoiser pretrained this many steps (ECT's r = 0 stage, "
+        "pseudo-Huber) and tunes with stage_offset 1, as the paper tunes a pretrained model; results go to "
+        "consistency_from_denoiser.json/.md/.png. 0: from scratch (consistency.json).",
+    )
+    parser.add_argument(
         "--zoo_only",
         action="store_true",
         help="Only measure the zoo's digits-cm (1- and 2-step FD, both judges) into consistency_zoo.json.",
@@ -117,7 +125,27 @@ class Judges:
         }
 
 
-def train_run(arm: str, seed: int, batch: int, args, train_images, distances, judges) -> dict:
+def pretrain_denoiser(args, train_images) -> dict:
+    """The shared starting point of `--from_denoiser_steps`: ECT's denoising stage alone (r = 0, pseudo-Huber)."""
+    from diffusers_ext.losses.consistency import consistency_model_output, consistency_training_loss
+
+    torch.manual_seed(12_345)
+    unet = build_unet()
+    optimizer = torch.optim.AdamW(unet.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(12_345)
+    for _ in range(args.from_denoiser_steps):
+        clean = train_images[torch.randint(0, len(train_images), (args.batch,), generator=generator)]
+        t = (torch.randn(args.batch, generator=generator) * 2.0 - 1.1).exp().clamp(0.004, 80.0)
+        noise = torch.randn(clean.shape, generator=generator)
+        prediction = consistency_model_output(unet, clean + t[:, None, None, None] * noise, t)
+        loss = consistency_training_loss(prediction, clean, t, torch.zeros_like(t), "pseudo_huber").mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return {k: v.detach().clone() for k, v in unet.state_dict().items()}
+
+
+def train_run(arm: str, seed: int, batch: int, args, train_images, distances, judges, init_state=None) -> dict:
     """One consistency-training run; returns its FD curves (per split, sampling steps and judge) and its time."""
     from diffusers import CMStochasticIterativeScheduler, ConsistencyModelPipeline, UNet2DModel
     from diffusers.training_utils import EMAModel
@@ -131,10 +159,15 @@ def train_run(arm: str, seed: int, batch: int, args, train_images, distances, ju
 
     torch.manual_seed(seed)
     unet = build_unet()
+    if init_state is not None:
+        unet.load_state_dict(init_state)
     ema = EMAModel(unet.parameters(), decay=0.999, use_ema_warmup=True, inv_gamma=1.0, power=0.75,
                    model_cls=UNet2DModel, model_config=unet.config)  # fmt: skip
     optimizer = torch.optim.AdamW(unet.parameters(), lr=args.learning_rate, weight_decay=0.0)
-    schedule = EasyConsistencySchedule(total_steps=args.steps, num_stages=args.num_stages)
+    # From a denoiser, skip ECT's denoising stage (stage_offset 1): every stage is consistency tuning.
+    schedule = EasyConsistencySchedule(
+        total_steps=args.steps, num_stages=args.num_stages, stage_offset=1 if init_state is not None else 0
+    )
     loss_type, distance = {
         "pseudo_huber": ("pseudo_huber", None),
         "l2": ("l2", None),
@@ -336,9 +369,21 @@ def write_markdown(results: dict, path: str) -> None:
     lines = [
         "# Consistency training on 8x8 digits: MFD (AYT) vs pseudo-Huber, L2, LPIPS-like",
         "",
-        f"`python benchmarks/consistency.py` — {cfg['steps']} steps, batch {cfg['batch']}, seeds {cfg['seeds']}, "
+        "`python benchmarks/consistency.py"
+        + (f" --from_denoiser_steps {cfg['from_denoiser_steps']}" if cfg.get("from_denoiser_steps") else "")
+        + (
+            f" --steps {cfg['steps']} --num_stages {cfg['num_stages']} --small_batch {cfg['small_batch']}"
+            if cfg.get("from_denoiser_steps")
+            else ""
+        )
+        + f"` — {cfg['steps']} steps, batch {cfg['batch']}, seeds {cfg['seeds']}, "
         f"{cfg['num_samples']} samples per evaluation, tiny UNet2DModel ({results['sanity']['unet_parameters']:,} "
-        "parameters) from scratch, ECT curriculum, EMA. Fréchet distance (FD) to held-out test digits; mean ± std "
+        + (
+            "parameters) tuned from one shared denoiser (ECT's r = 0 stage) with stage_offset 1"
+            if cfg.get("from_denoiser_steps")
+            else "parameters) from scratch"
+        )
+        + ", ECT curriculum, EMA. Fréchet distance (FD) to held-out test digits; mean ± std "
         "over seeds.",
         "",
         "## Headroom",
@@ -452,10 +497,11 @@ def measure_zoo_model(args, judges, real_vs_real) -> dict:
 def main(argv=None):
     args = parse_args(argv)
     if args.render_only:
-        with open(os.path.join(args.output_dir, "consistency.json"), encoding="utf-8") as f:
+        stem = "consistency_from_denoiser" if args.from_denoiser_steps else "consistency"
+        with open(os.path.join(args.output_dir, f"{stem}.json"), encoding="utf-8") as f:
             results = json.load(f)
-        write_markdown(results, os.path.join(args.output_dir, "consistency.md"))
-        write_plot(results, os.path.join(args.output_dir, "consistency.png"))
+        write_markdown(results, os.path.join(args.output_dir, f"{stem}.md"))
+        write_plot(results, os.path.join(args.output_dir, f"{stem}.png"))
         return
     torch.set_num_threads(1)
     from diffusers_ext import AugmentationRegressor, ManifoldFeatureDistance, zoo
@@ -511,11 +557,12 @@ def main(argv=None):
         },
         "runs": [],
     }
+    init_state = pretrain_denoiser(args, train_images) if args.from_denoiser_steps else None
     plan = [(arm, seed, args.batch) for arm in MAIN_ARMS for seed in args.seeds]
     if args.small_batch:
         plan += [(arm, seed, args.small_batch) for arm in SMALL_BATCH_ARMS for seed in args.seeds]
     for arm, seed, batch in plan:
-        run = train_run(arm, seed, batch, args, train_images, distances, judges)
+        run = train_run(arm, seed, batch, args, train_images, distances, judges, init_state)
         results["runs"].append(run)
         final = run["curves"]["test"]["1"]["zoo_classifier"][-1]
         print(f"{arm:>13} seed {seed} batch {batch:>3}: final 1-step FD {final:.2f} ({run['total_seconds']:.0f} s)",
@@ -523,10 +570,11 @@ def main(argv=None):
     results["summary"] = summarise(results)
     results["wall_seconds"] = time.perf_counter() - started
     os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "consistency.json"), "w", encoding="utf-8") as f:
+    stem = "consistency_from_denoiser" if args.from_denoiser_steps else "consistency"
+    with open(os.path.join(args.output_dir, f"{stem}.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
-    write_markdown(results, os.path.join(args.output_dir, "consistency.md"))
-    write_plot(results, os.path.join(args.output_dir, "consistency.png"))
+    write_markdown(results, os.path.join(args.output_dir, f"{stem}.md"))
+    write_plot(results, os.path.join(args.output_dir, f"{stem}.png"))
     print(json.dumps(results["summary"]["targets"], indent=2))
 
 
