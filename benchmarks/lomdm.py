@@ -167,7 +167,7 @@ def bound(models, ids, mask_id, num_times, seed) -> torch.Tensor:
 
 
 def train(corpus: dict, method: str, seed: int, args) -> dict:
-    from diffusers_ext.training_objectives.lomdm import lomdm_loss
+    from diffusers_ext.losses.lomdm import lomdm_loss
 
     models = build_components(corpus, method, seed)
     denoiser, forward_schedule, reverse_schedule = models
@@ -340,8 +340,8 @@ def special_case_check(corpus: dict, models) -> dict:
     """(c1, c2) = (1, 0): LoMDM's loss against the shared MDLM loss on the same masks, and learned-order samples
     against the OeMDM "mdm" preset with the same generator."""
     from diffusers_ext import LoMDMPipeline, LoMDMScheduleNetwork, OeMDMScheduler
-    from diffusers_ext.training_objectives.lomdm import lomdm_loss
-    from diffusers_ext.training_objectives.masked_diffusion import masked_diffusion_loss
+    from diffusers_ext.losses.lomdm import lomdm_loss
+    from diffusers_ext.losses.masked_diffusion import masked_diffusion_loss
 
     denoiser = models[0].eval()
     ids = corpus["test"][:256]

@@ -15,7 +15,9 @@ __version__ = "0.1.0"
 _import_structure = {
     "_mixins": ["ConfigMixin", "DiffusionPipeline", "ModelMixin", "SchedulerMixin"],
     "loading": ["load_pipeline"],
+    "models.augmentation_regressor": ["AugmentationRegressor", "AugmentationRegressorOutput"],
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
+    "losses.manifold_feature_distance": ["ManifoldFeatureDistance"],
     "models.semantic_multiview_unet": ["SemanticMultiViewUNetModel", "SemanticMultiViewUNetOutput"],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
     "pipelines.dirp.pipeline_dirp": ["DIRPPipeline", "DIRPPipelineOutput"],
@@ -54,6 +56,8 @@ _import_structure = {
 if TYPE_CHECKING:
     from ._mixins import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin
     from .loading import load_pipeline
+    from .losses.manifold_feature_distance import ManifoldFeatureDistance
+    from .models.augmentation_regressor import AugmentationRegressor, AugmentationRegressorOutput
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput

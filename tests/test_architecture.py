@@ -34,7 +34,7 @@ LAYERS = {
     "utils": 0,
     "data": 1,
     "models": 1,
-    "training_objectives": 1,
+    "losses": 1,
     "rewards": 1,
     "schedulers": 1,
     "pipelines": 2,

@@ -15,9 +15,9 @@ from diffusers_ext import LoMDMPipeline, LoMDMScheduleNetwork, OeMDMScheduler
 from diffusers_ext.data.char_tokenizer import build_char_tokenizer
 from diffusers_ext.data.markov_checksum import MarkovChecksumSource
 from diffusers_ext.evaluation.lomdm import markov_checksum_log_likelihood, markov_checksum_sample_quality
+from diffusers_ext.losses.lomdm import lomdm_integrand, lomdm_loss
+from diffusers_ext.losses.masked_diffusion import masked_diffusion_loss
 from diffusers_ext.models.bidirectional_llama import build_bidirectional_llama
-from diffusers_ext.training_objectives.lomdm import lomdm_integrand, lomdm_loss
-from diffusers_ext.training_objectives.masked_diffusion import masked_diffusion_loss
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -27,7 +27,9 @@ def pipe():
 def test_names_paths_and_errors():
     assert zoo.names() == [
         "addition-mdm",
+        "digits-augmentation-regressor",
         "digits-classifier",
+        "digits-cm",
         "digits-ddpm",
         "digits-sd3",
         "lomdm-markov",
@@ -61,6 +63,8 @@ def test_cards_state_the_rebuild_command():
     for name, script in [
         ("digits-ddpm", "training/train_ddpm.py"),
         ("digits-classifier", "training/train_classifier.py"),
+        ("digits-augmentation-regressor", "training/train_augmentation_regressor.py"),
+        ("digits-cm", "training/train_consistency.py"),
         ("addition-mdm", "training/train_masked_lm.py"),
         ("digits-sd3", "training/train_sd3_digits.py"),
         ("lomdm-markov", "training/train_lomdm.py"),

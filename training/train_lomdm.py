@@ -4,7 +4,7 @@
 The denoiser is a bidirectional `transformers` Llama (`is_causal=False`, no logit shift). `--method mdlm` trains it
 with MDLM's continuous-time NELBO (linear schedule); `--method lomdm` also trains LoMDM's forward scheduler (on the
 clean sequence) and reverse scheduler (on the noisy one), with the schedule-mismatch terms and the RLOO gradient
-through the mask sampling (`diffusers_ext.training_objectives.lomdm`). Sequences are `<bos>` followed by a sequence
+through the mask sampling (`diffusers_ext.losses.lomdm`). Sequences are `<bos>` followed by a sequence
 of the corpus: `markov` (the Markov-checksum test bed of `diffusers_ext.data.markov_checksum`) or `stdlib`
 (32-character windows of the standard library's docstrings).
 
@@ -136,8 +136,8 @@ def main(argv=None):
 
     from diffusers_ext import LoMDMPipeline, LoMDMScheduleNetwork, OeMDMScheduler
     from diffusers_ext.evaluation.lomdm import nelbo_per_sequence
+    from diffusers_ext.losses.lomdm import lomdm_loss
     from diffusers_ext.models.bidirectional_llama import build_bidirectional_llama
-    from diffusers_ext.training_objectives.lomdm import lomdm_loss
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         build_accelerator,

@@ -24,7 +24,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import ProjectConfiguration, set_seed
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_objectives.masked_diffusion import (
+from diffusers_ext.losses.masked_diffusion import (
     masked_diffusion_loss,
     sample_mask,
     sample_mask_probability,

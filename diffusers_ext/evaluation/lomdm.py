@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..data.markov_checksum import MarkovChecksumSource
-from ..training_objectives.lomdm import lomdm_loss
+from ..losses.lomdm import lomdm_loss
 
 
 def markov_checksum_log_likelihood(source: MarkovChecksumSource, sequences: torch.LongTensor) -> torch.Tensor:

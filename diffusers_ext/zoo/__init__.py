@@ -50,6 +50,19 @@ ENTRIES = {
             library="diffusers",
         ),
         ZooEntry(
+            "digits-augmentation-regressor",
+            "AugmentationRegressor for 8x8 digits: regresses grey-scale augmentation parameters; its features define "
+            "the manifold feature distance (AYT) of consistency training.",
+            "AugmentationRegressor",
+        ),
+        ZooEntry(
+            "digits-cm",
+            "Unconditional consistency model (UNet2DModel, 164k parameters) on 8x8 digits, easy consistency training "
+            "with the manifold feature distance; 1- or 2-step sampling.",
+            "ConsistencyModelPipeline",
+            library="diffusers",
+        ),
+        ZooEntry(
             "procedural-semantic-encoder",
             "Tiny Dinov2Model whose patch features recognise the object classes of procedural scenes (stands in for "
             "DINOv2).",

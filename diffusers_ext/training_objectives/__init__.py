@@ -1,1 +1,0 @@
-"""Training objectives shared by the training scripts, trainers and benchmarks (losses and the noising they need)."""
