@@ -126,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     purify.add_argument("--inversion_strength", type=float, default=0.5)
     purify.add_argument("--num_iterations", type=int, default=100)
     purify.add_argument("--learning_rate", type=float, default=0.003)
-    purify.add_argument("--perceptual", default="ssim", choices=["ssim", "l2", "lpips"])
+    purify.add_argument(
+        "--perceptual", default="ssim", choices=["ssim", "l2"], help="distance of the perceptual budget (default: ssim)"
+    )
     purify.add_argument("--perceptual_budget", type=float, default=0.02)
     purify.add_argument("--perceptual_weight", type=float, default=1.0)
     purify.add_argument("--batch_size", type=int, default=8)
