@@ -121,8 +121,9 @@ def run(algorithm: str, seed: int, args, classifier) -> dict:
         "epsilon": args.epsilon,
         "num_iterations": args.num_iterations,
         "timestep_fraction": 1.0,
-        "save_steps": 10**9,
+        "save_strategy": "no",
         "report_to": "none",
+        "disable_tqdm": True,
     }
     with tempfile.TemporaryDirectory() as output_dir:
         if algorithm == "grpo":

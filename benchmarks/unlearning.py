@@ -113,10 +113,10 @@ def _trainer(pipe, config_kwargs, **kwargs):
 
     from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer
 
-    config = ConstrainedUnlearningConfig(**config_kwargs)
+    config = ConstrainedUnlearningConfig(**config_kwargs, save_strategy="no", disable_tqdm=True)
     scheduler = DDPMScheduler.from_config(pipe.scheduler.config)
     return ConstrainedUnlearningTrainer(
-        config, copy.deepcopy(pipe.unet), scheduler, null_class_label=pipe.config.null_class_label, **kwargs
+        copy.deepcopy(pipe.unet), scheduler, config, null_class_label=pipe.config.null_class_label, **kwargs
     )
 
 
@@ -159,8 +159,8 @@ def run_concept(args, pipe, classifier, seed, cache):
         if factor is not None:
             calibrated = trainer.calibrate_level()
             level = calibrated * factor if method != "likelihood" else calibrated
-            trainer.config.constraint_level = level
-            trainer.config.dual_learning_rate = args.dual_rate / max(abs(level), 1e-3)
+            trainer.args.constraint_level = level
+            trainer.args.dual_learning_rate = args.dual_rate / max(abs(level), 1e-3)
         trainer.train()
         train_seconds = time.perf_counter() - start
         report = evaluate(_with_unet(pipe, trainer.unlearned_unet()))
@@ -175,7 +175,7 @@ def run_concept(args, pipe, classifier, seed, cache):
             "per_class_accuracy": report.per_class_accuracy,
             "max_retained_accuracy_drop": max(0.0, max(drops)),
             "retained_frechet": report.retained_frechet,
-            "final_lambda": trainer.lambda_ if trainer.config.baseline is None else None,
+            "final_lambda": trainer.lambda_ if trainer.args.baseline is None else None,
             "final_guidance_strength": trainer.guidance_strength() if method != "forward_kl" else None,
             "stop_reason": trainer.stop_reason,
             "steps": trainer.global_step,
@@ -244,7 +244,7 @@ def run_data(args, pipe, classifier, seed, cache):
             **result,
             "retained_frechet_ratio": result["frechet"] / pretrained["frechet"],
             "level": config.get("constraint_level"),
-            "final_lambda": trainer.lambda_ if trainer.config.baseline is None else None,
+            "final_lambda": trainer.lambda_ if trainer.args.baseline is None else None,
             "stop_reason": trainer.stop_reason,
             "train_seconds": train_seconds,
             "lambda_trajectory": [h.get("lambda") for h in trainer.history],

@@ -42,6 +42,8 @@ _import_structure = {
     "trainers.e2po_trainer": ["E2POTrainer"],
     "trainers.constrained_unlearning_config": ["ConstrainedUnlearningConfig"],
     "trainers.constrained_unlearning_trainer": ["ConstrainedUnlearningTrainer"],
+    "trainers.base_config": ["DiffusionTrainerConfig"],
+    "trainers.base_trainer": ["DiffusionTrainer"],
 }
 
 if TYPE_CHECKING:
@@ -69,6 +71,8 @@ if TYPE_CHECKING:
     from .pipelines.soar.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
     from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
+    from .trainers.base_config import DiffusionTrainerConfig
+    from .trainers.base_trainer import DiffusionTrainer
     from .trainers.constrained_unlearning_config import ConstrainedUnlearningConfig
     from .trainers.constrained_unlearning_trainer import ConstrainedUnlearningTrainer
     from .trainers.diffusion_grpo_config import DiffusionGRPOConfig

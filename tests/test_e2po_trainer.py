@@ -133,3 +133,17 @@ def test_e2po_raises_the_reward(tmp_path):
 def test_bad_e2po_settings(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         tiny_args(tmp_path, **overrides)
+
+
+def test_pinned_update_of_a_tiny_run(tmp_path):
+    """Two E2PO steps end at the LoRA weights and scales of the implementation before the shared trainer base
+    (commit f79ba98), bit for bit on the machine they were recorded on."""
+    torch.manual_seed(1234)
+    trainer = tiny_trainer(tmp_path, per_device_train_batch_size=6, gradient_accumulation_steps=2, num_inference_steps=3,
+                           beta=0.1, seed=3, timestep_fraction=0.7)  # fmt: skip
+    history = trainer.train()
+    lora_b = sum(
+        p.detach().double().abs().sum() for n, p in trainer.unwrapped_transformer.named_parameters() if "lora_B" in n
+    )
+    assert float(lora_b) == pytest.approx(31.637051886878908, rel=1e-5)
+    assert [log["reward"] for log in history] == pytest.approx([-0.549107, -0.5487197], abs=1e-6)

@@ -224,3 +224,17 @@ def test_metrics_reach_the_tensorboard_tracker(tmp_path):
         accumulator.Reload()
         scalars |= set(accumulator.Tags()["scalars"])
     assert {"reward", "frac_reward_zero_std", "clip_ratio/region_mean"} <= scalars, scalars
+
+
+def test_pinned_update_of_a_tiny_run(tmp_path):
+    """Two steps (beta > 0, accumulation, 2 of 3 timesteps) end at the LoRA weights the implementation before the
+    shared trainer base (commit f79ba98) reached, bit for bit on the machine they were recorded on."""
+    torch.manual_seed(1234)
+    trainer = tiny_trainer(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, num_inference_steps=3,
+                           beta=0.1, seed=3, timestep_fraction=0.7)  # fmt: skip
+    history = trainer.train()
+    lora_b = sum(
+        p.detach().double().abs().sum() for n, p in trainer.unwrapped_transformer.named_parameters() if "lora_B" in n
+    )
+    assert float(lora_b) == pytest.approx(33.480624857358634, rel=1e-5)
+    assert [log["reward"] for log in history] == pytest.approx([-0.5486396, -0.5474044], abs=1e-6)

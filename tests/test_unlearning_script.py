@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "training", "train_unlearning.py")
-TINY = ["--train_batch_size", "4", "--pool_size", "8", "--pool_sampling_steps", "2", "--pool_refresh_steps", "2",
-        "--checkpointing_steps", "2", "--report_to", "none", "--seed", "3"]  # fmt: skip
+TINY = ["--per_device_train_batch_size", "4", "--pool_size", "8", "--pool_sampling_steps", "2", "--pool_refresh_steps", "2",
+        "--save_steps", "2", "--report_to", "none", "--seed", "3"]  # fmt: skip
 
 
 def _env():
@@ -45,7 +45,7 @@ def _run(cmd, expect=0):
 def _launch(base, output_dir, steps, *extra):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT,
-           "--pretrained_model_name_or_path", base, "--output_dir", str(output_dir), "--max_train_steps", str(steps),
+           "--pretrained_model_name_or_path", base, "--output_dir", str(output_dir), "--max_steps", str(steps),
            "--forget_classes", "3", "--constraint", "reverse_kl", *TINY, *extra]  # fmt: skip
     result = _run(cmd)
     return result.stdout + result.stderr
@@ -86,7 +86,7 @@ def test_two_process_resume_equals_uninterrupted_run(tmp_path, base_pipeline):
 def test_data_unlearning_with_lora_merges_into_a_loadable_pipeline_and_logs(tmp_path, base_pipeline):
     out = tmp_path / "out"
     cmd = [sys.executable, SCRIPT, "--pretrained_model_name_or_path", base_pipeline, "--output_dir", str(out),
-           "--forget_size", "8", "--constraint", "forward_kl", "--use_lora", "--rank", "2", "--max_train_steps", "2",
+           "--forget_size", "8", "--constraint", "forward_kl", "--use_lora", "--lora_rank", "2", "--max_steps", "2",
            *TINY, "--report_to", "tensorboard"]  # fmt: skip
     _run(cmd)
     from diffusers_ext import load_pipeline
@@ -104,12 +104,12 @@ def test_unreachable_level_stops_cleanly_and_says_so(tmp_path, base_pipeline):
     out = tmp_path / "out"
     cmd = [sys.executable, SCRIPT, "--pretrained_model_name_or_path", base_pipeline, "--output_dir", str(out),
            "--forget_classes", "3", "--constraint_level", "1e9", "--lambda_max", "0.1", "--dual_learning_rate", "1",
-           "--stop_patience", "2", "--max_train_steps", "20", *TINY]  # fmt: skip
+           "--stop_patience", "2", "--max_steps", "20", *TINY]  # fmt: skip
     result = _run(cmd)
     assert "not reachable" in result.stderr
     card = (out / "README.md").read_text()
     assert "stopped early" in card and "best smoothed constraint value" in card
-    # It stopped after the patience ran out, saved a checkpoint there, and not at max_train_steps.
+    # It stopped after the patience ran out, saved a checkpoint there, and not at max_steps.
     steps = [int(d.split("-")[1]) for d in os.listdir(out) if d.startswith("checkpoint-")]
     assert max(steps) < 20
 
@@ -123,7 +123,7 @@ def test_unreachable_level_stops_cleanly_and_says_so(tmp_path, base_pipeline):
 )
 def test_bad_arguments_fail_with_one_line_error(tmp_path, base_pipeline, args, message):
     cmd = [sys.executable, SCRIPT, "--pretrained_model_name_or_path", base_pipeline, "--output_dir", str(tmp_path),
-           "--report_to", "none", "--max_train_steps", "1", "--pool_size", "2", "--pool_sampling_steps", "1", *args]  # fmt: skip
+           "--report_to", "none", "--max_steps", "1", "--pool_size", "2", "--pool_sampling_steps", "1", *args]  # fmt: skip
     result = _run(cmd, expect=2)
     last = result.stderr.strip().splitlines()[-1]
     assert message in last and "error" in last, last
@@ -169,10 +169,20 @@ def test_bad_arguments_are_refused_by_the_parser(tmp_path, capsys, args, message
 )
 def test_bad_inputs_raise_before_training(tmp_path, base_pipeline, args, message):
     argv = ["--pretrained_model_name_or_path", base_pipeline, "--output_dir", str(tmp_path), "--report_to", "none",
-            "--max_train_steps", "1", "--pool_size", "2", "--pool_sampling_steps", "1", *args]  # fmt: skip
+            "--max_steps", "1", "--pool_size", "2", "--pool_sampling_steps", "1", *args]  # fmt: skip
     with pytest.raises(ValueError, match=message):
         _script().main(argv)
     assert not any(name.startswith("checkpoint-") for name in os.listdir(tmp_path))
+
+
+def test_deprecated_flags_map_to_the_config_names_with_a_warning(tmp_path):
+    old = ["--pretrained_model_name_or_path", "unused", "--output_dir", str(tmp_path), "--forget_classes", "3",
+           "--max_train_steps", "7", "--train_batch_size=5", "--adam_weight_decay", "0.1", "--checkpointing_steps", "3",
+           "--checkpoints_total_limit", "2", "--rank", "4"]  # fmt: skip
+    with pytest.warns(FutureWarning, match="--max_train_steps is deprecated; use --max_steps"):
+        args = _script().parse_args(old)
+    assert (args.max_steps, args.per_device_train_batch_size, args.weight_decay) == (7, 5, 0.1)
+    assert (args.save_steps, args.save_total_limit, args.lora_rank) == (3, 2, 4)
 
 
 def test_results_file_keys():
@@ -201,8 +211,8 @@ def test_prompt_unlearning_with_lora_saves_weights_that_load_lora_weights(tmp_pa
     StableDiffusionPipeline(**get_tiny_sd_components(seed=0)).save_pretrained(base)
     out = tmp_path / "out"
     cmd = [sys.executable, SCRIPT, "--pretrained_model_name_or_path", str(base), "--output_dir", str(out),
-           "--forget_prompts", "a photo of a cat", "--retain_prompts", "a photo of a dog", "--use_lora", "--rank", "2",
-           "--learning_rate", "1e-2", "--lambda_init", "0.5", "--max_train_steps", "2", *TINY]  # fmt: skip
+           "--forget_prompts", "a photo of a cat", "--retain_prompts", "a photo of a dog", "--use_lora", "--lora_rank", "2",
+           "--learning_rate", "1e-2", "--lambda_init", "0.5", "--max_steps", "2", *TINY]  # fmt: skip
     _run(cmd)
     assert (out / "pytorch_lora_weights.safetensors").is_file() and not (out / "unet").exists()
     assert "load_lora_weights" in (out / "README.md").read_text()

@@ -11,7 +11,8 @@ from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrai
 from diffusers_ext.testing import get_tiny_pixel_unet, get_tiny_sd_components
 
 
-TINY = {"train_batch_size": 4, "pool_size": 6, "pool_sampling_steps": 2, "pool_refresh_steps": 2}
+TINY = {"per_device_train_batch_size": 4, "pool_size": 6, "pool_sampling_steps": 2, "pool_refresh_steps": 2,
+        "save_strategy": "no", "disable_tqdm": True}  # fmt: skip
 
 
 def _scheduler():
@@ -22,7 +23,7 @@ def _trainer(unet=None, **overrides):
     kwargs = {k: overrides.pop(k) for k in ("forget_dataset", "retain_dataset", "accelerator") if k in overrides}
     config = ConstrainedUnlearningConfig(**{**TINY, "forget_classes": [3], **overrides})
     unet = unet if unet is not None else get_tiny_pixel_unet(seed=1, num_class_embeds=11)
-    return ConstrainedUnlearningTrainer(config, unet, _scheduler(), null_class_label=10, **kwargs)
+    return ConstrainedUnlearningTrainer(unet, _scheduler(), config, null_class_label=10, **kwargs)
 
 
 def _digits_like(n, seed):
@@ -154,7 +155,7 @@ def test_siss_importance_weights_undo_the_defensive_mixture():
 def test_data_baselines_train_and_change_the_model(baseline):
     trainer = _data_trainer(baseline=baseline)
     before = copy.deepcopy(trainer.accelerator.unwrap_model(trainer.unet).state_dict())
-    logs = trainer.train(max_steps=2)
+    logs = trainer.train(max_steps=2)[-1]
     assert "lambda" not in logs and torch.isfinite(torch.tensor(logs["loss"]))
     after = trainer.accelerator.unwrap_model(trainer.unet).state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
@@ -183,7 +184,7 @@ def _sd_trainer(**overrides):
     config = ConstrainedUnlearningConfig(**{**TINY, "forget_prompts": ["a photo of a cat"],
                                             "retain_prompts": ["a photo of a dog"], **overrides})  # fmt: skip
     trainer = ConstrainedUnlearningTrainer(
-        config, components["unet"], _scheduler(), text_encoder=components["text_encoder"],
+        components["unet"], _scheduler(), config, text_encoder=components["text_encoder"],
         tokenizer=components["tokenizer"],
     )  # fmt: skip
     return trainer, components
@@ -193,7 +194,7 @@ def test_prompt_unlearning_with_lora_round_trips_through_load_lora_weights(tmp_p
     from diffusers import StableDiffusionPipeline
 
     trainer, _ = _sd_trainer(constraint="reverse_kl", use_lora=True, lora_rank=2, learning_rate=1e-2, lambda_init=0.5)
-    logs = trainer.train(max_steps=2)
+    logs = trainer.train(max_steps=2)[-1]
     assert {"lambda", "constraint_estimate", "slack"} <= logs.keys()
     StableDiffusionPipeline.save_lora_weights(tmp_path, unet_lora_layers=trainer.lora_state_dict())
 
@@ -220,7 +221,7 @@ def test_prompt_with_a_token_the_tokenizer_does_not_know_is_an_error():
     components = get_tiny_sd_components(seed=0)
     config = ConstrainedUnlearningConfig(**TINY, forget_prompts=["a photo of a \u2603"])
     with pytest.raises(ValueError, match="does not know"):
-        ConstrainedUnlearningTrainer(config, components["unet"], _scheduler(), text_encoder=encoder,
+        ConstrainedUnlearningTrainer(components["unet"], _scheduler(), config, text_encoder=encoder,
                                      tokenizer=tokenizer)  # fmt: skip
 
 
@@ -279,7 +280,7 @@ def test_v_prediction_scheduler_is_refused():
     config = ConstrainedUnlearningConfig(**TINY, forget_classes=[3])
     scheduler = DDPMScheduler(prediction_type="v_prediction")
     with pytest.raises(ValueError, match="prediction_type 'v_prediction'"):
-        ConstrainedUnlearningTrainer(config, get_tiny_pixel_unet(num_class_embeds=11), scheduler, null_class_label=10)
+        ConstrainedUnlearningTrainer(get_tiny_pixel_unet(num_class_embeds=11), scheduler, config, null_class_label=10)
 
 
 def test_calibrated_level_is_what_the_retained_classes_read():
@@ -288,3 +289,45 @@ def test_calibrated_level_is_what_the_retained_classes_read():
     assert level > 0 and level == trainer.calibrate_level(num_draws=2), "calibration must be deterministic"
     with pytest.raises(ValueError, match="membership parity"):
         _data_trainer(constraint="forward_kl").calibrate_level()
+
+
+def test_checkpoint_resume_in_process_equals_the_uninterrupted_run(tmp_path):
+    settings = {"constraint": "reverse_kl", "constraint_level": 50.0, "dual_learning_rate": 0.01,
+                "save_strategy": "steps", "save_steps": 2}  # fmt: skip
+    _trainer(output_dir=str(tmp_path / "resumed"), **settings).train(max_steps=2)
+    assert (tmp_path / "resumed" / "checkpoint-2" / "unlearning_state.safetensors").is_file()
+    resumed = _trainer(output_dir=str(tmp_path / "resumed"), resume_from_checkpoint="latest", **settings)
+    history = resumed.train(max_steps=4)
+    assert [h["step"] for h in history] == [3, 4]
+    straight = _trainer(output_dir=str(tmp_path / "straight"), **settings)
+    straight_history = straight.train(max_steps=4)
+    assert [h["loss"] for h in history] == [h["loss"] for h in straight_history[2:]]
+    assert resumed.lambda_ == straight.lambda_ and resumed.lambda_ > 0
+    for a, b in zip(resumed.trainable_parameters, straight.trainable_parameters):
+        assert torch.equal(a, b)
+    assert sorted(p.name for p in (tmp_path / "straight").iterdir()) == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_gradient_accumulation_takes_one_optimizer_and_one_dual_step_per_training_step():
+    trainer = _trainer(constraint="reverse_kl", constraint_level=50.0, dual_learning_rate=0.01,
+                       gradient_accumulation_steps=2, per_device_train_batch_size=2)  # fmt: skip
+    logs = trainer.train(max_steps=1)[-1]
+    steps = {int(state["step"]) for state in trainer.optimizer.optimizer.state.values()}
+    assert steps == {1} and trainer.global_step == 1
+    assert logs["lambda"] == pytest.approx(0.01 * (50.0 - logs["constraint_estimate"]))
+    assert logs["grad_norm"] > 0
+    from accelerate import Accelerator
+
+    with pytest.raises(ValueError, match="accumulates 1 micro-steps; this trainer needs 2"):
+        _trainer(gradient_accumulation_steps=2, accelerator=Accelerator())
+
+
+def test_save_model_writes_the_unet_and_a_model_card(tmp_path):
+    trainer = _trainer(constraint="reverse_kl", constraint_level=50.0, dual_learning_rate=0.01)
+    trainer.train(max_steps=1)
+    trainer.save_model(str(tmp_path), base_model="tiny-digits")
+    from diffusers import UNet2DModel
+
+    UNet2DModel.from_pretrained(tmp_path / "unet")
+    card = (tmp_path / "README.md").read_text()
+    assert "tiny-digits with class 3 unlearned" in card and "KL(q || p_u) >= b" in card and "final lambda" in card

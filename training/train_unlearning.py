@@ -19,27 +19,58 @@ Data unlearning of training images of the digits (`--forget_size` random trainin
 `--baseline esd|siss|neggrad_plus|retain_only` trains a baseline instead. The result is the pipeline with the
 unlearned UNet (`from_pretrained`), or for LoRA on a UNet2DConditionModel the LoRA weights
 (`pipe.load_lora_weights(output_dir)`), with a model card stating what was unlearned, the constraint and the
-measured results. Checkpoints are `output_dir/checkpoint-<step>`; `--resume_from_checkpoint latest` continues
-exactly (weights, optimizer, lambda and the model's own sample pool).
+measured results. Checkpoints are `output_dir/checkpoint-<step>` every `--save_steps`; `--resume_from_checkpoint
+latest` continues exactly (weights, optimizer, lambda and the model's own sample pool).
+
+The training options carry the names of `ConstrainedUnlearningConfig` (those of `transformers.TrainingArguments`:
+`--max_steps`, `--per_device_train_batch_size`, `--weight_decay`, `--save_steps`, `--save_total_limit`,
+`--lora_rank`). The earlier flags (`--max_train_steps`, `--train_batch_size`, `--adam_weight_decay`,
+`--checkpointing_steps`, `--checkpoints_total_limit`, `--rank`) still work for now, with a deprecation warning.
 """
 
 import argparse
 import logging
 import os
 import sys
+import warnings
 
 import torch
 from accelerate.logging import get_logger
 from accelerate.utils import set_seed
-from tqdm.auto import tqdm
-
-from diffusers_ext.training_utils import add_accelerate_arguments
 
 
 logger = get_logger(__name__, log_level="INFO")
 
 CONSTRAINTS = ("reverse_kl", "forward_kl", "likelihood")
 BASELINES = ("esd", "siss", "neggrad_plus", "retain_only")
+# Flags renamed to the config's (TrainingArguments') names; the old spelling is mapped with a FutureWarning.
+DEPRECATED_FLAGS = {
+    "--max_train_steps": "--max_steps",
+    "--train_batch_size": "--per_device_train_batch_size",
+    "--adam_weight_decay": "--weight_decay",
+    "--checkpointing_steps": "--save_steps",
+    "--checkpoints_total_limit": "--save_total_limit",
+    "--rank": "--lora_rank",
+}
+# Options passed to the config under the same name (DiffusionTrainerConfig's fields).
+SHARED_FIELDS = (
+    "output_dir", "seed", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
+    "adam_beta1", "adam_beta2", "weight_decay", "adam_epsilon", "max_grad_norm", "mixed_precision", "save_steps",
+    "save_total_limit", "resume_from_checkpoint", "report_to", "logging_dir", "logging_steps",
+)  # fmt: skip
+
+
+def rename_deprecated_flags(argv: list[str]) -> list[str]:
+    """`argv` with every deprecated flag replaced by its new name, warning once per flag."""
+    renamed = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if flag in DEPRECATED_FLAGS:
+            new = DEPRECATED_FLAGS[flag]
+            warnings.warn(f"{flag} is deprecated; use {new}.", FutureWarning, stacklevel=3)
+            arg = new + eq + value
+        renamed.append(arg)
+    return renamed
 
 
 def parse_args(argv=None):
@@ -100,21 +131,31 @@ def parse_args(argv=None):
     train = parser.add_argument_group("training")
     train.add_argument("--output_dir", type=str, required=True, help="Where the result and checkpoints go.")
     train.add_argument("--seed", type=int, default=0, help="Seed of batches, noise and sample pools.")
-    train.add_argument("--max_train_steps", type=int, default=150, help="Primal-dual steps.")
-    train.add_argument("--train_batch_size", type=int, default=32, help="Per-process batch of each kind.")
+    train.add_argument("--max_steps", type=int, default=150, help="Primal-dual steps.")
+    train.add_argument("--per_device_train_batch_size", type=int, default=32, help="Per-process batch of each kind.")
+    train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per step.")
     train.add_argument("--learning_rate", type=float, default=1e-4, help="AdamW learning rate.")
     train.add_argument("--adam_beta1", type=float, default=0.9, help="AdamW beta1.")
     train.add_argument("--adam_beta2", type=float, default=0.999, help="AdamW beta2.")
-    train.add_argument("--adam_weight_decay", type=float, default=0.0, help="AdamW weight decay.")
+    train.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay.")
     train.add_argument("--adam_epsilon", type=float, default=1e-8, help="AdamW epsilon.")
     train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping norm.")
     train.add_argument("--pool_size", type=int, default=64, help="Samples per pool (per process).")
     train.add_argument("--pool_sampling_steps", type=int, default=10, help="DDIM steps of the pools.")
     train.add_argument("--pool_refresh_steps", type=int, default=10, help="Refresh the on-policy pool every N steps.")
     train.add_argument("--use_lora", action="store_true", help="Train LoRA adapters instead of all weights.")
-    train.add_argument("--rank", type=int, default=8, help="LoRA rank.")
+    train.add_argument("--lora_rank", type=int, default=8, help="LoRA rank.")
     train.add_argument("--lora_alpha", type=float, default=None, help="LoRA alpha (default: the rank).")
-    add_accelerate_arguments(train, checkpointing_steps=50, checkpoints_total_limit=None)
+    train.add_argument("--mixed_precision", type=str, default=None, choices=["no", "fp16", "bf16"],
+                       help="Overrides accelerate's config.")  # fmt: skip
+    train.add_argument("--save_steps", type=int, default=50, help="Save a checkpoint every N steps.")
+    train.add_argument("--save_total_limit", type=int, default=None, help="Keep at most N checkpoints.")
+    train.add_argument("--resume_from_checkpoint", type=str, default=None,
+                       help="'latest', a checkpoint folder name in output_dir, or a path.")  # fmt: skip
+    train.add_argument("--report_to", type=str, default="tensorboard",
+                       help="accelerate tracker: 'tensorboard', 'wandb', 'all' or 'none'.")  # fmt: skip
+    train.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")
+    train.add_argument("--logging_steps", type=int, default=1, help="Log metrics every N steps.")
     evaluation = parser.add_argument_group("evaluation (model card)")
     evaluation.add_argument(
         "--eval_classifier",
@@ -125,7 +166,7 @@ def parse_args(argv=None):
     )
     evaluation.add_argument("--eval_samples_per_class", type=int, default=50, help="Samples per class to judge.")
     evaluation.add_argument("--eval_inference_steps", type=int, default=25, help="DDIM steps of those samples.")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(rename_deprecated_flags(sys.argv[1:] if argv is None else list(argv)))
     validate_args(args, parser)
     return args
 
@@ -154,7 +195,8 @@ def validate_args(args, parser):
             f"--lambda_max {args.lambda_max} must be < 1 for --constraint {args.constraint}: the target's strength "
             "lambda / (1 - lambda) is undefined at lambda >= 1."
         )
-    for name in ("max_train_steps", "train_batch_size", "checkpointing_steps", "pool_size", "stop_patience"):
+    for name in ("max_steps", "per_device_train_batch_size", "save_steps", "pool_size", "stop_patience",
+                 "gradient_accumulation_steps", "logging_steps"):  # fmt: skip
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
 
@@ -231,17 +273,8 @@ def main(argv=None):
     from diffusers import DDPMScheduler
 
     from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer
-    from diffusers_ext.training_utils import (
-        build_accelerator,
-        command_line,
-        maybe_resume,
-        save_checkpoint,
-        write_model_card,
-    )
 
-    accelerator = build_accelerator(args.output_dir, args.logging_dir, args.mixed_precision, args.report_to)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
-    logger.info(accelerator.state, main_process_only=False)
     set_seed(args.seed)
 
     pipe = load_base(args.pretrained_model_name_or_path)
@@ -270,33 +303,26 @@ def main(argv=None):
         esd_negative_guidance=args.esd_negative_guidance,
         neggrad_weight=args.neggrad_weight,
         siss_mixture_weight=args.siss_mixture_weight,
-        max_steps=args.max_train_steps,
-        train_batch_size=args.train_batch_size,
-        learning_rate=args.learning_rate,
-        adam_beta1=args.adam_beta1,
-        adam_beta2=args.adam_beta2,
-        adam_weight_decay=args.adam_weight_decay,
-        adam_epsilon=args.adam_epsilon,
-        max_grad_norm=args.max_grad_norm,
         pool_size=args.pool_size,
         pool_sampling_steps=args.pool_sampling_steps,
         pool_refresh_steps=args.pool_refresh_steps,
         use_lora=args.use_lora,
-        lora_rank=args.rank,
+        lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha,
-        seed=args.seed,
+        **{name: getattr(args, name) for name in SHARED_FIELDS},
     )
     trainer = ConstrainedUnlearningTrainer(
-        config,
         pipe.unet,
         DDPMScheduler.from_config(pipe.scheduler.config),
-        accelerator=accelerator,
+        config,
+        forget_dataset=data[0] if data else None,
+        retain_dataset=data[1] if data else None,
         text_encoder=getattr(pipe, "text_encoder", None),
         tokenizer=getattr(pipe, "tokenizer", None),
         null_class_label=getattr(pipe.config, "null_class_label", None),
-        forget_dataset=data[0] if data else None,
-        retain_dataset=data[1] if data else None,
     )
+    accelerator = trainer.accelerator
+    logger.info(accelerator.state, main_process_only=False)
     if args.constraint_level == "auto" and args.baseline is None:
         if data is not None:
             from diffusers_ext.zoo.unlearning_eval import denoising_losses
@@ -310,41 +336,14 @@ def main(argv=None):
     if args.dual_learning_rate is None:
         config.dual_learning_rate = (0.3 if data is not None else 0.02) / max(abs(config.constraint_level), 1e-3)
 
-    global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
-    if global_step != trainer.global_step:
-        raise ValueError(f"checkpoint at step {global_step} holds trainer state of step {trainer.global_step}.")
-    if accelerator.is_main_process:
-        accelerator.init_trackers("train_unlearning", config={k: str(v) for k, v in vars(args).items()})
-    if args.forget_classes:
-        what = ("classes " if len(args.forget_classes) > 1 else "class ") + ", ".join(map(str, args.forget_classes))
-    elif args.forget_prompts:
-        what = "the prompts " + ", ".join(repr(p) for p in args.forget_prompts)
-    else:
-        what = f"{len(data[0][0])} training images"
     logger.info(
-        f"Unlearning {what} with {config.method}, level {config.constraint_level:.4g}, from step {global_step}"
+        f"Unlearning {trainer.unlearned_description()} with {config.method}, level {config.constraint_level:.4g}"
     )
+    trainer.train()  # resumes per --resume_from_checkpoint; checkpoints every --save_steps and where it stops
 
-    progress = tqdm(range(args.max_train_steps), initial=global_step, disable=not accelerator.is_local_main_process)
-    logs = {}
-    while trainer.global_step < args.max_train_steps and trainer.stop_reason is None:
-        logs = trainer.step()
-        progress.update(1)
-        progress.set_postfix(**{k: f"{v:.4g}" for k, v in logs.items() if k in ("loss", "lambda", "slack")})
-        step = trainer.global_step
-        if step % args.checkpointing_steps == 0 or step == args.max_train_steps or trainer.stop_reason:
-            path = save_checkpoint(accelerator, args.output_dir, step, args.checkpoints_total_limit)
-            logger.info(f"Saved {path}")
-
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        unet = trainer.unlearned_unet()
-        lora_only = args.use_lora and is_text
-        if lora_only:
-            type(pipe).save_lora_weights(args.output_dir, unet_lora_layers=trainer.lora_state_dict())
-        else:
-            pipe.register_modules(unet=unet)
-            pipe.save_pretrained(args.output_dir)
+    metrics = {}
+    if accelerator.is_main_process and not trainer.saves_lora_only:
+        pipe.register_modules(unet=trainer.unlearned_unet())
         classifier = None
         if args.eval_classifier is not None:
             from diffusers_ext import ConvImageClassifier, zoo
@@ -354,50 +353,11 @@ def main(argv=None):
                 if args.eval_classifier == "zoo"
                 else ConvImageClassifier.from_pretrained(args.eval_classifier)
             )
-        if not lora_only:
-            pipe.set_progress_bar_config(disable=True)
-            base_pipe.set_progress_bar_config(disable=True)
-            metrics = measure(args, pipe, base_pipe, classifier, data, accelerator)
-        else:
-            metrics = {}
-        metrics = {
-            "steps": trainer.global_step,
-            "final lambda": trainer.lambda_,
-            "final constraint estimate (smoothed)": trainer.constraint_ema,
-            **metrics,
-        }
-        if config.baseline is None:
-            metrics["constraint level"] = config.constraint_level
-            metrics["final slack (smoothed)"] = trainer.slack(trainer.constraint_ema)
-        constraint_text = {
-            "reverse_kl": "KL(q || p_u) >= b (reverse KL; target eps_ref + lambda/(1-lambda) (eps_ref - eps_u))",
-            "forward_kl": "KL(p_u || q) >= b (forward KL; the subtracted mixture (p_pre - lambda p_u)/(1 - lambda))",
-            "likelihood": "E_q[log p_u - log p_ref] <= b (likelihood; target eps_ref + lambda (eps_ref - eps_u))",
-        }[config.constraint]
-        method_text = (
-            f"the **{config.baseline}** baseline"
-            if config.baseline
-            else f"primal-dual constrained unlearning with the constraint {constraint_text}, b = "
-            f"{config.constraint_level:.4g}"
-        )
-        stop = f"\n\nTraining stopped early: {trainer.stop_reason}" if trainer.stop_reason else ""
-        write_model_card(
-            args.output_dir,
-            title=f"{os.path.basename(os.path.normpath(args.pretrained_model_name_or_path))} with {what} unlearned",
-            description=(
-                f"This model is `{args.pretrained_model_name_or_path}` after unlearning **{what}** with "
-                f"`training/train_unlearning.py`: {method_text}; {trainer.global_step} steps"
-                + (" of LoRA (load with `pipe.load_lora_weights(folder)`)" if lora_only else "")
-                + (" of LoRA, merged into the UNet" if args.use_lora and not lora_only else "")
-                + f". Measured on seed {args.seed}."
-                + stop
-            ),
-            command=command_line(),
-            metrics=metrics,
-            tags=["unlearning", config.method],
-            base_model=args.pretrained_model_name_or_path,
-        )
-        logger.info(f"Saved the result to {args.output_dir}")
+        pipe.set_progress_bar_config(disable=True)
+        base_pipe.set_progress_bar_config(disable=True)
+        metrics = measure(args, pipe, base_pipe, classifier, data, accelerator)
+    trainer.save_model(args.output_dir, base_model=args.pretrained_model_name_or_path, metrics=metrics, pipeline=pipe)
+    logger.info(f"Saved the result to {args.output_dir}")
     accelerator.end_training()
 
 

@@ -67,7 +67,7 @@ def e2po_section(output_dir: str, quick: bool, seed: int, device: str) -> Sectio
             output_dir=scratch, max_steps=settings.steps, seed=seed, num_generations=8,
             per_device_train_batch_size=8 * settings.prompts_per_step, num_inference_steps=6, guidance_scale=1.0,
             height=8, width=8, max_sequence_length=8, learning_rate=1e-3, lora_rank=8, lora_alpha=16, epsilon=0.2,
-            timestep_fraction=1.0, save_steps=10**9, report_to="none",
+            timestep_fraction=1.0, save_strategy="no", report_to="none", disable_tqdm=True,
         )  # fmt: skip
         trainer = E2POTrainer(
             zoo.load("digits-sd3"), [ClassifierReward(classifier, mode="correct")], config, train_dataset=rows

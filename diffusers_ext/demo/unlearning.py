@@ -10,12 +10,12 @@ from .report import Figure, Section
 @dataclass(frozen=True)
 class UnlearningDemoSettings:
     max_steps: int
-    train_batch_size: int
+    per_device_train_batch_size: int
     samples_per_class: int
 
 
-QUICK = UnlearningDemoSettings(max_steps=40, train_batch_size=16, samples_per_class=10)
-FULL = UnlearningDemoSettings(max_steps=150, train_batch_size=32, samples_per_class=100)
+QUICK = UnlearningDemoSettings(max_steps=40, per_device_train_batch_size=16, samples_per_class=10)
+FULL = UnlearningDemoSettings(max_steps=150, per_device_train_batch_size=32, samples_per_class=100)
 FORGET_CLASS = 3
 SHOWN = 10
 
@@ -58,14 +58,16 @@ def unlearning_section(output_dir: str, quick: bool, seed: int, device: str) -> 
         retain_weight=10.0,
         lambda_max=0.75,
         max_steps=settings.max_steps,
-        train_batch_size=settings.train_batch_size,
+        per_device_train_batch_size=settings.per_device_train_batch_size,
         stop_patience=settings.max_steps,
         seed=seed,
+        save_strategy="no",
+        disable_tqdm=True,
     )
     trainer = ConstrainedUnlearningTrainer(
-        config,
         copy.deepcopy(pipe.unet),
         DDPMScheduler.from_config(pipe.scheduler.config),
+        config,
         accelerator=Accelerator(cpu=device == "cpu"),
         null_class_label=pipe.config.null_class_label,
     )

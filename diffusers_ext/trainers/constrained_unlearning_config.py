@@ -1,8 +1,9 @@
 """Configuration of [`ConstrainedUnlearningTrainer`]: primal-dual unlearning and its baselines."""
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from ..utils import public
+from .base_config import DiffusionTrainerConfig
 
 
 CONSTRAINTS = ("reverse_kl", "forward_kl", "likelihood")
@@ -14,7 +15,7 @@ DEFAULT_LAMBDA_MAX = {"reverse_kl": 0.9, "forward_kl": 0.9, "likelihood": 10.0}
 
 @public
 @dataclass
-class ConstrainedUnlearningConfig:
+class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
     r"""
     Configuration of [`ConstrainedUnlearningTrainer`].
 
@@ -26,6 +27,12 @@ class ConstrainedUnlearningConfig:
     What to forget is either a concept (`forget_classes` of a class-conditional `UNet2DModel`, or `forget_prompts` of
     a `UNet2DConditionModel`) or a set of training examples (`forget_dataset` passed to the trainer: data
     unlearning, with `retain_dataset` the remaining training data).
+
+    The shared options (output folder, optimiser, logging, checkpoints, accelerator) are those of
+    [`DiffusionTrainerConfig`], named as in `transformers.TrainingArguments`. One training step draws
+    `gradient_accumulation_steps` micro-batches of `per_device_train_batch_size` forget (and as many retain) samples
+    per process, takes one AdamW step on their accumulated loss and one dual step on lambda from their mean
+    constraint estimate.
     """
 
     # What to optimise
@@ -121,17 +128,17 @@ class ConstrainedUnlearningConfig:
         metadata={"help": "SISS: probability of noising the forget example in the defensive importance mixture."},
     )
 
-    # Optimisation
+    # Optimisation (the shared fields of DiffusionTrainerConfig, with this trainer's defaults)
+    output_dir: str = field(
+        default="constrained-unlearning", metadata={"help": "Where checkpoints, logs and `save_model` go."}
+    )
     max_steps: int = field(default=200, metadata={"help": "Number of primal-dual steps."})
-    train_batch_size: int = field(
-        default=32, metadata={"help": "Per-process batch of forget samples (and as many retain samples)."}
+    per_device_train_batch_size: int = field(
+        default=32, metadata={"help": "Per-process micro-batch of forget samples (and as many retain samples)."}
     )
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate of the primal step."})
-    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
-    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
-    adam_weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    seed: int = field(default=0, metadata={"help": "Seed of batches, noise and sample pools."})
 
     # Samples of the model itself
     pool_size: int = field(
@@ -160,10 +167,17 @@ class ConstrainedUnlearningConfig:
         },
     )
 
-    seed: int = field(default=0, metadata={"help": "Seed of batches, noise and sample pools."})
-    logging_steps: int = field(default=1, metadata={"help": "Log through the accelerate trackers every N steps."})
+    # Renamed fields, accepted with a FutureWarning (see DiffusionTrainerConfig)
+    train_batch_size: int | None = field(
+        default=None, metadata={"help": "Deprecated: use `per_device_train_batch_size`."}
+    )
+    adam_weight_decay: float | None = field(default=None, metadata={"help": "Deprecated: use `weight_decay`."})
+
+    _deprecated_aliases = {"train_batch_size": "per_device_train_batch_size", "adam_weight_decay": "weight_decay"}
 
     def __post_init__(self):
+        self._apply_deprecated_aliases()
+        super().__post_init__()
         if self.constraint not in CONSTRAINTS:
             raise ValueError(f"`constraint` must be one of {CONSTRAINTS}, got {self.constraint!r}.")
         if self.baseline is not None and self.baseline not in BASELINES:
@@ -202,13 +216,12 @@ class ConstrainedUnlearningConfig:
             overlap = sorted(set(self.retain_classes) & set(self.forget_classes))
             if overlap:
                 raise ValueError(f"classes {overlap} are in both `forget_classes` and `retain_classes`.")
-        positive_ints = ("max_steps", "train_batch_size", "pool_size", "pool_sampling_steps", "pool_refresh_steps")
-        for name in (*positive_ints, "lora_rank", "logging_steps"):
+        for name in ("pool_size", "pool_sampling_steps", "pool_refresh_steps", "lora_rank"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
         if self.stop_patience < 1:
             raise ValueError(f"`stop_patience` must be >= 1, got {self.stop_patience}.")
-        for name in ("dual_learning_rate", "retain_weight", "learning_rate", "neggrad_weight"):
+        for name in ("dual_learning_rate", "retain_weight", "neggrad_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}.")
         if not 0.0 <= self.constraint_ema < 1.0:
@@ -222,6 +235,3 @@ class ConstrainedUnlearningConfig:
     def method(self) -> str:
         """The name of what is trained: the baseline, or the constraint of the primal-dual method."""
         return self.baseline or self.constraint
-
-    def to_dict(self) -> dict:
-        return asdict(self)

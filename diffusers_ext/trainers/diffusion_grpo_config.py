@@ -1,8 +1,9 @@
 """Configuration of [`DiffusionGRPOTrainer`]: TRL's `GRPOConfig` names where they apply, plus the sampler's."""
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from ..utils import public
+from .base_config import DiffusionTrainerConfig
 
 
 SCALE_REWARDS = ("group", "batch", "none")
@@ -21,49 +22,31 @@ SD3_LORA_TARGETS = [
 
 @public
 @dataclass
-class DiffusionGRPOConfig:
+class DiffusionGRPOConfig(DiffusionTrainerConfig):
     r"""
     Configuration of [`DiffusionGRPOTrainer`], GRPO for flow-matching text-to-image pipelines (Flow-GRPO).
 
     Names follow TRL's `GRPOConfig` where the concept is the same (`num_generations`, `beta`, `epsilon`,
-    `scale_rewards`, `reward_weights`, `num_iterations`, `per_device_train_batch_size`,
-    `gradient_accumulation_steps`, `max_steps`, `logging_steps`, `save_steps`, `report_to`); the sampler's options
-    are Flow-GRPO's. One training step generates `per_device_train_batch_size * gradient_accumulation_steps`
-    images per process (groups of `num_generations` images of one prompt), scores them, and takes
-    `num_iterations` optimizer steps on them, each accumulating the loss of every micro-batch of
-    `per_device_train_batch_size` images at every trained timestep.
+    `scale_rewards`, `reward_weights`, `num_iterations`); the shared options (`output_dir`, `max_steps`,
+    `per_device_train_batch_size`, `gradient_accumulation_steps`, `learning_rate`, `weight_decay`, `logging_steps`,
+    `save_steps`, `report_to`, ...) are [`DiffusionTrainerConfig`]'s, named as in `transformers.TrainingArguments`;
+    the sampler's options are Flow-GRPO's. One training step generates
+    `per_device_train_batch_size * gradient_accumulation_steps` images per process (groups of `num_generations`
+    images of one prompt), scores them, and takes `num_iterations` optimizer steps on them, each accumulating the
+    loss of every micro-batch of `per_device_train_batch_size` images at every trained timestep.
 
     Every field has a `help` entry, so `trl.TrlParser((DiffusionGRPOConfig,))` builds a command line (and YAML)
     parser from it.
     """
 
-    # Output, logging and checkpoints
+    # The shared fields of DiffusionTrainerConfig, with this trainer's defaults and meanings
     output_dir: str = field(
         default="diffusion-grpo", metadata={"help": "Where LoRA weights, checkpoints and logs go."}
     )
     seed: int = field(default=0, metadata={"help": "Seed of prompt order, initial noise and SDE noise."})
     max_steps: int = field(default=100, metadata={"help": "Training steps (one generation round each)."})
-    logging_steps: int = field(default=1, metadata={"help": "Log metrics every N steps."})
-    save_steps: int = field(default=50, metadata={"help": "Save a resumable checkpoint every N steps."})
-    save_total_limit: int | None = field(default=None, metadata={"help": "Keep at most N checkpoints."})
-    resume_from_checkpoint: str | None = field(
-        default=None, metadata={"help": "'latest', a checkpoint folder name in output_dir, or a path."}
-    )
-    report_to: str = field(
-        default="none", metadata={"help": "accelerate tracker: 'tensorboard', 'wandb', 'all' or 'none'."}
-    )
-    logging_dir: str = field(default="logs", metadata={"help": "Tracker folder, relative to output_dir."})
-    mixed_precision: str | None = field(
-        default=None, metadata={"help": "'no', 'fp16' or 'bf16'; None takes accelerate's configuration."}
-    )
-
-    # Optimisation
     learning_rate: float = field(default=3e-4, metadata={"help": "AdamW learning rate (constant)."})
-    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
-    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2."})
     weight_decay: float = field(default=1e-4, metadata={"help": "AdamW weight decay."})
-    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
     per_device_train_batch_size: int = field(
         default=8, metadata={"help": "Images per process in one loss micro-batch."}
     )
@@ -73,11 +56,11 @@ class DiffusionGRPOConfig:
             "help": "Micro-batches per generation round; their losses (at every trained timestep) make one step."
         },
     )
+
+    # GRPO
     num_iterations: int = field(
         default=1, metadata={"help": "Optimizer steps on each generated batch (TRL's mu); >1 makes the ratio move."}
     )
-
-    # GRPO
     num_generations: int = field(default=8, metadata={"help": "Images per prompt (the group size G), >= 2."})
     beta: float = field(
         default=0.0,
@@ -141,22 +124,13 @@ class DiffusionGRPOConfig:
     lora_init: str = field(default="gaussian", metadata={"help": "peft `init_lora_weights` ('gaussian' or 'true')."})
 
     def __post_init__(self):
+        super().__post_init__()
         if self.num_generations < 2:
             raise ValueError(
                 f"`num_generations` must be >= 2: group-relative advantages need at least two images per prompt, "
                 f"got {self.num_generations}."
             )
-        for name in (
-            "max_steps",
-            "logging_steps",
-            "save_steps",
-            "per_device_train_batch_size",
-            "gradient_accumulation_steps",
-            "num_iterations",
-            "num_inference_steps",
-            "max_sequence_length",
-            "lora_rank",
-        ):
+        for name in ("num_iterations", "num_inference_steps", "max_sequence_length", "lora_rank"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
         if self.generation_batch_size % self.num_generations:
@@ -193,7 +167,3 @@ class DiffusionGRPOConfig:
     def generation_batch_size(self) -> int:
         """Images generated per process per step."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
-
-    def to_dict(self) -> dict:
-        """The fields as a plain dict (for trackers and model cards)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -12,16 +12,9 @@ import torch
 from diffusers.utils import logging
 
 from ..schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler
-from ..training_utils import (
-    ResumableBatchSampler,
-    build_accelerator,
-    command_line,
-    maybe_resume,
-    save_checkpoint,
-    step_generator,
-    write_model_card,
-)
+from ..training_utils import ResumableBatchSampler, step_generator
 from ..utils import public
+from .base_trainer import DiffusionTrainer
 from .diffusion_grpo_config import DiffusionGRPOConfig
 from .pipeline_adapters import get_adapter
 
@@ -84,7 +77,7 @@ def _as_rows(train_dataset) -> list[dict]:
 
 
 @public
-class DiffusionGRPOTrainer:
+class DiffusionGRPOTrainer(DiffusionTrainer):
     r"""
     Group Relative Policy Optimization for flow-matching text-to-image pipelines ([`StableDiffusion3Pipeline`],
     [`FluxPipeline`]), following Flow-GRPO and TRL's `GRPOTrainer` conventions.
@@ -122,10 +115,8 @@ class DiffusionGRPOTrainer:
         train_dataset=None,
         peft_config=None,
     ):
-        args = args if args is not None else self.config_class()
-        if not isinstance(args, self.config_class):
-            raise TypeError(f"`args` must be a {self.config_class.__name__}, got {type(args).__name__}.")
-        self.args = args
+        super().__init__(args)
+        args = self.args
         self.adapter = get_adapter(pipeline)
         self.pipeline = pipeline
         self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
@@ -151,12 +142,9 @@ class DiffusionGRPOTrainer:
         self.scheduler = pipeline.scheduler
         self.train_step_indices = self._stochastic_steps()
         self.num_train_timesteps = max(1, int(len(self.train_step_indices) * args.timestep_fraction))
-        self.accelerator = build_accelerator(
-            args.output_dir,
-            args.logging_dir,
-            args.mixed_precision,
-            args.report_to,
-            args.gradient_accumulation_steps * self.num_train_timesteps,
+        # One optimizer step accumulates every micro-batch at every trained timestep.
+        self.create_accelerator(
+            gradient_accumulation_steps=args.gradient_accumulation_steps * self.num_train_timesteps
         )
         device = self.accelerator.device
         pipeline.to(device)
@@ -192,18 +180,8 @@ class DiffusionGRPOTrainer:
 
                 self.reference = copy.deepcopy(transformer).requires_grad_(False).eval()
         self.trainable_parameters = [p for p in transformer.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            self.trainable_parameters,
-            lr=args.learning_rate,
-            betas=(args.adam_beta1, args.adam_beta2),
-            weight_decay=args.weight_decay,
-            eps=args.adam_epsilon,
-        )
+        optimizer = self.create_optimizer(self.trainable_parameters)
         self.transformer, self.optimizer = self.accelerator.prepare(transformer, optimizer)
-        self.global_step = 0
-        self._resumed = self._trackers_started = False
-        self.history: list[dict[str, float]] = []
-        self._metrics: dict[str, list[float]] = defaultdict(list)
         self._timers: dict[str, float] = defaultdict(float)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -470,8 +448,7 @@ class DiffusionGRPOTrainer:
                             loss, metrics = self.compute_loss(rollout, index, i)
                             self.accelerator.backward(loss)
                         if self.accelerator.sync_gradients:
-                            norm = self.accelerator.clip_grad_norm_(self.trainable_parameters, args.max_grad_norm)
-                            self._metrics["grad_norm"].append(float(norm))
+                            self.log_metric("grad_norm", self.clip_gradients(self.trainable_parameters))
                         self.optimizer.step()
                         self.optimizer.zero_grad()
                     self._metrics["loss"].append(loss.item())
@@ -482,9 +459,9 @@ class DiffusionGRPOTrainer:
     # Training loop
     # ------------------------------------------------------------------------------------------------------------
 
-    def training_step(self, step: int) -> dict[str, float]:
+    def training_step(self) -> dict[str, float]:
         """One generation round: sample, score, optimise. Returns the step's metrics (averaged over processes)."""
-        self._metrics.clear()
+        step = self.global_step
         self._timers.clear()
         start = time.perf_counter()
         with self._timed("sampling"):
@@ -509,8 +486,7 @@ class DiffusionGRPOTrainer:
             }
         )
         logs.update(self.extra_metrics(rollout))
-        reduced = self.accelerator.reduce(torch.tensor(list(logs.values()), device=self.accelerator.device), "mean")
-        return dict(zip(logs.keys(), reduced.tolist()))
+        return self.reduce_metrics(logs)
 
     def after_step(self, rollout: Rollout, step: int) -> None:
         """Hook for subclasses, called after the optimizer steps of `step`."""
@@ -519,69 +495,40 @@ class DiffusionGRPOTrainer:
         """Hook for subclasses: metrics to add to the step's logs."""
         return {}
 
-    def train(self) -> list[dict[str, float]]:
-        """Run (or resume, per `resume_from_checkpoint`) until `max_steps`; return the logged metrics.
-
-        Calling it again after raising `args.max_steps` continues from the current step.
-        """
-        args, accelerator = self.args, self.accelerator
-        if args.resume_from_checkpoint is not None and not self._resumed:
-            self.global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
-            self._resumed = True
-        if accelerator.is_main_process and not self._trackers_started:
-            accelerator.init_trackers(type(self).__name__, config={k: str(v) for k, v in args.to_dict().items()})
-            self._trackers_started = True
-        while self.global_step < args.max_steps:
-            logs = self.training_step(self.global_step)
-            self.global_step += 1
-            logs["step"] = self.global_step
-            self.history.append(logs)
-            if self.global_step % args.logging_steps == 0 or self.global_step == args.max_steps:
-                accelerator.log({k: v for k, v in logs.items() if k != "step"}, step=self.global_step)
-            if self.global_step % args.save_steps == 0 or self.global_step == args.max_steps:
-                save_checkpoint(accelerator, args.output_dir, self.global_step, args.save_total_limit)
-        accelerator.wait_for_everyone()
-        return self.history
-
     # ------------------------------------------------------------------------------------------------------------
     # Saving
     # ------------------------------------------------------------------------------------------------------------
 
-    def save_model(self, output_dir: str | None = None, base_model: str | None = None) -> str:
-        """Save the LoRA (`pytorch_lora_weights.safetensors`, loadable with `load_lora_weights`) or the full
-        transformer, with a model card. Call on every process; only the main one writes."""
-        output_dir = output_dir or self.args.output_dir
-        self.accelerator.wait_for_everyone()
-        if self.accelerator.is_main_process:
-            transformer = self.unwrapped_transformer
-            if self.args.use_lora:
-                from peft.utils import get_peft_model_state_dict
+    def _save_weights(self, output_dir: str) -> None:
+        """The LoRA (`pytorch_lora_weights.safetensors`, loadable with `load_lora_weights`) or the full transformer."""
+        transformer = self.unwrapped_transformer
+        if self.args.use_lora:
+            from peft.utils import get_peft_model_state_dict
 
-                layers = {k: v.detach().cpu() for k, v in get_peft_model_state_dict(transformer).items()}
-                # The adapter's config (rank, alpha, targets) goes into the file's metadata, so the scale survives loading.
-                type(self.pipeline).save_lora_weights(
-                    output_dir,
-                    transformer_lora_layers=layers,
-                    transformer_lora_adapter_metadata=transformer.peft_config["default"].to_dict(),
-                )
-            else:
-                transformer.save_pretrained(os.path.join(output_dir, "transformer"))
-            last = self.history[-1] if self.history else {}
-            metrics = {key: last[key] for key in ("reward", "reward_std", "frac_reward_zero_std", "kl") if key in last}
-            first = self.history[0] if self.history else {}
-            if "reward" in first:
-                metrics = {"reward (first step)": first["reward"], **metrics}
-            write_model_card(
+            layers = {k: v.detach().cpu() for k, v in get_peft_model_state_dict(transformer).items()}
+            # The adapter's config (rank, alpha, targets) goes into the file's metadata, so the scale survives loading.
+            type(self.pipeline).save_lora_weights(
                 output_dir,
-                title=f"{type(self).__name__.replace('Trainer', '')} LoRA for {type(self.pipeline).__name__}",
-                description=self._card_description(),
-                command=command_line(),
-                metrics={f"{k} (last step)" if k != "reward (first step)" else k: v for k, v in metrics.items()},
-                tags=[*self._tag_names, "lora" if self.args.use_lora else "full-finetune"],
-                base_model=base_model,
+                transformer_lora_layers=layers,
+                transformer_lora_adapter_metadata=transformer.peft_config["default"].to_dict(),
             )
-        self.accelerator.wait_for_everyone()
-        return output_dir
+        else:
+            transformer.save_pretrained(os.path.join(output_dir, "transformer"))
+
+    def _card_title(self, base_model: str | None) -> str:
+        return f"{type(self).__name__.replace('Trainer', '')} LoRA for {type(self.pipeline).__name__}"
+
+    def _card_metrics(self) -> dict:
+        last = self.history[-1] if self.history else {}
+        first = self.history[0] if self.history else {}
+        metrics = {"reward (first step)": first["reward"]} if "reward" in first else {}
+        for key in ("reward", "reward_std", "frac_reward_zero_std", "kl"):
+            if key in last:
+                metrics[f"{key} (last step)"] = last[key]
+        return metrics
+
+    def _card_tags(self) -> list[str]:
+        return [*self._tag_names, "lora" if self.args.use_lora else "full-finetune"]
 
     def _card_description(self) -> str:
         args = self.args
