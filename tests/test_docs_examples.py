@@ -101,7 +101,7 @@ def test_directives_are_parsed(tmp_path):
     blocks = python_blocks(page)
     assert [b["skip"] for b in blocks] == ["needs a hub checkpoint", None, None]
     assert blocks[1]["replacements"] == [("steps=50", "steps=2"), ("a", "b")]
-    assert blocks[2]["source"] == "y = 2\n" and blocks[2]["line"] == 9
+    assert blocks[2]["source"] == "y = 2\n" and blocks[2]["line"] == 11
     page.write_text("<!-- example: skip -->\n```python\nx = 1\n```\n", encoding="utf-8")
     with pytest.raises(ValueError, match="must say why"):
         python_blocks(page)
