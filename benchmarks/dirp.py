@@ -96,7 +96,7 @@ def generator(seed):
 
 def purify_all(args, pipe, protected, seed):
     """Every purifier's output for one protected set, and DIRP's full output."""
-    from diffusers_ext.pipelines.dirp import purifiers
+    from diffusers_ext.evaluation.dirp import purifiers
 
     shared = {
         "num_iterations": args.num_iterations,
@@ -128,9 +128,9 @@ def purify_all(args, pipe, protected, seed):
 
 
 def image_metrics(args, pipe, images, clean, method, seed):
+    from diffusers_ext.evaluation.dirp.protections import protection_loss
     from diffusers_ext.metrics import peak_signal_noise_ratio
     from diffusers_ext.pipelines.dirp.perceptual import ssim_distance
-    from diffusers_ext.pipelines.dirp.protections import protection_loss
 
     return {
         "psnr": float(peak_signal_noise_ratio(images, clean, data_range=2.0).mean()),
@@ -183,7 +183,7 @@ def measure_memory(pipe, images):
 
 
 def downstream(args, ddpm, classifier, sets, reference):
-    from diffusers_ext.zoo.mimicry_eval import evaluate_mimicry
+    from diffusers_ext.evaluation.dirp.mimicry import evaluate_mimicry
 
     results = {}
     for name, images in sets.items():
@@ -210,7 +210,7 @@ def downstream(args, ddpm, classifier, sets, reference):
 
 
 def summarise(args, grid, amplification, memory, mimicry):
-    from diffusers_ext.pipelines.dirp.protections import PROTECTIONS
+    from diffusers_ext.evaluation.dirp.protections import PROTECTIONS
 
     protections = args.protections or list(PROTECTIONS)
     cells = [grid[f"{p}@{b}"] for p in protections for b in args.budgets]
@@ -357,7 +357,7 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
     from diffusers_ext import DIRPPipeline, zoo
-    from diffusers_ext.pipelines.dirp.protections import PROTECTIONS, protect
+    from diffusers_ext.evaluation.dirp.protections import PROTECTIONS, protect
 
     if args.pretrained_model_name_or_path is None:
         ddpm = zoo.load("digits-ddpm")

@@ -13,9 +13,9 @@ import torch
 
 from diffusers_ext import DIRPPipeline, zoo
 from diffusers_ext.data.digits import load_digits_images
+from diffusers_ext.evaluation.dirp import purifiers
+from diffusers_ext.evaluation.dirp.protections import protect
 from diffusers_ext.metrics import peak_signal_noise_ratio
-from diffusers_ext.pipelines.dirp import purifiers
-from diffusers_ext.pipelines.dirp.protections import protect
 
 
 SETTINGS = [(0.01, 40, "ssim", 0.05), (0.003, 40, "ssim", 0.05), (0.01, 40, "ssim", 0.02), (0.01, 40, "l2", 0.03),

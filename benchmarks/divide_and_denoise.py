@@ -64,12 +64,12 @@ def parse_args(argv=None):
 
 
 def method_kwargs(method: str) -> dict:
-    from diffusers_ext import DivideAndDenoisePipeline, FairDivisionAllocator
+    from diffusers_ext import AverageAllocator, DivideAndDenoisePipeline, FairDivisionAllocator, RegionAllocator
 
     if method == "averaging":
-        return {"composition": "average"}
+        return {"allocator": AverageAllocator()}
     if method == "multidiffusion":
-        return {"composition": "multidiffusion"}
+        return {"allocator": RegionAllocator()}
     if method == "dnd_no_alignment":
         return {"alignment_scale": 0.0}
     if method == "dnd_argmax":
@@ -92,7 +92,7 @@ def run_discs(experts_fn, args, seed: int, timings: dict, keep: dict | None):
     from diffusers import DDIMScheduler
 
     from diffusers_ext import DivideAndDenoisePipeline, MultiDenoiserModel
-    from diffusers_ext.pipelines.divide_and_denoise.composition_eval import discs_success
+    from diffusers_ext.evaluation.divide_and_denoise.composition import discs_success
 
     scheduler = DDIMScheduler(num_train_timesteps=1000, beta_schedule="linear", clip_sample=False)
     pipe = DivideAndDenoisePipeline(MultiDenoiserModel(experts_fn(seed=seed)), scheduler)
@@ -104,7 +104,7 @@ def run_discs(experts_fn, args, seed: int, timings: dict, keep: dict | None):
         scores[method] = float(discs_success(out.images).mean())
         scores["lenient/" + method] = float(discs_success(out.images, min_intensity=LENIENT_DISC).mean())
         if method == "divide_and_denoise":
-            add_timings(timings, pipe.last_call_timings)
+            add_timings(timings, out.timings)
         if keep is not None and method in ("divide_and_denoise", "multidiffusion", "averaging"):
             keep[method] = (out.images[0].permute(1, 2, 0).numpy(), out.allocations[:, 0].numpy())
     return scores
@@ -112,7 +112,7 @@ def run_discs(experts_fn, args, seed: int, timings: dict, keep: dict | None):
 
 def run_digits(unet, scheduler, classifier, args, seed: int, timings: dict, keep: dict | None):
     from diffusers_ext import DivideAndDenoisePipeline, MultiDenoiserModel, WindowedDenoiser
-    from diffusers_ext.pipelines.divide_and_denoise.composition_eval import digits_success, score_digit_slots
+    from diffusers_ext.evaluation.divide_and_denoise.composition import digits_success, score_digit_slots
 
     schedule = {k: scheduler.config[k] for k in ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule")}
     windows = [WindowedDenoiser.from_unet(unet, (8, 24), (0, 8 * s), -1.0, **schedule) for s in range(3)]
@@ -136,7 +136,7 @@ def run_digits(unet, scheduler, classifier, args, seed: int, timings: dict, keep
             present, labels = score_digit_slots(classifier, out.images * 2 - 1, ink_threshold=LENIENT_INK)
             successes["lenient/" + method].extend(digits_success(present, labels, digits).tolist())
             if method == "divide_and_denoise":
-                add_timings(timings, pipe.last_call_timings)
+                add_timings(timings, out.timings)
             if keep is not None and p == 0 and method in ("divide_and_denoise", "multidiffusion", "averaging"):
                 keep[method] = (out.images[0].permute(1, 2, 0).numpy(), out.allocations[:, 0].numpy())
         if keep is not None and p == 0:
@@ -146,7 +146,7 @@ def run_digits(unet, scheduler, classifier, args, seed: int, timings: dict, keep
 
 def run_digits_shared(ddpm, classifier, args, seed: int, timings: dict, keep: dict | None):
     from diffusers_ext import DivideAndDenoisePipeline
-    from diffusers_ext.pipelines.divide_and_denoise.composition_eval import digits_success, score_digit_slots
+    from diffusers_ext.evaluation.divide_and_denoise.composition import digits_success, score_digit_slots
 
     pipe = DivideAndDenoisePipeline.from_pipelines([ddpm])
     pipe.set_progress_bar_config(disable=True)
@@ -162,7 +162,7 @@ def run_digits_shared(ddpm, classifier, args, seed: int, timings: dict, keep: di
                 present, labels = score_digit_slots(classifier, out.images * 2 - 1, ink_threshold=ink)
                 successes[prefix + method].extend(digits_success(present, labels, digits).tolist())
             if method == "divide_and_denoise":
-                add_timings(timings, pipe.last_call_timings)
+                add_timings(timings, out.timings)
             if keep is not None and p == 0 and method in ("divide_and_denoise", "multidiffusion", "averaging"):
                 keep[method] = (out.images[0].permute(1, 2, 0).numpy(), out.allocations[:, 0].numpy())
     return {name: float(np.mean(values)) for name, values in successes.items()}
@@ -281,7 +281,7 @@ def main(argv=None):
     args = parse_args(argv)
     import diffusers_ext
     from diffusers_ext import zoo
-    from diffusers_ext.pipelines.divide_and_denoise.composition_eval import (
+    from diffusers_ext.evaluation.divide_and_denoise.composition import (
         centred_experts,
         conflict_experts,
         dominant_experts,

@@ -57,7 +57,7 @@ def semantic_descriptors(encoder, images: torch.Tensor) -> torch.Tensor:
 def warp_milliseconds(repeats: int = 10) -> float:
     """Median time to warp 4 views of 64x64 feature maps with 256 channels (z-buffer)."""
     from diffusers_ext.data.procedural_scenes import default_intrinsics
-    from diffusers_ext.pipelines.semantic_nvs.camera import orbit_trajectory
+    from diffusers_ext.geometry.camera import orbit_trajectory
     from diffusers_ext.pipelines.semantic_nvs.warp import forward_warp
 
     generator = torch.Generator().manual_seed(0)

@@ -174,7 +174,7 @@ def run_zoo_task(args) -> dict:
 
 def run_oracle(args) -> dict:
     from diffusers_ext import DiffusionLMPipeline
-    from diffusers_ext.pipelines.soar.oracle import MarkovChainOracleLM
+    from diffusers_ext.evaluation.soar import MarkovChainOracleLM
 
     oracle = MarkovChainOracleLM.random(
         args.oracle_chains, args.oracle_states, concentration=args.oracle_concentration, seed=args.seed
@@ -222,7 +222,7 @@ def run_overhead(args) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from diffusers_ext import DiffusionLMPipeline, SOARScheduler
-    from diffusers_ext.testing import get_tiny_lm_tokenizer
+    from diffusers_ext.models.tiny_tokenizers import get_tiny_lm_tokenizer
 
     tokenizer = get_tiny_lm_tokenizer()
     config = LlamaConfig(

@@ -127,7 +127,7 @@ def _with_unet(pipe, unet):
 
 
 def run_concept(args, pipe, classifier, seed, cache):
-    from diffusers_ext.zoo.unlearning_eval import evaluate_concept_unlearning
+    from diffusers_ext.evaluation.unlearning import evaluate_concept_unlearning
 
     def evaluate(p):
         return evaluate_concept_unlearning(
@@ -200,8 +200,8 @@ def data_split(args):
 
 
 def run_data(args, pipe, classifier, seed, cache):
-    from diffusers_ext.zoo.digits_eval import evaluate_digits_generator
-    from diffusers_ext.zoo.unlearning_eval import denoising_losses, membership_summary
+    from diffusers_ext.evaluation.digits import evaluate_digits_generator
+    from diffusers_ext.evaluation.unlearning import denoising_losses, membership_summary
 
     forget, retain, heldout = data_split(args)
 

@@ -124,8 +124,8 @@ def main(argv=None):
     args = parse_args(argv)
     from diffusers_ext import zoo
     from diffusers_ext.data.digits import load_digits_images
+    from diffusers_ext.evaluation.digits import evaluate_digits_generator
     from diffusers_ext.metrics import classifier_accuracy
-    from diffusers_ext.zoo.digits_eval import evaluate_digits_generator
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     classifier = zoo.load("digits-classifier")

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-# submodule -> public names it defines. Every class listed here pins its ``__module__`` to "diffusers_ext"
-# (see ``diffusers_ext.utils.public``) so saved ``model_index.json`` files name ``["diffusers_ext", "Class"]``.
+# submodule -> public names it defines: what users run. Every class listed here pins its ``__module__`` to
+# "diffusers_ext" (see ``diffusers_ext.utils.public``) so saved ``model_index.json`` files name
+# ``["diffusers_ext", "Class"]``. What only measures or compares is imported from ``diffusers_ext.evaluation``.
 _import_structure = {
     "_mixins": ["ConfigMixin", "DiffusionPipeline", "ModelMixin", "SchedulerMixin"],
     "loading": ["load_pipeline"],
@@ -20,7 +21,7 @@ _import_structure = {
     "pipelines.dirp.pipeline_dirp": ["DIRPPipeline", "DIRPPipelineOutput"],
     "pipelines.semantic_nvs.pipeline_semantic_nvs": ["SemanticNVSPipeline", "SemanticNVSPipelineOutput"],
     "schedulers.scheduling_flow_match_sde": ["FlowMatchSDEScheduler", "FlowMatchSDESchedulerOutput"],
-    "pipelines.soar.adapters": [
+    "pipelines.diffusion_lm.adapters": [
         "DiffusionLMAdapter",
         "DreamAdapter",
         "HFLogitsAdapter",
@@ -28,9 +29,10 @@ _import_structure = {
         "LLaDAAdapter",
         "get_diffusion_lm_adapter",
     ],
-    "pipelines.soar.pipeline_diffusion_lm": ["DiffusionLMPipeline", "DiffusionLMPipelineOutput"],
+    "pipelines.diffusion_lm.pipeline_diffusion_lm": ["DiffusionLMPipeline", "DiffusionLMPipelineOutput"],
     "schedulers.scheduling_soar": ["SOARScheduler", "SOARSchedulerOutput"],
-    "pipelines.divide_and_denoise.denoisers": ["EmpiricalOptimalDenoiser", "MultiDenoiserModel", "WindowedDenoiser"],
+    "pipelines.divide_and_denoise.baseline_allocators": ["AverageAllocator", "RegionAllocator"],
+    "pipelines.divide_and_denoise.denoisers": ["MultiDenoiserModel", "WindowedDenoiser"],
     "pipelines.divide_and_denoise.fair_division": ["FairDivisionAllocator"],
     "pipelines.divide_and_denoise.pipeline_divide_and_denoise": [
         "DivideAndDenoisePipeline",
@@ -52,15 +54,7 @@ if TYPE_CHECKING:
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
-    from .pipelines.dirp.pipeline_dirp import DIRPPipeline, DIRPPipelineOutput
-    from .pipelines.divide_and_denoise.denoisers import EmpiricalOptimalDenoiser, MultiDenoiserModel, WindowedDenoiser
-    from .pipelines.divide_and_denoise.fair_division import FairDivisionAllocator
-    from .pipelines.divide_and_denoise.pipeline_divide_and_denoise import (
-        DivideAndDenoisePipeline,
-        DivideAndDenoisePipelineOutput,
-    )
-    from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
-    from .pipelines.soar.adapters import (
+    from .pipelines.diffusion_lm.adapters import (
         DiffusionLMAdapter,
         DreamAdapter,
         HFLogitsAdapter,
@@ -68,7 +62,16 @@ if TYPE_CHECKING:
         LLaDAAdapter,
         get_diffusion_lm_adapter,
     )
-    from .pipelines.soar.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
+    from .pipelines.diffusion_lm.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
+    from .pipelines.dirp.pipeline_dirp import DIRPPipeline, DIRPPipelineOutput
+    from .pipelines.divide_and_denoise.baseline_allocators import AverageAllocator, RegionAllocator
+    from .pipelines.divide_and_denoise.denoisers import MultiDenoiserModel, WindowedDenoiser
+    from .pipelines.divide_and_denoise.fair_division import FairDivisionAllocator
+    from .pipelines.divide_and_denoise.pipeline_divide_and_denoise import (
+        DivideAndDenoisePipeline,
+        DivideAndDenoisePipelineOutput,
+    )
+    from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
     from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
     from .trainers.base_config import DiffusionTrainerConfig

@@ -36,6 +36,27 @@ def resolve_pipeline_class(class_name: str) -> type[DiffusionPipeline]:
     )
 
 
+# Saved folders name every class of the package ["diffusers_ext", Class]. Most are top-level names; models that only
+# measure (e.g. EmpiricalOptimalDenoiser, which a MultiDenoiserModel may hold) are exported by diffusers_ext.evaluation.
+_OUR_NAMESPACES = ("diffusers_ext", "diffusers_ext.evaluation")
+
+
+def resolve_model_class(library: str, class_name: str) -> type:
+    """Return the class a saved folder names as `[library, class_name]`, for `library` "diffusers" or "diffusers_ext".
+
+    A "diffusers_ext" class is looked up in the top-level API, then in ``diffusers_ext.evaluation``, so folders saved
+    before a class moved between the two still load.
+    """
+    namespaces = {"diffusers": ("diffusers",), "diffusers_ext": _OUR_NAMESPACES}.get(library)
+    if namespaces is None:
+        raise ValueError(f"library {library!r} is not resolved; expected 'diffusers' or 'diffusers_ext'.")
+    for module_name in namespaces:
+        cls = getattr(importlib.import_module(module_name), class_name, None)
+        if isinstance(cls, type):
+            return cls
+    raise ValueError(f"{class_name!r} is not a class of {library!r} (looked in {', '.join(namespaces)}).")
+
+
 def load_pipeline(path: str | os.PathLike, **kwargs) -> DiffusionPipeline:
     """Load a saved pipeline folder whose ``_class_name`` is a diffusers_ext or diffusers pipeline.
 

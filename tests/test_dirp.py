@@ -9,8 +9,9 @@ import torch
 
 from diffusers_ext import DIRPPipeline, zoo
 from diffusers_ext.data.digits import load_digits_images
+from diffusers_ext.evaluation.dirp import purifiers
+from diffusers_ext.evaluation.dirp.protections import PROTECTIONS, protect, protection_loss
 from diffusers_ext.metrics import peak_memory_bytes, peak_signal_noise_ratio
-from diffusers_ext.pipelines.dirp import purifiers
 from diffusers_ext.pipelines.dirp.ddim_inversion import (
     ddim_invert,
     ddim_reconstruct,
@@ -18,9 +19,8 @@ from diffusers_ext.pipelines.dirp.ddim_inversion import (
     inversion_timesteps,
     noise_levels,
 )
-from diffusers_ext.pipelines.dirp.dummies import get_components
 from diffusers_ext.pipelines.dirp.perceptual import get_perceptual_distance, ssim_distance
-from diffusers_ext.pipelines.dirp.protections import PROTECTIONS, protect, protection_loss
+from diffusers_ext.testing.dummies.dirp import get_components
 
 
 EPS = 16 / 255

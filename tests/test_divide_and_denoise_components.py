@@ -5,8 +5,9 @@ import pytest
 import torch
 from diffusers import DDPMScheduler
 
-from diffusers_ext import ConvImageClassifier, EmpiricalOptimalDenoiser, MultiDenoiserModel, WindowedDenoiser
-from diffusers_ext.pipelines.divide_and_denoise.composition_eval import (
+from diffusers_ext import ConvImageClassifier, MultiDenoiserModel, WindowedDenoiser
+from diffusers_ext.evaluation import EmpiricalOptimalDenoiser
+from diffusers_ext.evaluation.divide_and_denoise.composition import (
     BLUE,
     RED,
     detect_discs,
@@ -78,6 +79,8 @@ def test_multi_denoiser_model_saves_each_denoiser(tmp_path):
     multi.save_pretrained(tmp_path)
     loaded = MultiDenoiserModel.from_pretrained(tmp_path, torch_dtype=torch.float64)
     assert [type(m).__name__ for m in loaded] == ["UNet2DModel", "EmpiricalOptimalDenoiser"]
+    # an evaluation model keeps the name ["diffusers_ext", Class] that folders saved before the move hold
+    assert loaded.config.denoiser_classes[1] == ["diffusers_ext", "EmpiricalOptimalDenoiser"]
     assert loaded[0].dtype == torch.float64
     for a, b in zip(unet.state_dict().values(), loaded[0].state_dict().values()):
         torch.testing.assert_close(a.double(), b)

@@ -15,14 +15,15 @@ from diffusers import (
 )
 
 from diffusers_ext import (
+    AverageAllocator,
     ClassConditionalDDPMPipeline,
     DivideAndDenoisePipeline,
     FairDivisionAllocator,
     MultiDenoiserModel,
+    RegionAllocator,
     load_pipeline,
 )
-from diffusers_ext.pipelines.divide_and_denoise import dummies
-from diffusers_ext.pipelines.divide_and_denoise.composition_eval import (
+from diffusers_ext.evaluation.divide_and_denoise.composition import (
     conflict_experts,
     discs_success,
     dominant_experts,
@@ -36,6 +37,7 @@ from diffusers_ext.testing import (
     get_tiny_pixel_unet,
     get_tiny_sd_components,
 )
+from diffusers_ext.testing.dummies import divide_and_denoise as dummies
 
 
 class TestDivideAndDenoisePipeline(PipelineConformanceTests):
@@ -96,15 +98,38 @@ def test_allocations_are_divisions_per_step_and_shown_to_callbacks():
 def test_baselines_use_fixed_weights():
     pipe = _pixel_pipeline()
     inputs = get_dummy_inputs(DivideAndDenoisePipeline, seed=0)
-    average = pipe(**inputs, composition="average").allocations
+    average = pipe(**inputs, allocator=AverageAllocator()).allocations
     torch.testing.assert_close(average, torch.full_like(average, 0.5))
-    strips = pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0), composition="multidiffusion").allocations
+    strips = pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0), allocator=RegionAllocator()).allocations
     assert (strips[:, :, 0, :, :6] == 1).all() and (strips[:, :, 0, :, 6:] == 0).all()
     regions = torch.zeros(2, 8, 12)
     regions[0, :4], regions[1, 4:] = 1.0, 1.0
-    custom = pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0), composition="multidiffusion",
-                  regions=regions).allocations  # fmt: skip
+    custom = pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0), allocator=RegionAllocator(regions)).allocations
     torch.testing.assert_close(custom[0, 0], regions)
+
+
+def test_baselines_compute_no_utilities():
+    """A fixed allocation reads no utility maps: the guidance-delta utility asks for no unconditional branch, and
+    the time spent on utilities, allocation and alignment is zero."""
+    pipe = _pixel_pipeline()
+    inputs = dict(get_dummy_inputs(DivideAndDenoisePipeline, seed=0), guidance_scale=1.0, utility="guidance_delta")
+    unet_batches = []
+    handle = pipe.denoisers[0].register_forward_pre_hook(lambda m, args: unet_batches.append(args[0].shape[0]))
+    try:
+        out = pipe(**inputs, allocator=AverageAllocator())
+    finally:
+        handle.remove()
+    assert unet_batches == [2, 2]  # both agents, conditional branch only
+    assert out.timings["utility"] == out.timings["allocation"] == out.timings["alignment"] == 0.0
+
+
+def test_region_allocator_checks_its_regions():
+    with pytest.raises(ValueError, match="regions"):
+        RegionAllocator(torch.ones(8, 12))
+    with pytest.raises(ValueError, match="regions"):
+        RegionAllocator(-torch.ones(2, 8, 12))
+    uncovered = RegionAllocator(torch.zeros(2, 4, 4)).weights(2, 4, 4)  # a position nobody claims is shared
+    torch.testing.assert_close(uncovered, torch.full((2, 4, 4), 0.5))
 
 
 def test_identical_agents_reproduce_the_single_model_pipeline():
@@ -135,9 +160,10 @@ def test_per_model_guidance_scales_are_used():
 def test_fair_division_composes_conflicting_experts_where_baselines_fail():
     pipe = _disc_pipeline()
     scores, allocations = {}, None
-    for composition in ("divide_and_denoise", "average", "multidiffusion"):
+    for composition, allocator in (("divide_and_denoise", None), ("average", AverageAllocator()),
+                                   ("multidiffusion", RegionAllocator())):  # fmt: skip
         out = pipe(num_inference_steps=20, num_images_per_prompt=6, generator=torch.Generator().manual_seed(0),
-                   output_type="pt", composition=composition)  # fmt: skip
+                   output_type="pt", allocator=allocator)  # fmt: skip
         scores[composition] = discs_success(out.images).mean()
         if composition == "divide_and_denoise":
             allocations = out.allocations
@@ -182,11 +208,14 @@ def test_guidance_delta_utility_runs_the_unconditional_branch_even_without_guida
     assert unet_batches == [4, 4, 2, 2]
 
 
-def test_timings_are_recorded():
+def test_timings_are_in_the_output():
     pipe = _pixel_pipeline()
-    pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0))
-    assert set(pipe.last_call_timings) == {"model_forwards", "utility", "allocation", "alignment"}
-    assert pipe.last_call_timings["model_forwards"] > 0 and pipe.last_call_timings["allocation"] > 0
+    out = pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0))
+    assert set(out.timings) == {"model_forwards", "utility", "allocation", "alignment"}
+    assert out.timings["model_forwards"] > 0 and out.timings["allocation"] > 0
+    images, allocations, timings = pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0), return_dict=False)
+    assert set(timings) == set(out.timings) and allocations.shape == out.allocations.shape
+    assert not hasattr(pipe, "last_call_timings")  # a call leaves nothing on the pipeline object
 
 
 # ---------------------------------------------------------------------------------------------------------------------

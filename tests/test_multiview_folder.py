@@ -9,7 +9,7 @@ from PIL import Image
 
 from diffusers_ext.data.multiview_folder import MultiViewSceneDataset
 from diffusers_ext.data.procedural_scenes import default_intrinsics, random_scene, render
-from diffusers_ext.pipelines.semantic_nvs.camera import orbit_trajectory
+from diffusers_ext.geometry.camera import orbit_trajectory
 
 
 def _views(seed, height, width, num_views=3):

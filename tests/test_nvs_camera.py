@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from diffusers_ext.pipelines.semantic_nvs.camera import (
+from diffusers_ext.geometry.camera import (
     check_rigid,
     forward_trajectory,
     interpolate_trajectory,

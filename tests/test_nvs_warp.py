@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from diffusers_ext.pipelines.semantic_nvs.camera import look_at
+from diffusers_ext.geometry.camera import look_at
 from diffusers_ext.pipelines.semantic_nvs.warp import forward_warp
 
 

@@ -6,7 +6,6 @@ import torch
 from diffusers import DDIMScheduler
 
 from diffusers_ext import ClassConditionalDDPMPipeline
-from diffusers_ext.pipelines.class_conditional import dummies
 from diffusers_ext.testing import (
     PipelineConformanceTests,
     count_module_forwards,
@@ -14,6 +13,7 @@ from diffusers_ext.testing import (
     get_dummy_inputs,
     get_tiny_pixel_unet,
 )
+from diffusers_ext.testing.dummies import class_conditional as dummies
 
 
 class TestClassConditionalDDPMPipeline(PipelineConformanceTests):

@@ -203,7 +203,7 @@ def _tiny_metric_depth_estimator(depth_estimation_type: str = "metric"):
 
 
 def test_depth_estimator_supplies_depth_for_warping(tmp_path):
-    from diffusers_ext.pipelines.semantic_nvs.dummies import get_components, get_inputs
+    from diffusers_ext.testing.dummies.semantic_nvs import get_components, get_inputs
 
     estimator, processor = _tiny_metric_depth_estimator()
     pipe = SemanticNVSPipeline(**get_components(0), depth_estimator=estimator, depth_processor=processor)
@@ -223,7 +223,7 @@ def test_depth_estimator_supplies_depth_for_warping(tmp_path):
 
 
 def test_depth_estimator_must_be_metric_and_come_with_its_processor():
-    from diffusers_ext.pipelines.semantic_nvs.dummies import get_components, get_inputs
+    from diffusers_ext.testing.dummies.semantic_nvs import get_components, get_inputs
 
     estimator, processor = _tiny_metric_depth_estimator("relative")
     with pytest.raises(ValueError, match="metric"):

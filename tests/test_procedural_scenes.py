@@ -10,7 +10,7 @@ from diffusers_ext.data.procedural_scenes import (
     render,
     render_orbit,
 )
-from diffusers_ext.pipelines.semantic_nvs.camera import look_at
+from diffusers_ext.geometry.camera import look_at
 from diffusers_ext.pipelines.semantic_nvs.warp import forward_warp
 
 

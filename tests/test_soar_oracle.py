@@ -5,7 +5,7 @@ import itertools
 import torch
 
 from diffusers_ext import DiffusionLMPipeline, SOARScheduler
-from diffusers_ext.pipelines.soar.oracle import MarkovChainOracleLM
+from diffusers_ext.evaluation.soar import MarkovChainOracleLM
 
 
 def test_marginals_match_enumeration():

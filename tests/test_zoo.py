@@ -8,8 +8,8 @@ import torch
 
 from diffusers_ext import ClassConditionalDDPMPipeline, ConvImageClassifier, zoo
 from diffusers_ext.data.digits import load_digits_images
+from diffusers_ext.evaluation.digits import evaluate_digits_generator
 from diffusers_ext.metrics import classifier_accuracy, classifier_predictions, frechet_distance
-from diffusers_ext.zoo.digits_eval import evaluate_digits_generator
 
 
 @pytest.fixture(scope="module")

@@ -119,7 +119,7 @@ def main(argv=None):
     from diffusers.optimization import get_scheduler
 
     from diffusers_ext.data.addition import AdditionTokens, addition_pairs
-    from diffusers_ext.testing import get_tiny_lm_tokenizer
+    from diffusers_ext.models.tiny_tokenizers import get_tiny_lm_tokenizer
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         checkpoint_step,

@@ -3,7 +3,7 @@
 
 The prompts name the digit ("a handwritten digit seven"). Everything is the real SD3 format: an `AutoencoderKL`
 (no downsampling, 4 latent channels, trained here first), the two CLIP text encoders and the T5 encoder of
-`diffusers_ext.testing.get_tiny_sd3_components` with their locally built tokenizers (kept frozen at their seeded
+`diffusers_ext.models.tiny_components.get_tiny_sd3_components` with their locally built tokenizers (kept frozen at their seeded
 initialisation: they only have to give every prompt a distinct embedding), an `SD3Transformer2DModel` trained
 with rectified flow, and a `FlowMatchEulerDiscreteScheduler`. It is the policy that the GRPO / E2PO trainers
 improve in the benchmark; the zoo classifier measures how often a sample shows the digit its prompt names.
@@ -160,7 +160,7 @@ def main(argv=None):
 
     from diffusers_ext import zoo
     from diffusers_ext.data.digits import load_digits_images
-    from diffusers_ext.testing import get_tiny_sd3_components
+    from diffusers_ext.models.tiny_components import get_tiny_sd3_components
     from diffusers_ext.training_utils import command_line, write_model_card
 
     start = time.perf_counter()
@@ -208,7 +208,7 @@ def main(argv=None):
             f"`SD3Transformer2DModel` ({parameters['transformer']:,} parameters, {args.num_layers} joint blocks, "
             f"{args.train_steps} rectified-flow steps of batch {args.batch_size}, {args.prompt_dropout:.0%} empty "
             "prompts for guidance). The CLIP and T5 text encoders are the seeded tiny encoders of "
-            "`diffusers_ext.testing.get_tiny_sd3_components`, frozen. Images are 8x8 RGB with equal channels "
+            "`diffusers_ext.models.tiny_components.get_tiny_sd3_components`, frozen. Images are 8x8 RGB with equal channels "
             f"(grey digits). Call it with `max_sequence_length={MAX_SEQUENCE_LENGTH}`, `height=width=8`.\n\n"
             "Prompt-following accuracy: the share of samples that the zoo `digits-classifier` assigns to the digit "
             f"the prompt names ({args.eval_samples_per_class} samples per digit, {args.eval_steps} Euler steps, "

@@ -194,7 +194,7 @@ def main(argv=None):
 
     from diffusers_ext import SemanticMultiViewUNetModel, SemanticNVSPipeline
     from diffusers_ext.data.procedural_scenes import sample_scene_batch
-    from diffusers_ext.pipelines.semantic_nvs.camera import scene_plucker
+    from diffusers_ext.geometry.camera import scene_plucker
     from diffusers_ext.pipelines.semantic_nvs.conditioning import iterative_semantics, x0_estimate
     from diffusers_ext.training_utils import (
         build_accelerator,

@@ -48,16 +48,6 @@ def draw_test_problems(num_problems: int, num_digits: int = 3, seed: int = 0) ->
     return pairs[order[:num_problems]]
 
 
-def format_prompt(a: int, b: int, num_digits: int = 3) -> str:
-    """The prompt text, e.g. `"042+913="`."""
-    return f"{a:0{num_digits}d}+{b:0{num_digits}d}="
-
-
-def format_answer(a: int, b: int, num_digits: int = 3) -> str:
-    """The answer text without end-of-sequence tokens, e.g. `"0955"`."""
-    return f"{a + b:0{num_digits + 1}d}"
-
-
 class AdditionTokens:
     """Token-id encoding of addition problems for a tokenizer that spells each digit, `+` and `=` as one token.
 

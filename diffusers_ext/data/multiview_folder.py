@@ -20,7 +20,7 @@ root/
              "c2w": [[...], [...], [...], [0, 0, 0, 1]], "depth": "depths/000.npy"}, ...]}
 ```
 
-Paths are relative to the scene folder. Conventions are those of [`~pipelines.semantic_nvs.camera`]: OpenCV axes,
+Paths are relative to the scene folder. Conventions are those of [`~geometry.camera`]: OpenCV axes,
 camera-to-world `(4, 4)` rigid poses, intrinsics in pixels of the stored image, and depth as positive z-depth
 `(H, W)` (`.npy`) at the image's resolution.
 
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..pipelines.semantic_nvs.camera import check_intrinsics, check_rigid
+from ..geometry.camera import check_intrinsics, check_rigid
 
 
 CAMERAS_FILE = "cameras.json"

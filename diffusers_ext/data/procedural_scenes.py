@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..pipelines.semantic_nvs.camera import check_intrinsics, check_rigid, orbit_trajectory, pixel_rays
+from ..geometry.camera import check_intrinsics, check_rigid, orbit_trajectory, pixel_rays
 
 
 # Object classes: 0 is the floor, the sky is -1 in class maps.

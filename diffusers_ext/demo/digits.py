@@ -20,7 +20,7 @@ FULL = DigitsDemoSettings(samples_per_class=100, num_inference_steps=25, guidanc
 def digits_section(output_dir: str, quick: bool, seed: int, device: str) -> Section:
     """Sample every digit class from the zoo DDPM, show a grid per class and the classifier's verdicts."""
     from .. import zoo
-    from ..zoo.digits_eval import evaluate_digits_generator
+    from ..evaluation.digits import evaluate_digits_generator
 
     settings = QUICK if quick else FULL
     pipe = zoo.load("digits-ddpm").to(device)

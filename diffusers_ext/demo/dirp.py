@@ -11,9 +11,9 @@ def dirp_section(output_dir: str, quick: bool, seed: int, device: str) -> Sectio
     """AdvDM-protected digits (16/255) purified by DIRP and by DiffPure; PSNR to clean and reconstruction errors."""
     from .. import DIRPPipeline, zoo
     from ..data.digits import load_digits_images
+    from ..evaluation.dirp.protections import protect
+    from ..evaluation.dirp.purifiers import diffpure
     from ..metrics import peak_signal_noise_ratio
-    from ..pipelines.dirp.protections import protect
-    from ..pipelines.dirp.purifiers import diffpure
 
     num_images, pgd_steps, iterations = (6, 20, 15) if quick else (10, 100, 40)
     pipe = DIRPPipeline.from_pretrained(zoo.path("digits-ddpm")).to(device)

@@ -26,11 +26,15 @@ QUICK = DivideAndDenoiseDemoSettings(
 FULL = DivideAndDenoiseDemoSettings(
     disc_images=16, disc_templates=200, disc_steps=50, digit_prompts=6, digit_images=8, digit_steps=25
 )
-METHODS = {
-    "divide_and_denoise": {},
-    "averaging": {"composition": "average"},
-    "multidiffusion": {"composition": "multidiffusion"},
-}
+METHODS = ("divide_and_denoise", "averaging", "multidiffusion")
+
+
+def method_kwargs(method: str) -> dict:
+    """The pipeline arguments of a method: the default fair division, or a baseline's fixed allocation."""
+    from .. import AverageAllocator, RegionAllocator
+
+    baselines = {"averaging": AverageAllocator(), "multidiffusion": RegionAllocator()}
+    return {"allocator": baselines[method]} if method in baselines else {}
 
 
 def allocation_pictures(allocations: torch.Tensor, num_frames: int = 5) -> np.ndarray:
@@ -47,7 +51,7 @@ def divide_and_denoise_section(output_dir: str, quick: bool, seed: int, device: 
     from diffusers import DDIMScheduler
 
     from .. import DivideAndDenoisePipeline, MultiDenoiserModel, WindowedDenoiser, zoo
-    from ..pipelines.divide_and_denoise.composition_eval import (
+    from ..evaluation.divide_and_denoise.composition import (
         conflict_experts,
         digits_success,
         discs_success,
@@ -60,9 +64,9 @@ def divide_and_denoise_section(output_dir: str, quick: bool, seed: int, device: 
     pipe = DivideAndDenoisePipeline(experts, scheduler).to(device)
     pipe.set_progress_bar_config(disable=True)
     disc_rows, disc_scores, disc_allocation = [], {}, None
-    for method, kwargs in METHODS.items():
+    for method in METHODS:
         out = pipe(num_inference_steps=settings.disc_steps, num_images_per_prompt=settings.disc_images,
-                   generator=torch.Generator().manual_seed(seed), output_type="pt", **kwargs)  # fmt: skip
+                   generator=torch.Generator().manual_seed(seed), output_type="pt", **method_kwargs(method))  # fmt: skip
         disc_scores[method] = float(discs_success(out.images).mean())
         disc_rows.append(out.images.cpu().permute(0, 2, 3, 1).numpy())
         if method == "divide_and_denoise":
@@ -87,10 +91,10 @@ def divide_and_denoise_section(output_dir: str, quick: bool, seed: int, device: 
         composer = DivideAndDenoisePipeline(MultiDenoiserModel([windows[s] for s in slots]), ddpm.scheduler,
                                             null_class_label=ddpm.config.null_class_label)  # fmt: skip
         composer.set_progress_bar_config(disable=True)
-        for method, kwargs in METHODS.items():
+        for method in METHODS:
             out = composer(class_labels=digits, width=24, num_inference_steps=settings.digit_steps,
                            num_images_per_prompt=settings.digit_images, output_type="pt",
-                           generator=torch.Generator().manual_seed(seed * 1000 + p), **kwargs)  # fmt: skip
+                           generator=torch.Generator().manual_seed(seed * 1000 + p), **method_kwargs(method))  # fmt: skip
             present, labels = score_digit_slots(classifier, out.images * 2 - 1)
             digit_hits[method].extend(digits_success(present, labels, digits).tolist())
             digit_rows[method].append(out.images[:2].cpu().permute(0, 2, 3, 1).numpy())

@@ -46,7 +46,7 @@ def unlearning_section(output_dir: str, quick: bool, seed: int, device: str) -> 
     from diffusers import DDPMScheduler
 
     from .. import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer, zoo
-    from ..zoo.unlearning_eval import evaluate_concept_unlearning
+    from ..evaluation.unlearning import evaluate_concept_unlearning
 
     settings = QUICK if quick else FULL
     pipe = zoo.load("digits-ddpm").to(device)

@@ -1,1 +1,1 @@
-"""DIRP: DDIM-inversion reconstruction purification, with the protections it is tested against and its baselines."""
+"""DIRP: DDIM-inversion reconstruction purification (its test bed lives in `diffusers_ext.evaluation.dirp`)."""

@@ -1,9 +1,7 @@
-"""The models a [`DivideAndDenoisePipeline`] coordinates, and two analytic "expert" denoisers.
+"""The models a [`DivideAndDenoisePipeline`] coordinates.
 
 - [`MultiDenoiserModel`] holds the list of denoisers (like diffusers' `MultiControlNetModel`) and saves each one in
   its own subfolder, so a pipeline of several pretrained models round-trips through `save_pretrained`.
-- [`EmpiricalOptimalDenoiser`] is the exact minimum-mean-squared-error denoiser of a finite set of templates: an
-  "expert" that can only ever produce its own templates. Benchmarks use it as a model with known behaviour.
 - [`WindowedDenoiser`] places a pixel `UNet2DModel` at a fixed window of a larger canvas: inside the window the
   model denoises its crop, outside it predicts a constant background. It is the exact denoiser of "the model's
   images pasted at that window on a blank canvas", i.e. an expert with a position prior.
@@ -12,22 +10,26 @@ Every denoiser is called like a `UNet2DModel`: `model(sample, timestep, class_la
 `UNet2DConditionModel`, with `encoder_hidden_states`).
 """
 
-import importlib
 import os
 
 import torch
-from diffusers import DDPMScheduler, UNet2DModel
+from diffusers import DDPMScheduler, UNet2DConditionModel, UNet2DModel
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.unets.unet_2d import UNet2DOutput
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from ...loading import resolve_model_class
 from ...utils import public
 
 
 _LIBRARIES = ("diffusers", "diffusers_ext")
+# Noise-schedule entries that must agree for models to share one sampler.
+_SCHEDULE_KEYS = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "trained_betas", "prediction_type")
 
 
-def _pair(value, name: str) -> tuple[int, int]:
+def as_pair(value, name: str) -> tuple[int, int]:
+    """`value` (an int or a pair of ints) as `(height, width)`; a `ValueError` names the argument `name` otherwise."""
     if isinstance(value, int) and not isinstance(value, bool):
         return (value, value)
     if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
@@ -35,13 +37,16 @@ def _pair(value, name: str) -> tuple[int, int]:
     raise ValueError(f"`{name}` must be an int or a pair of ints, got {value!r}.")
 
 
-def _alphas_cumprod(num_train_timesteps: int, beta_start: float, beta_end: float, beta_schedule: str) -> torch.Tensor:
+def schedule_alphas_cumprod(
+    num_train_timesteps: int, beta_start: float, beta_end: float, beta_schedule: str
+) -> torch.Tensor:
+    """The `(num_train_timesteps,)` cumulative products of `1 - beta` of a `DDPMScheduler` noise schedule."""
     return DDPMScheduler(
         num_train_timesteps=num_train_timesteps, beta_start=beta_start, beta_end=beta_end, beta_schedule=beta_schedule
     ).alphas_cumprod.clone()
 
 
-def _alpha_bar_at(alphas_cumprod: torch.Tensor, timestep, batch: int, sample: torch.Tensor) -> torch.Tensor:
+def alpha_bar_at(alphas_cumprod: torch.Tensor, timestep, batch: int, sample: torch.Tensor) -> torch.Tensor:
     """`alphas_cumprod` at `timestep` (a number, a 0-d or a `(batch,)` tensor), shaped `(batch, 1, 1, 1)`."""
     t = torch.as_tensor(timestep, device=alphas_cumprod.device).float().round().long()
     t = t.clamp(0, len(alphas_cumprod) - 1).expand(batch) if t.ndim == 0 else t.clamp(0, len(alphas_cumprod) - 1)
@@ -112,85 +117,9 @@ class MultiDenoiserModel(ModelMixin, ConfigMixin):
         for i, (library, class_name) in enumerate(config["denoiser_classes"]):
             if library not in _LIBRARIES:
                 raise ValueError(f"denoiser {i} names library {library!r}; expected one of {_LIBRARIES}.")
-            model_class = getattr(importlib.import_module(library), class_name)
+            model_class = resolve_model_class(library, class_name)
             denoisers.append(model_class.from_pretrained(os.path.join(folder, f"denoiser_{i}"), **kwargs))
         return cls(denoisers)
-
-
-@public
-class EmpiricalOptimalDenoiser(ModelMixin, ConfigMixin):
-    r"""
-    The exact minimum-mean-squared-error denoiser of a finite set of templates (an analytic "expert").
-
-    For a noisy sample `x_t = sqrt(a) x_0 + sqrt(1 - a) eps` with `x_0` uniform over the templates, the posterior mean
-    is `E[x_0 | x_t] = sum_k softmax_k(-|x_t - sqrt(a) x_k|^2 / (2 (1 - a))) x_k`; the model returns the matching
-    noise prediction `(x_t - sqrt(a) E[x_0 | x_t]) / sqrt(1 - a)`. Sampling with it can only ever produce (up to the
-    sampler's error) one of its templates.
-
-    Args:
-        templates (`torch.Tensor` of shape `(num_templates, channels, height, width)`, *optional*): the data set;
-            zeros of the configured shape when omitted (as when `from_pretrained` builds it before loading weights).
-        num_templates, in_channels, sample_size: the shape of the template set (taken from `templates` when given).
-        num_train_timesteps, beta_start, beta_end, beta_schedule: the noise schedule (as in `DDPMScheduler`); it must
-            match the scheduler used for sampling.
-    """
-
-    @register_to_config
-    def __init__(
-        self,
-        num_templates: int = 1,
-        in_channels: int = 1,
-        sample_size: int | tuple[int, int] = 8,
-        num_train_timesteps: int = 1000,
-        beta_start: float = 0.0001,
-        beta_end: float = 0.02,
-        beta_schedule: str = "linear",
-        templates: torch.Tensor | None = None,
-    ):
-        super().__init__()
-        height, width = _pair(sample_size, "sample_size")
-        if templates is None:
-            templates = torch.zeros(num_templates, in_channels, height, width)
-        elif tuple(templates.shape) != (num_templates, in_channels, height, width):
-            raise ValueError(
-                f"`templates` has shape {tuple(templates.shape)}; expected (num_templates, in_channels, height, width) "
-                f"= {(num_templates, in_channels, height, width)}."
-            )
-        self.register_buffer("templates", templates.detach().clone().float())
-        self.register_buffer(
-            "alphas_cumprod",
-            _alphas_cumprod(num_train_timesteps, beta_start, beta_end, beta_schedule),
-            persistent=False,
-        )
-
-    @classmethod
-    def from_templates(cls, templates: torch.Tensor, **schedule) -> "EmpiricalOptimalDenoiser":
-        """Build from a `(num_templates, channels, height, width)` tensor; `schedule` as in the constructor."""
-        if not isinstance(templates, torch.Tensor) or templates.ndim != 4:
-            raise ValueError(f"`templates` must be a 4-D tensor, got {getattr(templates, 'shape', templates)!r}.")
-        num, channels, height, width = templates.shape
-        return cls(num, channels, (height, width), templates=templates, **schedule)
-
-    def register_to_config(self, **kwargs):
-        kwargs.pop("templates", None)  # weights, not configuration
-        super().register_to_config(**kwargs)
-
-    def posterior_mean(self, sample: torch.Tensor, timestep) -> torch.Tensor:
-        """`E[x_0 | x_t = sample]`, shape of `sample`."""
-        batch = sample.shape[0]
-        alpha_bar = _alpha_bar_at(self.alphas_cumprod, timestep, batch, sample)
-        templates = self.templates.to(sample.dtype)
-        diff = sample.unsqueeze(1) - alpha_bar.sqrt().unsqueeze(1) * templates.unsqueeze(0)
-        logits = -diff.pow(2).flatten(2).sum(dim=2) / (2 * (1 - alpha_bar.view(batch, 1)))
-        weights = torch.softmax(logits, dim=1)
-        return torch.einsum("bk,kchw->bchw", weights, templates)
-
-    def forward(self, sample: torch.Tensor, timestep, class_labels=None, return_dict: bool = True):
-        batch = sample.shape[0]
-        alpha_bar = _alpha_bar_at(self.alphas_cumprod, timestep, batch, sample)
-        x0 = self.posterior_mean(sample, timestep)
-        eps = (sample - alpha_bar.sqrt() * x0) / (1 - alpha_bar).sqrt()
-        return UNet2DOutput(sample=eps) if return_dict else (eps,)
 
 
 @public
@@ -225,9 +154,9 @@ class WindowedDenoiser(ModelMixin, ConfigMixin):
     ):
         super().__init__()
         self.denoiser = UNet2DModel.from_config(denoiser_config)
-        height, width = _pair(canvas_size, "canvas_size")
-        win_h, win_w = _pair(self.denoiser.config.sample_size, "denoiser_config.sample_size")
-        top, left = _pair(tuple(window_offset), "window_offset")
+        height, width = as_pair(canvas_size, "canvas_size")
+        win_h, win_w = as_pair(self.denoiser.config.sample_size, "denoiser_config.sample_size")
+        top, left = as_pair(tuple(window_offset), "window_offset")
         if top < 0 or left < 0 or top + win_h > height or left + win_w > width:
             raise ValueError(
                 f"`window_offset` {window_offset!r} puts the {win_h}x{win_w} window outside the {height}x{width} canvas."
@@ -235,7 +164,7 @@ class WindowedDenoiser(ModelMixin, ConfigMixin):
         self.window = (top, left, win_h, win_w)
         self.register_buffer(
             "alphas_cumprod",
-            _alphas_cumprod(num_train_timesteps, beta_start, beta_end, beta_schedule),
+            schedule_alphas_cumprod(num_train_timesteps, beta_start, beta_end, beta_schedule),
             persistent=False,
         )
 
@@ -261,7 +190,7 @@ class WindowedDenoiser(ModelMixin, ConfigMixin):
 
     def forward(self, sample: torch.Tensor, timestep, class_labels=None, return_dict: bool = True):
         batch = sample.shape[0]
-        alpha_bar = _alpha_bar_at(self.alphas_cumprod, timestep, batch, sample)
+        alpha_bar = alpha_bar_at(self.alphas_cumprod, timestep, batch, sample)
         eps = (sample - alpha_bar.sqrt() * self.config.background) / (1 - alpha_bar).sqrt()
         top, left, win_h, win_w = self.window
         crop = sample[:, :, top : top + win_h, left : left + win_w]
@@ -269,3 +198,57 @@ class WindowedDenoiser(ModelMixin, ConfigMixin):
         eps = eps.clone()
         eps[:, :, top : top + win_h, left : left + win_w] = inner
         return UNet2DOutput(sample=eps) if return_dict else (eps,)
+
+
+# What the pipeline needs to know about a denoiser, whatever its class --------------------------------------------
+
+
+def denoiser_conditioning(model: torch.nn.Module) -> str:
+    """`"text"` (cross-attention), `"class"` (class embedding) or `"none"`."""
+    if isinstance(model, UNet2DConditionModel):
+        return "text"
+    return "class" if denoiser_num_class_embeds(model) is not None else "none"
+
+
+def denoiser_num_class_embeds(model: torch.nn.Module) -> int | None:
+    """The size of a class-conditional denoiser's class table (null class included), else `None`."""
+    if isinstance(model, WindowedDenoiser):
+        return model.num_class_embeds
+    return getattr(getattr(model, "config", None), "num_class_embeds", None)
+
+
+def denoiser_sample_size(model: torch.nn.Module) -> tuple[int, int] | None:
+    """The denoiser's native latent size `(height, width)` (a windowed denoiser's canvas), if it has one."""
+    config = getattr(model, "config", None)
+    size = getattr(config, "canvas_size", None) or getattr(config, "sample_size", None)
+    if size is None:
+        return None
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def denoiser_in_channels(model: torch.nn.Module) -> int:
+    """The channels of the samples the denoiser takes."""
+    return (model.denoiser if isinstance(model, WindowedDenoiser) else model).config.in_channels
+
+
+def denoiser_latent_constraint(model: torch.nn.Module) -> tuple[int, bool]:
+    """`(multiple, fixed)`: latent sides must be multiples of `multiple`; `fixed` models only take their own size."""
+    if isinstance(model, WindowedDenoiser) or not hasattr(getattr(model, "config", None), "block_out_channels"):
+        return 1, True
+    return 2 ** (len(model.config.block_out_channels) - 1), False
+
+
+def check_compatible_schedulers(schedulers: list[SchedulerMixin]) -> None:
+    """Raise a `ValueError` unless every scheduler has the same noise schedule and prediction type."""
+    reference = schedulers[0].config
+    for i, scheduler in enumerate(schedulers[1:], start=1):
+        differing = {
+            key: (reference.get(key), scheduler.config.get(key))
+            for key in _SCHEDULE_KEYS
+            if reference.get(key) != scheduler.config.get(key)
+        }
+        if differing:
+            raise ValueError(
+                f"the scheduler of model {i} has a different noise schedule than model 0's as (model 0, model {i}): "
+                f"{differing}; Divide-and-Denoise needs models trained with one schedule and prediction type."
+            )

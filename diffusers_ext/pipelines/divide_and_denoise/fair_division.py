@@ -68,13 +68,6 @@ def _check_shares(name: str, shares, num_agents: int, dtype, device) -> torch.Te
     return (values / values.sum()).to(dtype=dtype, device=device)
 
 
-def _flatten(utilities: torch.Tensor, num_batch_dims: int) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """`(..., K, *spatial)` with `num_batch_dims` leading dims -> `(B, K, N)` and the original shape."""
-    shape = tuple(utilities.shape)
-    batch = int(np.prod(shape[:num_batch_dims])) if num_batch_dims else 1
-    return utilities.reshape(batch, shape[num_batch_dims], -1), shape
-
-
 def _uniform_where_nobody_cares(allocation: torch.Tensor, column_total: torch.Tensor) -> torch.Tensor:
     """Positions that no agent values (all utilities 0) are split evenly."""
     empty = column_total <= 0

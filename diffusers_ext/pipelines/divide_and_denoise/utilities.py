@@ -147,3 +147,33 @@ def record_cross_attention(unet: torch.nn.Module, store: ConceptAttentionStore) 
         yield store
     finally:
         unet.set_attn_processor(original)
+
+
+def agent_utility_maps(
+    utility: str,
+    x0: torch.Tensor,
+    cond_out: torch.Tensor,
+    uncond_out: torch.Tensor | None,
+    attention: torch.Tensor | None,
+    token_indices: list[list[int]] | None,
+) -> torch.Tensor:
+    """Every agent's utility map `(B, K, H, W)`, each normalised to a maximum of 1 per image.
+
+    Args:
+        utility (`str`): one of `UTILITIES`.
+        x0, cond_out, uncond_out (`torch.Tensor` of shape `(B, K, C, H, W)`): every agent's clean-sample prediction,
+            and its conditional and unconditional model outputs (the latter only with `"guidance_delta"`).
+        attention (`torch.Tensor` of shape `(B, K, H, W, tokens)`): cross-attention maps (`"cross_attention"`).
+        token_indices (`list[list[int]]`): per agent, its concept's token positions (`"cross_attention"`).
+    """
+    if utility == "x0_saliency":
+        maps = torch.stack([x0_saliency(x0[:, k]) for k in range(x0.shape[1])], dim=1)
+    elif utility == "guidance_delta":
+        maps = torch.stack([guidance_delta(cond_out[:, k], uncond_out[:, k]) for k in range(x0.shape[1])], dim=1)
+    else:
+        per_agent = []
+        for k, indices in enumerate(token_indices):
+            per_agent.append(attention[:, k, :, :, indices].mean(dim=-1))
+        maps = torch.stack(per_agent, dim=1)
+    maps = maps.float()
+    return maps / maps.flatten(2).amax(dim=2).clamp_min(1e-12)[..., None, None]

@@ -12,10 +12,10 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
 
+from ...geometry.camera import check_intrinsics, check_rigid, scale_intrinsics, scene_plucker
 from ...models.semantic_multiview_unet import SemanticMultiViewUNetModel
 from ...utils import public
 from ..pipeline_utils import check_callback_tensor_inputs
-from .camera import check_intrinsics, check_rigid, scale_intrinsics, scene_plucker
 from .conditioning import (
     SEMANTIC_MODES,
     estimate_to_images,
@@ -232,7 +232,7 @@ class SemanticNVSPipeline(DiffusionPipeline):
         Args:
             images (`torch.Tensor` of shape `(V_in, 3, H, W)` or `(B, V_in, 3, H, W)`): input views in [0, 1].
             input_intrinsics (`torch.Tensor` of shape `([B,] V_in, 3, 3)`), input_c2w (`([B,] V_in, 4, 4)`): the
-                input cameras (OpenCV axes, camera-to-world; see [`~pipelines.semantic_nvs.camera`]).
+                input cameras (OpenCV axes, camera-to-world; see [`~geometry.camera`]).
             target_intrinsics (`torch.Tensor` of shape `([B,] V_t, 3, 3)`), target_c2w (`([B,] V_t, 4, 4)`): the
                 cameras to render.
             depths (`torch.Tensor` of shape `([B,] V_in, 1, H, W)`, *optional*): input z-depth, needed to warp;

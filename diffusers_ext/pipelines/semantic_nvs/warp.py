@@ -6,13 +6,13 @@ nearest target pixel centres with bilinear weights. Where several source points 
 nearer surface); `mode="softmax"` blends all of them with weights `exp(-alpha * z / z_max)` favouring near points
 (softmax splatting). Target pixels that receive nothing are marked invalid.
 
-Camera conventions are those of [`~pipelines.semantic_nvs.camera`] (OpenCV axes, camera-to-world, pixel centres
+Camera conventions are those of [`~geometry.camera`] (OpenCV axes, camera-to-world, pixel centres
 at +0.5).
 """
 
 import torch
 
-from .camera import check_intrinsics, check_rigid, invert_rigid
+from ...geometry.camera import check_intrinsics, check_rigid, invert_rigid
 
 
 WARP_MODES = ("zbuffer", "softmax")

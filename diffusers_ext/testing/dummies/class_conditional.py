@@ -7,8 +7,9 @@ A tiny 8x8 one-channel class-conditional UNet with 3 classes plus the null class
 import torch
 from diffusers import DDIMScheduler
 
-from ...testing import BadInput, get_tiny_pixel_unet, register_dummy_pipeline
-from .pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+from ...models.tiny_components import get_tiny_pixel_unet
+from ...pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+from ..registry import BadInput, register_dummy_pipeline
 
 
 NUM_CLASSES = 3

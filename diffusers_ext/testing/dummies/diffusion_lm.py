@@ -7,9 +7,10 @@ enough for a random model to cross sometimes, so both branches run), and calls g
 
 import torch
 
+from ...models.tiny_components import get_tiny_llada_like_lm
+from ...pipelines.diffusion_lm.pipeline_diffusion_lm import DiffusionLMPipeline
 from ...schedulers.scheduling_soar import SOARScheduler
-from ...testing import BadInput, get_tiny_llada_like_lm, register_dummy_pipeline
-from .pipeline_diffusion_lm import DiffusionLMPipeline
+from ..registry import BadInput, register_dummy_pipeline
 
 
 def get_components(seed: int = 0) -> dict:

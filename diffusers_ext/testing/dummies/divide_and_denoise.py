@@ -8,9 +8,11 @@ native 8x8), so that guidance, the fair division and the alignment step all run.
 import torch
 from diffusers import DDIMScheduler
 
-from ...testing import BadInput, get_tiny_pixel_unet, register_dummy_pipeline
-from .denoisers import MultiDenoiserModel
-from .pipeline_divide_and_denoise import DivideAndDenoisePipeline
+from ...models.tiny_components import get_tiny_pixel_unet
+from ...pipelines.divide_and_denoise.baseline_allocators import RegionAllocator
+from ...pipelines.divide_and_denoise.denoisers import MultiDenoiserModel
+from ...pipelines.divide_and_denoise.pipeline_divide_and_denoise import DivideAndDenoisePipeline
+from ..registry import BadInput, register_dummy_pipeline
 
 
 NUM_CLASSES = 3
@@ -57,9 +59,8 @@ BAD_INPUTS = [
     BadInput({"latents": torch.zeros(1, 1, SAMPLE_SIZE, SAMPLE_SIZE)}, "latents"),
     BadInput({"generator": [torch.Generator("cpu"), torch.Generator("cpu")]}, "generator"),
     BadInput({"callback_on_step_end_tensor_inputs": ["unet"]}, "callback_on_step_end_tensor_inputs"),
-    BadInput({"composition": "product"}, "composition"),
-    BadInput({"composition": "multidiffusion", "regions": torch.ones(3, SAMPLE_SIZE, CANVAS_WIDTH)}, "regions"),
-    BadInput({"regions": torch.ones(2, SAMPLE_SIZE, CANVAS_WIDTH)}, "regions"),
+    BadInput({"allocator": RegionAllocator(torch.ones(3, SAMPLE_SIZE, CANVAS_WIDTH))}, "regions"),
+    BadInput({"allocator": RegionAllocator(torch.ones(2, SAMPLE_SIZE, SAMPLE_SIZE))}, "regions"),
     BadInput({"allocator": "sinkhorn"}, "allocator"),
     BadInput({"utility": "cross_attention"}, "utility"),
     BadInput({"utility": "clip"}, "utility"),

@@ -21,7 +21,7 @@ import numpy as np
 import PIL.Image
 import torch
 
-from .ddim_inversion import ddim_reconstruct, noise_levels
+from ...pipelines.dirp.ddim_inversion import ddim_reconstruct, noise_levels
 
 
 PURIFIERS = ("jpeg", "noise", "diffpure", "gridpure", "impress")

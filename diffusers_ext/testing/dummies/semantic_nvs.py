@@ -10,8 +10,8 @@ from transformers import Dinov2Config, Dinov2Model
 
 from ...data.procedural_scenes import random_scene, render_orbit
 from ...models.semantic_multiview_unet import SemanticMultiViewUNetModel
-from ...testing import BadInput, register_dummy_pipeline
-from .pipeline_semantic_nvs import SemanticNVSPipeline
+from ...pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline
+from ..registry import BadInput, register_dummy_pipeline
 
 
 SIZE = 16

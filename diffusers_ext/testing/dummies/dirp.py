@@ -7,8 +7,9 @@ seeded noise (`init_noise_std`) so that the generator matters.
 
 import torch
 
-from ...testing import BadInput, get_tiny_sd_components, register_dummy_pipeline
-from .pipeline_dirp import DIRPPipeline
+from ...models.tiny_components import get_tiny_sd_components
+from ...pipelines.dirp.pipeline_dirp import DIRPPipeline
+from ..registry import BadInput, register_dummy_pipeline
 
 
 IMAGE_SIZE = 32

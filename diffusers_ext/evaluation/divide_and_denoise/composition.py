@@ -16,7 +16,7 @@ Two settings, each scored by a detector; success means every requested object is
 import numpy as np
 import torch
 
-from .denoisers import EmpiricalOptimalDenoiser
+from .empirical_denoiser import EmpiricalOptimalDenoiser
 
 
 CANVAS = 16

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..data.digits import load_digits_images
-from ..metrics import classifier_predictions, frechet_distance
+from ...data.digits import load_digits_images
+from ...metrics import classifier_predictions, frechet_distance
 
 
 @dataclass

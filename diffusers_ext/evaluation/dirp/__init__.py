@@ -1,0 +1,1 @@
+"""DIRP's test bed: the anti-mimicry protections it purifies, the purifiers it is compared with, the mimicry test."""

@@ -1,0 +1,1 @@
+"""Geometry shared by pipelines, data and training scripts: camera conventions, rays and trajectories."""

@@ -1,0 +1,306 @@
+"""Tiny components built from configs: the real diffusers and transformers classes at toy sizes, seeded.
+
+The zoo's small models and the training scripts that rebuild them start from these architectures (e.g.
+``training/train_sd3_digits.py`` trains [`get_tiny_sd3_components`]), and the test kit re-exports every builder as
+``diffusers_ext.testing.get_tiny_*``. Nothing here downloads anything: tokenizers are built in code
+([`~diffusers_ext.models.tiny_tokenizers`]).
+"""
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from diffusers import (
+    AutoencoderKL,
+    DDIMScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    SD3Transformer2DModel,
+    UNet2DConditionModel,
+    UNet2DModel,
+)
+from transformers import (
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    CLIPTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    T5Config,
+    T5EncoderModel,
+)
+
+from .tiny_tokenizers import get_tiny_clip_tokenizer, get_tiny_lm_tokenizer, get_tiny_t5_tokenizer
+
+
+__all__ = [
+    "get_tiny_dream_like_lm",
+    "get_tiny_llada_like_lm",
+    "get_tiny_pixel_unet",
+    "get_tiny_sd3_components",
+    "get_tiny_sd_components",
+]
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """Seed torch's CPU generator for the block and restore the caller's generator state afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def _tiny_clip_text_config(tokenizer: CLIPTokenizer, hidden_size: int, projection_dim: int) -> CLIPTextConfig:
+    return CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        projection_dim=projection_dim,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=tokenizer.model_max_length,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def get_tiny_sd_components(seed: int = 0) -> dict[str, Any]:
+    """Tiny Stable Diffusion 1.x-style components, usable as `StableDiffusionPipeline(**components)`.
+
+    A [`UNet2DConditionModel`] (4 latent channels, blocks of 8 and 16 channels, cross-attention dim 32), an
+    [`AutoencoderKL`] with one downsampling (`vae_scale_factor` 2), a 2-layer `CLIPTextModel` (hidden size 32) with
+    [`get_tiny_clip_tokenizer`], the SD `DDIMScheduler` config, and no safety checker. The default image is 32x32
+    (latents `(batch, 4, 16, 16)`); prompt embeddings are `(batch, 77, 32)`. Models are in eval mode.
+
+    Args:
+        seed (`int`, defaults to 0): seeds the weights; the global torch RNG state is left as it was.
+    """
+    with _seeded(seed):
+        unet = UNet2DConditionModel(
+            sample_size=16,
+            in_channels=4,
+            out_channels=4,
+            layers_per_block=1,
+            block_out_channels=(8, 16),
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            cross_attention_dim=32,
+            attention_head_dim=2,
+            norm_num_groups=4,
+        )
+        vae = AutoencoderKL(
+            sample_size=32,
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+            block_out_channels=(4, 8),
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=2,
+        )
+        tokenizer = get_tiny_clip_tokenizer()
+        text_encoder = CLIPTextModel(_tiny_clip_text_config(tokenizer, hidden_size=32, projection_dim=32))
+    scheduler = DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
+    return {
+        "vae": vae.eval(),
+        "text_encoder": text_encoder.eval(),
+        "tokenizer": tokenizer,
+        "unet": unet.eval(),
+        "scheduler": scheduler,
+        "safety_checker": None,
+        "feature_extractor": None,
+        "image_encoder": None,
+        "requires_safety_checker": False,
+    }
+
+
+def get_tiny_sd3_components(seed: int = 0) -> dict[str, Any]:
+    """Tiny Stable Diffusion 3-style components, usable as `StableDiffusion3Pipeline(**components)`.
+
+    Shaped like SD3 in miniature: an [`SD3Transformer2DModel`] (patch size 2, one joint block, inner dim 32), an
+    [`AutoencoderKL`] with 4 latent channels and one downsampling (`vae_scale_factor` 2, SD3's shift and scaling
+    factors), two `CLIPTextModelWithProjection` of different widths (16 and 24, pooled projections concatenated to
+    40 = `pooled_projection_dim`), a `T5EncoderModel` of width 48 (= `joint_attention_dim`; the CLIP embeddings,
+    40 wide, are zero-padded to it as in SD3), the locally built CLIP and T5 tokenizers, and a
+    `FlowMatchEulerDiscreteScheduler` with `shift=3.0`. The default image is 32x32 (latents `(batch, 4, 16, 16)`,
+    64 image tokens). Models are in eval mode.
+
+    Args:
+        seed (`int`, defaults to 0): seeds the weights; the global torch RNG state is left as it was.
+    """
+    with _seeded(seed):
+        transformer = SD3Transformer2DModel(
+            sample_size=16,
+            patch_size=2,
+            in_channels=4,
+            out_channels=4,
+            num_layers=1,
+            attention_head_dim=8,
+            num_attention_heads=4,
+            joint_attention_dim=48,
+            caption_projection_dim=32,
+            pooled_projection_dim=40,
+            pos_embed_max_size=32,
+        )
+        vae = AutoencoderKL(
+            sample_size=32,
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+            block_out_channels=(4, 8),
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=2,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+            shift_factor=0.0609,
+            scaling_factor=1.5305,
+        )
+        tokenizer = get_tiny_clip_tokenizer()
+        tokenizer_2 = get_tiny_clip_tokenizer()
+        text_encoder = CLIPTextModelWithProjection(
+            _tiny_clip_text_config(tokenizer, hidden_size=16, projection_dim=16)
+        )
+        text_encoder_2 = CLIPTextModelWithProjection(
+            _tiny_clip_text_config(tokenizer_2, hidden_size=24, projection_dim=24)
+        )
+        tokenizer_3 = get_tiny_t5_tokenizer()
+        text_encoder_3 = T5EncoderModel(
+            T5Config(
+                vocab_size=len(tokenizer_3),
+                d_model=48,
+                d_kv=12,
+                d_ff=96,
+                num_layers=2,
+                num_heads=4,
+                relative_attention_num_buckets=8,
+                relative_attention_max_distance=32,
+                feed_forward_proj="gated-gelu",
+                dropout_rate=0.0,
+                pad_token_id=tokenizer_3.pad_token_id,
+                eos_token_id=tokenizer_3.eos_token_id,
+                decoder_start_token_id=tokenizer_3.pad_token_id,
+            )
+        )
+    return {
+        "transformer": transformer.eval(),
+        "scheduler": FlowMatchEulerDiscreteScheduler(shift=3.0),
+        "vae": vae.eval(),
+        "text_encoder": text_encoder.eval(),
+        "tokenizer": tokenizer,
+        "text_encoder_2": text_encoder_2.eval(),
+        "tokenizer_2": tokenizer_2,
+        "text_encoder_3": text_encoder_3.eval(),
+        "tokenizer_3": tokenizer_3,
+        "image_encoder": None,
+        "feature_extractor": None,
+    }
+
+
+def get_tiny_pixel_unet(
+    seed: int = 0, sample_size: int = 8, in_channels: int = 1, num_class_embeds: int | None = None
+) -> UNet2DModel:
+    """A tiny pixel-space [`UNet2DModel`]: two levels (8 and 16 channels, attention at the lower one).
+
+    It maps `(batch, in_channels, sample_size, sample_size)` to the same shape; with `num_class_embeds` it takes
+    `class_labels` of shape `(batch,)` with values in `[0, num_class_embeds)`. The model is in eval mode.
+
+    Args:
+        seed (`int`, defaults to 0): seeds the weights; the global torch RNG state is left as it was.
+        sample_size (`int`, defaults to 8): image side; must be even (one downsampling).
+        in_channels (`int`, defaults to 1): image channels (also the output channels).
+        num_class_embeds (`int`, *optional*): size of the class embedding table (include the null class).
+    """
+    if sample_size < 2 or sample_size % 2:
+        raise ValueError(f"`sample_size` must be an even int >= 2, got {sample_size!r}.")
+    with _seeded(seed):
+        unet = UNet2DModel(
+            sample_size=sample_size,
+            in_channels=in_channels,
+            out_channels=in_channels,
+            layers_per_block=1,
+            block_out_channels=(8, 16),
+            down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+            up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+            attention_head_dim=8,
+            norm_num_groups=4,
+            num_class_embeds=num_class_embeds,
+        )
+    return unet.eval()
+
+
+def _tiny_bidirectional_lm(config_class, model_class, seed: int, shift_logits: bool, num_key_value_heads: int):
+    tokenizer = get_tiny_lm_tokenizer()
+    config = config_class(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=tokenizer.model_max_length,
+        tie_word_embeddings=False,
+        use_cache=False,
+        is_causal=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        mask_token_id=tokenizer.mask_token_id,
+        shift_logits=shift_logits,
+    )
+    with _seeded(seed):
+        model = model_class(config)
+    return model.eval(), tokenizer
+
+
+def get_tiny_llada_like_lm(seed: int = 0) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """A tiny masked-diffusion LM stand-in in the LLaDA convention: a Llama decoder with causal masking disabled.
+
+    Convention (recorded in `model.config`): `is_causal=False` (every position attends to every other, padding
+    excepted), `shift_logits=False` (the logits at position `i` predict token `i`: a masked position is read out
+    where it stands), and `mask_token_id` is the tokenizer's `<|mask|>`. `use_cache=False`.
+
+    `model(input_ids, attention_mask=None).logits` maps `input_ids` of shape `(batch, seq)` to logits of shape
+    `(batch, seq, vocab_size)`, `vocab_size == len(tokenizer)` (262). 2 layers, hidden size 32, 4 heads.
+
+    Args:
+        seed (`int`, defaults to 0): seeds the weights; the global torch RNG state is left as it was.
+
+    Returns:
+        `tuple`: `(model, tokenizer)`, the model in eval mode and [`get_tiny_lm_tokenizer`]'s tokenizer.
+    """
+    return _tiny_bidirectional_lm(LlamaConfig, LlamaForCausalLM, seed, shift_logits=False, num_key_value_heads=4)
+
+
+def get_tiny_dream_like_lm(seed: int = 0) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+    """A tiny masked-diffusion LM stand-in in the Dream convention: a Qwen2 decoder with causal masking disabled.
+
+    Convention (recorded in `model.config`): `is_causal=False` (full bidirectional attention, padding excepted),
+    `shift_logits=True` (the logits at position `i` predict token `i + 1`, as in Dream, which keeps the
+    autoregressive head it was initialised from: read the prediction for position `j` at `j - 1`), and
+    `mask_token_id` is the tokenizer's `<|mask|>`. `use_cache=False`.
+
+    `model(input_ids, attention_mask=None).logits` maps `input_ids` of shape `(batch, seq)` to logits of shape
+    `(batch, seq, vocab_size)`, `vocab_size == len(tokenizer)` (262). 2 layers, hidden size 32, 4 query and 2
+    key/value heads.
+
+    Args:
+        seed (`int`, defaults to 0): seeds the weights; the global torch RNG state is left as it was.
+
+    Returns:
+        `tuple`: `(model, tokenizer)`, the model in eval mode and [`get_tiny_lm_tokenizer`]'s tokenizer.
+    """
+    return _tiny_bidirectional_lm(Qwen2Config, Qwen2ForCausalLM, seed, shift_logits=True, num_key_value_heads=2)

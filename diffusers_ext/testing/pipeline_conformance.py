@@ -1,0 +1,339 @@
+"""[`PipelineConformanceTests`]: the pytest mixin that checks the diffusers_ext pipeline contract."""
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.utils import BaseOutput
+
+from .outputs import assert_outputs_close, count_module_forwards, output_to_numpy, outputs_differ
+from .registry import DummyPipelineSpec, get_dummy_batch_inputs, get_dummy_components, get_dummy_inputs, get_dummy_spec
+
+
+def _package_file() -> str:
+    return importlib.import_module("diffusers_ext").__file__
+
+
+_FRESH_PROCESS_SCRIPT = textwrap.dedent(
+    """
+    import importlib, json, sys
+
+    import numpy as np
+    import torch
+
+    import diffusers_ext
+    from diffusers_ext import testing
+
+    folder, output_file, info_file, registration_module, num_threads = sys.argv[1:6]
+    torch.set_num_threads(int(num_threads))
+    if registration_module and registration_module != "__main__":
+        importlib.import_module(registration_module)
+    pipe = diffusers_ext.load_pipeline(folder)
+    pipe.set_progress_bar_config(disable=True)
+    output = pipe(**testing.get_dummy_inputs(type(pipe), seed=0))
+    np.save(output_file, testing.output_to_numpy(output), allow_pickle=False)
+    components = {name: type(value).__name__ for name, value in pipe.components.items()}
+    with open(info_file, "w", encoding="utf-8") as f:
+        json.dump(
+            {"package_file": diffusers_ext.__file__, "pipeline": type(pipe).__name__, "components": components}, f
+        )
+    """
+)
+
+
+class PipelineConformanceTests:
+    """pytest mixin checking the diffusers_ext pipeline contract on a registered dummy setup.
+
+    Subclass it in a test module with a `Test` name and set `pipeline_class`; the class must be registered with
+    [`register_dummy_pipeline`]. Every test builds the pipeline from `get_dummy_components(pipeline_class, 0)` and
+    calls it with `get_dummy_inputs(pipeline_class, seed)`; outputs are compared through [`output_to_numpy`].
+
+    Attributes:
+        pipeline_class (`type`): the pipeline under test.
+        atol (`float`, defaults to 1e-5): tolerance for outputs that must be equal (batch vs single, saved vs
+            in-process, tuple vs dataclass, `"np"` vs `"pt"`).
+        fresh_process_timeout (`float`, defaults to 300): seconds allowed for the fresh-interpreter load-and-run.
+    """
+
+    pipeline_class: type[DiffusionPipeline] | None = None
+    atol: float = 1e-5
+    fresh_process_timeout: float = 300.0
+
+    # helpers ----------------------------------------------------------------------------------------------------
+
+    def get_spec(self) -> DummyPipelineSpec:
+        if self.pipeline_class is None:
+            raise ValueError(f"{type(self).__name__} must set `pipeline_class`.")
+        return get_dummy_spec(self.pipeline_class)
+
+    def get_pipeline(self, seed: int = 0, disable_progress_bar: bool = True) -> DiffusionPipeline:
+        """The pipeline built from its dummy components (progress bar off unless asked)."""
+        pipe = self.pipeline_class(**get_dummy_components(self.pipeline_class, seed=seed))
+        if disable_progress_bar:
+            pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def get_inputs(self, seed: int = 0, **overrides) -> dict[str, Any]:
+        inputs = get_dummy_inputs(self.pipeline_class, seed=seed)
+        inputs.update(overrides)
+        return inputs
+
+    def _expected_num_steps(self, pipe: DiffusionPipeline, inputs: dict[str, Any]) -> int:
+        num_timesteps = getattr(pipe, "num_timesteps", None)
+        return int(num_timesteps) if num_timesteps is not None else int(inputs["num_inference_steps"])
+
+    # tests ------------------------------------------------------------------------------------------------------
+
+    def test_dummy_inputs_follow_contract(self):
+        spec = self.get_spec()
+        for seed in (0, 3):
+            inputs = self.get_inputs(seed=seed)
+            generator = inputs.get("generator")
+            assert isinstance(generator, torch.Generator), "dummy inputs must pass `generator=torch.Generator(...)`"
+            assert generator.device.type == "cpu", f"dummy generator must be on the CPU, got {generator.device}"
+            assert generator.initial_seed() == seed, f"dummy generator seeded {generator.initial_seed()} != {seed}"
+            expected_type = spec.comparison_output_type
+            assert inputs.get("output_type") == expected_type, (
+                f"dummy `output_type` must be {expected_type!r}, got {inputs.get('output_type')!r}"
+            )
+        for name in spec.batch_params:
+            assert name in self.get_inputs(), f"batch parameter {name!r} is not among the dummy inputs"
+        if spec.batch_size_param is not None:
+            assert self.get_inputs().get(spec.batch_size_param) == 1, (
+                f"dummy inputs must set the batch size parameter {spec.batch_size_param!r} to 1"
+            )
+        assert spec.bad_inputs, f"the registration of {self.pipeline_class.__name__} lists no `bad_inputs`"
+
+    def test_model_index_names_our_classes(self, tmp_path):
+        pipe = self.get_pipeline()
+        assert self.pipeline_class.__module__ == "diffusers_ext", (
+            f"{self.pipeline_class.__name__}.__module__ is {self.pipeline_class.__module__!r}; decorate it with "
+            "`diffusers_ext.utils.public` so saved folders name ['diffusers_ext', class]"
+        )
+        pipe.save_pretrained(tmp_path)
+        with open(tmp_path / "model_index.json", encoding="utf-8") as f:
+            index = json.load(f)
+        assert index["_class_name"] == self.pipeline_class.__name__, (
+            f"model_index.json `_class_name` is {index['_class_name']!r}, not {self.pipeline_class.__name__!r}"
+        )
+        for name, component in pipe.components.items():
+            module = type(component).__module__
+            if module == "diffusers_ext" or module.startswith("diffusers_ext."):
+                assert index.get(name) == ["diffusers_ext", type(component).__name__], (
+                    f"model_index.json names component {name!r} as {index.get(name)!r}; expected "
+                    f"['diffusers_ext', {type(component).__name__!r}] (is the class decorated with `public`?)"
+                )
+
+    def test_save_load_in_fresh_process(self, tmp_path):
+        spec = self.get_spec()
+        pipe = self.get_pipeline()
+        expected = output_to_numpy(pipe(**self.get_inputs(seed=0)))
+        folder, output_file, info_file = tmp_path / "pipeline", tmp_path / "output.npy", tmp_path / "loaded.json"
+        pipe.save_pretrained(folder)
+
+        # The child must import this very copy of diffusers_ext (not, say, another checkout installed in editable
+        # mode), and whatever module registered the dummy setup: put this process's import path first.
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(_package_file())))
+        paths = [package_root] + [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)))
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _FRESH_PROCESS_SCRIPT,
+                str(folder),
+                str(output_file),
+                str(info_file),
+                spec.module,
+                str(torch.get_num_threads()),
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=self.fresh_process_timeout,
+        )
+        assert result.returncode == 0, f"loading and running in a fresh interpreter failed:\n{result.stderr[-6000:]}"
+
+        with open(info_file, encoding="utf-8") as f:
+            info = json.load(f)
+        assert os.path.samefile(info["package_file"], _package_file()), (
+            f"the fresh interpreter imported diffusers_ext from {info['package_file']}, not {_package_file()}"
+        )
+        assert info["pipeline"] == self.pipeline_class.__name__, f"load_pipeline gave a {info['pipeline']}"
+        original = {name: type(value).__name__ for name, value in pipe.components.items()}
+        assert info["components"] == original, "the reloaded pipeline's components differ in class"
+        actual = np.load(output_file, allow_pickle=False)
+        assert_outputs_close(actual, expected, self.atol, "output of the reloaded pipeline vs in-process")
+
+    def test_batch_matches_single_runs(self):
+        pipe = self.get_pipeline()
+        singles = [output_to_numpy(pipe(**self.get_inputs(seed=seed))) for seed in (0, 1)]
+        batch = output_to_numpy(pipe(**get_dummy_batch_inputs(self.pipeline_class, seeds=(0, 1))))
+        assert batch.shape[0] == 2, f"a batch of two gave {batch.shape[0]} outputs"
+        for i, single in enumerate(singles):
+            assert single.shape[0] == 1, f"a single run gave {single.shape[0]} outputs"
+            assert_outputs_close(batch[i : i + 1], single, self.atol, f"batch item {i} vs its single run")
+
+    def test_return_dict_false_matches_output(self):
+        pipe = self.get_pipeline()
+        output = pipe(**self.get_inputs())
+        as_tuple = pipe(**self.get_inputs(), return_dict=False)
+        assert isinstance(output, BaseOutput), f"expected a BaseOutput, got {type(output).__name__}"
+        assert isinstance(as_tuple, tuple), f"return_dict=False gave {type(as_tuple).__name__}, not a tuple"
+        assert len(as_tuple) == len(output.to_tuple()), "the tuple and the dataclass have different lengths"
+        assert_outputs_close(
+            output_to_numpy(as_tuple[0]), output_to_numpy(output), self.atol, "tuple[0] vs dataclass output"
+        )
+
+    def test_same_seed_same_output_different_seed_different_output(self):
+        pipe = self.get_pipeline()
+        first = output_to_numpy(pipe(**self.get_inputs(seed=0)))
+        again = output_to_numpy(pipe(**self.get_inputs(seed=0)))
+        other = output_to_numpy(pipe(**self.get_inputs(seed=0, generator=torch.Generator("cpu").manual_seed(1))))
+        assert_outputs_close(again, first, self.atol, "two runs with the same seed")
+        assert outputs_differ(other, first, 1e-4), "generator seeds 0 and 1 gave the same output"
+
+    def test_callback_receives_declared_tensors_once_per_step(self):
+        pipe = self.get_pipeline()
+        names = list(pipe._callback_tensor_inputs)
+        assert names, f"{self.pipeline_class.__name__}._callback_tensor_inputs is empty"
+        calls = []
+
+        def callback(pipe_, step, timestep, callback_kwargs):
+            calls.append((step, {k: type(v) for k, v in callback_kwargs.items()}))
+            return {}
+
+        inputs = self.get_inputs()
+        pipe(**inputs, callback_on_step_end=callback, callback_on_step_end_tensor_inputs=names)
+        num_steps = self._expected_num_steps(pipe, inputs)
+        assert [step for step, _ in calls] == list(range(num_steps)), (
+            f"callback steps {[step for step, _ in calls]}, expected one call per step 0..{num_steps - 1}"
+        )
+        for step, received in calls:
+            assert set(received) == set(names), f"step {step}: callback got {sorted(received)}, asked for {names}"
+            not_tensors = {k: t.__name__ for k, t in received.items() if not issubclass(t, torch.Tensor)}
+            assert not not_tensors, f"step {step}: callback values that are not tensors: {not_tensors}"
+
+    def test_callback_can_replace_tensor(self):
+        spec = self.get_spec()
+        pipe = self.get_pipeline()
+        name = spec.callback_edit_tensor
+        assert name in pipe._callback_tensor_inputs, f"{name!r} is not in `_callback_tensor_inputs`"
+        baseline = output_to_numpy(pipe(**self.get_inputs()))
+        inputs = self.get_inputs()
+        last_step = self._expected_num_steps(pipe, inputs) - 1
+
+        def callback(pipe_, step, timestep, callback_kwargs):
+            if step == last_step:
+                return {name: torch.zeros_like(callback_kwargs[name])}
+            return {}
+
+        edited = output_to_numpy(
+            pipe(**inputs, callback_on_step_end=callback, callback_on_step_end_tensor_inputs=[name])
+        )
+        assert outputs_differ(edited, baseline, 1e-4), f"zeroing `{name}` in the callback did not change the output"
+
+    def test_output_types(self):
+        spec = self.get_spec()
+        pipe = self.get_pipeline()
+        results = {}
+        for output_type in spec.output_types:
+            results[output_type] = pipe(**self.get_inputs(output_type=output_type))[0]
+        if "np" in results:
+            images = results["np"]
+            # (batch, H, W, C); multi-view and video pipelines add dimensions after the batch: (batch, ..., H, W, C)
+            assert isinstance(images, np.ndarray) and images.ndim >= 4, "'np' must give a (batch, ..., H, W, C) array"
+            assert np.issubdtype(images.dtype, np.floating), f"'np' images have dtype {images.dtype}"
+            assert images.min() >= 0.0 and images.max() <= 1.0, "'np' images must lie in [0, 1]"
+        if "pt" in results:
+            images = results["pt"]
+            assert isinstance(images, torch.Tensor) and images.ndim >= 4, (
+                "'pt' must give a (batch, ..., C, H, W) tensor"
+            )
+            assert images.min() >= 0.0 and images.max() <= 1.0, "'pt' images must lie in [0, 1]"
+            if "np" in results:
+                assert_outputs_close(
+                    results["np"], output_to_numpy(images.movedim(-3, -1)), self.atol, "'np' vs permuted 'pt'"
+                )
+        if "pil" in results:
+            images = results["pil"]
+            assert isinstance(images, list) and len(images) > 0, "'pil' must give a list (one entry per batch item)"
+            if "np" in results:
+                array = results["np"]
+                assert len(images) == array.shape[0], "'pil' and 'np' give different batch sizes"
+                # Multi-view pipelines give a list of lists of views: flatten both to single images.
+                images = [im for item in images for im in (item if isinstance(item, list) else [item])]
+                array = array.reshape(-1, *array.shape[-3:])
+            assert all(isinstance(im, PIL.Image.Image) for im in images), "'pil' must give PIL images"
+            if "np" in results:
+                assert images[0].size == (array.shape[2], array.shape[1]), "'pil' and 'np' sizes differ"
+                as_uint8 = (array * 255).round().astype(np.int16)
+                if as_uint8.shape[-1] == 1:
+                    as_uint8 = as_uint8[..., 0]
+                diff = np.abs(np.stack([np.asarray(im) for im in images]).astype(np.int16) - as_uint8).max()
+                assert diff <= 1, f"'pil' pixels differ from 'np' * 255 by up to {diff}"
+        if "seq" in results:
+            sequences = results["seq"]
+            assert isinstance(sequences, torch.Tensor) and sequences.ndim == 2, (
+                "'seq' must give a (batch, length) tensor"
+            )
+            assert not sequences.is_floating_point(), f"'seq' token ids have dtype {sequences.dtype}"
+        if "text" in results:
+            output = pipe(**self.get_inputs(output_type="text"))
+            texts = output[1] if isinstance(output, tuple) else getattr(output, "texts", None)
+            assert isinstance(texts, list) and all(isinstance(t, str) for t in texts), (
+                "'text' must give the decoded strings as the second output"
+            )
+            assert len(texts) == len(results["text"]), "'text' gives a different number of strings and sequences"
+            if "seq" in results:
+                assert_outputs_close(
+                    output_to_numpy(results["text"]), output_to_numpy(results["seq"]), 0, "'text' vs 'seq' token ids"
+                )
+        if "latent" in results:
+            latents = results["latent"]
+            assert isinstance(latents, torch.Tensor), f"'latent' must give a tensor, got {type(latents).__name__}"
+            batch = next((len(v) for k, v in results.items() if k != "latent"), 1)
+            assert latents.shape[0] == batch, f"'latent' batch {latents.shape[0]} != {batch}"
+
+    def test_progress_bar_shows_by_default_and_can_be_disabled(self, capfd):
+        pipe = self.get_pipeline(disable_progress_bar=False)
+        capfd.readouterr()
+        pipe(**self.get_inputs())
+        shown = capfd.readouterr().err
+        assert "100%" in shown, f"no progress bar on stderr by default; got {shown[-500:]!r}"
+        pipe.set_progress_bar_config(disable=True)
+        pipe(**self.get_inputs())
+        hidden = capfd.readouterr().err
+        assert "%|" not in hidden and "it/s" not in hidden, f"progress bar still shown: {hidden[-500:]!r}"
+
+    def test_bad_inputs_raise_before_any_forward(self):
+        spec = self.get_spec()
+        pipe = self.get_pipeline()
+        for overrides, argument in spec.bad_inputs:
+            inputs = self.get_inputs(**overrides)
+            with count_module_forwards(pipe) as counts:
+                try:
+                    pipe(**inputs)
+                except (ValueError, TypeError) as error:
+                    message = str(error)
+                except Exception as error:
+                    raise AssertionError(
+                        f"bad input {overrides!r} raised {type(error).__name__}: {error}; expected a ValueError or "
+                        f"TypeError naming {argument!r}"
+                    ) from error
+                else:
+                    raise AssertionError(
+                        f"bad input {overrides!r} did not raise; expected an error naming {argument!r}"
+                    )
+            assert argument in message, f"bad input {overrides!r}: message {message!r} does not name {argument!r}"
+            ran = {name: n for name, n in counts.items() if n}
+            assert not ran, f"bad input {overrides!r} raised only after model forwards {ran}"
