@@ -23,7 +23,11 @@ def test_help_and_zoo_list():
 
 @pytest.mark.parametrize(
     "args, message",
-    [(["zoo", "path", "digits-gan"], "unknown zoo name 'digits-gan'"), (["frobnicate"], "invalid choice")],
+    [
+        (["zoo", "path", "digits-gan"], "unknown zoo name 'digits-gan'"),
+        (["frobnicate"], "invalid choice"),
+        (["purify", __file__, "--out", "unused"], f"input {__file__!r} is not an image"),
+    ],
 )
 def test_bad_input_is_a_one_line_error(args, message):
     result = _cli(*args)
@@ -51,6 +55,20 @@ def test_quick_demo_writes_a_self_contained_report(tmp_path, capsys):
     for name in images:
         assert not name.startswith(("http", "/")) and os.path.getsize(out / name) > 1000
     assert "Digits zoo" in page and "http" not in page
+    assert page.count("quick settings: ") == 7  # every section names what it ran with
+    assert "Committed benchmark results (not run now" in page
+
+
+def test_demo_modes_are_exclusive_and_complete(capsys):
+    from diffusers_ext.demo import MODES, SECTIONS, run_demo
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--quick", "--full"])
+    assert "not allowed with argument" in capsys.readouterr().err
+    for name, module, _, _ in SECTIONS:
+        assert set(module.SETTINGS) == set(MODES), name
+    with pytest.raises(ValueError, match="`mode` must be one of"):
+        run_demo("unused", mode="fast")
 
 
 def _digit_pngs(folder, count):
