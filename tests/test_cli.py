@@ -122,3 +122,16 @@ def test_purify_needs_images(tmp_path):
     (tmp_path / "empty").mkdir()
     result = _cli("purify", str(tmp_path / "empty"), "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and "no images" in result.stderr
+
+
+def test_every_training_script_is_listed_in_the_readme_and_answers_help():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    for script in sorted((root / "training").glob("train_*.py")):
+        assert f"accelerate launch training/{script.name}`" in readme, f"{script.name} is missing from the README"
+        result = subprocess.run(
+            [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=root
+        )
+        assert result.returncode == 0 and "usage" in result.stdout.lower(), (script.name, result.stderr[-500:])
