@@ -20,11 +20,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "diffusers_ext"
 MAX_LINES = 600
 # Files the trainers branch (issue #12, part 3) is splitting; remove each entry once that branch has merged.
-LINE_LIMIT_PENDING = {
-    "diffusers_ext/trainers/constrained_unlearning_trainer.py",
-    "diffusers_ext/trainers/diffusion_grpo_trainer.py",
-}
-
 # Top-level entries of diffusers_ext and their layer: a module may import its own layer or a lower one.
 LAYERS = {
     "_lazy_module": 0,
@@ -174,13 +169,13 @@ def layer_violations(root: str) -> list[str]:
     return violations
 
 
-def long_file_violations(root: str, pending: set[str] = frozenset()) -> list[str]:
-    """Files under `diffusers_ext/` longer than `MAX_LINES` lines (`pending` ones excepted)."""
+def long_file_violations(root: str) -> list[str]:
+    """Files under `diffusers_ext/` longer than `MAX_LINES` lines."""
     violations = []
     for path in python_files(root, (PACKAGE,)):
         with open(os.path.join(root, path), encoding="utf-8") as f:
             lines = sum(1 for _ in f)
-        if lines > MAX_LINES and path not in pending:
+        if lines > MAX_LINES:
             violations.append(f"{path} has {lines} lines (at most {MAX_LINES})")
     return violations
 
@@ -194,12 +189,7 @@ def test_layers_import_only_downwards_and_rooms_stay_apart():
 
 
 def test_no_library_file_is_over_the_line_limit():
-    assert long_file_violations(REPO, LINE_LIMIT_PENDING) == []
-
-
-def test_pending_line_limit_exceptions_are_still_needed():
-    over = {p.split(" has ")[0] for p in long_file_violations(REPO)}
-    assert LINE_LIMIT_PENDING <= over, f"drop from LINE_LIMIT_PENDING: {sorted(LINE_LIMIT_PENDING - over)}"
+    assert long_file_violations(REPO) == []
 
 
 def test_the_checks_read_the_real_tree():

@@ -231,8 +231,8 @@ def build_data(args):
 
 def measure(args, pipe, base_pipe, classifier, data, accelerator):
     """Numbers for the model card: classifier judgement of samples, membership losses (data unlearning)."""
-    from diffusers_ext.zoo.digits_eval import evaluate_digits_generator
-    from diffusers_ext.zoo.unlearning_eval import denoising_losses, evaluate_concept_unlearning, membership_summary
+    from diffusers_ext.evaluation.digits import evaluate_digits_generator
+    from diffusers_ext.evaluation.unlearning import denoising_losses, evaluate_concept_unlearning, membership_summary
 
     metrics = {}
     if data is not None:
@@ -325,7 +325,7 @@ def main(argv=None):
     logger.info(accelerator.state, main_process_only=False)
     if args.constraint_level == "auto" and args.baseline is None:
         if data is not None:
-            from diffusers_ext.zoo.unlearning_eval import denoising_losses
+            from diffusers_ext.evaluation.unlearning import denoising_losses
 
             level = float(denoising_losses(base_pipe.unet, base_pipe.scheduler, *data[2], seed=args.seed).mean())
             logger.info(f"Constraint level: the held-out digits' denoising loss {level:.4g} (membership parity)")

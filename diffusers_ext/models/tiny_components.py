@@ -68,6 +68,22 @@ def _tiny_clip_text_config(tokenizer: CLIPTokenizer, hidden_size: int, projectio
     )
 
 
+def _tiny_vae(**overrides) -> AutoencoderKL:
+    """An RGB `AutoencoderKL` with 4 latent channels and one downsampling (32x32 images, 16x16 latents)."""
+    return AutoencoderKL(
+        sample_size=32,
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        block_out_channels=(4, 8),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=2,
+        **overrides,
+    )
+
+
 def get_tiny_sd_components(seed: int = 0) -> dict[str, Any]:
     """Tiny Stable Diffusion 1.x-style components, usable as `StableDiffusionPipeline(**components)`.
 
@@ -92,17 +108,7 @@ def get_tiny_sd_components(seed: int = 0) -> dict[str, Any]:
             attention_head_dim=2,
             norm_num_groups=4,
         )
-        vae = AutoencoderKL(
-            sample_size=32,
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-            block_out_channels=(4, 8),
-            layers_per_block=1,
-            latent_channels=4,
-            norm_num_groups=2,
-        )
+        vae = _tiny_vae()
         tokenizer = get_tiny_clip_tokenizer()
         text_encoder = CLIPTextModel(_tiny_clip_text_config(tokenizer, hidden_size=32, projection_dim=32))
     scheduler = DDIMScheduler(
@@ -154,21 +160,7 @@ def get_tiny_sd3_components(seed: int = 0) -> dict[str, Any]:
             pooled_projection_dim=40,
             pos_embed_max_size=32,
         )
-        vae = AutoencoderKL(
-            sample_size=32,
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-            block_out_channels=(4, 8),
-            layers_per_block=1,
-            latent_channels=4,
-            norm_num_groups=2,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
-            shift_factor=0.0609,
-            scaling_factor=1.5305,
-        )
+        vae = _tiny_vae(use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5305)
         tokenizer = get_tiny_clip_tokenizer()
         tokenizer_2 = get_tiny_clip_tokenizer()
         text_encoder = CLIPTextModelWithProjection(
