@@ -10,7 +10,8 @@ def _demo(args) -> int:
 
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise ValueError(f"--output_dir {args.output_dir!r} exists and is not a folder.")
-    path = run_demo(args.output_dir, quick=args.quick, seed=args.seed, device=args.device)
+    mode = "quick" if args.quick else "full" if args.full else "default"
+    path, _ = run_demo(args.output_dir, mode=mode, seed=args.seed, device=args.device)
     print(f"Report written to {os.path.abspath(path)}")
     return 0
 
@@ -75,7 +76,10 @@ def _purify(args) -> int:
                       "pil", None)  # fmt: skip
     images = []
     for f in files:
-        image = PIL.Image.open(f)
+        try:
+            image = PIL.Image.open(f)
+        except PIL.UnidentifiedImageError:
+            raise ValueError(f"input {f!r} is not an image PIL can read") from None
         if args.resolution:
             image = image.resize((args.resolution, args.resolution), PIL.Image.BICUBIC)
         pipe.preprocess(image)
@@ -107,9 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = commands.add_parser("demo", help="run each method on the zoo and write an HTML report")
+    demo = commands.add_parser(
+        "demo", help="run each method on the zoo and write an HTML report (a few minutes on 2 cores)"
+    )
     demo.add_argument("--output_dir", default="demo_output", help="report folder (default: demo_output)")
-    demo.add_argument("--quick", action="store_true", help="fewer samples: under 2 minutes on a 2-core CPU")
+    size = demo.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="the smallest settings: about half a minute on 2 cores")
+    size.add_argument(
+        "--full", action="store_true", help="the settings of the first releases: about 20 minutes on 2 cores"
+    )
     demo.add_argument("--seed", type=int, default=0, help="seed of every sample (default: 0)")
     demo.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     demo.set_defaults(func=_demo)
@@ -126,7 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     purify.add_argument("--inversion_strength", type=float, default=0.5)
     purify.add_argument("--num_iterations", type=int, default=100)
     purify.add_argument("--learning_rate", type=float, default=0.003)
-    purify.add_argument("--perceptual", default="ssim", choices=["ssim", "l2", "lpips"])
+    purify.add_argument(
+        "--perceptual",
+        default="ssim",
+        choices=["ssim", "l2"],
+        help="distance of the perceptual budget (default: ssim)",
+    )
     purify.add_argument("--perceptual_budget", type=float, default=0.02)
     purify.add_argument("--perceptual_weight", type=float, default=1.0)
     purify.add_argument("--batch_size", type=int, default=8)

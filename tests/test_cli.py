@@ -23,7 +23,11 @@ def test_help_and_zoo_list():
 
 @pytest.mark.parametrize(
     "args, message",
-    [(["zoo", "path", "digits-gan"], "unknown zoo name 'digits-gan'"), (["frobnicate"], "invalid choice")],
+    [
+        (["zoo", "path", "digits-gan"], "unknown zoo name 'digits-gan'"),
+        (["frobnicate"], "invalid choice"),
+        (["purify", __file__, "--out", "unused"], f"input {__file__!r} is not an image"),
+    ],
 )
 def test_bad_input_is_a_one_line_error(args, message):
     result = _cli(*args)
@@ -51,6 +55,20 @@ def test_quick_demo_writes_a_self_contained_report(tmp_path, capsys):
     for name in images:
         assert not name.startswith(("http", "/")) and os.path.getsize(out / name) > 1000
     assert "Digits zoo" in page and "http" not in page
+    assert page.count("quick settings: ") == 7  # every section names what it ran with
+    assert "Committed benchmark results (not run now" in page
+
+
+def test_demo_modes_are_exclusive_and_complete(capsys):
+    from diffusers_ext.demo import MODES, SECTIONS, run_demo
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--quick", "--full"])
+    assert "not allowed with argument" in capsys.readouterr().err
+    for name, module, _, _ in SECTIONS:
+        assert set(module.SETTINGS) == set(MODES), name
+    with pytest.raises(ValueError, match="`mode` must be one of"):
+        run_demo("unused", mode="fast")
 
 
 def _digit_pngs(folder, count):
@@ -104,3 +122,16 @@ def test_purify_needs_images(tmp_path):
     (tmp_path / "empty").mkdir()
     result = _cli("purify", str(tmp_path / "empty"), "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and "no images" in result.stderr
+
+
+def test_every_training_script_is_listed_in_the_readme_and_answers_help():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    for script in sorted((root / "training").glob("train_*.py")):
+        assert f"accelerate launch training/{script.name}`" in readme, f"{script.name} is missing from the README"
+        result = subprocess.run(
+            [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=root
+        )
+        assert result.returncode == 0 and "usage" in result.stdout.lower(), (script.name, result.stderr[-500:])

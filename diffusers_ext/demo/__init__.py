@@ -1,45 +1,94 @@
 """`diffusers-ext demo`: run each available method on the zoo and write an HTML report."""
 
+import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from .digits import digits_section
-from .dirp import dirp_section
-from .divide_and_denoise import divide_and_denoise_section
-from .e2po import e2po_section
+from . import digits, dirp, divide_and_denoise, e2po, semantic_nvs, soar, unlearning
 from .report import Section, write_report
-from .semantic_nvs import semantic_nvs_section
-from .soar import soar_section
-from .unlearning import unlearning_section
 
 
-# (name, section builder). Each method adds its own: builder(output_dir, quick, seed, device) -> Section.
-SECTIONS: list[tuple[str, Callable[[str, bool, int, str], Section]]] = [
-    ("digits zoo", digits_section),
-    ("SOAR decoding", soar_section),
-    ("divide-and-denoise", divide_and_denoise_section),
-    ("e2po", e2po_section),
-    ("SemanticNVS", semantic_nvs_section),
-    ("constrained unlearning", unlearning_section),
-    ("DIRP", dirp_section),
+MODES = ("quick", "default", "full")
+
+# (name, module, section builder, benchmark name). Each builder is builder(output_dir, mode, seed, device) -> Section,
+# and its module holds SETTINGS: mode -> the settings that mode runs with.
+SECTIONS: list[tuple[str, object, Callable[[str, str, int, str], Section], str | None]] = [
+    ("digits zoo", digits, digits.digits_section, "zoo"),
+    ("SOAR decoding", soar, soar.soar_section, "soar"),
+    ("divide-and-denoise", divide_and_denoise, divide_and_denoise.divide_and_denoise_section, "divide_and_denoise"),
+    ("e2po", e2po, e2po.e2po_section, "e2po"),
+    ("SemanticNVS", semantic_nvs, semantic_nvs.semantic_nvs_section, "semantic_nvs"),
+    ("constrained unlearning", unlearning, unlearning.unlearning_section, "unlearning"),
+    ("DIRP", dirp, dirp.dirp_section, "dirp"),
 ]
 
+# benchmarks/results of a source checkout (absent from an installed wheel: then no committed figures are shown)
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
-def run_demo(output_dir: str, quick: bool = False, seed: int = 0, device: str = "cpu", progress: bool = True) -> str:
-    """Run every demo section and write `output_dir/index.html`; return its path."""
+
+def settings_note(module, mode: str) -> str:
+    """One line naming the settings `mode` ran with, e.g. `default settings: samples_per_class=40, ...`."""
+    settings = module.SETTINGS[mode]
+    values = dataclasses.asdict(settings) if dataclasses.is_dataclass(settings) else dict(settings)
+    return f"{mode} settings: " + ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+def committed_results_note(benchmark: str | None) -> str | None:
+    """The committed benchmark's computed targets as one line, labelled as committed results (not run now)."""
+    path = RESULTS_DIR / f"{benchmark}.json" if benchmark else None
+    if path is None or not path.is_file():
+        return None
+    targets = json.loads(path.read_text(encoding="utf-8")).get("summary", {}).get("targets")
+    if not isinstance(targets, list) or not all(isinstance(t, dict) and {"name", "met"} <= t.keys() for t in targets):
+        return f"Committed benchmark results (not run now): benchmarks/results/{benchmark}.md, from `python benchmarks/{benchmark}.py`."
+    met = sum(bool(t["met"]) for t in targets)
+    listed = "; ".join(f"{t['name']}: {'met' if t['met'] else 'missed'}" for t in targets)
+    return (
+        f"Committed benchmark results (not run now; `python benchmarks/{benchmark}.py`, "
+        f"benchmarks/results/{benchmark}.md): {met} of {len(targets)} targets met — {listed}."
+    )
+
+
+def run_demo(
+    output_dir: str, mode: str = "default", seed: int = 0, device: str = "cpu", progress: bool = True
+) -> tuple[str, dict[str, float]]:
+    """Run every demo section with `mode`'s settings and write `output_dir/index.html`.
+
+    Args:
+        output_dir (`str`): the report folder.
+        mode (`str`, defaults to `"default"`): `"quick"` (seconds per section), `"default"` (a few minutes in all on
+            a 2-core CPU) or `"full"` (the settings of the first releases, about 20 minutes on 2 cores).
+        seed (`int`): seed of every sample.
+        device (`str`): torch device.
+        progress (`bool`): show a progress bar over the sections.
+
+    Returns:
+        `(path, seconds)`: the path of `index.html` and the wall-clock seconds of each section.
+    """
     from tqdm.auto import tqdm
 
+    if mode not in MODES:
+        raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
     os.makedirs(output_dir, exist_ok=True)
-    sections, timings = [], []
+    sections, seconds = [], {}
     bar = tqdm(SECTIONS, desc="diffusers-ext demo", unit="section", disable=not progress)
-    for name, build in bar:
+    for name, module, build, benchmark in bar:
         bar.set_postfix_str(name)
         start = time.perf_counter()
-        sections.append(build(output_dir, quick, seed, device))
-        timings.append(f"{name}: {time.perf_counter() - start:.1f} s")
+        section = build(output_dir, mode, seed, device)
+        seconds[name] = time.perf_counter() - start
+        section.notes.append(settings_note(module, mode))
+        committed = committed_results_note(benchmark)
+        if committed:
+            section.notes.append(committed)
+        sections.append(section)
+    timings = "; ".join(f"{name}: {s:.1f} s" for name, s in seconds.items())
     intro = (
         "What each method of diffusers-ext does on the bundled zoo checkpoints, run just now on this machine "
-        f"({'quick' if quick else 'full'} settings, device {device}, seed {seed}). Timings: {'; '.join(timings)}."
+        f"({mode} settings, device {device}, seed {seed}; each section names its settings). Timings: {timings}. "
+        "Lines marked 'committed benchmark results' were not run now: they come from the benchmark files."
     )
-    return write_report(output_dir, "diffusers-ext demo", intro, sections)
+    return write_report(output_dir, "diffusers-ext demo", intro, sections), seconds

@@ -13,16 +13,19 @@ class DigitsDemoSettings:
     guidance_scale: float
 
 
-QUICK = DigitsDemoSettings(samples_per_class=20, num_inference_steps=25, guidance_scale=1.0)
-FULL = DigitsDemoSettings(samples_per_class=100, num_inference_steps=25, guidance_scale=1.0)
+SETTINGS = {
+    "quick": DigitsDemoSettings(samples_per_class=20, num_inference_steps=25, guidance_scale=1.0),
+    "default": DigitsDemoSettings(samples_per_class=40, num_inference_steps=25, guidance_scale=1.0),
+    "full": DigitsDemoSettings(samples_per_class=100, num_inference_steps=25, guidance_scale=1.0),
+}
 
 
-def digits_section(output_dir: str, quick: bool, seed: int, device: str) -> Section:
+def digits_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     """Sample every digit class from the zoo DDPM, show a grid per class and the classifier's verdicts."""
     from .. import zoo
     from ..evaluation.digits import evaluate_digits_generator
 
-    settings = QUICK if quick else FULL
+    settings = SETTINGS[mode]
     pipe = zoo.load("digits-ddpm").to(device)
     pipe.set_progress_bar_config(disable=True)
     classifier = zoo.load("digits-classifier").to(device)

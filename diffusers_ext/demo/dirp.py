@@ -7,7 +7,14 @@ from .plots import save_image_grid
 from .report import Figure, Section
 
 
-def dirp_section(output_dir: str, quick: bool, seed: int, device: str) -> Section:
+SETTINGS = {
+    "quick": {"num_images": 6, "pgd_steps": 20, "num_iterations": 15},
+    "default": {"num_images": 8, "pgd_steps": 40, "num_iterations": 25},
+    "full": {"num_images": 10, "pgd_steps": 100, "num_iterations": 40},
+}
+
+
+def dirp_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     """AdvDM-protected digits (16/255) purified by DIRP and by DiffPure; PSNR to clean and reconstruction errors."""
     from .. import DIRPPipeline, zoo
     from ..data.digits import load_digits_images
@@ -15,7 +22,7 @@ def dirp_section(output_dir: str, quick: bool, seed: int, device: str) -> Sectio
     from ..evaluation.dirp.purifiers import diffpure
     from ..metrics import peak_signal_noise_ratio
 
-    num_images, pgd_steps, iterations = (6, 20, 15) if quick else (10, 100, 40)
+    num_images, pgd_steps, iterations = SETTINGS[mode].values()
     pipe = DIRPPipeline.from_pretrained(zoo.path("digits-ddpm")).to(device)
     pipe.set_progress_bar_config(disable=True)
     images, labels = load_digits_images("heldout", resolution=8)

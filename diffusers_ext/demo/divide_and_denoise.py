@@ -20,12 +20,17 @@ class DivideAndDenoiseDemoSettings:
     digit_steps: int
 
 
-QUICK = DivideAndDenoiseDemoSettings(
-    disc_images=8, disc_templates=60, disc_steps=25, digit_prompts=2, digit_images=4, digit_steps=25
-)
-FULL = DivideAndDenoiseDemoSettings(
-    disc_images=16, disc_templates=200, disc_steps=50, digit_prompts=6, digit_images=8, digit_steps=25
-)
+SETTINGS = {
+    "quick": DivideAndDenoiseDemoSettings(
+        disc_images=8, disc_templates=60, disc_steps=25, digit_prompts=2, digit_images=4, digit_steps=25
+    ),
+    "default": DivideAndDenoiseDemoSettings(
+        disc_images=8, disc_templates=100, disc_steps=25, digit_prompts=3, digit_images=4, digit_steps=25
+    ),
+    "full": DivideAndDenoiseDemoSettings(
+        disc_images=16, disc_templates=200, disc_steps=50, digit_prompts=6, digit_images=8, digit_steps=25
+    ),
+}
 METHODS = ("divide_and_denoise", "averaging", "multidiffusion")
 
 
@@ -46,7 +51,7 @@ def allocation_pictures(allocations: torch.Tensor, num_frames: int = 5) -> np.nd
     return pictures
 
 
-def divide_and_denoise_section(output_dir: str, quick: bool, seed: int, device: str) -> Section:
+def divide_and_denoise_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     """Run the conflicting-prior discs and the digits composition with D&D, averaging and MultiDiffusion."""
     from diffusers import DDIMScheduler
 
@@ -58,7 +63,7 @@ def divide_and_denoise_section(output_dir: str, quick: bool, seed: int, device: 
         score_digit_slots,
     )
 
-    settings = QUICK if quick else FULL
+    settings = SETTINGS[mode]
     scheduler = DDIMScheduler(num_train_timesteps=1000, beta_schedule="linear", clip_sample=False)
     experts = MultiDenoiserModel(conflict_experts(num_templates=settings.disc_templates, seed=seed))
     pipe = DivideAndDenoisePipeline(experts, scheduler).to(device)

@@ -14,8 +14,11 @@ class E2PODemoSettings:
     samples_per_digit: int
 
 
-QUICK = E2PODemoSettings(steps=4, prompts_per_step=2, samples_per_digit=4)
-FULL = E2PODemoSettings(steps=30, prompts_per_step=4, samples_per_digit=16)
+SETTINGS = {
+    "quick": E2PODemoSettings(steps=4, prompts_per_step=2, samples_per_digit=4),
+    "default": E2PODemoSettings(steps=6, prompts_per_step=2, samples_per_digit=8),
+    "full": E2PODemoSettings(steps=30, prompts_per_step=4, samples_per_digit=16),
+}
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
@@ -54,12 +57,12 @@ def _samples(trainer, samples_per_digit: int, seed: int):
     return torch.cat(images), sum(hits) / len(hits)
 
 
-def e2po_section(output_dir: str, quick: bool, seed: int, device: str) -> Section:
+def e2po_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     """Train an E2PO LoRA on digits-sd3 for a few steps; show samples and accuracy before and after."""
     from .. import E2POConfig, E2POTrainer, zoo
     from ..rewards import ClassifierReward
 
-    settings = QUICK if quick else FULL
+    settings = SETTINGS[mode]
     classifier = zoo.load("digits-classifier").to(device)
     rows = [{"prompt": f"a handwritten digit {name}", "label": label} for label, name in enumerate(DIGIT_NAMES)]
     with tempfile.TemporaryDirectory() as scratch:

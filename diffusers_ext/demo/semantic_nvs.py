@@ -8,14 +8,19 @@ from .report import Figure, Section
 
 
 MODES = ("none", "warped", "iterative", "warped+iterative")
+SETTINGS = {
+    "quick": {"num_scenes": 2, "num_inference_steps": 10},
+    "default": {"num_scenes": 3, "num_inference_steps": 20},
+    "full": {"num_scenes": 4, "num_inference_steps": 25},
+}
 
 
-def semantic_nvs_section(output_dir: str, quick: bool, seed: int, device: str) -> Section:
+def semantic_nvs_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     """One input view, two target views 60 degrees away; rows: ground truth, baseline, then each mode."""
     from .. import SemanticNVSPipeline, zoo
     from ..data.procedural_scenes import sample_scene_batch
 
-    num_scenes, steps = (2, 10) if quick else (4, 25)
+    num_scenes, steps = SETTINGS[mode]["num_scenes"], SETTINGS[mode]["num_inference_steps"]
     semantic = SemanticNVSPipeline.from_pretrained(zoo.path("procedural-nvs")).to(device)
     baseline = SemanticNVSPipeline.from_pretrained(zoo.path("procedural-nvs-baseline")).to(device)
     size = semantic.unet.config.sample_size

@@ -12,8 +12,11 @@ class SOARDemoSettings:
     num_problems: int
 
 
-QUICK = SOARDemoSettings(num_problems=100)
-FULL = SOARDemoSettings(num_problems=500)
+SETTINGS = {
+    "quick": SOARDemoSettings(num_problems=100),
+    "default": SOARDemoSettings(num_problems=200),
+    "full": SOARDemoSettings(num_problems=500),
+}
 
 DECODERS = {
     "greedy (8 steps)": {},
@@ -22,14 +25,14 @@ DECODERS = {
 }
 
 
-def soar_section(output_dir: str, quick: bool, seed: int, device: str) -> Section:
+def soar_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     """Decode addition test problems with each decoder; plot exact match and forward calls."""
 
     from .. import zoo
     from ..data.addition import AdditionTokens, draw_test_problems
     from ..schedulers.scheduling_soar import SOARScheduler
 
-    settings = QUICK if quick else FULL
+    settings = SETTINGS[mode]
     pipe = zoo.load("addition-mdm").to(device)
     pipe.set_progress_bar_config(disable=True)
     encoder = AdditionTokens(pipe.tokenizer, num_digits=3)

@@ -14,8 +14,11 @@ class UnlearningDemoSettings:
     samples_per_class: int
 
 
-QUICK = UnlearningDemoSettings(max_steps=40, per_device_train_batch_size=16, samples_per_class=10)
-FULL = UnlearningDemoSettings(max_steps=150, per_device_train_batch_size=32, samples_per_class=100)
+SETTINGS = {
+    "quick": UnlearningDemoSettings(max_steps=40, per_device_train_batch_size=16, samples_per_class=10),
+    "default": UnlearningDemoSettings(max_steps=60, per_device_train_batch_size=16, samples_per_class=20),
+    "full": UnlearningDemoSettings(max_steps=150, per_device_train_batch_size=32, samples_per_class=100),
+}
 FORGET_CLASS = 3
 SHOWN = 10
 
@@ -40,7 +43,7 @@ def _save_trajectory(history, level, path):
     plt.close(fig)
 
 
-def unlearning_section(output_dir: str, quick: bool, seed: int, device: str) -> Section:
+def unlearning_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     """Forget digit 3 from the zoo DDPM with the reverse-KL primal-dual trainer; show every class before and after."""
     from accelerate import Accelerator
     from diffusers import DDPMScheduler
@@ -48,7 +51,7 @@ def unlearning_section(output_dir: str, quick: bool, seed: int, device: str) -> 
     from .. import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer, zoo
     from ..evaluation.unlearning import evaluate_concept_unlearning
 
-    settings = QUICK if quick else FULL
+    settings = SETTINGS[mode]
     pipe = zoo.load("digits-ddpm").to(device)
     pipe.set_progress_bar_config(disable=True)
     classifier = zoo.load("digits-classifier").to(device)

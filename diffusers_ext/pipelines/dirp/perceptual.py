@@ -1,10 +1,9 @@
-"""Per-image perceptual distances for the purification budget: SSIM, L2, LPIPS (when available) or any callable.
+"""Per-image perceptual distances for the purification budget: SSIM, L2 or any callable (LPIPS, for instance).
 
 Every distance takes two image batches in [-1, 1] of shape `(B, C, H, W)` and returns a differentiable `(B,)` tensor,
 0 for identical images.
 """
 
-import importlib.util
 from collections.abc import Callable
 
 import torch
@@ -14,7 +13,7 @@ from ...metrics import structural_similarity
 
 PerceptualDistance = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-BUILT_IN = ("ssim", "l2", "lpips")
+BUILT_IN = ("ssim", "l2")
 
 
 def ssim_distance(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -29,29 +28,6 @@ def l2_distance(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return ((x - y).pow(2).flatten(1).mean(1) + 1e-12).sqrt()
 
 
-class LPIPSDistance(torch.nn.Module):
-    """LPIPS from the `lpips` package (`net` backbone), on [-1, 1] images; needs its weights available locally."""
-
-    def __init__(self, net: str = "vgg"):
-        super().__init__()
-        import lpips
-
-        try:
-            self.model = lpips.LPIPS(net=net, verbose=False).eval()
-        except Exception as error:  # the backbone weights come from torchvision's download cache
-            raise RuntimeError(
-                f"`perceptual='lpips'` could not load the LPIPS {net!r} backbone weights ({error}); make them "
-                "available locally or pass `perceptual='ssim'`, `'l2'` or a callable."
-            ) from error
-        self.model.requires_grad_(False)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] == 1:
-            x, y = x.expand(-1, 3, -1, -1), y.expand(-1, 3, -1, -1)
-        self.model.to(x.device)
-        return self.model(x, y).flatten()
-
-
 def get_perceptual_distance(perceptual: str | PerceptualDistance) -> PerceptualDistance:
     """Resolve `perceptual` (a name in `BUILT_IN` or a callable `(x, y) -> (B,)`) to a distance; errors name it."""
     if callable(perceptual):
@@ -60,11 +36,4 @@ def get_perceptual_distance(perceptual: str | PerceptualDistance) -> PerceptualD
         return ssim_distance
     if perceptual == "l2":
         return l2_distance
-    if perceptual == "lpips":
-        if importlib.util.find_spec("lpips") is None:
-            raise ValueError(
-                "`perceptual` 'lpips' needs the `lpips` package, which is not installed; use 'ssim', 'l2' or a "
-                "callable `(x, y) -> (batch,)` distance."
-            )
-        return LPIPSDistance()
     raise ValueError(f"`perceptual` must be one of {BUILT_IN} or a callable `(x, y) -> (batch,)`, got {perceptual!r}.")

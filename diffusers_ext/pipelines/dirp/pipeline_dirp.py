@@ -407,8 +407,8 @@ class DIRPPipeline(DiffusionPipeline):
                 in [-1, 1] pixel units. Each iteration moves a pixel by about this much, so `num_iterations *
                 learning_rate` bounds the change; larger rates overshoot past the clean image.
             perceptual (`str` or callable, defaults to `"ssim"`): the distance to the input: `"ssim"` (1 - SSIM),
-                `"l2"` (RMS), `"lpips"` (needs the `lpips` package and its weights locally) or a callable
-                `(x, y) -> (B,)` on [-1, 1] images.
+                `"l2"` (RMS), or any differentiable callable `(x, y) -> (B,)` on [-1, 1] images (an LPIPS model,
+                for instance).
             perceptual_budget (`float`, defaults to 0.02): distance allowed for free (the hinge's threshold).
             perceptual_weight (`float`, defaults to 1.0): weight of the hinge `max(d - budget, 0)`.
             init_noise_std (`float`, defaults to 0.0): standard deviation of Gaussian noise added to the input
