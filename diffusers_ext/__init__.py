@@ -16,6 +16,12 @@ _import_structure = {
     "loading": ["load_pipeline"],
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
     "models.semantic_multiview_unet": ["SemanticMultiViewUNetModel", "SemanticMultiViewUNetOutput"],
+    "models.discrete_flow_transformer": ["DiscreteFlowModelOutput", "DiscreteFlowTransformerModel"],
+    "pipelines.discrete_flow.pipeline_discrete_flow": ["DiscreteFlowPipeline", "DiscreteFlowPipelineOutput"],
+    "schedulers.scheduling_discrete_flow_matching": [
+        "DiscreteFlowMatchingScheduler",
+        "DiscreteFlowMatchingSchedulerOutput",
+    ],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
     "pipelines.dirp.pipeline_dirp": ["DIRPPipeline", "DIRPPipelineOutput"],
     "pipelines.semantic_nvs.pipeline_semantic_nvs": ["SemanticNVSPipeline", "SemanticNVSPipelineOutput"],
@@ -48,7 +54,13 @@ if TYPE_CHECKING:
     from ._mixins import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin
     from .loading import load_pipeline
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
+    from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
+    from .pipelines.discrete_flow.pipeline_discrete_flow import DiscreteFlowPipeline, DiscreteFlowPipelineOutput
+    from .schedulers.scheduling_discrete_flow_matching import (
+        DiscreteFlowMatchingScheduler,
+        DiscreteFlowMatchingSchedulerOutput,
+    )
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
     from .pipelines.dirp.pipeline_dirp import DIRPPipeline, DIRPPipelineOutput
     from .pipelines.divide_and_denoise.denoisers import EmpiricalOptimalDenoiser, MultiDenoiserModel, WindowedDenoiser

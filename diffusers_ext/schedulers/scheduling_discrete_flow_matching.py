@@ -260,10 +260,8 @@ class DiscreteFlowMatchingScheduler(SchedulerMixin, ConfigMixin):
         if sample.dtype != torch.long or sample.ndim != 2:
             raise ValueError(f"`sample` must be a (batch, length) LongTensor of token ids, got {sample.dtype} "
                              f"of shape {tuple(sample.shape)}.")  # fmt: skip
-        if self._step_index is None:
-            self._step_index = self.index_for_timestep(timestep)
-        t = self.time_grid[self._step_index]
-        s = self.time_grid[self._step_index + 1]
+        index = self.index_for_timestep(timestep) if self._step_index is None else self._step_index
+        t, s = self.time_grid[index], self.time_grid[index + 1]
         log_probs = self.denoiser_log_probs(model_output, sample, t)
         x1 = sample_categorical(log_probs, generator)
         kt, ks = self.kappa(t), self.kappa(s)
@@ -271,9 +269,7 @@ class DiscreteFlowMatchingScheduler(SchedulerMixin, ConfigMixin):
         move = _rand(tuple(sample.shape), generator, sample.device) < move_prob.to(sample.device)
         prev_sample = torch.where(move, x1, sample)
         jumped = prev_sample != sample
-        self._step_index += 1
-        if self._step_index >= self.num_inference_steps:
-            self._step_index = None
+        self._step_index = index + 1 if index + 1 < self.num_inference_steps else None
         if not return_dict:
             return (prev_sample, x1, jumped)
         return DiscreteFlowMatchingSchedulerOutput(prev_sample=prev_sample, pred_original_sample=x1, jumped=jumped)
