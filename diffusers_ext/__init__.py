@@ -56,13 +56,9 @@ if TYPE_CHECKING:
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
-    from .pipelines.discrete_flow.pipeline_discrete_flow import DiscreteFlowPipeline, DiscreteFlowPipelineOutput
-    from .schedulers.scheduling_discrete_flow_matching import (
-        DiscreteFlowMatchingScheduler,
-        DiscreteFlowMatchingSchedulerOutput,
-    )
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
     from .pipelines.dirp.pipeline_dirp import DIRPPipeline, DIRPPipelineOutput
+    from .pipelines.discrete_flow.pipeline_discrete_flow import DiscreteFlowPipeline, DiscreteFlowPipelineOutput
     from .pipelines.divide_and_denoise.denoisers import EmpiricalOptimalDenoiser, MultiDenoiserModel, WindowedDenoiser
     from .pipelines.divide_and_denoise.fair_division import FairDivisionAllocator
     from .pipelines.divide_and_denoise.pipeline_divide_and_denoise import (
@@ -79,6 +75,10 @@ if TYPE_CHECKING:
         get_diffusion_lm_adapter,
     )
     from .pipelines.soar.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
+    from .schedulers.scheduling_discrete_flow_matching import (
+        DiscreteFlowMatchingScheduler,
+        DiscreteFlowMatchingSchedulerOutput,
+    )
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
     from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
     from .trainers.constrained_unlearning_config import ConstrainedUnlearningConfig

@@ -8,7 +8,7 @@ import torch
 from diffusers_ext import DiscreteFlowMatchingScheduler, DiscreteFlowTransformerModel
 from diffusers_ext.data.random_hmm import RandomHMM
 from diffusers_ext.evaluation.discrete_flow import HMMJudge, exact_nll_bounds
-from diffusers_ext.pipelines.discrete_flow.couplings import coupling_cost, couple
+from diffusers_ext.pipelines.discrete_flow.couplings import couple, coupling_cost
 from diffusers_ext.pipelines.discrete_flow.losses import discrete_flow_loss, estimate_nll_bounds
 
 

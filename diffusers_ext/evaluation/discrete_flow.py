@@ -120,12 +120,19 @@ class HMMJudge:
         return model
 
 
-def _position_support(scheduler: DiscreteFlowMatchingScheduler, token: int):
-    """Values `x_t^i` can take given `x1^i = token`, with functions of kappa giving their probabilities."""
+def _position_support(scheduler: DiscreteFlowMatchingScheduler, x1: torch.LongTensor, kappa: float):
+    """Values `x_t^i` can take given `x1^i` (shape `(L,)`), and their probabilities at `kappa`: `(L, K)` each."""
     V, M = scheduler.config.vocab_size, scheduler.num_mask_tokens
+    L = x1.shape[0]
     if scheduler.config.source == "uniform":
-        return [(y, (lambda k, same=(y == token): k * same + (1 - k) / V)) for y in range(V)]
-    return [(token, lambda k: k)] + [(V + m, lambda k: (1 - k) / M) for m in range(M)]
+        values = torch.arange(V).expand(L, V)
+        probs = torch.full((L, V), (1 - kappa) / V, dtype=torch.float64)
+        probs[torch.arange(L), x1] += kappa
+        return values, probs
+    values = torch.cat([x1[:, None], V + torch.arange(M).expand(L, M)], dim=1)
+    probs = torch.cat([torch.full((L, 1), kappa, dtype=torch.float64),
+                       torch.full((L, M), (1 - kappa) / M, dtype=torch.float64)], dim=1)  # fmt: skip
+    return values, probs
 
 
 @torch.no_grad()
@@ -142,8 +149,8 @@ def exact_nll_bounds(
 
     Every `x_t` reachable from `x1` is enumerated with its exact probability, and the time integral is done by
     Gauss-Legendre quadrature after the substitution `t = 1 - (1 - s)^3`, which smooths the integrand's logarithmic
-    behaviour at `t = 1`. Only for short sequences: the number of states per sequence (`2^L` for one mask, `V^L` for
-    the uniform source) must not exceed `max_states`.
+    behaviour at `t = 1`. Only for short sequences: the number of states per sequence (`(M + 1)^L` for masked
+    sources, `V^L` for the uniform source) must not exceed `max_states`.
 
     Returns:
         `{kind: (N,) float64}`.
@@ -155,23 +162,23 @@ def exact_nll_bounds(
     times = 1 - (1 - s) ** 3
     dt_ds = 3 * (1 - s) ** 2
     results = {kind: torch.zeros(N, dtype=torch.float64) for kind in kinds}
+    K = scheduler.config.vocab_size if scheduler.config.source == "uniform" else scheduler.num_mask_tokens + 1
+    if K**L > max_states:
+        raise ValueError(f"{K**L} states per sequence exceed `max_states` ({max_states}); use shorter sequences.")
+    choice = torch.tensor(list(itertools.product(range(K), repeat=L)), dtype=torch.long)  # (S, L)
+    positions = torch.arange(L).expand_as(choice)
     for n in range(N):
-        supports = [_position_support(scheduler, int(token)) for token in x1[n]]
-        num_states = math.prod(len(sup) for sup in supports)
-        if num_states > max_states:
-            raise ValueError(f"{num_states} states per sequence exceed `max_states` ({max_states}); use shorter data.")
-        combos = list(itertools.product(*supports))
-        states = torch.tensor([[value for value, _ in combo] for combo in combos], dtype=torch.long)
-        target = x1[n].expand(len(states), L)
+        target = x1[n].expand(len(choice), L)
         for t, weight, jac in zip(times, w, dt_ds):
-            kappa = float(scheduler.kappa(t))
-            probs = torch.tensor([math.prod(p(kappa) for _, p in combo) for combo in combos], dtype=torch.float64)
+            values, probs = _position_support(scheduler, x1[n], float(scheduler.kappa(t)))
+            states = values[positions, choice]
+            state_probs = probs[positions, choice].prod(-1)
             tt = torch.full((len(states),), float(t), dtype=torch.float64)
             log_probs = scheduler.denoiser_log_probs(model(states, tt).logits, states, tt)
             for kind in kinds:
                 integrand = bound_integrand(log_probs, states, target, tt, scheduler, kind)
-                integrand = torch.where(probs > 0, integrand, torch.zeros_like(integrand))
-                results[kind][n] += weight * jac * (probs * integrand).sum()
+                integrand = torch.where(state_probs > 0, integrand, torch.zeros_like(integrand))
+                results[kind][n] += weight * jac * (state_probs * integrand).sum()
     return results
 
 

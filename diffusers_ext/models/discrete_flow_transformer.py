@@ -71,7 +71,9 @@ class DiscreteFlowTransformerModel(ModelMixin, ConfigMixin):
             raise ValueError(f"`hidden_size` ({hidden_size}) must be divisible by `num_heads` ({num_heads}).")
         self.token_embedding = nn.Embedding(num_embeddings, hidden_size)
         self.position_embedding = nn.Parameter(torch.randn(sequence_length, hidden_size) * 0.02)
-        self.time_mlp = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.SiLU(), nn.Linear(hidden_size, hidden_size))
+        self.time_mlp = nn.Sequential(
+            nn.Linear(hidden_size, hidden_size), nn.SiLU(), nn.Linear(hidden_size, hidden_size)
+        )
         layer = nn.TransformerEncoderLayer(
             hidden_size,
             num_heads,

@@ -121,7 +121,11 @@ class DiscreteFlowMatchingScheduler(SchedulerMixin, ConfigMixin):
         resolved = num_mask_tokens if num_mask_tokens is not None else {"mask": 1, "uniform": 0}.get(source)
         if resolved is None:
             raise ValueError("`num_mask_tokens` is required (>= 2) for source 'multimask'.")
-        if not isinstance(resolved, int) or resolved < expected[0] or (expected[1] is not None and resolved > expected[1]):
+        if (
+            not isinstance(resolved, int)
+            or resolved < expected[0]
+            or (expected[1] is not None and resolved > expected[1])
+        ):
             bound = f"exactly {expected[0]}" if expected[1] is not None else f">= {expected[0]}"
             raise ValueError(f"`num_mask_tokens` must be {bound} for source {source!r}, got {num_mask_tokens!r}.")
         if not kappa_exponent > 0:
@@ -198,9 +202,7 @@ class DiscreteFlowMatchingScheduler(SchedulerMixin, ConfigMixin):
         if self.is_masked:
             log_probs = logits.log_softmax(-1)
             revealed = sample < V
-            delta = torch.full_like(log_probs, float("-inf")).scatter_(
-                -1, sample.clamp(max=V - 1).unsqueeze(-1), 0.0
-            )
+            delta = torch.full_like(log_probs, float("-inf")).scatter_(-1, sample.clamp(max=V - 1).unsqueeze(-1), 0.0)
             return torch.where(revealed.unsqueeze(-1), delta, log_probs)
         kappa = self.kappa(t).reshape(-1, *([1] * (logits.ndim - 1))) if t.ndim else self.kappa(t)
         base = torch.log1p(-kappa) - math.log(V)

@@ -30,7 +30,11 @@ def coupling_cost(
     if x0.shape != x1.shape or x0.ndim != 2:
         raise ValueError(f"`x0` and `x1` must both have shape (B, L); got {tuple(x0.shape)} and {tuple(x1.shape)}.")
     if coupling == "hamming_ot":
-        return (x1[:, None, :] != x0[None, :, :]).sum(-1).float()
+        # L minus the number of agreeing positions, counted by one matrix product of one-hot codes
+        num_classes = int(max(x0.max(), x1.max())) + 1
+        h0 = torch.nn.functional.one_hot(x0, num_classes).flatten(1).float()
+        h1 = torch.nn.functional.one_hot(x1, num_classes).flatten(1).float()
+        return x0.shape[1] - h1 @ h0.T
     if coupling == "embedding_ot":
         if embedding_weight is None:
             raise ValueError("`embedding_weight` is required for coupling 'embedding_ot'.")
@@ -42,7 +46,10 @@ def coupling_cost(
 
 
 def couple(
-    x0: torch.LongTensor, x1: torch.LongTensor, coupling: str = "independent", embedding_weight: torch.Tensor | None = None
+    x0: torch.LongTensor,
+    x1: torch.LongTensor,
+    coupling: str = "independent",
+    embedding_weight: torch.Tensor | None = None,
 ) -> torch.LongTensor:
     """
     Reorder the sources `x0` (shape `(B, L)`) so that row `b` is paired with `x1[b]` under `coupling`.

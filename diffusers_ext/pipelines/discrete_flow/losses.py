@@ -19,6 +19,8 @@ the rate-weighted cross-entropy of discrete flow matching. Both are upper bounds
 masked sources (one or many mask tokens) they coincide. Perplexity bounds are `exp(bound / L)`.
 """
 
+import time
+
 import torch
 
 from ...schedulers.scheduling_discrete_flow_matching import DiscreteFlowMatchingScheduler
@@ -66,7 +68,9 @@ def bound_integrand(
     return rate * per_position.sum(-1)
 
 
-def model_log_probs(model, scheduler: DiscreteFlowMatchingScheduler, sample: torch.LongTensor, timesteps: torch.Tensor):
+def model_log_probs(
+    model, scheduler: DiscreteFlowMatchingScheduler, sample: torch.LongTensor, timesteps: torch.Tensor
+):
     """`log p(x1 | x_t)` of shape `(B, L, V)` from a model called as `model(input_ids, timestep).logits`."""
     logits = model(sample, timesteps).logits
     return scheduler.denoiser_log_probs(logits, sample, timesteps)
@@ -79,6 +83,8 @@ def discrete_flow_loss(
     loss_type: str = "cross_entropy",
     coupling: str = "independent",
     generator: torch.Generator | None = None,
+    embedding_weight: torch.Tensor | None = None,
+    timings: dict[str, float] | None = None,
 ) -> torch.Tensor:
     """
     One minibatch of discrete flow matching: draw sources, couple them with `x1`, draw `t` and `x_t`, and score the
@@ -92,6 +98,10 @@ def discrete_flow_loss(
             DFM loss), `"kl"` or `"entropy"` (the bound of that name per token, a Monte Carlo estimate in nats).
         coupling (`str`, defaults to `"independent"`): see [`couple`].
         generator (`torch.Generator`, *optional*): randomness of sources, times and paths.
+        embedding_weight (`torch.Tensor` of shape `(num_embeddings, D)`, *optional*): token embeddings for
+            `"embedding_ot"`; defaults to `model.token_embedding.weight` (pass it when `model` is wrapped, e.g. DDP).
+        timings (`dict`, *optional*): if given, `timings["coupling_seconds"]` is increased by the time spent
+            building and solving the assignment.
 
     Returns:
         The scalar loss.
@@ -100,9 +110,15 @@ def discrete_flow_loss(
         raise ValueError(f"`loss_type` must be one of {LOSSES}, got {loss_type!r}.")
     device = x1.device
     x0 = scheduler.sample_source(tuple(x1.shape), generator, device)
-    embedding = getattr(model, "token_embedding", None)
-    x0 = couple(x0, x1, coupling, embedding.weight if embedding is not None else None)
-    t = torch.rand(x1.shape[0], generator=generator, device=generator.device if generator is not None else device).to(device)
+    if embedding_weight is None and coupling == "embedding_ot":
+        embedding_weight = model.token_embedding.weight
+    start = time.perf_counter()
+    x0 = couple(x0, x1, coupling, embedding_weight)
+    if timings is not None:
+        timings["coupling_seconds"] = timings.get("coupling_seconds", 0.0) + time.perf_counter() - start
+    t = torch.rand(x1.shape[0], generator=generator, device=generator.device if generator is not None else device).to(
+        device
+    )
     x_t = scheduler.add_noise(x1, x0, t, generator=generator)
     log_probs = model_log_probs(model, scheduler, x_t, t)
     if loss_type == "cross_entropy":

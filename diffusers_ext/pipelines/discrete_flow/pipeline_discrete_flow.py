@@ -69,14 +69,20 @@ class DiscreteFlowPipeline(DiffusionPipeline):
 
     def check_inputs(self, batch_size, num_inference_steps, generator, latents, output_type, tensor_inputs) -> int:
         """Validate the call before any model work; return the batch size."""
-        if not isinstance(num_inference_steps, int) or isinstance(num_inference_steps, bool) or num_inference_steps < 1:
+        if (
+            not isinstance(num_inference_steps, int)
+            or isinstance(num_inference_steps, bool)
+            or num_inference_steps < 1
+        ):
             raise ValueError(f"`num_inference_steps` must be a positive int, got {num_inference_steps!r}.")
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         check_callback_tensor_inputs(self, tensor_inputs)
         if latents is not None:
             if not isinstance(latents, torch.Tensor) or latents.dtype != torch.long or latents.ndim != 2:
-                raise ValueError(f"`latents` must be a (batch, length) LongTensor of source token ids, got {latents!r}.")
+                raise ValueError(
+                    f"`latents` must be a (batch, length) LongTensor of source token ids, got {latents!r}."
+                )
             if latents.shape[1] != self.sequence_length:
                 raise ValueError(
                     f"`latents` must have length {self.sequence_length} (the model's sequence_length), got "
