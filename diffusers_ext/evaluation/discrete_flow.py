@@ -167,18 +167,21 @@ def exact_nll_bounds(
         raise ValueError(f"{K**L} states per sequence exceed `max_states` ({max_states}); use shorter sequences.")
     choice = torch.tensor(list(itertools.product(range(K), repeat=L)), dtype=torch.long)  # (S, L)
     positions = torch.arange(L).expand_as(choice)
+    S = len(choice)
+    tt = times.repeat_interleave(S)  # every node's states in one model call: (num_nodes * S,)
     for n in range(N):
-        target = x1[n].expand(len(choice), L)
-        for t, weight, jac in zip(times, w, dt_ds):
-            values, probs = _position_support(scheduler, x1[n], float(scheduler.kappa(t)))
-            states = values[positions, choice]
-            state_probs = probs[positions, choice].prod(-1)
-            tt = torch.full((len(states),), float(t), dtype=torch.float64)
-            log_probs = scheduler.denoiser_log_probs(model(states, tt).logits, states, tt)
-            for kind in kinds:
-                integrand = bound_integrand(log_probs, states, target, tt, scheduler, kind)
-                integrand = torch.where(state_probs > 0, integrand, torch.zeros_like(integrand))
-                results[kind][n] += weight * jac * (state_probs * integrand).sum()
+        supports = [_position_support(scheduler, x1[n], float(scheduler.kappa(t))) for t in times]
+        values = supports[0][0]  # the values do not depend on time, their probabilities do
+        probs = torch.stack([p for _, p in supports])  # (num_nodes, L, K)
+        states = values[positions, choice].repeat(num_nodes, 1)
+        state_probs = probs[:, positions, choice].prod(-1).reshape(-1)
+        target = x1[n].expand(len(states), L)
+        log_probs = scheduler.denoiser_log_probs(model(states, tt).logits, states, tt)
+        node_weight = (w * dt_ds).repeat_interleave(S)
+        for kind in kinds:
+            integrand = bound_integrand(log_probs, states, target, tt, scheduler, kind)
+            integrand = torch.where(state_probs > 0, integrand, torch.zeros_like(integrand))
+            results[kind][n] = (node_weight * state_probs * integrand).sum()
     return results
 
 
