@@ -19,6 +19,12 @@ _import_structure = {
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
     "losses.manifold_feature_distance": ["ManifoldFeatureDistance"],
     "models.semantic_multiview_unet": ["SemanticMultiViewUNetModel", "SemanticMultiViewUNetOutput"],
+    "models.discrete_flow_transformer": ["DiscreteFlowModelOutput", "DiscreteFlowTransformerModel"],
+    "pipelines.discrete_flow.pipeline_discrete_flow": ["DiscreteFlowPipeline", "DiscreteFlowPipelineOutput"],
+    "schedulers.scheduling_discrete_flow_matching": [
+        "DiscreteFlowMatchingScheduler",
+        "DiscreteFlowMatchingSchedulerOutput",
+    ],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
     "pipelines.dirp.pipeline_dirp": ["DIRPPipeline", "DIRPPipelineOutput"],
     "pipelines.semantic_nvs.pipeline_semantic_nvs": ["SemanticNVSPipeline", "SemanticNVSPipelineOutput"],
@@ -59,6 +65,7 @@ if TYPE_CHECKING:
     from .losses.manifold_feature_distance import ManifoldFeatureDistance
     from .models.augmentation_regressor import AugmentationRegressor, AugmentationRegressorOutput
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
+    from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
@@ -72,6 +79,7 @@ if TYPE_CHECKING:
     )
     from .pipelines.diffusion_lm.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
     from .pipelines.dirp.pipeline_dirp import DIRPPipeline, DIRPPipelineOutput
+    from .pipelines.discrete_flow.pipeline_discrete_flow import DiscreteFlowPipeline, DiscreteFlowPipelineOutput
     from .pipelines.divide_and_denoise.baseline_allocators import AverageAllocator, RegionAllocator
     from .pipelines.divide_and_denoise.denoisers import MultiDenoiserModel, WindowedDenoiser
     from .pipelines.divide_and_denoise.fair_division import FairDivisionAllocator
@@ -81,6 +89,10 @@ if TYPE_CHECKING:
     )
     from .pipelines.lomdm.pipeline_lomdm import LoMDMPipeline
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
+    from .schedulers.scheduling_discrete_flow_matching import (
+        DiscreteFlowMatchingScheduler,
+        DiscreteFlowMatchingSchedulerOutput,
+    )
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
     from .schedulers.scheduling_oemdm import OeMDMScheduler, OeMDMSchedulerOutput
     from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput

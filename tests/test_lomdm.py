@@ -18,6 +18,7 @@ from diffusers_ext.evaluation.lomdm import markov_checksum_log_likelihood, marko
 from diffusers_ext.losses.lomdm import lomdm_integrand, lomdm_loss
 from diffusers_ext.losses.masked_diffusion import masked_diffusion_loss
 from diffusers_ext.models.bidirectional_llama import build_bidirectional_llama
+from diffusers_ext.testing import PipelineConformanceTests
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -284,3 +285,7 @@ def test_zoo_checkpoint_learned_to_generate_checksums_late():
                temperature=1.0, eos_early_stop=False, generator=torch.Generator().manual_seed(0), output_type="seq")  # fmt: skip
     quality = markov_checksum_sample_quality(source, out.sequences - 4)
     assert quality["valid_fraction"] > 0.9 and quality["nll_per_token"] < 2.7  # uniform symbols: 4.07 nats/token
+
+
+class TestLoMDMPipelineConformance(PipelineConformanceTests):
+    pipeline_class = LoMDMPipeline

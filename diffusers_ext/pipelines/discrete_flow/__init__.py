@@ -1,0 +1,1 @@
+"""Discrete flow matching: the sampling pipeline, minibatch couplings and perplexity bounds."""
