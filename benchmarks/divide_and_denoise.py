@@ -1,28 +1,27 @@
 #!/usr/bin/env python
-"""Divide-and-Denoise vs averaging and MultiDiffusion on GenEval-style composition tests that run on a CPU.
+"""Divide-and-Denoise vs averaging and MultiDiffusion on random expert placements no method is told about.
 
     python benchmarks/divide_and_denoise.py
 
-Writes `benchmarks/results/divide_and_denoise.json`, `.md`, `.png` (success rates) and `_allocations.png` (who
-painted what). Every method runs in this one process on the same experts, prompts and initial noise:
+Writes `benchmarks/results/divide_and_denoise.json`, `.md`, `.png` (test-split success) and `_sweep.png` (success
+against the detector threshold). Follows docs/benchmarks.md; every method runs in this one process on the same
+experts, layouts and initial noise:
 
-- **conflict**: analytic experts (exact empirical-optimal denoisers over disc templates), a red one whose discs lie
-  on the right and a blue one whose discs lie on the left, opposite to MultiDiffusion's fixed left/right split. A
-  colour detector counts the discs; success = exactly one red and one blue disc.
-- **centred** (reference): the same, but both experts prefer the centre, so the fixed split does not conflict.
-- **dominant** (reference): both centred, the red expert paints a large disc that would cover the blue expert's
-  small one: the division must not let the red expert take every contested position.
-- **digits_shared** (reference): the zoo DDPM itself with two class labels on a 8x16 canvas. Run on that canvas the
-  model paints a digit in each 8x8 half by itself, so both agents want both halves, and MultiDiffusion's fixed
-  halves match the model's own layout.
-- **digits**: two experts derived from the zoo digits DDPM, each painting one digit in its own 8x8 slot of a 8x24
-  canvas (random digits and slots per prompt). The zoo classifier reads every slot; success = the occupied slots
-  show exactly the two requested digits.
+- **discs**: 2 or 3 analytic experts (exact denoisers over 200 disc templates each: red, blue, green), each
+  painting its disc in a small box placed at random on a 16x16 canvas (`random_layout`). Success = exactly one
+  blob of every expert's colour.
+- **digits**: 2 or 3 experts derived from the zoo digits DDPM, each painting a random digit in a random 8x8 slot of
+  a canvas with one slot more than experts (8x24 or 8x32). Success = the occupied slots show exactly the requested
+  digits (zoo classifier).
+- **one model, wide canvas** (a row, no target): the zoo DDPM itself with two class labels on a 8x16 canvas.
 
-Methods: `divide_and_denoise` (the pipeline defaults), the baselines `averaging` and `multidiffusion` (fixed equal
-vertical strips in agent order), and the ablations `dnd_no_alignment`, `dnd_argmax` (the unfair per-position
-argmax instead of the Nash-welfare division) and `dnd_sinkhorn` (entropic OT with equal area shares). The overhead is the time of utilities + allocation + alignment over
-the time of the model forwards, summed over the runs of a setting.
+Methods: `divide_and_denoise` (pipeline defaults, no layout), `averaging` (`AverageAllocator`), `multidiffusion`
+(`RegionAllocator()`, its default equal vertical strips, as a user would run it) and `multidiffusion_oracle`
+(`RegionAllocator(regions)` given the hidden layout: an upper reference, not a competitor). No method has a tuned
+setting; the validation split (layouts and noise seeds 1000+) is run and recorded first, then the test split
+(seeds 2000+) once. Detector thresholds are calibrated on real data before any method runs: the disc colour
+threshold detects 95% of the discs each expert paints when sampled alone, the digit ink threshold detects 95% of
+the held-out real scikit-learn digits.
 """
 
 import argparse
@@ -37,46 +36,52 @@ import torch
 
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-METHODS = ("divide_and_denoise", "averaging", "multidiffusion", "dnd_no_alignment", "dnd_argmax", "dnd_sinkhorn")
-DISC_SETTINGS = ("conflict", "centred", "dominant")
-SETTINGS = ("conflict", "digits", "centred", "dominant", "digits_shared")
-# Lenient detectors (a sensitivity check): they also count faded objects at about half strength.
-LENIENT_DISC = 0.3
-LENIENT_INK = -0.5
+METHODS = ("divide_and_denoise", "averaging", "multidiffusion", "multidiffusion_oracle")
+SPLIT_SEEDS = {"validation": 1000, "test": 2000}
+CALIBRATION_SEED = 3000
+MIN_INK_PIXELS = 5
+# The disc calibration searches CALIBRATION_GRID; the sweep adds 0.99 (pixel-exact discs) to show that edge too.
+CALIBRATION_GRID = np.round(np.arange(0.1, 0.951, 0.05), 2)
+SWEEP = {"discs": np.append(CALIBRATION_GRID, 0.99), "digits": np.round(np.arange(-0.9, 1.0, 0.1), 2)}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="Seeds (one score each).")
-    parser.add_argument("--disc_samples", type=int, default=40, help="Images per seed in the disc settings.")
-    parser.add_argument("--disc_steps", type=int, default=50, help="DDIM steps in the disc settings.")
-    parser.add_argument("--digit_prompts", type=int, default=12, help="Random (digits, slots) prompts per seed.")
-    parser.add_argument("--digit_images", type=int, default=8, help="Images per digit prompt.")
-    parser.add_argument("--digit_steps", type=int, default=25, help="DDIM steps in the digits settings.")
-    parser.add_argument("--shared_prompts", type=int, default=6, help="Random digit pairs per seed, digits_shared.")
+    parser.add_argument("--experts", type=int, nargs="+", default=[2, 3], help="Numbers of experts (2 and/or 3).")
+    parser.add_argument("--val_layouts", type=int, default=3, help="Random layouts per setting, validation split.")
+    parser.add_argument("--test_layouts", type=int, default=5, help="Random layouts per setting, test split.")
+    parser.add_argument("--disc_images", type=int, default=16, help="Images per disc layout.")
+    parser.add_argument("--disc_steps", type=int, default=30, help="DDIM steps, discs.")
+    parser.add_argument("--digit_images", type=int, default=8, help="Images per digit layout.")
+    parser.add_argument("--digit_steps", type=int, default=25, help="DDIM steps, digits.")
+    parser.add_argument("--wide_val", type=int, default=2, help="Digit pairs, one-model wide canvas, validation.")
+    parser.add_argument("--wide_test", type=int, default=4, help="Digit pairs, one-model wide canvas, test.")
+    parser.add_argument("--calibration_images", type=int, default=16, help="Single-expert disc samples per colour.")
+    parser.add_argument("--detect_fraction", type=float, default=0.95, help="Share of real objects detected.")
     parser.add_argument("--ddpm", type=str, default=None, help="digits DDPM folder (default: the zoo entry).")
     parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where the results files go.")
     args = parser.parse_args(argv)
-    if min(args.disc_samples, args.digit_prompts, args.digit_images, args.disc_steps, args.digit_steps,
-           args.shared_prompts) < 1:  # fmt: skip
-        parser.error("sample counts and step counts must be >= 1.")
+    if not set(args.experts) <= {2, 3} or not args.experts:
+        parser.error(f"--experts must be among 2 and 3, got {args.experts}.")
+    counts = (args.val_layouts, args.test_layouts, args.disc_images, args.disc_steps, args.digit_images,
+              args.digit_steps, args.wide_val, args.wide_test, args.calibration_images)  # fmt: skip
+    if min(counts) < 1:
+        parser.error("layout, image and step counts must be >= 1.")
+    if not 0.0 < args.detect_fraction <= 1.0:
+        parser.error(f"--detect_fraction must lie in (0, 1], got {args.detect_fraction}.")
     return args
 
 
-def method_kwargs(method: str) -> dict:
-    from diffusers_ext import AverageAllocator, DivideAndDenoisePipeline, FairDivisionAllocator, RegionAllocator
+def allocator_for(method: str, regions: torch.Tensor | None) -> dict:
+    from diffusers_ext import AverageAllocator, RegionAllocator
 
     if method == "averaging":
         return {"allocator": AverageAllocator()}
     if method == "multidiffusion":
         return {"allocator": RegionAllocator()}
-    if method == "dnd_no_alignment":
-        return {"alignment_scale": 0.0}
-    if method == "dnd_argmax":
-        return {"allocator": FairDivisionAllocator("argmax", spatial_sigma=1.0)}
-    if method == "dnd_sinkhorn":
-        return {"allocator": FairDivisionAllocator("sinkhorn", num_iterations=20, tol=1e-4, spatial_sigma=1.0)}
-    return {"allocator": DivideAndDenoisePipeline.default_allocator()}
+    if method == "multidiffusion_oracle":
+        return {"allocator": RegionAllocator(regions)}
+    return {}
 
 
 def add_timings(total: dict, timings: dict) -> None:
@@ -84,194 +89,271 @@ def add_timings(total: dict, timings: dict) -> None:
         total[key] = total.get(key, 0.0) + value
 
 
-def overhead(timings: dict) -> float:
-    return (timings["utility"] + timings["allocation"] + timings["alignment"]) / timings["model_forwards"]
-
-
-def run_discs(experts_fn, args, seed: int, timings: dict, keep: dict | None):
+def disc_scheduler():
     from diffusers import DDIMScheduler
 
-    from diffusers_ext import DivideAndDenoisePipeline, MultiDenoiserModel
-    from diffusers_ext.evaluation.divide_and_denoise.composition import discs_success
+    return DDIMScheduler(num_train_timesteps=1000, beta_schedule="linear", clip_sample=False)
 
-    scheduler = DDIMScheduler(num_train_timesteps=1000, beta_schedule="linear", clip_sample=False)
-    pipe = DivideAndDenoisePipeline(MultiDenoiserModel(experts_fn(seed=seed)), scheduler)
+
+# Calibration on real data ----------------------------------------------------------------------------------------
+
+
+def calibrate(args, classifier) -> dict:
+    """Thresholds from real objects only (no composition method involved), plus the judge's accuracy."""
+    from diffusers_ext import AverageAllocator, DivideAndDenoisePipeline, MultiDenoiserModel
+    from diffusers_ext.data.digits import load_digits_images
+    from diffusers_ext.evaluation.divide_and_denoise.placements import (
+        COLOURS,
+        colour_expert,
+        colour_object_scores,
+        random_layout,
+    )
+    from diffusers_ext.evaluation.protocol import calibrate_threshold
+
+    disc_scores = {}
+    for k, colour in enumerate(COLOURS):
+        expert = colour_expert(random_layout(1, CALIBRATION_SEED + k)[0], colour, seed=CALIBRATION_SEED + k)
+        pipe = DivideAndDenoisePipeline(MultiDenoiserModel([expert]), disc_scheduler())
+        pipe.set_progress_bar_config(disable=True)
+        out = pipe(num_inference_steps=args.disc_steps, num_images_per_prompt=args.calibration_images,
+                   generator=torch.Generator().manual_seed(CALIBRATION_SEED + k), output_type="pt",
+                   allocator=AverageAllocator())  # fmt: skip
+        disc_scores[colour] = colour_object_scores(out.images, colour, grid=CALIBRATION_GRID).tolist()
+    all_disc = [s for scores in disc_scores.values() for s in scores]
+    disc_threshold = calibrate_threshold(all_disc, args.detect_fraction)
+
+    images, labels = load_digits_images("heldout", resolution=8)
+    ink_scores = images.flatten(1).topk(MIN_INK_PIXELS, dim=1).values[:, -1]
+    ink_threshold = calibrate_threshold((ink_scores - 1e-6).tolist(), args.detect_fraction)
+    with torch.no_grad():
+        accuracy = float((classifier(images).logits.argmax(1) == labels).float().mean())
+    return {
+        "disc_threshold": float(disc_threshold),
+        "disc_real_objects": "each colour's expert sampled alone (no composition), "
+        f"{args.calibration_images} images per colour",
+        "disc_detected_fraction": float(np.mean(np.array(all_disc) >= disc_threshold)),
+        "ink_threshold": float(ink_threshold),
+        "ink_real_objects": f"{len(images)} held-out scikit-learn digits (8x8), not seen by the classifier",
+        "ink_detected_fraction": float((ink_scores > ink_threshold).float().mean()),
+        "classifier_heldout_accuracy": accuracy,
+    }
+
+
+# The composition settings ----------------------------------------------------------------------------------------
+
+
+def run_discs(args, num_experts: int, seed: int, timings: dict) -> dict:
+    from diffusers_ext import DivideAndDenoisePipeline, MultiDenoiserModel
+    from diffusers_ext.evaluation.divide_and_denoise.placements import layout_experts, layout_regions, random_layout
+
+    centres = random_layout(num_experts, seed)
+    pipe = DivideAndDenoisePipeline(MultiDenoiserModel(layout_experts(centres, seed=seed)), disc_scheduler())
     pipe.set_progress_bar_config(disable=True)
-    scores = {}
+    regions = layout_regions(centres)
+    images = {}
     for method in METHODS:
-        out = pipe(num_inference_steps=args.disc_steps, num_images_per_prompt=args.disc_samples,
-                   generator=torch.Generator().manual_seed(seed), output_type="pt", **method_kwargs(method))  # fmt: skip
-        scores[method] = float(discs_success(out.images).mean())
-        scores["lenient/" + method] = float(discs_success(out.images, min_intensity=LENIENT_DISC).mean())
+        out = pipe(num_inference_steps=args.disc_steps, num_images_per_prompt=args.disc_images,
+                   generator=torch.Generator().manual_seed(seed), output_type="pt",
+                   **allocator_for(method, regions))  # fmt: skip
+        images[method] = out.images
         if method == "divide_and_denoise":
             add_timings(timings, out.timings)
-        if keep is not None and method in ("divide_and_denoise", "multidiffusion", "averaging"):
-            keep[method] = (out.images[0].permute(1, 2, 0).numpy(), out.allocations[:, 0].numpy())
-    return scores
+    return {"layout": centres, "images": images}
 
 
-def run_digits(unet, scheduler, classifier, args, seed: int, timings: dict, keep: dict | None):
+def run_digits(unet, scheduler, classifier, args, num_experts: int, seed: int, timings: dict) -> dict:
     from diffusers_ext import DivideAndDenoisePipeline, MultiDenoiserModel, WindowedDenoiser
-    from diffusers_ext.evaluation.divide_and_denoise.composition import digits_success, score_digit_slots
 
-    schedule = {k: scheduler.config[k] for k in ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule")}
-    windows = [WindowedDenoiser.from_unet(unet, (8, 24), (0, 8 * s), -1.0, **schedule) for s in range(3)]
+    num_slots = num_experts + 1
+    width = 8 * num_slots
     rng = random.Random(seed)
-    prompts = []
-    for _ in range(args.digit_prompts):
-        digits, slots = rng.sample(range(10), 2), rng.sample(range(3), 2)
-        prompts.append((digits, slots))
-    successes = {name: [] for method in METHODS for name in (method, "lenient/" + method)}
-    for p, (digits, slots) in enumerate(prompts):
-        pipe = DivideAndDenoisePipeline(
-            MultiDenoiserModel([windows[s] for s in slots]), scheduler, null_class_label=10
-        )
-        pipe.set_progress_bar_config(disable=True)
-        for method in METHODS:
-            out = pipe(class_labels=digits, width=24, num_inference_steps=args.digit_steps,
-                       num_images_per_prompt=args.digit_images, generator=torch.Generator().manual_seed(seed * 1000 + p),
-                       output_type="pt", **method_kwargs(method))  # fmt: skip
-            present, labels = score_digit_slots(classifier, out.images * 2 - 1)
-            successes[method].extend(digits_success(present, labels, digits).tolist())
-            present, labels = score_digit_slots(classifier, out.images * 2 - 1, ink_threshold=LENIENT_INK)
-            successes["lenient/" + method].extend(digits_success(present, labels, digits).tolist())
-            if method == "divide_and_denoise":
-                add_timings(timings, out.timings)
-            if keep is not None and p == 0 and method in ("divide_and_denoise", "multidiffusion", "averaging"):
-                keep[method] = (out.images[0].permute(1, 2, 0).numpy(), out.allocations[:, 0].numpy())
-        if keep is not None and p == 0:
-            keep["prompt"] = {"digits": digits, "slots": slots}
-    return {name: float(np.mean(values)) for name, values in successes.items()}
+    digits, slots = rng.sample(range(10), num_experts), rng.sample(range(num_slots), num_experts)
+    schedule = {k: scheduler.config[k] for k in ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule")}
+    experts = [WindowedDenoiser.from_unet(unet, (8, width), (0, 8 * s), -1.0, **schedule) for s in slots]
+    regions = torch.zeros(num_experts, 8, width)
+    for k, s in enumerate(slots):
+        regions[k, :, 8 * s : 8 * (s + 1)] = 1.0
+    pipe = DivideAndDenoisePipeline(MultiDenoiserModel(experts), scheduler, null_class_label=10)
+    pipe.set_progress_bar_config(disable=True)
+    scored = {}
+    for method in METHODS:
+        out = pipe(class_labels=digits, width=width, num_inference_steps=args.digit_steps,
+                   num_images_per_prompt=args.digit_images, generator=torch.Generator().manual_seed(seed),
+                   output_type="pt", **allocator_for(method, regions))  # fmt: skip
+        scored[method] = slot_statistics(classifier, out.images * 2 - 1)
+        if method == "divide_and_denoise":
+            add_timings(timings, out.timings)
+    return {"layout": {"digits": digits, "slots": slots}, "slots": scored}
 
 
-def run_digits_shared(ddpm, classifier, args, seed: int, timings: dict, keep: dict | None):
+def slot_statistics(classifier, images: torch.Tensor) -> dict:
+    """Per image and slot: the ink statistic (the `MIN_INK_PIXELS`-th brightest pixel, so a slot holds a digit at
+    ink threshold `t` when it exceeds `t`) and the classifier's verdict; success at any threshold follows."""
+    from diffusers_ext.evaluation.divide_and_denoise.composition import score_digit_slots
+
+    _, labels = score_digit_slots(classifier, images)
+    crops = images.unfold(3, 8, 8).permute(0, 3, 1, 2, 4).flatten(2)  # (N, slots, 64)
+    ink = crops.topk(MIN_INK_PIXELS, dim=2).values[..., -1]
+    return {"ink": ink, "labels": labels}
+
+
+def digit_success(stats: dict, requested: list[int], threshold: float) -> np.ndarray:
+    from diffusers_ext.evaluation.divide_and_denoise.composition import digits_success
+
+    return digits_success(stats["ink"] > threshold, stats["labels"], requested)
+
+
+def disc_success(images: torch.Tensor, num_experts: int, threshold: float) -> np.ndarray:
+    from diffusers_ext.evaluation.divide_and_denoise.placements import COLOURS, colour_success
+
+    return colour_success(images, list(COLOURS)[:num_experts], min_intensity=float(threshold))
+
+
+def run_wide_canvas(ddpm, classifier, args, seed: int, timings: dict) -> dict:
     from diffusers_ext import DivideAndDenoisePipeline
-    from diffusers_ext.evaluation.divide_and_denoise.composition import digits_success, score_digit_slots
 
     pipe = DivideAndDenoisePipeline.from_pipelines([ddpm])
     pipe.set_progress_bar_config(disable=True)
-    rng = random.Random(seed)
-    successes = {name: [] for method in METHODS for name in (method, "lenient/" + method)}
-    for p in range(args.shared_prompts):
-        digits = rng.sample(range(10), 2)
-        for method in METHODS:
-            out = pipe(class_labels=digits, width=16, num_inference_steps=args.digit_steps,
-                       num_images_per_prompt=args.digit_images, generator=torch.Generator().manual_seed(seed * 1000 + p),
-                       output_type="pt", **method_kwargs(method))  # fmt: skip
-            for prefix, ink in (("", 0.0), ("lenient/", LENIENT_INK)):
-                present, labels = score_digit_slots(classifier, out.images * 2 - 1, ink_threshold=ink)
-                successes[prefix + method].extend(digits_success(present, labels, digits).tolist())
-            if method == "divide_and_denoise":
-                add_timings(timings, out.timings)
-            if keep is not None and p == 0 and method in ("divide_and_denoise", "multidiffusion", "averaging"):
-                keep[method] = (out.images[0].permute(1, 2, 0).numpy(), out.allocations[:, 0].numpy())
-    return {name: float(np.mean(values)) for name, values in successes.items()}
+    digits = random.Random(seed).sample(range(10), 2)
+    scored = {}
+    for method in METHODS[:3]:
+        out = pipe(class_labels=digits, width=16, num_inference_steps=args.digit_steps,
+                   num_images_per_prompt=args.digit_images, generator=torch.Generator().manual_seed(seed),
+                   output_type="pt", **allocator_for(method, None))  # fmt: skip
+        scored[method] = slot_statistics(classifier, out.images * 2 - 1)
+    return {"layout": {"digits": digits}, "slots": scored}
 
 
-def summarise(per_seed: list[dict]) -> dict:
-    return {
-        name: {"mean": float(np.mean([s[name] for s in per_seed])), "std": float(np.std([s[name] for s in per_seed])),
-               "per_seed": [s[name] for s in per_seed]}
-        for name in per_seed[0]
-    }  # fmt: skip
+# Scoring and reporting -------------------------------------------------------------------------------------------
 
 
-def write_plot(results, path):
+def score_runs(runs: list[dict], success_fn, methods) -> dict:
+    """Per method: per-layout success rates (mean ± spread over layouts) and the pooled rate with its standard
+    error over images."""
+    from diffusers_ext.evaluation.protocol import binomial_standard_error, mean_spread
+
+    scores = {}
+    for method in methods:
+        per_layout = [success_fn(run, method) for run in runs]
+        pooled = np.concatenate(per_layout)
+        scores[method] = {
+            "rate": float(pooled.mean()),
+            "standard_error": binomial_standard_error(float(pooled.mean()), len(pooled)),
+            "images": len(pooled),
+            "over_layouts": mean_spread([float(s.mean()) for s in per_layout]),
+        }
+    return scores
+
+
+def pooled(scores_by_k: dict, method: str) -> tuple[float, int]:
+    """Image-weighted rate over the numbers of experts."""
+    n = sum(s[method]["images"] for s in scores_by_k.values())
+    return sum(s[method]["rate"] * s[method]["images"] for s in scores_by_k.values()) / n, n
+
+
+def write_plot(results: dict, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    settings = list(SETTINGS)
-    fig, ax = plt.subplots(figsize=(10, 3.8), dpi=100)
+    groups = [(family, k) for family in ("discs", "digits") for k in results["test"][family]]
+    fig, ax = plt.subplots(figsize=(9, 3.6), dpi=100)
     width = 0.8 / len(METHODS)
-    colors = ["#2a7", "#c84", "#48c", "#9c9", "#aaa", "#c9c"]
+    colors = {"divide_and_denoise": "#2a7", "averaging": "#c84", "multidiffusion": "#48c",
+              "multidiffusion_oracle": "#bbb"}  # fmt: skip
     for m, method in enumerate(METHODS):
-        xs = [i + (m - (len(METHODS) - 1) / 2) * width for i in range(len(settings))]
-        means = [results[s][method]["mean"] for s in settings]
-        stds = [results[s][method]["std"] for s in settings]
-        ax.bar(xs, means, width, yerr=stds, capsize=2, label=method, color=colors[m])
+        xs = [i + (m - (len(METHODS) - 1) / 2) * width for i in range(len(groups))]
+        cells = [results["test"][f][k][method] for f, k in groups]
+        label = method + (" (upper reference: told the layout)" if method == "multidiffusion_oracle" else "")
+        ax.bar(xs, [c["rate"] for c in cells], width, yerr=[c["standard_error"] for c in cells], capsize=2,
+               label=label, color=colors[method])  # fmt: skip
     ax.axhline(0.9, color="#2a7", linestyle="--", linewidth=1)
-    ax.axhline(0.5, color="#c33", linestyle=":", linewidth=1)
-    ax.set_xticks(range(len(settings)))
-    ax.set_xticklabels(
-        [
-            "conflicting priors (discs)",
-            "digits, 8x24 canvas",
-            "centred priors",
-            "dominant expert",
-            "digits, shared 8x16",
-        ]
-    )
-    ax.set_ylabel("composition success")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{f}, {k} experts" for f, k in groups])
+    ax.set_ylabel("composition success (test split)")
     ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    ax.set_title("Random expert placements, unknown to every method (error bars: standard error over images)")
+    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
-def write_allocation_plot(examples: dict, path: str):
-    """Rows: settings; columns: final image of each method, then D&D's allocation of agent 0 at four steps."""
+def write_sweep_plot(results: dict, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [name for name in ("conflict", "centred", "dominant", "digits", "digits_shared") if name in examples]
-    fig, axes = plt.subplots(len(rows), 7, figsize=(14, 2.1 * len(rows)), dpi=100, squeeze=False)
-    for r, name in enumerate(rows):
-        keep = examples[name]
-        for c, method in enumerate(("divide_and_denoise", "averaging", "multidiffusion")):
-            image = keep[method][0]
-            axes[r, c].imshow(image.squeeze(-1) if image.shape[-1] == 1 else image, cmap="gray", vmin=0, vmax=1,
-                              interpolation="nearest")  # fmt: skip
-            axes[r, c].set_title(f"{name}: {method}", fontsize=7)
-        allocations = keep["divide_and_denoise"][1]
-        steps = np.linspace(0, len(allocations) - 1, 4).round().astype(int)
-        for c, step in enumerate(steps, start=3):
-            axes[r, c].imshow(allocations[step, 0], cmap="coolwarm", vmin=0, vmax=1, interpolation="nearest")
-            axes[r, c].set_title(f"D&D share of model 0, step {step}", fontsize=7)
-        for ax in axes[r]:
-            ax.set_xticks([])
-            ax.set_yticks([])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), dpi=100)
+    for ax, family, key in zip(axes, ("discs", "digits"), ("disc_threshold", "ink_threshold")):
+        sweep = results["sweep"][family]
+        for method in METHODS:
+            ax.plot(sweep["thresholds"], sweep[method], marker=".", label=method)
+        ax.axvline(results["calibration"][key], color="k", linestyle=":", linewidth=1, label="calibrated on real data")
+        ax.set_xlabel("disc colour threshold" if family == "discs" else "digit ink threshold ([-1, 1])")
+        ax.set_ylabel("success (test split, all K)")
+        ax.set_title(f"{family}: success against the detector threshold", fontsize=9)
+        ax.set_ylim(0, 1.05)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
-def write_markdown(results, path):
-    s = results["summary"]
+def write_markdown(results: dict, path: str) -> None:
+    from diffusers_ext.evaluation.protocol import targets_status
+
+    s, c = results["summary"], results["calibration"]
     lines = [
-        "# Divide-and-Denoise composition benchmark",
+        "# Divide-and-Denoise composition benchmark (random placements)",
         "",
-        f"Command: `{results['command']}`",
+        f"Command: `{results['command']}` ({results['seconds'] / 60:.1f} min, code hash `{results['code_hash'][:12]}`)",
         "",
-        f"Success rate, mean ± std over seeds {results['settings']['seeds']}. The headline detectors count objects at "
-        f"near full strength (disc colour > 0.6, digit ink > half white); the lenient rows (disc colour > "
-        f"{LENIENT_DISC}, ink > quarter white) also count the faded objects that averaging produces.",
+        f"Detectors calibrated on real data before any method ran: disc colour threshold {c['disc_threshold']:.2f} "
+        f"(detects {c['disc_detected_fraction']:.1%} of {c['disc_real_objects']}); digit ink threshold "
+        f"{c['ink_threshold']:.2f} (detects {c['ink_detected_fraction']:.1%} of {c['ink_real_objects']}); zoo "
+        f"classifier accuracy on those held-out digits {c['classifier_heldout_accuracy']:.3f}. No method has a tuned "
+        "setting; the validation split was run first and the test split once.",
         "",
-        "| setting | " + " | ".join(METHODS) + " |",
-        "| --- |" + " --- |" * len(METHODS),
+        f"**{targets_status(s['targets'])}** (test split):",
+        "",
+        "| target | value | threshold | met |",
+        "| --- | --- | --- | --- |",
     ]
-    for prefix in ("", "lenient/"):
-        for setting in SETTINGS:
-            cells = [f"{results[setting][prefix + m]['mean']:.3f} ± {results[setting][prefix + m]['std']:.3f}"
-                     for m in METHODS]  # fmt: skip
-            label = setting + (" (lenient detector)" if prefix else "")
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for t in s["targets"]:
+        lines.append(f"| {t['name']} | {t['value']:.3f} | {t['comparison']} {t['threshold']} | "
+                     f"{'yes' if t['met'] else 'no'} |")  # fmt: skip
+    lines += ["", "Gap to MultiDiffusion told the hidden layout (upper reference, D&D gets no layout), test split: "
+              + "; ".join(f"{f}: D&D {g['divide_and_denoise']:.3f} vs {g['multidiffusion_oracle']:.3f} "
+                          f"(gap {g['gap']:+.3f})" for f, g in s["oracle_gap"].items()), ""]  # fmt: skip
+    for split in ("test", "validation"):
+        lines += [
+            f"## {split} split: success rate ± standard error over images (mean ± std over layouts)",
+            "",
+            "| setting | " + " | ".join(METHODS) + " |",
+            "| --- |" + " --- |" * len(METHODS),
+        ]
+        for family in ("discs", "digits"):
+            for k, scores in results[split][family].items():
+                cells = [f"{scores[m]['rate']:.3f} ± {scores[m]['standard_error']:.3f} "
+                         f"({scores[m]['over_layouts']['mean']:.2f} ± {scores[m]['over_layouts']['std']:.2f})"
+                         for m in METHODS]  # fmt: skip
+                lines.append(f"| {family}, {k} experts, {scores[METHODS[0]]['images']} images | " + " | ".join(cells)
+                             + " |")  # fmt: skip
+        wide = results[split]["one_model_wide_canvas"]
+        cells = [f"{wide[m]['rate']:.3f} ± {wide[m]['standard_error']:.3f}" for m in METHODS[:3]] + ["n/a"]
+        lines.append("| one model, wide 8x16 canvas (row only) | " + " | ".join(cells) + " |")
+        lines.append("")
     lines += [
+        "Sanity (not targets): "
+        + "; ".join(
+            f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in s["sanity"].items()
+        ),  # fmt: skip
         "",
-        "| target | measured | met |",
-        "| --- | --- | --- |",
-    ]
-    for name, met in s["targets_met"].items():
-        lines.append(f"| {name} | {s['target_values'][name]} | {'yes' if met else 'no'} |")
-    lines += [
-        "",
-        f"Allocation + alignment overhead (utilities, fair division, alignment) relative to the model forwards: digits "
-        f"(zoo UNet) {s['allocation_overhead_fraction']:.3f}; disc experts (analytic denoisers, whose forwards are "
-        f"cheap) {results['overhead']['conflict']:.3f}.",
+        f"Overhead of utilities + allocation + alignment over the model forwards (digits, zoo UNet): "
+        f"{s['overhead_digits']:.3f}.",
     ]
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
@@ -281,73 +363,126 @@ def main(argv=None):
     args = parse_args(argv)
     import diffusers_ext
     from diffusers_ext import zoo
-    from diffusers_ext.evaluation.divide_and_denoise.composition import (
-        centred_experts,
-        conflict_experts,
-        dominant_experts,
-    )
+    from diffusers_ext.evaluation.protocol import settings_code_hash, target
 
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    torch.set_num_threads(1)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code_hash = settings_code_hash(
+        vars(args) | {"output_dir": None},
+        [os.path.abspath(__file__), os.path.join(root, "diffusers_ext", "pipelines", "divide_and_denoise"),
+         os.path.join(root, "diffusers_ext", "evaluation", "divide_and_denoise")],
+    )  # fmt: skip
     ddpm = diffusers_ext.load_pipeline(args.ddpm) if args.ddpm else zoo.load("digits-ddpm")
     classifier = zoo.load("digits-classifier").eval()
-
-    per_seed = {name: [] for name in SETTINGS}
-    timings = {name: {} for name in per_seed}
-    examples = {}
     start = time.perf_counter()
-    for i, seed in enumerate(args.seeds):
-        first = i == 0
-        for name, fn in (("conflict", conflict_experts), ("centred", centred_experts), ("dominant", dominant_experts)):
-            keep = examples.setdefault(name, {}) if first else None
-            per_seed[name].append(run_discs(fn, args, seed, timings[name], keep))
-        keep = examples.setdefault("digits", {}) if first else None
-        per_seed["digits"].append(
-            run_digits(ddpm.unet, ddpm.scheduler, classifier, args, seed, timings["digits"], keep)
-        )
-        keep = examples.setdefault("digits_shared", {}) if first else None
-        per_seed["digits_shared"].append(
-            run_digits_shared(ddpm, classifier, args, seed, timings["digits_shared"], keep)
-        )
-        print(f"seed {seed}: " + "; ".join(f"{k} {v[-1]}" for k, v in per_seed.items()), flush=True)
+    calibration = calibrate(args, classifier)
+    print("calibration:", calibration, flush=True)
+    disc_t, ink_t = calibration["disc_threshold"], calibration["ink_threshold"]
 
-    results = {
-        "command": "python benchmarks/divide_and_denoise.py"
-        + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
-        "settings": vars(args) | {"output_dir": None},
-        "seconds": time.perf_counter() - start,
-        **{name: summarise(values) for name, values in per_seed.items()},
-        "timings": timings,
-        "overhead": {name: overhead(t) for name, t in timings.items()},
-        "digits_example_prompt": examples["digits"].get("prompt"),
-    }
-    conflict = {m: results["conflict"][m]["mean"] for m in METHODS}
-    digits = {m: results["digits"][m]["mean"] for m in METHODS}
+    timings = {"discs": {}, "digits": {}}
+    results = {"calibration": calibration}
+    kept = {}
+    for split, base in SPLIT_SEEDS.items():  # validation first, then the test split once
+        layouts = args.val_layouts if split == "validation" else args.test_layouts
+        results[split] = {"discs": {}, "digits": {}}
+        kept[split] = {"discs": {}, "digits": {}}
+        for k in args.experts:
+            disc_runs = [run_discs(args, k, base + 10 * k + i, timings["discs"]) for i in range(layouts)]
+            digit_runs = [run_digits(ddpm.unet, ddpm.scheduler, classifier, args, k, base + 10 * k + i,
+                                     timings["digits"]) for i in range(layouts)]  # fmt: skip
+            results[split]["discs"][k] = score_runs(
+                disc_runs, lambda run, m, k=k: disc_success(run["images"][m], k, disc_t), METHODS
+            )
+            results[split]["digits"][k] = score_runs(
+                digit_runs, lambda run, m: digit_success(run["slots"][m], run["layout"]["digits"], ink_t), METHODS
+            )
+            for family, runs in (("discs", disc_runs), ("digits", digit_runs)):
+                results[split][family][k]["layouts"] = [run["layout"] for run in runs]
+            kept[split]["discs"][k], kept[split]["digits"][k] = disc_runs, digit_runs
+            print(f"{split} K={k}: discs " + str({m: results[split]["discs"][k][m]["rate"] for m in METHODS})
+                  + " digits " + str({m: results[split]["digits"][k][m]["rate"] for m in METHODS}), flush=True)  # fmt: skip
+        wide_count = args.wide_val if split == "validation" else args.wide_test
+        wide_runs = [run_wide_canvas(ddpm, classifier, args, base + 500 + i, {}) for i in range(wide_count)]
+        results[split]["one_model_wide_canvas"] = score_runs(
+            wide_runs, lambda run, m: digit_success(run["slots"][m], run["layout"]["digits"], ink_t), METHODS[:3]
+        )
+        print(f"{split} wide canvas: " + str({m: results[split]["one_model_wide_canvas"][m]["rate"]
+                                              for m in METHODS[:3]}), flush=True)  # fmt: skip
+
+    # Threshold sweep on the test split (the headline uses only the calibrated thresholds).
+    test = kept["test"]
+    sweep = {"discs": {"thresholds": SWEEP["discs"].tolist()}, "digits": {"thresholds": SWEEP["digits"].tolist()}}
+    for method in METHODS:
+        sweep["discs"][method] = [
+            float(np.concatenate([disc_success(r["images"][method], k, t) for k, runs in test["discs"].items()
+                                  for r in runs]).mean())
+            for t in SWEEP["discs"]
+        ]  # fmt: skip
+        sweep["digits"][method] = [
+            float(np.concatenate([digit_success(r["slots"][method], r["layout"]["digits"], t)
+                                  for runs in test["digits"].values() for r in runs]).mean())
+            for t in SWEEP["digits"]
+        ]  # fmt: skip
+    results["sweep"] = sweep
+
+    overhead = {f: (t["utility"] + t["allocation"] + t["alignment"]) / t["model_forwards"] for f, t in timings.items()}
+    targets, gaps = [], {}
+    for family, label in (("discs", "discs"), ("digits", "digits")):
+        dnd, _ = pooled(results["test"][family], "divide_and_denoise")
+        md, _ = pooled(results["test"][family], "multidiffusion")
+        oracle, _ = pooled(results["test"][family], "multidiffusion_oracle")
+        targets.append(target(f"{label}, random placements: D&D success", dnd, 0.9))
+        targets.append(target(f"{label}, random placements: D&D minus MultiDiffusion (default strips)", dnd - md, 0.2))
+        gaps[family] = {"divide_and_denoise": dnd, "multidiffusion_oracle": oracle, "gap": dnd - oracle}
+    targets.append(target("overhead of allocation over the model forwards (digits)", overhead["digits"], 0.15, "<="))
+    single = expert_alone_success(ddpm, classifier, args, ink_t)
+    results.update(
+        {
+            "command": "python benchmarks/divide_and_denoise.py"
+            + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
+            "settings": vars(args) | {"output_dir": None},
+            "code_hash": code_hash,
+            "seconds": time.perf_counter() - start,
+            "protocol": {
+                "splits": {name: f"layouts and noise seeds {base}+" for name, base in SPLIT_SEEDS.items()},
+                "choices_made_on_validation": "none: every method runs at its defaults; detector thresholds come "
+                "from real data",
+                "oracle_reference": "multidiffusion_oracle is told the hidden layout (upper reference)",
+            },
+            "timings": timings,
+            "overhead": overhead,
+        }
+    )
     results["summary"] = {
-        "conflict_success": {k: conflict[k] for k in ("divide_and_denoise", "averaging", "multidiffusion")},
-        "digits_success": {k: digits[k] for k in ("divide_and_denoise", "averaging", "multidiffusion")},
-        "allocation_overhead_fraction": results["overhead"]["digits"],
-        "target_values": {
-            "conflict: D&D >= 0.9": f"{conflict['divide_and_denoise']:.3f}",
-            "conflict: averaging, MultiDiffusion <= 0.5": f"{conflict['averaging']:.3f}, {conflict['multidiffusion']:.3f}",
-            "digits: D&D >= both baselines + 0.20": f"{digits['divide_and_denoise']:.3f} vs "
-            f"{max(digits['averaging'], digits['multidiffusion']):.3f}",
-            "overhead <= 0.15 of the model forwards": f"{results['overhead']['digits']:.3f}",
+        "targets": targets,
+        "oracle_gap": gaps,
+        "overhead_digits": overhead["digits"],
+        "sanity": {
+            "classifier_heldout_accuracy": calibration["classifier_heldout_accuracy"],
+            "disc_threshold": disc_t,
+            "ink_threshold": ink_t,
+            "digits DDPM alone on its 8x8 canvas, success at the calibrated ink threshold": single,
         },
-    }
-    results["summary"]["targets_met"] = {
-        "conflict: D&D >= 0.9": conflict["divide_and_denoise"] >= 0.9,
-        "conflict: averaging, MultiDiffusion <= 0.5": max(conflict["averaging"], conflict["multidiffusion"]) <= 0.5,
-        "digits: D&D >= both baselines + 0.20": digits["divide_and_denoise"]
-        >= max(digits["averaging"], digits["multidiffusion"]) + 0.2,
-        "overhead <= 0.15 of the model forwards": results["overhead"]["digits"] <= 0.15,
     }
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "divide_and_denoise.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
     write_markdown(results, os.path.join(args.output_dir, "divide_and_denoise.md"))
     write_plot(results, os.path.join(args.output_dir, "divide_and_denoise.png"))
-    write_allocation_plot(examples, os.path.join(args.output_dir, "divide_and_denoise_allocations.png"))
+    write_sweep_plot(results, os.path.join(args.output_dir, "divide_and_denoise_sweep.png"))
     print(json.dumps(results["summary"], indent=2))
+
+
+def expert_alone_success(ddpm, classifier, args, ink_threshold: float) -> float:
+    """Headroom check: how often the zoo DDPM alone paints a requested digit the judge reads (8x8, one slot)."""
+    labels = torch.arange(16) % 10
+    generator = torch.Generator().manual_seed(CALIBRATION_SEED)
+    ddpm.set_progress_bar_config(disable=True)
+    images = ddpm(class_labels=labels, num_inference_steps=args.digit_steps, generator=generator, output_type="pt")
+    images = images.images if hasattr(images, "images") else images[0]
+    stats = slot_statistics(classifier, torch.as_tensor(images).float() * 2 - 1)
+    ok = (stats["ink"][:, 0] > ink_threshold) & (stats["labels"][:, 0] == labels)
+    return float(ok.float().mean())
 
 
 if __name__ == "__main__":

@@ -24,6 +24,24 @@ _import_structure = {
         "score_digit_slots",
     ],
     "divide_and_denoise.empirical_denoiser": ["EmpiricalOptimalDenoiser"],
+    "divide_and_denoise.placements": [
+        "colour_expert",
+        "colour_object_scores",
+        "colour_success",
+        "count_colour_blobs",
+        "layout_experts",
+        "layout_regions",
+        "random_layout",
+    ],
+    "protocol": [
+        "binomial_standard_error",
+        "calibrate_threshold",
+        "mean_spread",
+        "settings_code_hash",
+        "target",
+        "targets_met",
+        "targets_status",
+    ],
     "soar": ["MarkovChainOracleLM"],
     "unlearning": ["ConceptUnlearningReport", "denoising_losses", "evaluate_concept_unlearning", "membership_summary"],
 }
@@ -44,6 +62,24 @@ if TYPE_CHECKING:
         score_digit_slots,
     )
     from .divide_and_denoise.empirical_denoiser import EmpiricalOptimalDenoiser
+    from .divide_and_denoise.placements import (
+        colour_expert,
+        colour_object_scores,
+        colour_success,
+        count_colour_blobs,
+        layout_experts,
+        layout_regions,
+        random_layout,
+    )
+    from .protocol import (
+        binomial_standard_error,
+        calibrate_threshold,
+        mean_spread,
+        settings_code_hash,
+        target,
+        targets_met,
+        targets_status,
+    )
     from .soar import MarkovChainOracleLM
     from .unlearning import ConceptUnlearningReport, denoising_losses, evaluate_concept_unlearning, membership_summary
 else:

@@ -1,0 +1,119 @@
+"""Random expert placements for the Divide-and-Denoise benchmark: layouts no method is told about.
+
+A layout gives each of `K` analytic disc experts (red, blue, green) its own small box of disc centres, drawn at
+random on the canvas with the boxes kept apart, so where each expert wants to paint is independent of any
+method's defaults (MultiDiffusion's strips included). `layout_regions` turns a layout into the masks that an
+oracle-informed MultiDiffusion receives (the upper reference), and `count_colour_blobs` / `colour_object_scores`
+are the detector and its calibration statistic.
+"""
+
+import numpy as np
+import torch
+
+from .composition import CANVAS, disc_templates
+from .empirical_denoiser import EmpiricalOptimalDenoiser
+
+
+COLOURS = {"red": (1.0, -1.0, -1.0), "blue": (-1.0, -1.0, 1.0), "green": (-1.0, 1.0, -1.0)}
+RADIUS_RANGE = (2.0, 3.0)
+BOX_HALF_WIDTH = 0.75
+
+
+def random_layout(
+    num_experts: int, seed: int, size: int = CANVAS, min_distance: float = 8.0, margin: float = 3.5
+) -> list[tuple[float, float]]:
+    """`num_experts` disc-centre positions `(x, y)`, uniform in `[margin, size - margin]^2`, pairwise at least
+    `min_distance` apart (rejection sampling with a `numpy` generator seeded by `seed`)."""
+    if num_experts not in (1, 2, 3):
+        raise ValueError(f"`num_experts` must be 1, 2 or 3 (one colour each), got {num_experts!r}.")
+    rng = np.random.default_rng(seed)
+    for _ in range(100_000):
+        centres = rng.uniform(margin, size - margin, size=(num_experts, 2))
+        gaps = [np.hypot(*(centres[i] - centres[j])) for i in range(num_experts) for j in range(i)]
+        if all(g >= min_distance for g in gaps):
+            return [tuple(float(v) for v in c) for c in centres]
+    raise ValueError(f"no layout of {num_experts} centres {min_distance} apart fits a {size}x{size} canvas.")
+
+
+def colour_expert(
+    centre: tuple[float, float], colour: str, num_templates: int = 200, seed: int = 0, **schedule
+) -> EmpiricalOptimalDenoiser:
+    """An analytic expert whose `colour` discs (radius 2-3) are centred in a box of half-width 0.75 around
+    `centre`; `schedule` as in [`EmpiricalOptimalDenoiser`]."""
+    if colour not in COLOURS:
+        raise ValueError(f"`colour` must be one of {list(COLOURS)}, got {colour!r}.")
+    (cx, cy), h = centre, BOX_HALF_WIDTH
+    templates = disc_templates(
+        COLOURS[colour], (cx - h, cx + h), (cy - h, cy + h), num_templates, RADIUS_RANGE, seed=seed
+    )
+    return EmpiricalOptimalDenoiser.from_templates(templates, **schedule).eval()
+
+
+def layout_experts(
+    centres: list[tuple[float, float]], num_templates: int = 200, seed: int = 0, **schedule
+) -> list[EmpiricalOptimalDenoiser]:
+    """One [`colour_expert`] per centre, in colour order red, blue, green (template seeds `seed + k`)."""
+    return [
+        colour_expert(centre, colour, num_templates, seed + k, **schedule)
+        for k, (centre, colour) in enumerate(zip(centres, COLOURS))
+    ]
+
+
+def layout_regions(centres: list[tuple[float, float]], size: int = CANVAS) -> torch.Tensor:
+    """`(K, size, size)` oracle masks: the pixels any of expert `k`'s discs can cover (its box grown by the largest
+    radius). Given to `RegionAllocator(regions)`, this is MultiDiffusion told the hidden layout."""
+    coords = torch.arange(size, dtype=torch.float64) + 0.5
+    masks = []
+    for cx, cy in centres:
+        dx = ((coords - cx).abs() - BOX_HALF_WIDTH).clamp_min(0).view(1, -1)
+        dy = ((coords - cy).abs() - BOX_HALF_WIDTH).clamp_min(0).view(-1, 1)
+        masks.append((dx**2 + dy**2 <= RADIUS_RANGE[1] ** 2).float())
+    return torch.stack(masks)
+
+
+def _colour_masks(image: np.ndarray, colour: str, min_intensity: float) -> np.ndarray:
+    channel = int(np.argmax(COLOURS[colour]))
+    others = [c for c in range(3) if c != channel]
+    return (image[channel] > min_intensity) & np.all(image[channel] > image[others] + 0.25, axis=0)
+
+
+def count_colour_blobs(
+    images: torch.Tensor | np.ndarray, colours: list[str], min_area: int = 8, min_intensity: float = 0.6
+) -> np.ndarray:
+    """`(N, len(colours))` counts of blobs of each colour in `(N, 3, H, W)` images in [0, 1].
+
+    A pixel has a colour when that channel exceeds `min_intensity` and exceeds both other channels by 0.25; a blob
+    is a 4-connected component of at least `min_area` such pixels.
+    """
+    from scipy import ndimage
+
+    array = images.detach().cpu().float().numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
+    if array.ndim != 4 or array.shape[1] != 3:
+        raise ValueError(f"`images` must have shape (N, 3, H, W), got {array.shape}.")
+    unknown = [c for c in colours if c not in COLOURS]
+    if unknown:
+        raise ValueError(f"`colours` must be among {list(COLOURS)}, got {unknown}.")
+    counts = np.zeros((len(array), len(colours)), dtype=np.int64)
+    for i, image in enumerate(array):
+        for j, colour in enumerate(colours):
+            labels, num = ndimage.label(_colour_masks(image, colour, min_intensity))
+            if num:
+                counts[i, j] = int((np.bincount(labels.ravel())[1:] >= min_area).sum())
+    return counts
+
+
+def colour_success(images, colours: list[str], min_area: int = 8, min_intensity: float = 0.6) -> np.ndarray:
+    """`(N,)` booleans: exactly one blob of every requested colour."""
+    return (count_colour_blobs(images, colours, min_area, min_intensity) == 1).all(axis=1)
+
+
+def colour_object_scores(images, colour: str, min_area: int = 8, grid: np.ndarray | None = None) -> np.ndarray:
+    """For `(N, 3, H, W)` images that each hold one real `colour` object: the largest detector threshold on `grid`
+    (default 0.05, 0.06, ..., 0.99) at which the object is still found; 0 when it is never found. The calibration
+    statistic of [`diffusers_ext.evaluation.protocol.calibrate_threshold`]."""
+    grid = np.round(np.arange(0.05, 1.0, 0.01), 2) if grid is None else np.sort(np.asarray(grid))
+    scores = np.zeros(len(images))
+    for t in grid:
+        found = count_colour_blobs(images, [colour], min_area, float(t))[:, 0] >= 1
+        scores[found] = t
+    return scores
