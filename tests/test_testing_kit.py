@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DDIMScheduler, DiffusionPipeline, StableDiffusion3Pipeline, StableDiffusionPipeline
+from diffusers.configuration_utils import register_to_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import diffusers_ext
@@ -568,23 +569,40 @@ class _LosesConfig(DDIMScheduler):
         return cls()
 
 
+class _TupleConfigBecomesList(DDIMScheduler):
+    """A tuple config entry that JSON turns into a list on reload (what `sde_window` did)."""
+
+    @register_to_config
+    def __init__(self, window: tuple = (1, 3), **kwargs):
+        super().__init__(**kwargs)
+
+
+class _UnknownCompatible(DDIMScheduler):
+    """Lists a compatible scheduler that exists nowhere."""
+
+    _compatibles = ["NoSuchScheduler"]
+
+
 @pytest.mark.parametrize(
     "scheduler_class, check, message",
     [
+        (_TupleConfigBecomesList, "test_config_types_survive_save_load", "window"),
+        (_UnknownCompatible, "test_compatibles_resolve_and_round_trip", "NoSuchScheduler"),
         (_TupleDropsFields, "test_step_return_dict_false_matches_output_fields", "tuple of 1"),
         (_ExtraTimestep, "test_set_timesteps_gives_requested_length", "gave 2 timesteps"),
         (_LosesConfig, "test_from_config_round_trip", "beta_schedule"),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else None,
 )
-def test_scheduler_suite_catches_faults(scheduler_class, check, message):
+def test_scheduler_suite_catches_faults(scheduler_class, check, message, tmp_path):
     suite = type(
         "_SchedulerSuite",
         (SchedulerConformanceTests,),
         {"scheduler_class": scheduler_class, "scheduler_config": {"beta_schedule": "scaled_linear"}},
     )()
+    kwargs = {"tmp_path": tmp_path} if "tmp_path" in inspect.signature(getattr(suite, check)).parameters else {}
     with pytest.raises(AssertionError, match=message):
-        getattr(suite, check)()
+        getattr(suite, check)(**kwargs)
 
 
 def test_testing_module_is_not_part_of_the_lazy_api():
