@@ -38,6 +38,7 @@ from .denoisers import (
     denoiser_sample_size,
 )
 from .fair_division import FairDivisionAllocator
+from .text_encoding import encode_agent_prompts
 from .utilities import ConceptAttentionStore, agent_utility_maps, record_cross_attention
 
 
@@ -209,6 +210,19 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         return denoiser_conditioning(self.denoisers[0])
 
     @property
+    def guidance_scale(self) -> float | list[float]:
+        """The guidance scale of the running call (a callback may set `pipe._guidance_scale`; read at every step)."""
+        return self._guidance_scale
+
+    @property
+    def do_classifier_free_guidance(self) -> bool:
+        return any(g > 1 for g in self._agent_guidance_scales())
+
+    def _agent_guidance_scales(self) -> list[float]:
+        scale, num_agents = self._guidance_scale, self._num_agents_running
+        return [float(g) for g in scale] if isinstance(scale, (list, tuple)) else [float(scale)] * num_agents
+
+    @property
     def num_timesteps(self) -> int:
         return self._num_timesteps
 
@@ -338,25 +352,13 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
 
     # model calls ----------------------------------------------------------------------------------------------------
 
-    def _encode_prompts(self, prompts: list[str], negative_prompt: str | None, device) -> tuple:
-        """Embeddings `(K, L, D)` of the prompts and `(1, L, D)` of the negative prompt, plus each prompt's token
-        count (without start and end tokens)."""
-        texts = prompts + [negative_prompt or ""]
-        tokens = self.tokenizer(
-            texts, padding="max_length", max_length=self.tokenizer.model_max_length, truncation=True,
-            return_tensors="pt",
-        )  # fmt: skip
-        embeds = self.text_encoder(tokens.input_ids.to(device))[0]
-        lengths = tokens.attention_mask.sum(dim=1)[:-1] - 2
-        return embeds[:-1], embeds[-1:], lengths.tolist()
-
     def _predict(
         self, sample: torch.Tensor, t, settings: DivideAndDenoiseCallSettings, cond: dict, record_attention: bool
     ):
         """Every agent's guided prediction `(B, K, C, H, W)`, its conditional and unconditional predictions and, with
         `record_attention`, its conditional cross-attention maps `(B, K, H, W, tokens)`."""
         batch, num_agents = sample.shape[0], settings.num_agents
-        branches = 2 if settings.needs_unconditional else 1
+        branches = 2 if settings.needs_unconditional or self.do_classifier_free_guidance else 1
         groups = [list(range(num_agents))] if len(self.denoisers) == 1 else [[k] for k in range(num_agents)]
         cond_out, uncond_out, attention = [None] * num_agents, [None] * num_agents, [None] * num_agents
         for agents in groups:
@@ -393,7 +395,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         uncond_out = torch.stack(uncond_out, dim=1) if branches == 2 else None
         guided = cond_out
         if uncond_out is not None:
-            scales = torch.tensor(settings.guidance_scales, dtype=cond_out.dtype, device=cond_out.device)
+            scales = torch.tensor(self._agent_guidance_scales(), dtype=cond_out.dtype, device=cond_out.device)
             guided = uncond_out + scales.view(1, -1, 1, 1, 1) * (cond_out - uncond_out)
         attention = torch.stack(attention, dim=1) if record_attention else None
         return guided, cond_out, uncond_out, attention
@@ -496,6 +498,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         settings = self.prepare_call_settings(
             prompt, class_labels, height, width, guidance_scale, num_images_per_prompt, allocator, utility
         )
+        self._guidance_scale, self._num_agents_running = guidance_scale, settings.num_agents
         self._interrupt = False
         timings = dict.fromkeys(TIMING_KEYS, 0.0)
         device = self._execution_device
@@ -504,7 +507,9 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
 
         cond = {}
         if self.conditioning == "text":
-            embeds, negative, lengths = self._encode_prompts(settings.prompts, negative_prompt, device)
+            embeds, negative, lengths = encode_agent_prompts(
+                self.tokenizer, self.text_encoder, settings.prompts, negative_prompt, device
+            )
             cond["prompt_embeds"], cond["negative_embeds"] = embeds.to(dtype), negative.to(dtype)
             if token_indices is None:
                 if min(lengths) < 1:
