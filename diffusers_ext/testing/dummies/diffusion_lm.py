@@ -55,6 +55,10 @@ BAD_INPUTS = [
     BadInput({"prompt": None}, "prompt"),
     BadInput({"input_ids": torch.ones(1, 3, dtype=torch.long)}, "input_ids"),
     BadInput({"temperature": -1.0}, "temperature"),
+    BadInput({"guidance_scale": 0.5}, "guidance_scale"),
+    BadInput({"num_images_per_prompt": 0}, "num_images_per_prompt"),
+    BadInput({"latents": torch.zeros(1, 4, dtype=torch.long)}, "latents"),
+    BadInput({"latents": torch.zeros(1, 8)}, "latents"),
     BadInput({"output_type": "np"}, "output_type"),
     BadInput({"callback_on_step_end_tensor_inputs": ["model"]}, "callback_on_step_end_tensor_inputs"),
 ]
