@@ -54,7 +54,9 @@ def compatible_schedulers(scheduler) -> list[type]:
             names.update(ours._compatibles)
     # classes whose optional backend is missing (DPMSolverSDEScheduler without torchsde) are placeholders
     found = {
-        c for c in (resolve_scheduler_class(name) for name in names) if c is not None and not isinstance(c, DummyObject)
+        c
+        for c in (resolve_scheduler_class(name) for name in names)
+        if c is not None and not isinstance(c, DummyObject)
     }
     found.add(cls)
     return sorted(found, key=lambda c: c.__name__)

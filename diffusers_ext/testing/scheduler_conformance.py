@@ -114,7 +114,9 @@ class SchedulerConformanceTests:
             for key, value in scheduler.config.items()
             if not key.startswith("_") and type(loaded.config.get(key)) is not type(value)
         }
-        assert not changed, f"config entries whose type changed in a save/load round trip as (got, expected): {changed}"
+        assert not changed, (
+            f"config entries whose type changed in a save/load round trip as (got, expected): {changed}"
+        )
 
     def test_compatibles_resolve_and_round_trip(self):
         # diffusers' contract: `from_config(scheduler.config)` swaps any listed compatible scheduler in, and back
