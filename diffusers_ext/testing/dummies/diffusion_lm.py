@@ -34,6 +34,11 @@ def get_inputs(seed: int = 0) -> dict:
     }
 
 
+def get_ragged_inputs(seed: int = 0) -> dict:
+    """As `get_inputs`, with a prompt of 1 + 2 * (seed % 3) bytes: a batch of seeds 0 and 1 needs left padding."""
+    return {**get_inputs(seed), "prompt": ["xyzab"[: 1 + 2 * (seed % 3)]]}
+
+
 BAD_INPUTS = [
     BadInput({"mask_token_id": 10_000}, "mask_token_id"),
     BadInput({"gen_length": 6}, "block_length"),
@@ -71,4 +76,5 @@ register_dummy_pipeline(
     output_types=("seq", "text"),
     bad_inputs=BAD_INPUTS,
     callback_edit_tensor="sequences",
+    ragged_inputs_fn=get_ragged_inputs,
 )
