@@ -28,6 +28,7 @@ _import_structure = {
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
     "pipelines.dirp.pipeline_dirp": ["DIRPPipeline", "DIRPPipelineOutput"],
     "pipelines.semantic_nvs.pipeline_semantic_nvs": ["SemanticNVSPipeline", "SemanticNVSPipelineOutput"],
+    "schedulers.compatibility": ["compatible_schedulers"],
     "schedulers.scheduling_flow_match_sde": ["FlowMatchSDEScheduler", "FlowMatchSDESchedulerOutput"],
     "pipelines.diffusion_lm.adapters": [
         "DiffusionLMAdapter",
@@ -89,6 +90,7 @@ if TYPE_CHECKING:
     )
     from .pipelines.lomdm.pipeline_lomdm import LoMDMPipeline
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
+    from .schedulers.compatibility import compatible_schedulers
     from .schedulers.scheduling_discrete_flow_matching import (
         DiscreteFlowMatchingScheduler,
         DiscreteFlowMatchingSchedulerOutput,

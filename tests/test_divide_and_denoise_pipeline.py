@@ -380,13 +380,58 @@ def test_from_pipelines_warns_when_text_encoders_differ():
     from diffusers.utils import logging as diffusers_logging
     from diffusers.utils.testing_utils import CaptureLogger
 
-    from diffusers_ext.pipelines.divide_and_denoise import pipeline_divide_and_denoise
+    from diffusers_ext.pipelines.divide_and_denoise import denoisers
 
     pipes = _sd_pipelines()
-    logger = diffusers_logging.get_logger(pipeline_divide_and_denoise.__name__)
+    logger = diffusers_logging.get_logger(denoisers.__name__)
     with CaptureLogger(logger) as shared:
         DivideAndDenoisePipeline.from_pipelines(pipes)
     pipes[1].text_encoder = get_tiny_sd_components(seed=5)["text_encoder"]
     with CaptureLogger(logger) as separate:
         DivideAndDenoisePipeline.from_pipelines(pipes)
     assert "text encoder" not in shared.out and "`pipelines[1]` has its own text encoder" in separate.out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the diffusers contract with Stable Diffusion experts (issue 16)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_stable_diffusion_composition_takes_prompt_embeds_from_encode_prompt():
+    pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = {"num_inference_steps": 2, "guidance_scale": 3.0, "token_indices": [[1], [1]], "output_type": "np"}
+    prompts = ["a red cat", "a blue dog"]
+    expected = pipe(prompt=prompts, negative_prompt="blurry", generator=torch.Generator().manual_seed(0), **kwargs)
+    embeds, negative = pipe.encode_prompt(prompts, negative_prompt="blurry")
+    assert embeds.shape[0] == 2 and negative.shape[0] == 1
+    doubled = pipe.encode_prompt(prompts, num_images_per_prompt=2, do_classifier_free_guidance=False)
+    assert doubled[0].shape[0] == 4 and doubled[1] is None
+    actual = pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, generator=torch.Generator().manual_seed(0),
+                  **kwargs)  # fmt: skip
+    np.testing.assert_allclose(actual.images, expected.images, atol=1e-5)
+    with pytest.raises(ValueError, match="token_indices"):
+        pipe(prompt_embeds=embeds, num_inference_steps=2)
+    with pytest.raises(ValueError, match="prompt_embeds"):
+        pipe(prompt=prompts, prompt_embeds=embeds, num_inference_steps=2)
+
+
+@pytest.mark.parametrize("safe_serialization", [True, False])
+def test_stable_diffusion_composition_saves_and_loads_a_variant(tmp_path, safe_serialization):
+    pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = {"prompt": ["a cat", "a dog"], "num_inference_steps": 2, "output_type": "np"}
+    expected = pipe(**kwargs, generator=torch.Generator().manual_seed(0)).images
+    pipe.save_pretrained(tmp_path, variant="fp16", safe_serialization=safe_serialization)
+    suffix = "safetensors" if safe_serialization else "bin"
+    for i in (0, 1):
+        assert (tmp_path / "denoisers" / f"denoiser_{i}" / f"diffusion_pytorch_model.fp16.{suffix}").is_file()
+    for loaded in (
+        DivideAndDenoisePipeline.from_pretrained(tmp_path, variant="fp16"),
+        load_pipeline(tmp_path, variant="fp16"),
+    ):
+        loaded.set_progress_bar_config(disable=True)
+        np.testing.assert_allclose(loaded(**kwargs, generator=torch.Generator().manual_seed(0)).images, expected,
+                                   atol=1e-5)  # fmt: skip
+    with pytest.raises(ValueError, match="'bf16'.*fp16"):
+        DivideAndDenoisePipeline.from_pretrained(tmp_path, variant="bf16")

@@ -127,3 +127,17 @@ def test_integer_timestep_is_rejected():
     scheduler.set_timesteps(4)
     with pytest.raises(ValueError, match="timestep"):
         scheduler.step(torch.zeros(1, 2), 0, torch.zeros(1, 2))
+
+
+def test_compatible_both_ways_and_sde_window_stays_a_tuple(tmp_path):
+    from diffusers_ext import compatible_schedulers
+
+    assert FlowMatchSDEScheduler in compatible_schedulers(FlowMatchEulerDiscreteScheduler)
+    assert FlowMatchSDEScheduler in compatible_schedulers(FlowMatchEulerDiscreteScheduler(shift=3.0))
+    assert set(FlowMatchSDEScheduler().compatibles) >= {FlowMatchSDEScheduler, FlowMatchEulerDiscreteScheduler}
+    swapped = FlowMatchSDEScheduler.from_config(FlowMatchEulerDiscreteScheduler(shift=3.0).config, sde_window=[1, 4])
+    assert swapped.config.shift == 3.0 and swapped.config.sde_window == (1, 4)
+    swapped.save_pretrained(tmp_path)
+    assert FlowMatchSDEScheduler.from_pretrained(tmp_path).config.sde_window == (1, 4)
+    with pytest.raises(TypeError, match="scheduler"):
+        compatible_schedulers("FlowMatchEulerDiscreteScheduler")

@@ -134,7 +134,7 @@ def test_llada_low_confidence_matches_reference(steps, gen_length, block_length,
         block_length=block_length,
         num_inference_steps=steps,
         temperature=temperature,
-        guidance_scale=cfg_scale,
+        guidance_scale=cfg_scale + 1.0,  # diffusers convention: LLaDA's cfg_scale w is guidance_scale w + 1
         generator=torch.Generator().manual_seed(123),
         eos_early_stop=False,
         output_type="seq",

@@ -10,6 +10,11 @@ from diffusers_ext.testing import PipelineConformanceTests
 class TestDiffusionLMPipeline(PipelineConformanceTests):
     pipeline_class = DiffusionLMPipeline
 
+    # issue 16 item 2: the sampling noise is drawn over the padded batch; the fix is on branch `soar`
+    @pytest.mark.xfail(reason="per-row sampling noise (issue 16 item 2, branch soar)", strict=False)
+    def test_ragged_batch_matches_single_runs(self):
+        super().test_ragged_batch_matches_single_runs()
+
 
 def _pipe(scheduler=None, adapter=None, dream=False):
     from diffusers_ext.testing import get_tiny_dream_like_lm, get_tiny_llada_like_lm

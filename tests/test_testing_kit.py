@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 from diffusers import DDIMScheduler, DiffusionPipeline, StableDiffusion3Pipeline, StableDiffusionPipeline
+from diffusers.configuration_utils import register_to_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import diffusers_ext
-from diffusers_ext import ClassConditionalDDPMPipeline, testing
+from diffusers_ext import ClassConditionalDDPMPipeline, DIRPPipeline, SemanticNVSPipeline, testing
 from diffusers_ext.testing import (
     BadInput,
     PipelineConformanceTests,
@@ -466,6 +467,42 @@ class _ReturnsList(ClassConditionalDDPMPipeline):
         return output if return_dict else list(output)
 
 
+class _DropsVariant(ClassConditionalDDPMPipeline):
+    """Saves without the requested variant and serialization (what MultiDenoiserModel did)."""
+
+    def save_pretrained(self, save_directory, safe_serialization=True, variant=None, **kwargs):
+        super().save_pretrained(save_directory, **kwargs)
+
+
+class _IgnoresNumImagesPerPrompt(ClassConditionalDDPMPipeline):
+    """Takes `num_images_per_prompt` but makes one image per label, from the first generator."""
+
+    def __call__(self, *args, num_images_per_prompt=1, generator=None, **kwargs):
+        if isinstance(generator, list):
+            generator = generator[0]
+        return super().__call__(*args, generator=generator, **kwargs)
+
+
+class _GuidanceReadOnce(ClassConditionalDDPMPipeline):
+    """Reads the guidance scale given to the call, not the one a callback sets."""
+
+    def __call__(self, *args, guidance_scale=1.0, **kwargs):
+        self._call_guidance = float(guidance_scale)
+        return super().__call__(*args, guidance_scale=guidance_scale, **kwargs)
+
+    @property
+    def guidance_scale(self):
+        return self._call_guidance
+
+
+class _IgnoresInterrupt(ClassConditionalDDPMPipeline):
+    """Never stops when a callback sets `_interrupt`."""
+
+    @property
+    def interrupt(self):
+        return False
+
+
 _BROKEN = (
     _SkipsValidation,
     _SharesOneGenerator,
@@ -474,6 +511,10 @@ _BROKEN = (
     _NoProgressBar,
     _PtNotInUnitRange,
     _ReturnsList,
+    _DropsVariant,
+    _IgnoresNumImagesPerPrompt,
+    _GuidanceReadOnce,
+    _IgnoresInterrupt,
 )
 for _cls in _BROKEN:
     register_dummy_pipeline(
@@ -501,6 +542,10 @@ def _suite_for(pipeline_class):
         (_PtNotInUnitRange, "test_output_types", "'pt' images"),
         (_ReturnsList, "test_return_dict_false_matches_output", "not a tuple"),
         (_SkipsValidation, "test_model_index_names_our_classes", "decorate it with"),
+        (_DropsVariant, "test_save_load_variant", "ignore them"),
+        (_IgnoresNumImagesPerPrompt, "test_num_images_per_prompt", "gave 1 outputs"),
+        (_GuidanceReadOnce, "test_callback_can_change_guidance", "after 2 callback increments"),
+        (_IgnoresInterrupt, "test_callback_can_interrupt", "still ran"),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else None,
 )
@@ -509,6 +554,51 @@ def test_pipeline_suite_catches_faults(pipeline_class, check, message, tmp_path)
     kwargs = {"tmp_path": tmp_path} if "tmp_path" in inspect.signature(getattr(suite, check)).parameters else {}
     with pytest.raises(AssertionError, match=message):
         getattr(suite, check)(**kwargs)
+
+
+class _RaggedSharesOneGenerator(SemanticNVSPipeline):
+    """Draws every scene of a batch from the first generator; equal-size scenes are fine, ragged ones are not."""
+
+    def __call__(self, *args, generator=None, **kwargs):
+        if isinstance(generator, list) and isinstance(kwargs.get("images"), list) and len(generator) > 1:
+            generator = generator[0]
+        return super().__call__(*args, generator=generator, **kwargs)
+
+
+class _IgnoresPromptEmbeds(DIRPPipeline):
+    """Takes `prompt_embeds` but conditions on the empty prompt instead."""
+
+    def __call__(self, *args, prompt_embeds=None, **kwargs):
+        if prompt_embeds is not None and kwargs.get("prompt") is None:
+            kwargs["prompt"] = ""
+        return super().__call__(*args, **kwargs)
+
+
+def _register_like(broken, original):
+    spec = get_dummy_spec(original)
+    register_dummy_pipeline(
+        broken,
+        spec.components_fn,
+        spec.inputs_fn,
+        batch_params=spec.batch_params,
+        output_types=spec.output_types,
+        bad_inputs=spec.bad_inputs,
+        callback_edit_tensor=spec.callback_edit_tensor,
+        ragged_inputs_fn=spec.ragged_inputs_fn,
+    )
+    return broken
+
+
+def test_pipeline_suite_catches_a_ragged_batch_that_differs_from_single_runs():
+    broken = _register_like(_RaggedSharesOneGenerator, SemanticNVSPipeline)
+    with pytest.raises(AssertionError, match="ragged batch item 1"):
+        _suite_for(broken).test_ragged_batch_matches_single_runs()
+
+
+def test_pipeline_suite_catches_ignored_prompt_embeds():
+    broken = _register_like(_IgnoresPromptEmbeds, DIRPPipeline)
+    with pytest.raises(AssertionError, match="prompt_embeds from encode_prompt"):
+        _suite_for(broken).test_prompt_embeds_match_prompt()
 
 
 def test_pipeline_suite_catches_a_missing_progress_bar(capfd):
@@ -568,23 +658,40 @@ class _LosesConfig(DDIMScheduler):
         return cls()
 
 
+class _TupleConfigBecomesList(DDIMScheduler):
+    """A tuple config entry that JSON turns into a list on reload (what `sde_window` did)."""
+
+    @register_to_config
+    def __init__(self, window: tuple = (1, 3), **kwargs):
+        super().__init__(**kwargs)
+
+
+class _UnknownCompatible(DDIMScheduler):
+    """Lists a compatible scheduler that exists nowhere."""
+
+    _compatibles = ["NoSuchScheduler"]
+
+
 @pytest.mark.parametrize(
     "scheduler_class, check, message",
     [
+        (_TupleConfigBecomesList, "test_config_types_survive_save_load", "window"),
+        (_UnknownCompatible, "test_compatibles_resolve_and_round_trip", "NoSuchScheduler"),
         (_TupleDropsFields, "test_step_return_dict_false_matches_output_fields", "tuple of 1"),
         (_ExtraTimestep, "test_set_timesteps_gives_requested_length", "gave 2 timesteps"),
         (_LosesConfig, "test_from_config_round_trip", "beta_schedule"),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else None,
 )
-def test_scheduler_suite_catches_faults(scheduler_class, check, message):
+def test_scheduler_suite_catches_faults(scheduler_class, check, message, tmp_path):
     suite = type(
         "_SchedulerSuite",
         (SchedulerConformanceTests,),
         {"scheduler_class": scheduler_class, "scheduler_config": {"beta_schedule": "scaled_linear"}},
     )()
+    kwargs = {"tmp_path": tmp_path} if "tmp_path" in inspect.signature(getattr(suite, check)).parameters else {}
     with pytest.raises(AssertionError, match=message):
-        getattr(suite, check)()
+        getattr(suite, check)(**kwargs)
 
 
 def test_testing_module_is_not_part_of_the_lazy_api():

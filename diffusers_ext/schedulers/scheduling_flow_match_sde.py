@@ -98,6 +98,9 @@ class FlowMatchSDEScheduler(FlowMatchEulerDiscreteScheduler):
             raise ValueError(
                 f"`sde_window` must be (start, end) step indices with 0 <= start < end, got {sde_window!r}."
             )
+        if sde_window is not None:
+            # JSON stores tuples as lists: keep the documented tuple in the config after a save/load round trip
+            self.register_to_config(sde_window=tuple(int(i) for i in sde_window))
         if stochastic_sampling:
             raise ValueError(
                 "`stochastic_sampling` is FlowMatchEulerDiscreteScheduler's own noise; use `noise_level`."
@@ -118,6 +121,13 @@ class FlowMatchSDEScheduler(FlowMatchEulerDiscreteScheduler):
             time_shift_type=time_shift_type,
             stochastic_sampling=False,
         )
+
+    @classmethod
+    def _get_compatibles(cls) -> list[type]:
+        # diffusers resolves `_compatibles` names in the `diffusers` module only, which would miss this class
+        from .compatibility import compatible_schedulers
+
+        return compatible_schedulers(cls)
 
     def is_stochastic_step(self, step_index: int) -> bool:
         """Whether step `step_index` samples from the SDE (inside `sde_window`, with a positive noise level)."""

@@ -1,11 +1,13 @@
 """[`PipelineConformanceTests`]: the pytest mixin that checks the diffusers_ext pipeline contract."""
 
 import importlib
+import inspect
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import unittest
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,7 @@ import PIL.Image
 import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
+from transformers import PreTrainedModel
 
 from .outputs import assert_outputs_close, count_module_forwards, output_to_numpy, outputs_differ
 from .registry import DummyPipelineSpec, get_dummy_batch_inputs, get_dummy_components, get_dummy_inputs, get_dummy_spec
@@ -182,6 +185,155 @@ class PipelineConformanceTests:
         for i, single in enumerate(singles):
             assert single.shape[0] == 1, f"a single run gave {single.shape[0]} outputs"
             assert_outputs_close(batch[i : i + 1], single, self.atol, f"batch item {i} vs its single run")
+
+    def _call_parameters(self) -> set[str]:
+        return set(inspect.signature(self.pipeline_class.__call__).parameters)
+
+    def test_ragged_batch_matches_single_runs(self):
+        # per-row arguments of different sizes (prompts of different lengths, scenes with different view counts):
+        # each row must not depend on the longest one (padding, noise drawn over the padded size)
+        spec = self.get_spec()
+        if spec.ragged_inputs_fn is None:
+            raise unittest.SkipTest(f"{self.pipeline_class.__name__} registers no `ragged_inputs_fn`")
+        pipe = self.get_pipeline()
+        singles = [output_to_numpy(pipe(**spec.ragged_inputs_fn(seed))) for seed in (0, 1)]
+        batch = output_to_numpy(pipe(**get_dummy_batch_inputs(self.pipeline_class, seeds=(0, 1), ragged=True)))
+        assert batch.shape[0] == 2, f"a ragged batch of two gave {batch.shape[0]} outputs"
+        for i, single in enumerate(singles):
+            assert_outputs_close(batch[i : i + 1], single, self.atol, f"ragged batch item {i} vs its single run")
+
+    def test_num_images_per_prompt(self):
+        # diffusers' PipelineTesterMixin.test_num_images_per_prompt, plus: row j follows generator j
+        assert "num_images_per_prompt" in self._call_parameters(), (
+            f"{self.pipeline_class.__name__}.__call__ takes no `num_images_per_prompt`"
+        )
+        spec = self.get_spec()
+        pipe = self.get_pipeline()
+        single = output_to_numpy(pipe(**self.get_inputs(seed=0)))
+        other = output_to_numpy(pipe(**self.get_inputs(seed=0, generator=torch.Generator("cpu").manual_seed(1))))
+        generators = [torch.Generator("cpu").manual_seed(s) for s in (0, 1)]
+        out = output_to_numpy(pipe(**self.get_inputs(seed=0, num_images_per_prompt=2, generator=generators)))
+        assert out.shape[0] == 2, f"num_images_per_prompt=2 gave {out.shape[0]} outputs for one prompt"
+        assert_outputs_close(out[:1], single, self.atol, "num_images_per_prompt row 0 vs the single run")
+        assert_outputs_close(out[1:], other, self.atol, "num_images_per_prompt row 1 vs a run with its generator")
+        if spec.batch_size_param != "num_images_per_prompt" and spec.batch_params:
+            batch = get_dummy_batch_inputs(self.pipeline_class, seeds=(0, 1))
+            batch["generator"] = torch.Generator("cpu").manual_seed(0)
+            out = output_to_numpy(pipe(**batch, num_images_per_prompt=2))
+            assert out.shape[0] == 4, f"a batch of 2 with num_images_per_prompt=2 gave {out.shape[0]} outputs"
+
+    def test_callback_can_change_guidance(self):
+        # diffusers' PipelineTesterMixin.test_callback_cfg: guidance is a read-only property set before the loop and
+        # read at every step, so a callback changing `pipe._guidance_scale` changes the rest of the sampling
+        if "guidance_scale" not in self._call_parameters():
+            raise unittest.SkipTest(f"{self.pipeline_class.__name__} has no `guidance_scale`")
+        for name in ("guidance_scale", "do_classifier_free_guidance", "num_timesteps", "interrupt"):
+            attribute = inspect.getattr_static(self.pipeline_class, name, None)
+            assert isinstance(attribute, property) and attribute.fset is None, (
+                f"{self.pipeline_class.__name__}.{name} must be a read-only property"
+            )
+        pipe = self.get_pipeline()
+        start = max(float(self.get_inputs().get("guidance_scale", 2.0)), 2.0)
+        baseline = output_to_numpy(pipe(**self.get_inputs(guidance_scale=start)))
+        seen = []
+
+        def callback(pipe_, step, timestep, callback_kwargs):
+            seen.append((pipe_.guidance_scale, pipe_.do_classifier_free_guidance, pipe_.num_timesteps))
+            pipe_._guidance_scale += 1.0
+            return {}
+
+        changed = output_to_numpy(pipe(**self.get_inputs(guidance_scale=start), callback_on_step_end=callback))
+        assert seen and seen[0][0] == start, f"the first callback read guidance_scale {seen[0][0]}, not {start}"
+        assert all(cfg for _, cfg, _ in seen), "do_classifier_free_guidance is False while guidance_scale > 1"
+        assert pipe.guidance_scale == start + len(seen), (
+            f"guidance_scale is {pipe.guidance_scale} after {len(seen)} callback increments from {start}"
+        )
+        assert outputs_differ(changed, baseline, 1e-4), (
+            "raising `_guidance_scale` in the callback did not change the output: guidance is not read in the loop"
+        )
+
+    def test_callback_can_interrupt(self):
+        # diffusers' `_interrupt`: once set by a callback, the remaining steps are skipped
+        if inspect.getattr_static(self.pipeline_class, "interrupt", None) is None:
+            raise unittest.SkipTest(f"{self.pipeline_class.__name__} has no `interrupt` property")
+        pipe = self.get_pipeline()
+        calls = []
+
+        def callback(pipe_, step, timestep, callback_kwargs):
+            calls.append(step)
+            pipe_._interrupt = True
+            return {}
+
+        output = pipe(**self.get_inputs(), callback_on_step_end=callback)
+        assert calls == [0], f"after `_interrupt` was set at step 0 the callback still ran at steps {calls}"
+        assert output_to_numpy(output).shape[0] == 1, "an interrupted call must still return its output"
+
+    def test_save_load_variant(self, tmp_path):
+        # diffusers: `save_pretrained(variant=..., safe_serialization=...)` names and formats every weight file,
+        # `from_pretrained(variant=...)` loads it back, and a variant the folder lacks is a ValueError
+        pipe = self.get_pipeline()
+        expected = output_to_numpy(pipe(**self.get_inputs()))
+        for safe in (True, False):
+            folder = tmp_path / f"safe_{safe}"
+            pipe.save_pretrained(folder, variant="v1", safe_serialization=safe)
+            weights = [
+                os.path.relpath(os.path.join(root, name), folder)
+                for root, _, names in os.walk(folder)
+                for name in names
+                if name.endswith((".safetensors", ".bin"))
+            ]
+            assert weights, "save_pretrained wrote no weight files"
+            suffix = ".safetensors" if safe else ".bin"
+            # transformers 5 always writes safetensors; the format is checked on diffusers models
+            free_format = {name for name, c in pipe.components.items() if isinstance(c, PreTrainedModel)}
+            wrong = [
+                w
+                for w in weights
+                if ".v1." not in os.path.basename(w) or not (w.endswith(suffix) or w.split(os.sep)[0] in free_format)
+            ]
+            assert not wrong, f"variant='v1', safe_serialization={safe}: weight files {wrong} ignore them"
+            loaded = self.pipeline_class.from_pretrained(folder, variant="v1")
+            loaded.set_progress_bar_config(disable=True)
+            actual = output_to_numpy(loaded(**self.get_inputs()))
+            assert_outputs_close(actual, expected, self.atol, f"variant round trip (safe_serialization={safe})")
+        try:
+            self.pipeline_class.from_pretrained(tmp_path / "safe_True", variant="v2")
+        except ValueError:
+            pass
+        except Exception as error:
+            raise AssertionError(
+                f"from_pretrained with a variant the folder lacks raised {type(error).__name__}: {error}; "
+                "expected a ValueError"
+            ) from error
+        else:
+            raise AssertionError("from_pretrained with a variant the folder lacks did not raise")
+
+    def test_prompt_embeds_match_prompt(self):
+        # diffusers' test_encode_prompt_works_in_isolation: `encode_prompt` (diffusers' signature) then
+        # `prompt_embeds` / `negative_prompt_embeds` give the output of the prompt itself
+        if "prompt_embeds" not in self._call_parameters():
+            raise unittest.SkipTest(f"{self.pipeline_class.__name__} takes no `prompt_embeds`")
+        expected_params = ("prompt", "device", "num_images_per_prompt", "do_classifier_free_guidance")
+        params = inspect.signature(self.pipeline_class.encode_prompt).parameters
+        missing = [name for name in (*expected_params, "negative_prompt", "prompt_embeds") if name not in params]
+        assert not missing, f"{self.pipeline_class.__name__}.encode_prompt lacks diffusers' parameters {missing}"
+        pipe = self.get_pipeline()
+        if getattr(pipe, "text_encoder", None) is None:
+            raise unittest.SkipTest(f"the dummy {self.pipeline_class.__name__} has no text encoder")
+        inputs = self.get_inputs()
+        prompt = inputs.pop("prompt", None) or "a small test prompt"
+        negative = inputs.pop("negative_prompt", None)
+        do_cfg = float(inputs.get("guidance_scale", 1.0)) > 1.0
+        with_prompt = {**inputs, "prompt": prompt, **({"negative_prompt": negative} if negative else {})}
+        expected = output_to_numpy(pipe(**with_prompt))
+        with torch.no_grad():
+            embeds = pipe.encode_prompt(prompt, torch.device("cpu"), 1, do_cfg, negative_prompt=negative)
+        kwargs = {"prompt_embeds": embeds[0]}
+        if "negative_prompt_embeds" in self._call_parameters() and embeds[1] is not None:
+            kwargs["negative_prompt_embeds"] = embeds[1]
+        call = {k: v for k, v in self.get_inputs().items() if k != "negative_prompt"}  # a fresh generator
+        actual = output_to_numpy(pipe(**{**call, "prompt": None, **kwargs}))
+        assert_outputs_close(actual, expected, self.atol, "prompt_embeds from encode_prompt vs the prompt")
 
     def test_return_dict_false_matches_output(self):
         pipe = self.get_pipeline()

@@ -48,6 +48,9 @@ class DummyPipelineSpec:
         batch_size_param (`str`, *optional*): an int argument that sets the number of images (e.g.
             `num_images_per_prompt`), for pipelines whose per-image arguments are not lists; 1 in single inputs.
         module (`str`): the module that registered the entry; a fresh interpreter imports it before lookups.
+        ragged_inputs_fn (`Callable[[int], dict]`, *optional*): like `inputs_fn`, but the per-image arguments of
+            different seeds differ in size (prompts of different lengths, scenes with different view counts),
+            given as one-element lists so that a batch joins them.
     """
 
     pipeline_class: type[DiffusionPipeline]
@@ -59,6 +62,7 @@ class DummyPipelineSpec:
     callback_edit_tensor: str = "latents"
     batch_size_param: str | None = None
     module: str = ""
+    ragged_inputs_fn: Callable[[int], dict[str, Any]] | None = None
 
     @property
     def is_text(self) -> bool:
@@ -85,6 +89,7 @@ def register_dummy_pipeline(
     bad_inputs: Sequence[BadInput | tuple[dict[str, Any], str]] = (),
     callback_edit_tensor: str = "latents",
     batch_size_param: str | None = None,
+    ragged_inputs_fn: Callable[[int], dict[str, Any]] | None = None,
 ) -> DummyPipelineSpec:
     """Register how to build a tiny, fast setup of `pipeline_class` for tests and the conformance suite.
 
@@ -112,6 +117,9 @@ def register_dummy_pipeline(
         batch_size_param (`str`, *optional*): for pipelines whose batch is a count rather than a list of per-image
             arguments (every image composes the same prompts, say): the int argument giving the number of images,
             e.g. `"num_images_per_prompt"`. Single inputs must set it to 1; a batch of `n` seeds sets it to `n`.
+        ragged_inputs_fn (`Callable[[int], dict]`, *optional*): `ragged_inputs_fn(seed)` gives one call like
+            `inputs_fn`, whose `batch_params` are one-element lists whose item differs in size across seeds (a prompt
+            of another length, a scene with another number of views): a batch of them must equal the single runs.
 
     Returns:
         [`DummyPipelineSpec`]: the registered entry.
@@ -154,6 +162,7 @@ def register_dummy_pipeline(
         bad_inputs=tuple(checked_bad_inputs),
         callback_edit_tensor=callback_edit_tensor,
         batch_size_param=batch_size_param,
+        ragged_inputs_fn=ragged_inputs_fn,
         # the registering module: a fresh interpreter imports it to find this entry
         module=sys._getframe(1).f_globals.get("__name__", ""),
     )
@@ -218,16 +227,21 @@ def _same_value(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def get_dummy_batch_inputs(pipeline_class: type[DiffusionPipeline], seeds: Sequence[int] = (0, 1)) -> dict[str, Any]:
+def get_dummy_batch_inputs(
+    pipeline_class: type[DiffusionPipeline], seeds: Sequence[int] = (0, 1), ragged: bool = False
+) -> dict[str, Any]:
     """Call arguments for a batch with one image per seed, equal image by image to the single-seed runs.
 
     Built from `get_dummy_inputs(pipeline_class, seed)` for each seed: the registered `batch_params` are
     concatenated, `generator` becomes the list of the per-seed generators, a registered `batch_size_param` becomes
     the number of seeds, and every other argument must agree across seeds (otherwise a `ValueError` says which one
-    belongs in `batch_params`).
+    belongs in `batch_params`). With `ragged=True` the per-seed inputs come from the registered `ragged_inputs_fn`.
     """
     spec = get_dummy_spec(pipeline_class)
-    singles = [spec.inputs_fn(seed) for seed in seeds]
+    inputs_fn = spec.ragged_inputs_fn if ragged else spec.inputs_fn
+    if inputs_fn is None:
+        raise ValueError(f"{pipeline_class.__name__} registers no `ragged_inputs_fn`.")
+    singles = [inputs_fn(seed) for seed in seeds]
     batch: dict[str, Any] = {}
     for key in singles[0]:
         values = [single.get(key) for single in singles]

@@ -104,6 +104,41 @@ class SchedulerConformanceTests:
         assert type(rebuilt) is self.scheduler_class, f"from_config gave a {type(rebuilt).__name__}"
         _assert_configs_equal(rebuilt.config, scheduler.config, "from_config(scheduler.config)")
 
+    def test_config_types_survive_save_load(self, tmp_path):
+        # JSON has no tuples: a config entry documented as a tuple must come back as one, not as a list
+        scheduler = self.get_scheduler()
+        scheduler.save_pretrained(tmp_path)
+        loaded = self.scheduler_class.from_pretrained(tmp_path)
+        changed = {
+            key: (type(loaded.config.get(key)).__name__, type(value).__name__)
+            for key, value in scheduler.config.items()
+            if not key.startswith("_") and type(loaded.config.get(key)) is not type(value)
+        }
+        assert not changed, (
+            f"config entries whose type changed in a save/load round trip as (got, expected): {changed}"
+        )
+
+    def test_compatibles_resolve_and_round_trip(self):
+        # diffusers' contract: `from_config(scheduler.config)` swaps any listed compatible scheduler in, and back
+        from diffusers_ext import compatible_schedulers
+        from diffusers_ext.schedulers.compatibility import resolve_scheduler_class
+
+        unresolved = [name for name in self.scheduler_class._compatibles if resolve_scheduler_class(name) is None]
+        assert not unresolved, f"`_compatibles` names no scheduler class in diffusers or diffusers_ext: {unresolved}"
+        compatibles = compatible_schedulers(self.scheduler_class)
+        assert self.scheduler_class in compatibles, "compatible_schedulers(cls) must include cls itself"
+        scheduler = self.get_scheduler()
+        for other_class in compatibles:
+            other = other_class.from_config(scheduler.config)
+            back = self.scheduler_class.from_config(other.config)
+            assert type(back) is self.scheduler_class, f"from_config via {other_class.__name__} gave {type(back)}"
+            ours = {c.__module__.split(".")[0] for c in (self.scheduler_class, other_class)} != {"diffusers"}
+            # symmetry is ours to keep: diffusers' own lists are not symmetric (DDIM lists EDMEuler, not back)
+            if ours and other_class is not self.scheduler_class:
+                assert self.scheduler_class in compatible_schedulers(other_class), (
+                    f"{self.scheduler_class.__name__} lists {other_class.__name__} as compatible, but not the reverse"
+                )
+
     def test_set_timesteps_gives_requested_length(self):
         for num_steps in sorted({1, 2, self.num_inference_steps}):
             scheduler = self.get_scheduler()

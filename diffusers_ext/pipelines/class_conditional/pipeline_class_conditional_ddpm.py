@@ -83,6 +83,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
         latents,
         output_type,
         callback_on_step_end_tensor_inputs,
+        num_images_per_prompt=1,
     ) -> torch.Tensor | None:
         """Validate the call's arguments before any model work; return the labels as a `(batch,)` LongTensor."""
         if (
@@ -134,7 +135,13 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
                 "unconditionally; pass `class_labels`."
             )
 
-        n = labels.numel() if labels is not None else (batch_size or 1)
+        if (
+            not isinstance(num_images_per_prompt, int)
+            or isinstance(num_images_per_prompt, bool)
+            or num_images_per_prompt < 1
+        ):
+            raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
+        n = (labels.numel() if labels is not None else (batch_size or 1)) * num_images_per_prompt
         if isinstance(generator, list) and len(generator) != n:
             raise ValueError(f"`generator` is a list of {len(generator)} generators, but the batch has {n} images.")
         if latents is not None and tuple(latents.shape) != self._sample_shape(n):
@@ -148,6 +155,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
         batch_size: int | None = None,
         num_inference_steps: int = 50,
         guidance_scale: float = 1.0,
+        num_images_per_prompt: int = 1,
         generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,
         output_type: str = "pil",
@@ -165,6 +173,8 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
             num_inference_steps (`int`, defaults to 50): denoising steps.
             guidance_scale (`float`, defaults to 1.0): classifier-free guidance weight against the null class;
                 `1.0` disables guidance (one UNet pass per step instead of two).
+            num_images_per_prompt (`int`, defaults to 1): images per class label (or per unconditional image), one
+                after the other in the output.
             generator (`torch.Generator` or `list[torch.Generator]`, *optional*): one generator, or one per image
                 for per-image reproducibility.
             latents (`torch.Tensor` of shape `(batch_size, in_channels, height, width)`, *optional*):
@@ -202,12 +212,15 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
             latents,
             output_type,
             callback_on_step_end_tensor_inputs,
+            num_images_per_prompt,
         )
         self._guidance_scale = float(guidance_scale)
         self._interrupt = False
 
         device = self._execution_device
-        n = labels.numel() if labels is not None else (batch_size or 1)
+        n = (labels.numel() if labels is not None else (batch_size or 1)) * num_images_per_prompt
+        if labels is not None:
+            labels = labels.repeat_interleave(num_images_per_prompt)
         if labels is None and self.num_class_embeds is not None:
             labels = torch.full((n,), self.config.null_class_label, dtype=torch.long)
         if labels is not None:

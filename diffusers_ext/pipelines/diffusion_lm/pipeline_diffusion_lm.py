@@ -12,7 +12,7 @@ from diffusers.utils import BaseOutput, logging
 
 from ...schedulers.scheduling_soar import SOARScheduler
 from ...utils import public
-from .adapters import DiffusionLMAdapter, get_diffusion_lm_adapter
+from .adapters import ADAPTERS, DiffusionLMAdapter, HFLogitsAdapter, get_diffusion_lm_adapter
 
 
 logger = logging.get_logger(__name__)
@@ -57,7 +57,12 @@ class DiffusionLMPipeline(DiffusionPipeline):
         scheduler ([`SOARScheduler`]): the decoding rule.
         tokenizer (*optional*): the model's tokenizer; needed for `prompt`/`messages` and text output.
         adapter (`str` or [`DiffusionLMAdapter`], *optional*): `"llada"`, `"dream"`, `"llada2"`, `"hf"` or an
-            adapter instance; by default chosen from the model config. Not saved with the pipeline.
+            adapter instance; by default chosen from the model config. Saved with the pipeline (its name, mask token
+            and logit shift) when it is one of those families.
+
+    Classifier-free guidance follows the diffusers convention: `guidance_scale=1` (the default) disables it and
+    `guidance_scale > 1` enables it. LLaDA's `cfg_scale` w (0 = off, logits `u + (w + 1)(c - u)`) is
+    `guidance_scale = w + 1`; values below 1 are rejected so that LLaDA-style values cannot pass silently.
     """
 
     model_cpu_offload_seq = "model"
@@ -69,16 +74,51 @@ class DiffusionLMPipeline(DiffusionPipeline):
         model,
         scheduler: SOARScheduler,
         tokenizer=None,
-        adapter: str | DiffusionLMAdapter | None = None,
+        adapter: str | DiffusionLMAdapter | dict | None = None,
     ):
         super().__init__()
         self.register_modules(model=model, scheduler=scheduler, tokenizer=tokenizer)
+        saved = adapter if isinstance(adapter, dict) else None
+        if saved is not None:  # as written in model_index.json by a previous save
+            adapter = get_diffusion_lm_adapter(model, saved.get("name"))
+            adapter.mask_token_id, adapter.shift_logits = saved.get("mask_token_id"), bool(saved.get("shift_logits"))
         self.adapter = get_diffusion_lm_adapter(model, adapter)
+        if self.config.adapter is None:
+            logger.warning(f"adapter {type(self.adapter).__name__} is not a known family: it will not be saved.")
+
+    @property
+    def adapter(self) -> DiffusionLMAdapter:
+        """How the model is called (mask token, logit shift, attention); saved in `model_index.json` when its class
+        is one of the known families."""
+        return self._adapter
+
+    @adapter.setter
+    def adapter(self, adapter: DiffusionLMAdapter) -> None:
+        # a property, so that the saved config always describes the adapter in use (diffusers' own attribute
+        # syncing would write the adapter object itself into the config, which is not JSON)
+        self._adapter = adapter
+        known = type(adapter) in (*ADAPTERS.values(), HFLogitsAdapter)
+        saved = {"name": adapter.name, "mask_token_id": adapter.mask_token_id, "shift_logits": adapter.shift_logits}
+        self.register_to_config(adapter=saved if known else None)
 
     @property
     def num_timesteps(self) -> int:
-        """Denoising steps (model forwards) of the last call."""
+        """The step budget while a call runs (so a callback can read it); after the call, the steps it took."""
         return self._num_timesteps
+
+    @property
+    def guidance_scale(self) -> float:
+        """The diffusers-convention guidance scale of the running call (1 = off); a callback may set
+        `pipe._guidance_scale`, read at every step."""
+        return self._guidance_scale
+
+    @property
+    def do_classifier_free_guidance(self) -> bool:
+        return self._guidance_scale > 1.0
+
+    @property
+    def interrupt(self) -> bool:
+        return self._interrupt
 
     # ---------------------------------------------------------------------------------------------------------------
     # inputs
@@ -202,10 +242,16 @@ class DiffusionLMPipeline(DiffusionPipeline):
             )
         if not isinstance(temperature, (int, float)) or temperature < 0:
             raise ValueError(f"`temperature` must be a number >= 0, got {temperature!r}.")
-        if not isinstance(guidance_scale, (int, float)) or guidance_scale < 0:
-            raise ValueError(f"`guidance_scale` must be a number >= 0, got {guidance_scale!r}.")
+        if not isinstance(guidance_scale, (int, float)) or isinstance(guidance_scale, bool) or guidance_scale < 1:
+            raise ValueError(
+                f"`guidance_scale` must be a number >= 1 (diffusers convention: 1 disables guidance), got "
+                f"{guidance_scale!r}. LLaDA's cfg_scale w corresponds to guidance_scale = w + 1."
+            )
         if isinstance(generator, (list, tuple)) and len(generator) != batch_size:
-            raise ValueError(f"`generator` is a list of {len(generator)}, but the batch has {batch_size} prompts.")
+            raise ValueError(
+                f"`generator` is a list of {len(generator)}, but the batch has {batch_size} sequences (prompts x "
+                "`num_images_per_prompt`)."
+            )
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         if output_type == "text" and self.tokenizer is None:
@@ -232,7 +278,9 @@ class DiffusionLMPipeline(DiffusionPipeline):
         block_length: int | None = None,
         num_inference_steps: int | None = None,
         temperature: float = 0.0,
-        guidance_scale: float = 0.0,
+        guidance_scale: float = 1.0,
+        num_images_per_prompt: int = 1,
+        latents: torch.LongTensor | None = None,
         eos_early_stop: bool = True,
         eos_token_id: int | None = None,
         mask_token_id: int | None = None,
@@ -259,7 +307,14 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 token per step); a multiple of the number of blocks. Threshold and SOAR decoding finish early when
                 confident.
             temperature (`float`, defaults to 0): 0 decodes greedily; above 0, Gumbel-max sampling.
-            guidance_scale (`float`, defaults to 0): LLaDA-style classifier-free guidance (0 disables it).
+            guidance_scale (`float`, defaults to 1): classifier-free guidance in the diffusers convention: 1 disables
+                it, `g > 1` gives LLaDA's guided logits `u + g (c - u)` (LLaDA's `cfg_scale` w is `g = w + 1`);
+                values below 1 raise. A callback may change it through `pipe._guidance_scale`.
+            num_images_per_prompt (`int`, defaults to 1): sequences generated per prompt, one after the other in the
+                output (`batch * num_images_per_prompt` rows; a generator list has one generator per row).
+            latents (`torch.LongTensor` of shape `(batch * num_images_per_prompt, gen_length)`, *optional*): the
+                initial generated region: the mask token where the model decodes, fixed tokens elsewhere (kept as
+                given, e.g. to infill). All masks by default.
             eos_early_stop (`bool`, defaults to `True`): stop a prompt once its best beam has an EOS with no mask
                 before it (the rest is filled with EOS).
             eos_token_id (`int`, *optional*): defaults to the tokenizer's, then the model config's.
@@ -277,6 +332,11 @@ class DiffusionLMPipeline(DiffusionPipeline):
             [`DiffusionLMPipelineOutput`], or its fields as a tuple (`texts` left out for `output_type="seq"`).
         """
         ids, mask = self._prepare_input_ids(prompt, messages, input_ids, attention_mask, add_generation_prompt)
+        if not isinstance(num_images_per_prompt, int) or isinstance(num_images_per_prompt, bool):
+            raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
+        if num_images_per_prompt < 1:
+            raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
+        ids, mask = ids.repeat_interleave(num_images_per_prompt, 0), mask.repeat_interleave(num_images_per_prompt, 0)
         batch_size, prompt_length = ids.shape
         if block_length is None:
             block_length = min(self.scheduler.config.block_length, gen_length) if isinstance(gen_length, int) else 0
@@ -302,6 +362,22 @@ class DiffusionLMPipeline(DiffusionPipeline):
             eos_token_id = eos_token_id[0] if eos_token_id else None
         if eos_early_stop and eos_token_id is None:
             raise ValueError("`eos_early_stop=True` needs an `eos_token_id` (none on the tokenizer or model).")
+        if latents is not None:
+            vocab_size = getattr(getattr(self.model, "config", None), "vocab_size", None)
+            if (
+                not isinstance(latents, torch.Tensor)
+                or latents.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool)
+                or tuple(latents.shape) != (batch_size, gen_length)
+            ):
+                raise ValueError(
+                    f"`latents` must be an integer tensor of shape {(batch_size, gen_length)} (sequences x "
+                    f"`gen_length`), got {getattr(latents, 'dtype', type(latents).__name__)} "
+                    f"{tuple(getattr(latents, 'shape', ()))}."
+                )
+            if latents.min() < 0 or (vocab_size is not None and latents.max() >= vocab_size):
+                raise ValueError(f"`latents` holds ids outside the vocabulary [0, {vocab_size}).")
+        self._guidance_scale = float(guidance_scale)
+        self._interrupt = False
 
         device = self._execution_device
         num_blocks = gen_length // block_length
@@ -322,6 +398,8 @@ class DiffusionLMPipeline(DiffusionPipeline):
         # rows: every beam of every unfinished prompt
         x = torch.full((batch_size, total_length), mask_id, dtype=torch.long, device=device)
         x[:, :prompt_length] = prompts
+        if latents is not None:
+            x[:, prompt_length:] = latents.to(device)
         groups = torch.arange(batch_size, device=device)
         scores = torch.zeros(batch_size, dtype=torch.float64, device=device)
         lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -330,11 +408,16 @@ class DiffusionLMPipeline(DiffusionPipeline):
         results = torch.full((batch_size, gen_length), mask_id, dtype=torch.long, device=device)
         nfe = torch.zeros(batch_size, dtype=torch.long)
         row_forwards = torch.zeros(batch_size, dtype=torch.long)
-        branches = 2 if guidance_scale > 0 else 1
         max_steps = num_blocks * steps_per_block
+        self._num_timesteps = max_steps
         step = 0
         progress = self.progress_bar(total=batch_size * gen_length)
         while x.shape[0] > 0:
+            if self.interrupt:  # a callback stopped the call: unfinished prompts keep their best beam as it is
+                first = torch.ones_like(groups, dtype=torch.bool)
+                first[1:] = groups[1:] != groups[:-1]
+                results[groups[first]] = x[first, prompt_length:]
+                break
             if step >= max_steps:
                 raise RuntimeError(
                     f"decoding did not finish within {max_steps} steps; a callback probably re-masked tokens."
@@ -349,12 +432,15 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 prompt_attention[groups],
                 prompt_mask=is_prompt.expand_as(x),
                 block_end=block_end,
-                guidance_scale=guidance_scale,
+                # the adapter takes LLaDA's cfg_scale w = g - 1 (0 = off)
+                guidance_scale=self.guidance_scale - 1.0 if self.do_classifier_free_guidance else 0.0,
                 mask_token_id=mask_id,
             )
             active = torch.unique_consecutive(groups).cpu()
             nfe[active] += 1
-            row_forwards += branches * torch.bincount(groups.cpu(), minlength=batch_size)
+            row_forwards += (2 if self.do_classifier_free_guidance else 1) * torch.bincount(
+                groups.cpu(), minlength=batch_size
+            )
 
             step_timesteps = timesteps[block_steps.clamp(max=steps_per_block - 1)]
             out = self.scheduler.step(

@@ -26,6 +26,7 @@ from .ddim_inversion import (
     noise_levels,
 )
 from .perceptual import PerceptualDistance, get_perceptual_distance
+from .text_conditioning import check_text_conditioning
 
 
 logger = logging.get_logger(__name__)
@@ -162,22 +163,66 @@ class DIRPPipeline(DiffusionPipeline):
         shift = getattr(self.vae.config, "shift_factor", None) or 0.0
         return self.vae.decode(latents / self.vae.config.scaling_factor + shift).sample
 
-    def encode_prompt(self, prompt: str | list[str], batch_size: int, device) -> torch.Tensor | None:
-        """Text-encoder hidden states `(B, L, D)` for a text-conditioned UNet, else None."""
-        if not isinstance(self.unet, UNet2DConditionModel):
-            return None
-        prompts = [prompt] * batch_size if isinstance(prompt, str) else list(prompt)
-        tokens = self.tokenizer(
-            prompts,
-            padding="max_length",
-            max_length=self.tokenizer.model_max_length,
-            truncation=True,
-            return_tensors="pt",
-        )
-        return self.text_encoder(tokens.input_ids.to(device))[0]
+    def encode_prompt(
+        self,
+        prompt: str | list[str] | None,
+        device: torch.device | None = None,
+        num_images_per_prompt: int = 1,
+        do_classifier_free_guidance: bool = False,
+        negative_prompt: str | list[str] | None = None,
+        prompt_embeds: torch.Tensor | None = None,
+        negative_prompt_embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        r"""
+        Encode `prompt` with the text encoder, with the signature of diffusers' `StableDiffusionPipeline.encode_prompt`.
+
+        Args:
+            prompt (`str` or `list[str]`, *optional*): the prompts; ignored when `prompt_embeds` is given.
+            device (`torch.device`, *optional*): defaults to the execution device.
+            num_images_per_prompt (`int`, defaults to 1): each embedding is repeated this many times.
+            do_classifier_free_guidance (`bool`, defaults to False): also encode `negative_prompt` (`""` if None).
+            negative_prompt (`str` or `list[str]`, *optional*), prompt_embeds (`torch.Tensor` of shape
+                `(B, L, D)`, *optional*), negative_prompt_embeds (`torch.Tensor` of shape `(B, L, D)`, *optional*):
+                as in diffusers; precomputed embeddings skip the tokenizer and text encoder.
+
+        Returns:
+            `tuple`: `prompt_embeds` `(B * num_images_per_prompt, L, D)` and `negative_prompt_embeds` (same shape, or
+            None without guidance).
+        """
+        device = device or self._execution_device
+
+        def encode(text) -> torch.Tensor:
+            if self.tokenizer is None or self.text_encoder is None:
+                raise ValueError(
+                    "DIRPPipeline needs `tokenizer` and `text_encoder` to encode a prompt (its `unet` is "
+                    "text-conditioned); build the pipeline with both, or pass `prompt_embeds`."
+                )
+            texts = [text] if isinstance(text, str) else list(text)
+            tokens = self.tokenizer(
+                texts, padding="max_length", max_length=self.tokenizer.model_max_length, truncation=True,
+                return_tensors="pt",
+            )  # fmt: skip
+            return self.text_encoder(tokens.input_ids.to(device))[0]
+
+        if prompt_embeds is None:
+            prompt_embeds = encode(prompt)
+        negative = None
+        if do_classifier_free_guidance:
+            if negative_prompt_embeds is None:
+                negative_prompt = "" if negative_prompt is None else negative_prompt
+                if isinstance(negative_prompt, str):
+                    negative_prompt = [negative_prompt] * prompt_embeds.shape[0]
+                negative_prompt_embeds = encode(negative_prompt)
+            negative = negative_prompt_embeds.to(device).repeat_interleave(num_images_per_prompt, dim=0)
+        return prompt_embeds.to(device).repeat_interleave(num_images_per_prompt, dim=0), negative
 
     def noise_function(
-        self, batch_size: int, device, prompt: str | list[str] = "", unet: torch.nn.Module | None = None
+        self,
+        batch_size: int,
+        device,
+        prompt: str | list[str] = "",
+        unet: torch.nn.Module | None = None,
+        prompt_embeds: torch.Tensor | None = None,
     ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         r"""
         `noise_fn(z, t) -> eps` for the denoiser under this pipeline's condition (the prompt for a text-conditioned
@@ -185,12 +230,17 @@ class DIRPPipeline(DiffusionPipeline):
 
         `z` has shape `(batch_size, C, h, w)` and `t` is an integer timestep, 0-d or of shape `(batch_size,)`.
         `unet` replaces the pipeline's own (a surrogate being fine-tuned, say); it must take the same condition.
+        `prompt_embeds` `(batch_size, L, D)` or `(1, L, D)` replaces the encoded `prompt`.
         """
         unet = self.unet if unet is None else unet
         condition = {}
         if isinstance(unet, UNet2DConditionModel):
-            with torch.no_grad():
-                condition["encoder_hidden_states"] = self.encode_prompt(prompt, batch_size, device)
+            if prompt_embeds is None:
+                prompts = [prompt] * batch_size if isinstance(prompt, str) else prompt
+                with torch.no_grad():
+                    prompt_embeds = self.encode_prompt(prompts, device)[0]
+            # embeddings are a fixed condition: no gradient flows into the text encoder
+            condition["encoder_hidden_states"] = prompt_embeds.detach().to(device).expand(batch_size, -1, -1)
         elif unet.config.num_class_embeds is not None:
             condition["class_labels"] = torch.full((batch_size,), self.config.null_class_label, device=device)
         prediction_type = self.scheduler.config.prediction_type
@@ -329,7 +379,7 @@ class DIRPPipeline(DiffusionPipeline):
             )
 
     def _check_prompt(self, prompt, batch_size: int) -> None:
-        if isinstance(prompt, str):
+        if prompt is None or isinstance(prompt, str):
             return
         if not isinstance(prompt, list) or not all(isinstance(p, str) for p in prompt):
             raise TypeError(f"`prompt` must be a str or a list of str, got {type(prompt).__name__}.")
@@ -371,7 +421,7 @@ class DIRPPipeline(DiffusionPipeline):
     def __call__(
         self,
         image: ImageInput,
-        prompt: str | list[str] = "",
+        prompt: str | list[str] | None = "",
         num_inversion_steps: int = 10,
         inversion_strength: float = 0.5,
         num_iterations: int = 100,
@@ -381,6 +431,8 @@ class DIRPPipeline(DiffusionPipeline):
         perceptual_weight: float = 1.0,
         init_noise_std: float = 0.0,
         gradient_checkpointing: bool = True,
+        num_images_per_prompt: int = 1,
+        prompt_embeds: torch.Tensor | None = None,
         generator: torch.Generator | list[torch.Generator] | None = None,
         output_type: str = "pil",
         return_dict: bool = True,
@@ -415,7 +467,13 @@ class DIRPPipeline(DiffusionPipeline):
                 before optimising (IMPRESS uses 0.1 against PhotoGuard); drawn from `generator`.
             gradient_checkpointing (`bool`, defaults to True): recompute each denoiser call in the backward pass,
                 so memory holds one call's activations instead of `2K`.
-            generator (`torch.Generator` or `list[torch.Generator]`, *optional*): for `init_noise_std`.
+            num_images_per_prompt (`int`, defaults to 1): purified versions of each input image, from different
+                `init_noise_std` draws; the output holds them image by image (`B * num_images_per_prompt` rows).
+            prompt_embeds (`torch.Tensor` of shape `(B, L, D)` or `(1, L, D)`, *optional*): precomputed text
+                embeddings (see [`encode_prompt`]) instead of `prompt`, for a text-conditioned denoiser. DIRP uses no
+                classifier-free guidance, so there is no `negative_prompt_embeds`.
+            generator (`torch.Generator` or `list[torch.Generator]`, *optional*): for `init_noise_std`; a list has one
+                generator per output image.
             output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"` (`(B, H, W, C)` in [0, 1]) or `"pt"`
                 (`(B, C, H, W)` in [0, 1]).
             return_dict (`bool`, defaults to True): return a [`DIRPPipelineOutput`], else a tuple in its order.
@@ -451,16 +509,30 @@ class DIRPPipeline(DiffusionPipeline):
             output_type,
             callback_on_step_end_tensor_inputs,
         )
+        if not isinstance(num_images_per_prompt, int) or isinstance(num_images_per_prompt, bool):
+            raise TypeError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
+        if num_images_per_prompt < 1:
+            raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
         distance = get_perceptual_distance(perceptual)
         device = self._execution_device
         source = self.preprocess(image).to(device)
+        self._check_prompt(prompt, source.shape[0])
+        check_text_conditioning(self, prompt, prompt_embeds, source.shape[0])
+        prompt = "" if prompt is None and prompt_embeds is None else prompt
+        source = source.repeat_interleave(num_images_per_prompt, dim=0)
         batch_size = source.shape[0]
-        self._check_prompt(prompt, batch_size)
+        if isinstance(prompt, list):
+            prompt = [p for p in prompt for _ in range(num_images_per_prompt)]
+        if prompt_embeds is not None:
+            prompt_embeds = prompt_embeds.repeat_interleave(num_images_per_prompt if len(prompt_embeds) > 1 else 1, 0)
         if isinstance(generator, list) and len(generator) != batch_size:
-            raise ValueError(f"`generator` is a list of {len(generator)} generators for {batch_size} images.")
+            raise ValueError(
+                f"`generator` is a list of {len(generator)} generators for {batch_size} output images (images x "
+                "`num_images_per_prompt`)."
+            )
         self._num_timesteps = num_iterations
 
-        noise_fn = self.noise_function(batch_size, device, prompt)
+        noise_fn = self.noise_function(batch_size, device, prompt, prompt_embeds=prompt_embeds)
 
         def objective(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             recon = self.reconstruct(

@@ -9,6 +9,9 @@ from .fair_division import FairDivisionAllocator
 from .utilities import UTILITIES
 
 
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+
 @dataclass(frozen=True)
 class DivideAndDenoiseCallSettings:
     """The arguments of one [`DivideAndDenoisePipeline`] call once checked and resolved: what the sampling loop reads.
@@ -160,3 +163,32 @@ def resolve_call_settings(
         latent_shape=tuple(latent_shape),
         allocator=allocator,
     )
+
+
+def check_call_scalars(
+    num_inference_steps,
+    output_type,
+    num_images_per_prompt,
+    allocator,
+    utility_momentum,
+    alignment_scale,
+    max_iter_to_align,
+) -> None:
+    """Check the scalar arguments of a [`DivideAndDenoisePipeline`] call; raise naming the first bad one."""
+    if not is_positive_int(num_inference_steps):
+        raise ValueError(f"`num_inference_steps` must be a positive int, got {num_inference_steps!r}.")
+    if output_type not in OUTPUT_TYPES:
+        raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
+    if not is_positive_int(num_images_per_prompt):
+        raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
+    if allocator is not None and not isinstance(allocator, (FairDivisionAllocator, FixedAllocator)):
+        raise TypeError(
+            "`allocator` must be a FairDivisionAllocator or a baseline (AverageAllocator, RegionAllocator), got "
+            f"{type(allocator).__name__}."
+        )
+    if not is_number(utility_momentum) or not 0 <= utility_momentum < 1:
+        raise ValueError(f"`utility_momentum` must be a number in [0, 1), got {utility_momentum!r}.")
+    if not is_number(alignment_scale) or alignment_scale < 0:
+        raise ValueError(f"`alignment_scale` must be a number >= 0, got {alignment_scale!r}.")
+    if not isinstance(max_iter_to_align, int) or isinstance(max_iter_to_align, bool) or max_iter_to_align < 0:
+        raise ValueError(f"`max_iter_to_align` must be an int >= 0, got {max_iter_to_align!r}.")

@@ -18,10 +18,13 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.unets.unet_2d import UNet2DOutput
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers.utils import logging
 
 from ...loading import resolve_model_class
 from ...utils import public
 
+
+logger = logging.get_logger(__name__)
 
 _LIBRARIES = ("diffusers", "diffusers_ext")
 # Noise-schedule entries that must agree for models to share one sampler.
@@ -92,8 +95,18 @@ class MultiDenoiserModel(ModelMixin, ConfigMixin):
         """Run denoiser `index` (so that `count_module_forwards` and offload hooks see the call)."""
         return self.denoisers[index](*args, **kwargs)
 
-    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> None:
-        """Write `config.json` and each denoiser's own `save_pretrained` folder `denoiser_{i}` (`kwargs` passed on)."""
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        safe_serialization: bool = True,
+        variant: str | None = None,
+        **kwargs,
+    ) -> None:
+        """Write `config.json` and each denoiser's own `save_pretrained` folder `denoiser_{i}`.
+
+        `safe_serialization` and `variant` are named (diffusers' `DiffusionPipeline.save_pretrained` passes them only
+        to loaders whose signature names them) and given to every denoiser, with the other `kwargs`.
+        """
         for i, model in enumerate(self.denoisers):
             if not isinstance(model, ModelMixin) or type(model).__module__.split(".")[0] not in _LIBRARIES:
                 raise ValueError(
@@ -103,7 +116,12 @@ class MultiDenoiserModel(ModelMixin, ConfigMixin):
         os.makedirs(save_directory, exist_ok=True)
         self.save_config(save_directory)
         for i, model in enumerate(self.denoisers):
-            model.save_pretrained(os.path.join(save_directory, f"denoiser_{i}"), **kwargs)
+            model.save_pretrained(
+                os.path.join(save_directory, f"denoiser_{i}"),
+                safe_serialization=safe_serialization,
+                variant=variant,
+                **kwargs,
+            )
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "MultiDenoiserModel":
@@ -252,3 +270,29 @@ def check_compatible_schedulers(schedulers: list[SchedulerMixin]) -> None:
                 f"the scheduler of model {i} has a different noise schedule than model 0's as (model 0, model {i}): "
                 f"{differing}; Divide-and-Denoise needs models trained with one schedule and prediction type."
             )
+
+
+def check_pipelines_share_a_space(pipelines: list) -> None:
+    """Raise a `ValueError` when loaded pipelines differ in noise schedule, latent shape or autoencoder (their
+    denoisers cannot be composed); warn when they have different text encoders (the first one's is used)."""
+    check_compatible_schedulers([pipe.scheduler for pipe in pipelines])
+    first = pipelines[0]
+    for i, pipe in enumerate(pipelines[1:], start=1):
+        shapes = [(denoiser_in_channels(p.unet), denoiser_sample_size(p.unet)) for p in (first, pipe)]
+        if shapes[0] != shapes[1]:
+            raise ValueError(
+                f"`pipelines[{i}]` has latents (channels, size) {shapes[1]}; `pipelines[0]` has {shapes[0]}."
+            )
+        vaes = [getattr(p, "vae", None) for p in (first, pipe)]
+        if (vaes[0] is None) != (vaes[1] is None) or (
+            vaes[0] is not None and dict(vaes[0].config) != dict(vaes[1].config)
+        ):
+            raise ValueError(f"`pipelines[{i}]` has a different autoencoder than `pipelines[0]`; latents differ.")
+        encoders = [getattr(p, "text_encoder", None) for p in (first, pipe)]
+        if encoders[0] is not None and encoders[1] is not None and encoders[0] is not encoders[1]:
+            a, b = encoders[0].state_dict(), encoders[1].state_dict()
+            if a.keys() != b.keys() or any(not torch.equal(a[k], b[k]) for k in a):
+                logger.warning(
+                    f"`pipelines[{i}]` has its own text encoder; every model is conditioned through the text "
+                    "encoder of `pipelines[0]`."
+                )

@@ -1,6 +1,7 @@
 """Divide-and-Denoise: several pretrained diffusion models share one sample through a per-step fair division."""
 
 import inspect
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,15 +23,14 @@ from .alignment import alignment_step, predict_x0
 from .baseline_allocators import FixedAllocator
 from .call_settings import (
     DivideAndDenoiseCallSettings,
+    check_call_scalars,
     check_conditioning,
     check_guidance,
-    is_number,
-    is_positive_int,
     resolve_call_settings,
 )
 from .denoisers import (
     MultiDenoiserModel,
-    check_compatible_schedulers,
+    check_pipelines_share_a_space,
     denoiser_conditioning,
     denoiser_in_channels,
     denoiser_latent_constraint,
@@ -38,12 +38,13 @@ from .denoisers import (
     denoiser_sample_size,
 )
 from .fair_division import FairDivisionAllocator
+from .text_encoding import check_prompt_embeds, encode_agent_prompts, encode_prompt
 from .utilities import ConceptAttentionStore, agent_utility_maps, record_cross_attention
+from .variant_loading import load_variant_components
 
 
 logger = logging.get_logger(__name__)
 
-OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 TIMING_KEYS = ("model_forwards", "utility", "allocation", "alignment")
 
 
@@ -144,6 +145,18 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
 
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> "DivideAndDenoisePipeline":
+        """diffusers' `from_pretrained`; with `variant` on a local folder, the components holding that variant are
+        loaded here first (diffusers' variant scan cannot read the nested `denoisers/` folder), and a variant the
+        folder lacks is a `ValueError` naming the variants it has."""
+        variant, folder = kwargs.get("variant"), pretrained_model_name_or_path
+        if variant is not None and os.path.isdir(folder):
+            load_kwargs = {k: kwargs[k] for k in ("torch_dtype",) if k in kwargs}
+            kwargs.update(load_variant_components(str(folder), variant, set(kwargs), **load_kwargs))
+            kwargs.pop("variant")
+        return super().from_pretrained(folder, **kwargs)
+
+    @classmethod
     def from_pipelines(
         cls, pipelines: list[DiffusionPipeline], scheduler: SchedulerMixin | None = None
     ) -> "DivideAndDenoisePipeline":
@@ -161,27 +174,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         for i, pipe in enumerate(pipelines):
             if not hasattr(pipe, "unet") or not hasattr(pipe, "scheduler"):
                 raise ValueError(f"`pipelines[{i}]` ({type(pipe).__name__}) has no `unet` and `scheduler`.")
-        check_compatible_schedulers([pipe.scheduler for pipe in pipelines])
+        check_pipelines_share_a_space(pipelines)
         first = pipelines[0]
-        for i, pipe in enumerate(pipelines[1:], start=1):
-            shapes = [(denoiser_in_channels(p.unet), denoiser_sample_size(p.unet)) for p in (first, pipe)]
-            if shapes[0] != shapes[1]:
-                raise ValueError(
-                    f"`pipelines[{i}]` has latents (channels, size) {shapes[1]}; `pipelines[0]` has {shapes[0]}."
-                )
-            vaes = [getattr(p, "vae", None) for p in (first, pipe)]
-            if (vaes[0] is None) != (vaes[1] is None) or (
-                vaes[0] is not None and dict(vaes[0].config) != dict(vaes[1].config)
-            ):
-                raise ValueError(f"`pipelines[{i}]` has a different autoencoder than `pipelines[0]`; latents differ.")
-            encoders = [getattr(p, "text_encoder", None) for p in (first, pipe)]
-            if encoders[0] is not None and encoders[1] is not None and encoders[0] is not encoders[1]:
-                a, b = encoders[0].state_dict(), encoders[1].state_dict()
-                if a.keys() != b.keys() or any(not torch.equal(a[k], b[k]) for k in a):
-                    logger.warning(
-                        f"`pipelines[{i}]` has its own text encoder; every model is conditioned through the text "
-                        "encoder of `pipelines[0]`."
-                    )
         # one denoiser per distinct UNet (the same UNet under several pipelines is kept once)
         unets = list({id(p.unet): p.unet for p in pipelines}.values())
         if scheduler is None:
@@ -207,6 +201,27 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
     def conditioning(self) -> str:
         """How the denoisers are conditioned: `"text"`, `"class"` or `"none"`."""
         return denoiser_conditioning(self.denoisers[0])
+
+    def encode_prompt(self, prompt, device=None, num_images_per_prompt: int = 1, do_classifier_free_guidance=True,
+                      negative_prompt=None, prompt_embeds=None, negative_prompt_embeds=None):  # fmt: skip
+        """diffusers' `encode_prompt` for the models' prompts: `(prompt_embeds, negative_prompt_embeds)`; see
+        `text_encoding.encode_prompt`. Pass `num_images_per_prompt=1` to reuse them in `__call__` (one per model)."""
+        return encode_prompt(self.tokenizer, self.text_encoder, prompt, device or self._execution_device,
+                             num_images_per_prompt, do_classifier_free_guidance, negative_prompt, prompt_embeds,
+                             negative_prompt_embeds)  # fmt: skip
+
+    @property
+    def guidance_scale(self) -> float | list[float]:
+        """The guidance scale of the running call (a callback may set `pipe._guidance_scale`; read at every step)."""
+        return self._guidance_scale
+
+    @property
+    def do_classifier_free_guidance(self) -> bool:
+        return any(g > 1 for g in self._agent_guidance_scales())
+
+    def _agent_guidance_scales(self) -> list[float]:
+        scale, num_agents = self._guidance_scale, self._num_agents_running
+        return [float(g) for g in scale] if isinstance(scale, (list, tuple)) else [float(scale)] * num_agents
 
     @property
     def num_timesteps(self) -> int:
@@ -263,24 +278,11 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         max_iter_to_align,
     ) -> None:
         """Raise a `ValueError`/`TypeError` naming the first bad argument, before any model work."""
-        if not is_positive_int(num_inference_steps):
-            raise ValueError(f"`num_inference_steps` must be a positive int, got {num_inference_steps!r}.")
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
-        if not is_positive_int(num_images_per_prompt):
-            raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
+        check_call_scalars(
+            num_inference_steps, output_type, num_images_per_prompt, allocator, utility_momentum, alignment_scale,
+            max_iter_to_align,
+        )  # fmt: skip
         check_callback_tensor_inputs(self, callback_on_step_end_tensor_inputs)
-        if allocator is not None and not isinstance(allocator, (FairDivisionAllocator, FixedAllocator)):
-            raise TypeError(
-                "`allocator` must be a FairDivisionAllocator or a baseline (AverageAllocator, RegionAllocator), got "
-                f"{type(allocator).__name__}."
-            )
-        if not is_number(utility_momentum) or not 0 <= utility_momentum < 1:
-            raise ValueError(f"`utility_momentum` must be a number in [0, 1), got {utility_momentum!r}.")
-        if not is_number(alignment_scale) or alignment_scale < 0:
-            raise ValueError(f"`alignment_scale` must be a number >= 0, got {alignment_scale!r}.")
-        if not isinstance(max_iter_to_align, int) or isinstance(max_iter_to_align, bool) or max_iter_to_align < 0:
-            raise ValueError(f"`max_iter_to_align` must be an int >= 0, got {max_iter_to_align!r}.")
 
         kind = self.conditioning
         num_agents = self._num_agents(prompt, class_labels)
@@ -338,25 +340,13 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
 
     # model calls ----------------------------------------------------------------------------------------------------
 
-    def _encode_prompts(self, prompts: list[str], negative_prompt: str | None, device) -> tuple:
-        """Embeddings `(K, L, D)` of the prompts and `(1, L, D)` of the negative prompt, plus each prompt's token
-        count (without start and end tokens)."""
-        texts = prompts + [negative_prompt or ""]
-        tokens = self.tokenizer(
-            texts, padding="max_length", max_length=self.tokenizer.model_max_length, truncation=True,
-            return_tensors="pt",
-        )  # fmt: skip
-        embeds = self.text_encoder(tokens.input_ids.to(device))[0]
-        lengths = tokens.attention_mask.sum(dim=1)[:-1] - 2
-        return embeds[:-1], embeds[-1:], lengths.tolist()
-
     def _predict(
         self, sample: torch.Tensor, t, settings: DivideAndDenoiseCallSettings, cond: dict, record_attention: bool
     ):
         """Every agent's guided prediction `(B, K, C, H, W)`, its conditional and unconditional predictions and, with
         `record_attention`, its conditional cross-attention maps `(B, K, H, W, tokens)`."""
         batch, num_agents = sample.shape[0], settings.num_agents
-        branches = 2 if settings.needs_unconditional else 1
+        branches = 2 if settings.needs_unconditional or self.do_classifier_free_guidance else 1
         groups = [list(range(num_agents))] if len(self.denoisers) == 1 else [[k] for k in range(num_agents)]
         cond_out, uncond_out, attention = [None] * num_agents, [None] * num_agents, [None] * num_agents
         for agents in groups:
@@ -393,7 +383,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         uncond_out = torch.stack(uncond_out, dim=1) if branches == 2 else None
         guided = cond_out
         if uncond_out is not None:
-            scales = torch.tensor(settings.guidance_scales, dtype=cond_out.dtype, device=cond_out.device)
+            scales = torch.tensor(self._agent_guidance_scales(), dtype=cond_out.dtype, device=cond_out.device)
             guided = uncond_out + scales.view(1, -1, 1, 1, 1) * (cond_out - uncond_out)
         attention = torch.stack(attention, dim=1) if record_attention else None
         return guided, cond_out, uncond_out, attention
@@ -417,6 +407,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         num_images_per_prompt: int = 1,
         generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,
+        prompt_embeds: torch.Tensor | None = None,
+        negative_prompt_embeds: torch.Tensor | None = None,
         output_type: str = "pil",
         return_dict: bool = True,
         callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
@@ -444,6 +436,9 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             generator (`torch.Generator` or `list[torch.Generator]`, *optional*): one generator, or one per image.
             latents (`torch.Tensor` of shape `(num_images_per_prompt, channels, height, width)`, *optional*): the
                 starting noise (latent resolution).
+            prompt_embeds (`torch.Tensor` of shape `(models, L, D)`, *optional*), negative_prompt_embeds (`(1, L, D)`,
+                *optional*): text embeddings instead of `prompt` / `negative_prompt` ([`encode_prompt`]); the
+                cross-attention utility then needs `token_indices`.
             output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` (images in [0, 1]) or `"latent"`.
             return_dict (`bool`, defaults to `True`): return a [`DivideAndDenoisePipelineOutput`], else a tuple
                 `(images, allocations, timings)`.
@@ -488,6 +483,11 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         """
         if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        if prompt_embeds is not None:
+            check_prompt_embeds(
+                self.conditioning, prompt, prompt_embeds, negative_prompt_embeds, token_indices, utility
+            )
+            prompt = [""] * len(prompt_embeds)  # one placeholder per model for the checks; the embeddings are used
         self.check_inputs(
             prompt, class_labels, negative_prompt, height, width, num_inference_steps, guidance_scale,
             num_images_per_prompt, generator, latents, output_type, callback_on_step_end_tensor_inputs, allocator,
@@ -496,6 +496,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         settings = self.prepare_call_settings(
             prompt, class_labels, height, width, guidance_scale, num_images_per_prompt, allocator, utility
         )
+        self._guidance_scale, self._num_agents_running = guidance_scale, settings.num_agents
         self._interrupt = False
         timings = dict.fromkeys(TIMING_KEYS, 0.0)
         device = self._execution_device
@@ -504,7 +505,15 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
 
         cond = {}
         if self.conditioning == "text":
-            embeds, negative, lengths = self._encode_prompts(settings.prompts, negative_prompt, device)
+            embeds, negative, lengths = encode_agent_prompts(
+                self.tokenizer,
+                self.text_encoder,
+                settings.prompts if prompt_embeds is None else [],
+                negative_prompt,
+                device,
+            )
+            embeds = embeds if prompt_embeds is None else prompt_embeds.to(device)
+            negative = negative if negative_prompt_embeds is None else negative_prompt_embeds.to(device)
             cond["prompt_embeds"], cond["negative_embeds"] = embeds.to(dtype), negative.to(dtype)
             if token_indices is None:
                 if min(lengths) < 1:

@@ -1,6 +1,8 @@
 """LoMDMPipeline: a [`DiffusionLMPipeline`] that also carries LoMDM's learned schedules, so the learned generation
 order, the OeMDM presets and the SOAR / greedy / threshold decoders all sample from one saved model."""
 
+import functools
+
 import torch
 
 from ... import DiffusionLMPipeline, OeMDMScheduler
@@ -75,6 +77,8 @@ class LoMDMPipeline(DiffusionLMPipeline):
         super().__init__(model=model, scheduler=scheduler, tokenizer=tokenizer, adapter=adapter)
         self.register_modules(reverse_schedule=reverse_schedule, forward_schedule=forward_schedule)
 
+    # the signature (and so every argument check that reads it) is DiffusionLMPipeline's; the docstring is this one
+    @functools.wraps(DiffusionLMPipeline.__call__, assigned=("__module__", "__name__", "__qualname__"))
     def __call__(self, *args, **kwargs):
         """Generate; see [`DiffusionLMPipeline.__call__`]. The mask token is never committed (its logit is `-inf`
         for every scheduler); with `OeMDMScheduler(schedule="learned")` the reverse scheduler's exponents travel to

@@ -106,8 +106,29 @@ class SemanticNVSPipeline(DiffusionPipeline):
         # Views live in [-1, 1] pixel space: the processor only maps them to [0, 1] and the output type.
         self.image_processor = VaeImageProcessor(do_resize=False)
 
+    @property
+    def guidance_scale(self) -> float:
+        """The guidance scale of the running call (a callback may set `pipe._guidance_scale`; read at every step)."""
+        return self._guidance_scale
+
+    @property
+    def do_classifier_free_guidance(self) -> bool:
+        return self._guidance_scale > 1.0
+
+    @property
+    def num_timesteps(self) -> int:
+        return self._num_timesteps
+
+    @property
+    def interrupt(self) -> bool:
+        return self._interrupt
+
     # ------------------------------------------------------------------------------------------- inputs
     def _as_scene_batch(self, name: str, value, trailing: tuple[int, ...]) -> torch.Tensor:
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            if len({tuple(v.shape) for v in value}) > 1:
+                raise ValueError(f"`{name}` is a list of tensors of different shapes; expected one shape.")
+            value = torch.stack(list(value))
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"`{name}` must be a torch.Tensor, got {type(value).__name__}.")
         if value.ndim == len(trailing) + 1:
@@ -135,7 +156,7 @@ class SemanticNVSPipeline(DiffusionPipeline):
 
     def check_inputs(self, images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths,
                      semantic_mode, num_inference_steps, guidance_scale, output_type, generator,
-                     callback_on_step_end_tensor_inputs):  # fmt: skip
+                     callback_on_step_end_tensor_inputs, num_images_per_prompt=1):  # fmt: skip
         """Validate and batch the inputs before any model work; return them as `(B, V, ...)` tensors."""
         size = self.unet.config.sample_size
         channels = self.unet.config.image_channels
@@ -195,10 +216,51 @@ class SemanticNVSPipeline(DiffusionPipeline):
             raise TypeError(f"`guidance_scale` must be a number, got {type(guidance_scale).__name__}.")
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
-        if isinstance(generator, list) and len(generator) != b:
-            raise ValueError(f"`generator` is a list of {len(generator)} generators for {b} scenes.")
+        if (
+            not isinstance(num_images_per_prompt, int)
+            or isinstance(num_images_per_prompt, bool)
+            or num_images_per_prompt < 1
+        ):
+            raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
+        if isinstance(generator, list) and len(generator) != b * num_images_per_prompt:
+            raise ValueError(
+                f"`generator` is a list of {len(generator)} generators for {b} scenes x {num_images_per_prompt} "
+                "(`num_images_per_prompt`) outputs."
+            )
         check_callback_tensor_inputs(self, callback_on_step_end_tensor_inputs)
         return images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths
+
+    def _call_scene_by_scene(self, per_scene: dict, kwargs: dict):
+        """Run scenes whose per-scene arguments differ in shape one by one; concatenate their outputs."""
+        num_scenes, n = len(per_scene["images"]), kwargs["num_images_per_prompt"]
+        for name, value in per_scene.items():
+            if value is not None and not (isinstance(value, (list, tuple)) and len(value) == num_scenes):
+                raise ValueError(
+                    f"`images` holds {num_scenes} scenes of different view counts, so `{name}` must be a list of "
+                    f"{num_scenes} per-scene tensors; got {type(value).__name__}."
+                )
+        generator, latents = kwargs["generator"], kwargs["latents"]
+        if isinstance(generator, list) and len(generator) != num_scenes * n:
+            raise ValueError(f"`generator` is a list of {len(generator)} generators for {num_scenes * n} outputs.")
+        outputs = []
+        for i in range(num_scenes):
+            scene = {k: None if v is None else v[i] for k, v in per_scene.items()}
+            rows = slice(i * n, (i + 1) * n)
+            scene_generator = generator[rows] if isinstance(generator, list) else generator
+            scene_latents = None if latents is None else latents[rows]
+            outputs.append(self(**{**kwargs, **scene, "generator": scene_generator, "latents": scene_latents,
+                                   "return_dict": True}))  # fmt: skip
+        first = outputs[0].images
+        if isinstance(first, list):
+            images = [item for out in outputs for item in out.images]
+        elif isinstance(first, torch.Tensor):
+            images = torch.cat([out.images for out in outputs])
+        else:
+            images = np.concatenate([out.images for out in outputs])
+        coverage = torch.cat([out.coverage for out in outputs])
+        if not kwargs["return_dict"]:
+            return (images, coverage)
+        return SemanticNVSPipelineOutput(images=images, coverage=coverage)
 
     # ---------------------------------------------------------------------------------------- semantics
     def encode_semantics(self, images: torch.Tensor) -> torch.Tensor:
@@ -219,6 +281,7 @@ class SemanticNVSPipeline(DiffusionPipeline):
         iterative_start: float = 0.0,
         num_inference_steps: int = 50,
         guidance_scale: float = 2.0,
+        num_images_per_prompt: int = 1,
         generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,
         output_type: str = "pil",
@@ -230,7 +293,10 @@ class SemanticNVSPipeline(DiffusionPipeline):
         Generate the target views.
 
         Args:
-            images (`torch.Tensor` of shape `(V_in, 3, H, W)` or `(B, V_in, 3, H, W)`): input views in [0, 1].
+            images (`torch.Tensor` of shape `(V_in, 3, H, W)` or `(B, V_in, 3, H, W)`, or a list of `B` per-scene
+                `(V_in, 3, H, W)` tensors): input views in [0, 1]. Every per-scene argument may be such a list; when
+                the scenes differ in their number of views, each scene runs on its own and the outputs are
+                concatenated (then `generator` is one per output and a callback is called scene by scene).
             input_intrinsics (`torch.Tensor` of shape `([B,] V_in, 3, 3)`), input_c2w (`([B,] V_in, 4, 4)`): the
                 input cameras (OpenCV axes, camera-to-world; see [`~geometry.camera`]).
             target_intrinsics (`torch.Tensor` of shape `([B,] V_t, 3, 3)`), target_c2w (`([B,] V_t, 4, 4)`): the
@@ -247,8 +313,12 @@ class SemanticNVSPipeline(DiffusionPipeline):
             num_inference_steps (`int`, defaults to 50): denoising steps.
             guidance_scale (`float`, defaults to 2.0): classifier-free guidance; the unconditional branch drops the
                 input views and the warped features and keeps the cameras and the iterative features (which describe
-                the sample, not the condition, as in self-conditioning). `1.0` disables it.
-            generator (`torch.Generator` or one per scene, *optional*): for the initial noise and the scheduler.
+                the sample, not the condition, as in self-conditioning). `1.0` disables it. A callback may change it
+                through `pipe._guidance_scale`.
+            num_images_per_prompt (`int`, defaults to 1): renderings of each scene's targets, one after the other
+                in the output (`B * num_images_per_prompt` rows).
+            generator (`torch.Generator` or one per output scene, *optional*): for the initial noise and the
+                scheduler.
             latents (`torch.Tensor` of shape `(B, V_t, C, H, W)`, *optional*): initial noise of the target views.
             output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` or `"latent"` (raw [-1, 1] sample).
             return_dict (`bool`, defaults to `True`): return a [`SemanticNVSPipelineOutput`] instead of a tuple.
@@ -261,19 +331,32 @@ class SemanticNVSPipeline(DiffusionPipeline):
         """
         if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        per_scene = {"images": images, "input_intrinsics": input_intrinsics, "input_c2w": input_c2w,
+                     "target_intrinsics": target_intrinsics, "target_c2w": target_c2w, "depths": depths}  # fmt: skip
+        if isinstance(images, (list, tuple)) and len({tuple(getattr(x, "shape", ())) for x in images}) > 1:
+            call_kwargs = {k: v for k, v in locals().items() if k not in ("self", "per_scene", "__class__")}
+            return self._call_scene_by_scene(per_scene, call_kwargs)
         if not isinstance(iterative_start, (int, float)) or not 0.0 <= iterative_start <= 1.0:
             raise ValueError(f"`iterative_start` must be a fraction in [0, 1], got {iterative_start!r}.")
         images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths = self.check_inputs(
             images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths, semantic_mode,
             num_inference_steps, guidance_scale, output_type, generator, callback_on_step_end_tensor_inputs,
+            num_images_per_prompt,
         )  # fmt: skip
+        if num_images_per_prompt > 1:
+            images, input_intrinsics, input_c2w, target_intrinsics, target_c2w = (
+                x.repeat_interleave(num_images_per_prompt, 0)
+                for x in (images, input_intrinsics, input_c2w, target_intrinsics, target_c2w)
+            )
+            depths = None if depths is None else depths.repeat_interleave(num_images_per_prompt, 0)
         device, dtype = self._execution_device, self.unet.dtype
         b, v_in, c, h, w = images.shape
         v_t = target_c2w.shape[1]
         size = self.unet.config.sample_size
         if latents is not None and tuple(latents.shape) != (b, v_t, c, h, w):
             raise ValueError(f"`latents` has shape {tuple(latents.shape)}; expected {(b, v_t, c, h, w)}.")
-        do_cfg = guidance_scale > 1.0
+        self._guidance_scale = guidance_scale
+        self._interrupt = False
         images = images.to(device)
 
         # Cameras: Plücker maps of all views relative to the first input view of each scene.
@@ -304,11 +387,14 @@ class SemanticNVSPipeline(DiffusionPipeline):
         input_images = torch.cat([clean_inputs, torch.zeros_like(latents)], 1)
 
         self.scheduler.set_timesteps(num_inference_steps, device=device)
+        self._num_timesteps = len(self.scheduler.timesteps)
         iterative = None  # features of the current estimate of the clean target views
         input_feature_mask = torch.full((b, v_in, 1, h, w), float(semantic_mode != "none"), device=device)
         # The scheduler steps all target views as one batch: each scene's generator serves its views.
         step_generator = [g for g in generator for _ in range(v_t)] if isinstance(generator, list) else generator
         for i, t in enumerate(self.progress_bar(self.scheduler.timesteps)):
+            if self.interrupt:
+                continue
             target_features, target_mask = target_semantics(semantic_mode, warped, coverage, iterative)
             features = torch.cat([input_features, target_features], 1).to(dtype)
             feature_mask = torch.cat([input_feature_mask, target_mask], 1).to(dtype)
@@ -325,12 +411,12 @@ class SemanticNVSPipeline(DiffusionPipeline):
                     semantic_features=torch.cat([torch.zeros_like(input_features), uncond_features], 1).to(dtype),
                     semantic_mask=torch.cat([torch.zeros_like(input_feature_mask), uncond_mask], 1).to(dtype),
                 )
-            if do_cfg:
+            if self.do_classifier_free_guidance:
                 both = {k: torch.cat([unconditional[k], conditional[k]]) for k in conditional}
                 timestep = t.expand(2 * b).to(device)
                 prediction = self.unet(torch.cat([sample, sample]), timestep, **both).sample
                 uncond, cond = prediction.chunk(2)
-                prediction = uncond + guidance_scale * (cond - uncond)
+                prediction = uncond + self.guidance_scale * (cond - uncond)
             else:
                 prediction = cond = self.unet(sample, t.expand(b).to(device), **conditional).sample
             noise_pred = prediction[:, v_in:]

@@ -44,6 +44,7 @@ BAD_INPUTS = [
     BadInput({"class_labels": [0.5]}, "class_labels"),
     BadInput({"class_labels": []}, "class_labels"),
     BadInput({"class_labels": [0], "batch_size": 2}, "batch_size"),
+    BadInput({"num_images_per_prompt": 0}, "num_images_per_prompt"),
     BadInput({"latents": torch.zeros(1, 1, SAMPLE_SIZE // 2, SAMPLE_SIZE // 2)}, "latents"),
     BadInput({"latents": torch.zeros(2, 1, SAMPLE_SIZE, SAMPLE_SIZE)}, "latents"),
     BadInput({"generator": [torch.Generator("cpu"), torch.Generator("cpu")]}, "generator"),

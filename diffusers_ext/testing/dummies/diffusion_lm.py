@@ -34,6 +34,11 @@ def get_inputs(seed: int = 0) -> dict:
     }
 
 
+def get_ragged_inputs(seed: int = 0) -> dict:
+    """As `get_inputs`, with a prompt of 1 + 2 * (seed % 3) bytes: a batch of seeds 0 and 1 needs left padding."""
+    return {**get_inputs(seed), "prompt": ["xyzab"[: 1 + 2 * (seed % 3)]]}
+
+
 BAD_INPUTS = [
     BadInput({"mask_token_id": 10_000}, "mask_token_id"),
     BadInput({"gen_length": 6}, "block_length"),
@@ -55,6 +60,10 @@ BAD_INPUTS = [
     BadInput({"prompt": None}, "prompt"),
     BadInput({"input_ids": torch.ones(1, 3, dtype=torch.long)}, "input_ids"),
     BadInput({"temperature": -1.0}, "temperature"),
+    BadInput({"guidance_scale": 0.5}, "guidance_scale"),
+    BadInput({"num_images_per_prompt": 0}, "num_images_per_prompt"),
+    BadInput({"latents": torch.zeros(1, 4, dtype=torch.long)}, "latents"),
+    BadInput({"latents": torch.zeros(1, 8)}, "latents"),
     BadInput({"output_type": "np"}, "output_type"),
     BadInput({"callback_on_step_end_tensor_inputs": ["model"]}, "callback_on_step_end_tensor_inputs"),
 ]
@@ -67,4 +76,5 @@ register_dummy_pipeline(
     output_types=("seq", "text"),
     bad_inputs=BAD_INPUTS,
     callback_edit_tensor="sequences",
+    ragged_inputs_fn=get_ragged_inputs,
 )

@@ -2,7 +2,7 @@
 
 A tiny bidirectional Llama over a four-character vocabulary, LoMDM's forward and reverse schedule networks, and an
 `OeMDMScheduler` with the learned order, so every call runs the reverse scheduler; 6 tokens in 6 steps at
-temperature 1 after a one-character prompt.
+temperature 1 after a four-character prompt.
 """
 
 import torch
@@ -15,7 +15,7 @@ from ...schedulers.scheduling_oemdm import OeMDMScheduler
 from ..registry import BadInput, register_dummy_pipeline
 
 
-SEQUENCE_LENGTH = 8  # prompt (bos + one character) and the 6 generated tokens
+SEQUENCE_LENGTH = 11  # prompt (bos + four characters) and the 6 generated tokens
 
 
 def get_components(seed: int = 0) -> dict:
@@ -39,9 +39,9 @@ def get_components(seed: int = 0) -> dict:
 
 
 def get_inputs(seed: int = 0) -> dict:
-    """One one-character prompt, 6 tokens in 6 steps, temperature 1, seeded generator, `"seq"` output."""
+    """One four-character prompt, 6 tokens in 6 steps, temperature 1, seeded generator, `"seq"` output."""
     return {
-        "prompt": ["abcd"[seed % 4]],
+        "prompt": ["abcd"[seed % 4 :] + "abcd"[: seed % 4]],
         "gen_length": 6,
         "block_length": 6,
         "num_inference_steps": 6,

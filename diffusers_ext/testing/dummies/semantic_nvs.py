@@ -63,6 +63,25 @@ def get_inputs(seed: int = 0) -> dict:
     }
 
 
+def get_ragged_inputs(seed: int = 0) -> dict:
+    """As `get_inputs` with one-scene lists; scene `seed` has `1 + seed % 2` input views and two targets, so scenes of
+    seeds 0 and 1 differ in their number of input views."""
+    num_inputs = 1 + seed % 2
+    scene = render_orbit(
+        random_scene(torch.Generator().manual_seed(seed), num_objects=2), num_inputs + 2, SIZE, sweep_deg=40
+    )
+    inputs, targets = slice(0, num_inputs), slice(num_inputs, None)
+    return {
+        **get_inputs(seed),
+        "images": [scene["images"][inputs]],
+        "input_intrinsics": [scene["intrinsics"][inputs]],
+        "input_c2w": [scene["c2w"][inputs]],
+        "target_intrinsics": [scene["intrinsics"][targets]],
+        "target_c2w": [scene["c2w"][targets]],
+        "depths": [scene["depths"][inputs]],
+    }
+
+
 BAD_INPUTS = [
     BadInput({"semantic_mode": "dino"}, "semantic_mode"),
     BadInput({"iterative_start": 1.5}, "iterative_start"),
@@ -75,6 +94,7 @@ BAD_INPUTS = [
     BadInput({"depths": None}, "depths"),
     BadInput({"depths": torch.zeros(1, 1, 1, SIZE, SIZE)}, "depths"),
     BadInput({"latents": torch.zeros(1, 2, 3, 8, 8)}, "latents"),
+    BadInput({"num_images_per_prompt": 0}, "num_images_per_prompt"),
     BadInput({"callback_on_step_end_tensor_inputs": ["unet"]}, "callback_on_step_end_tensor_inputs"),
 ]
 
@@ -86,4 +106,5 @@ register_dummy_pipeline(
     output_types=("pil", "np", "pt", "latent"),
     bad_inputs=BAD_INPUTS,
     callback_edit_tensor="latents",
+    ragged_inputs_fn=get_ragged_inputs,
 )

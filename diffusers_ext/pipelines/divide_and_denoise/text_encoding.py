@@ -1,0 +1,63 @@
+"""The text condition of a [`DivideAndDenoisePipeline`] with text-conditioned denoisers: one prompt per agent."""
+
+import torch
+
+
+def encode_agent_prompts(tokenizer, text_encoder, prompts: list[str], negative_prompt: str | None, device) -> tuple:
+    """Embeddings `(K, L, D)` of the `K` agents' prompts and `(1, L, D)` of the negative prompt (`""` if None), plus
+    each prompt's token count (without start and end tokens), for the cross-attention utility's token positions."""
+    texts = prompts + [negative_prompt or ""]
+    tokens = tokenizer(
+        texts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
+    )
+    embeds = text_encoder(tokens.input_ids.to(device))[0]
+    lengths = tokens.attention_mask.sum(dim=1)[:-1] - 2
+    return embeds[:-1], embeds[-1:], lengths.tolist()
+
+
+def encode_prompt(
+    tokenizer,
+    text_encoder,
+    prompt,
+    device,
+    num_images_per_prompt: int = 1,
+    do_classifier_free_guidance: bool = True,
+    negative_prompt: str | None = None,
+    prompt_embeds: torch.Tensor | None = None,
+    negative_prompt_embeds: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """diffusers' `encode_prompt`: `prompt_embeds` `(K * num_images_per_prompt, L, D)` of the `K` prompts and, with
+    guidance, `negative_prompt_embeds` `(num_images_per_prompt, L, D)` of the negative prompt (`""` if None).
+    Precomputed embeddings are passed through (repeated `num_images_per_prompt` times)."""
+    prompts = [] if prompt_embeds is not None else ([prompt] if isinstance(prompt, str) else list(prompt))
+    embeds, negative, _ = encode_agent_prompts(tokenizer, text_encoder, prompts, negative_prompt, device)
+    embeds = embeds if prompt_embeds is None else prompt_embeds.to(device)
+    negative = negative if negative_prompt_embeds is None else negative_prompt_embeds.to(device)
+    negative = negative.repeat_interleave(num_images_per_prompt, 0) if do_classifier_free_guidance else None
+    return embeds.repeat_interleave(num_images_per_prompt, 0), negative
+
+
+def check_prompt_embeds(kind: str, prompt, prompt_embeds, negative_prompt_embeds, token_indices, utility) -> None:
+    """Raise a `ValueError` naming the argument when precomputed embeddings cannot condition the denoisers: not
+    text-conditioned, given with `prompt`, not `(K, L, D)` / `(1, L, D)`, or without the `token_indices` the
+    cross-attention utility needs (the tokens are unknown without the prompt)."""
+    if kind != "text":
+        raise ValueError(f"`prompt_embeds` was given, but the denoisers are not text-conditioned ({kind}).")
+    if prompt is not None:
+        raise ValueError("Pass either `prompt` or `prompt_embeds`, not both.")
+    if not isinstance(prompt_embeds, torch.Tensor) or prompt_embeds.ndim != 3:
+        raise ValueError(f"`prompt_embeds` must be a (models, L, D) tensor, got {type(prompt_embeds).__name__}.")
+    if negative_prompt_embeds is not None and (
+        not isinstance(negative_prompt_embeds, torch.Tensor)
+        or negative_prompt_embeds.ndim != 3
+        or negative_prompt_embeds.shape[0] != 1
+        or negative_prompt_embeds.shape[1:] != prompt_embeds.shape[1:]
+    ):
+        raise ValueError(
+            f"`negative_prompt_embeds` must be a (1, L, D) tensor matching `prompt_embeds` {tuple(prompt_embeds.shape)}."
+        )
+    if token_indices is None and utility in ("auto", "cross_attention"):
+        raise ValueError(
+            "`prompt_embeds` with the cross-attention utility needs `token_indices` (the concept token positions of "
+            "each model's prompt), or another `utility`."
+        )

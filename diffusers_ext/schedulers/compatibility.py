@@ -1,0 +1,62 @@
+"""Scheduler compatibility across diffusers and diffusers_ext: the `compatibles` list in both directions.
+
+diffusers resolves the names in a scheduler's `_compatibles` inside the `diffusers` module only, so a diffusers
+scheduler cannot list a third-party one, and a diffusers_ext scheduler's own `compatibles` would miss itself.
+[`compatible_schedulers`] resolves names in both packages and adds, for a diffusers scheduler, every diffusers_ext
+scheduler that declares it compatible: what a user can pass `pipe.scheduler.config` to with `from_config`.
+"""
+
+import importlib
+
+from diffusers.utils import DummyObject
+
+from ..utils import public
+
+
+# diffusers_ext schedulers that declare diffusers schedulers in their `_compatibles` (resolved lazily).
+_OUR_SCHEDULERS = ("FlowMatchSDEScheduler", "SOARScheduler")
+
+
+def resolve_scheduler_class(name: str) -> type | None:
+    """The scheduler class called `name` in `diffusers` or, failing that, in `diffusers_ext`; `None` if neither."""
+    for package in ("diffusers", "diffusers_ext"):
+        module = importlib.import_module(package)
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            continue
+    return None
+
+
+@public
+def compatible_schedulers(scheduler) -> list[type]:
+    """Every scheduler class that `from_config(scheduler.config)` can build in place of `scheduler`.
+
+    Unlike diffusers' `scheduler.compatibles`, the list includes diffusers_ext schedulers: for a
+    `FlowMatchEulerDiscreteScheduler` it holds [`FlowMatchSDEScheduler`], and for a `FlowMatchSDEScheduler` it holds
+    the class itself and `FlowMatchEulerDiscreteScheduler`.
+
+    Args:
+        scheduler (`SchedulerMixin` or its class): a diffusers or diffusers_ext scheduler.
+
+    Returns:
+        `list[type]`: the compatible classes, sorted by name, the scheduler's own class included; classes whose
+            optional dependency is missing (diffusers' placeholders) are left out.
+    """
+    cls = scheduler if isinstance(scheduler, type) else type(scheduler)
+    if not hasattr(cls, "_compatibles"):
+        raise TypeError(f"`scheduler` must be a scheduler or scheduler class, got {scheduler!r}.")
+    names = {cls.__name__, *cls._compatibles}
+    for our_name in _OUR_SCHEDULERS:
+        ours = resolve_scheduler_class(our_name)
+        if ours is not None and cls.__name__ in ours._compatibles:
+            names.add(our_name)
+            names.update(ours._compatibles)
+    # classes whose optional backend is missing (DPMSolverSDEScheduler without torchsde) are placeholders
+    found = {
+        c
+        for c in (resolve_scheduler_class(name) for name in names)
+        if c is not None and not isinstance(c, DummyObject)
+    }
+    found.add(cls)
+    return sorted(found, key=lambda c: c.__name__)
