@@ -18,6 +18,7 @@ from .adapters import DiffusionLMAdapter, get_diffusion_lm_adapter
 logger = logging.get_logger(__name__)
 
 OUTPUT_TYPES = ("text", "seq")
+STEP_BUDGETS = ("per_block", "global")
 
 
 @public
@@ -181,20 +182,40 @@ class DiffusionLMPipeline(DiffusionPipeline):
         generator,
         output_type,
         callback_on_step_end_tensor_inputs,
+        prompt_length=None,
+        step_budget="per_block",
+        top_p=None,
+        top_k=None,
     ):
+        """Check the call's arguments before any model forward. `prompt_length` is given for adapters whose blocks
+        are aligned to absolute positions (LLaDA2): the first block then ends at the next multiple of
+        `block_length` and `gen_length` need not be a multiple of it."""
         if not isinstance(gen_length, int) or isinstance(gen_length, bool) or gen_length < 1:
             raise ValueError(f"`gen_length` must be a positive integer, got {gen_length!r}.")
         if not isinstance(block_length, int) or isinstance(block_length, bool) or block_length < 1:
             raise ValueError(f"`block_length` must be a positive integer, got {block_length!r}.")
-        if gen_length % block_length:
-            raise ValueError(
-                f"`gen_length` {gen_length} must be divisible by `block_length` {block_length} (semi-autoregressive "
-                "blocks of equal length)."
-            )
-        num_blocks = gen_length // block_length
+        if step_budget not in STEP_BUDGETS:
+            raise ValueError(f"`step_budget` must be one of {STEP_BUDGETS}, got {step_budget!r}.")
+        if top_p is not None and (not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+            raise ValueError(f"`top_p` must be a number in (0, 1], got {top_p!r}.")
+        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+            raise ValueError(f"`top_k` must be a positive integer, got {top_k!r}.")
+        if prompt_length is not None:
+            first = prompt_length // block_length
+            num_blocks = -(-(prompt_length + gen_length) // block_length) - first
+        else:
+            if gen_length % block_length:
+                raise ValueError(
+                    f"`gen_length` {gen_length} must be divisible by `block_length` {block_length} "
+                    "(semi-autoregressive blocks of equal length)."
+                )
+            num_blocks = gen_length // block_length
         if not isinstance(num_inference_steps, int) or isinstance(num_inference_steps, bool):
             raise ValueError(f"`num_inference_steps` must be an integer, got {num_inference_steps!r}.")
-        if num_inference_steps < num_blocks or num_inference_steps % num_blocks:
+        if step_budget == "global":
+            if num_inference_steps < 1:
+                raise ValueError(f"`num_inference_steps` must be positive, got {num_inference_steps!r}.")
+        elif num_inference_steps < num_blocks or num_inference_steps % num_blocks:
             raise ValueError(
                 f"`num_inference_steps` {num_inference_steps} cannot cover the generated length: it must be a positive "
                 f"multiple of the number of blocks ({gen_length} / {block_length} = {num_blocks}), the same number "
@@ -220,6 +241,46 @@ class DiffusionLMPipeline(DiffusionPipeline):
     # decoding
     # ---------------------------------------------------------------------------------------------------------------
 
+    def _rescore_by_pll(
+        self, x, groups, first, done, best, prompt_attention, prompt_length, mask_id, nfe, row_forwards
+    ) -> torch.LongTensor:
+        """`beam_score="pll"`: among the complete beams of each finishing prompt, keep the one with the highest
+        pseudo-log-likelihood `sum_j log p(x_j | x without j)` over the generated positions.
+
+        One batched forward scores all candidates (each masked at one generated position per row): it adds 1 to the
+        prompt's NFE and `candidates * gen_length` to its row forwards. A prompt with one complete beam costs
+        nothing. Returns `best` with the chosen beams' generated tokens.
+        """
+        gen_length = x.shape[1] - prompt_length
+        finishing = groups[first][done]
+        complete = ~(x[:, prompt_length:] == mask_id).any(1)
+        candidates = torch.isin(groups, finishing) & complete
+        counts = torch.bincount(groups[candidates], minlength=int(groups.max()) + 1)
+        candidates &= counts[groups] > 1
+        rows = candidates.nonzero(as_tuple=True)[0]
+        if len(rows) == 0:
+            return best
+        probes = x[rows].repeat_interleave(gen_length, 0)
+        position = torch.arange(gen_length, device=x.device).repeat(len(rows)) + prompt_length
+        probes[torch.arange(len(probes), device=x.device), position] = mask_id
+        attention = prompt_attention[groups[rows]].repeat_interleave(gen_length, 0)
+        logits = self.adapter(self.model, probes, attention, block_end=x.shape[1])
+        log_probs = torch.log_softmax(logits.float(), -1)
+        picked = log_probs[torch.arange(len(probes), device=x.device), position]
+        targets = x[rows].repeat_interleave(gen_length, 0)[torch.arange(len(probes), device=x.device), position]
+        pll = picked.gather(-1, targets.unsqueeze(-1)).squeeze(-1).view(len(rows), gen_length).sum(1)
+        rescored = torch.unique(groups[rows]).cpu()
+        nfe[rescored] += 1
+        row_forwards += gen_length * torch.bincount(groups[rows].cpu(), minlength=len(nfe))
+        best = best.clone()
+        for group in torch.unique(groups[rows]).tolist():
+            members = rows[groups[rows] == group]
+            scores = pll[groups[rows] == group]
+            winner = members[int(torch.argmax(scores))]  # ties keep the earlier (path-best) beam
+            best_index = (groups[first] == group).nonzero(as_tuple=True)[0]
+            best[best_index] = x[winner, prompt_length:]
+        return best
+
     @torch.no_grad()
     def __call__(
         self,
@@ -232,9 +293,15 @@ class DiffusionLMPipeline(DiffusionPipeline):
         block_length: int | None = None,
         num_inference_steps: int | None = None,
         temperature: float = 0.0,
+        top_p: float | None = None,
+        top_k: int | None = None,
         guidance_scale: float = 0.0,
+        step_budget: str = "per_block",
+        logits_eos_inf: bool = False,
+        confidence_eos_eot_inf: bool = False,
         eos_early_stop: bool = True,
         eos_token_id: int | None = None,
+        eot_token_id: int | None = None,
         mask_token_id: int | None = None,
         generator: torch.Generator | list[torch.Generator] | None = None,
         output_type: str = "text",
@@ -258,13 +325,34 @@ class DiffusionLMPipeline(DiffusionPipeline):
             num_inference_steps (`int`, *optional*): the step budget over all blocks (default `gen_length`, one
                 token per step); a multiple of the number of blocks. Threshold and SOAR decoding finish early when
                 confident.
-            temperature (`float`, defaults to 0): 0 decodes greedily; above 0, Gumbel-max sampling.
+            temperature (`float`, defaults to 0): 0 decodes greedily; above 0, Gumbel-max sampling. The mask token
+                is never proposed.
+            top_p (`float`, *optional*): nucleus filtering of the logits before proposing (Dream's `top_p`; it
+                also renormalises the confidences, at any temperature, as in Dream).
+            top_k (`int`, *optional*): top-k filtering of the logits before proposing (Dream's `top_k`).
             guidance_scale (`float`, defaults to 0): LLaDA-style classifier-free guidance (0 disables it).
+            step_budget (`str`, defaults to `"per_block"`): how `num_inference_steps` bounds the decoding.
+                `"per_block"`: every block gets `num_inference_steps / num_blocks` steps and a per-step quota that
+                finishes it in time (LLaDA's `generate`); all masks are always filled. `"global"`: the reference SOAR
+                loop's semantics: a step commits at least one token (the search branch one, the accelerate branch
+                more), blocks take as many steps as they need, and decoding stops after `num_inference_steps`
+                forwards, **returning mask tokens** where nothing was committed.
+            logits_eos_inf (`bool`, defaults to `False`): never propose the EOS token (LLaDA's `logits_eos_inf`).
+            confidence_eos_eot_inf (`bool`, defaults to `False`): LLaDA's `confidence_eos_eot_inf`: after the tokens
+                are chosen, the EoT token (`eot_token_id`) is removed from the softmax that gives the confidences, so
+                a proposed EoT gets confidence 0 and is committed last. (The reference also assigns -inf to the EOS
+                logit of a tensor it no longer reads; that has no effect and is not reproduced.)
+            eot_token_id (`int`, *optional*): the end-of-turn token for `confidence_eos_eot_inf` (LLaDA: 126348;
+                defaults to the adapter's).
             eos_early_stop (`bool`, defaults to `True`): stop a prompt once its best beam has an EOS with no mask
                 before it (the rest is filled with EOS).
             eos_token_id (`int`, *optional*): defaults to the tokenizer's, then the model config's.
             mask_token_id (`int`, *optional*): overrides the mask token (see `resolve_mask_token_id`).
-            generator (`torch.Generator` or a list of one per prompt, *optional*): noise for `temperature > 0`.
+            generator (`torch.Generator` or a list of one per prompt, *optional*): the noise of `temperature > 0`,
+                random remasking and Dream's random transfer rules. One generator draws over all rows at once, the
+                way the references do (a prompt's draws then depend on the rest of the batch); a list gives every
+                prompt its own stream over its generated positions only, so each prompt of a batch gets exactly
+                what it gets alone with its generator.
             output_type (`str`, defaults to `"text"`): `"text"` (sequences and decoded texts) or `"seq"`.
             return_dict (`bool`, defaults to `True`): return a [`DiffusionLMPipelineOutput`] or a tuple.
             callback_on_step_end (`Callable`, *optional*): `callback(pipe, step, timestep, callback_kwargs)` after
@@ -278,8 +366,12 @@ class DiffusionLMPipeline(DiffusionPipeline):
         """
         ids, mask = self._prepare_input_ids(prompt, messages, input_ids, attention_mask, add_generation_prompt)
         batch_size, prompt_length = ids.shape
+        absolute = bool(getattr(self.adapter, "absolute_blocks", False))
         if block_length is None:
-            block_length = min(self.scheduler.config.block_length, gen_length) if isinstance(gen_length, int) else 0
+            configured = self.scheduler.config.block_length
+            block_length = gen_length if configured is None else configured
+            if isinstance(gen_length, int) and not absolute:
+                block_length = min(block_length, gen_length)
         if num_inference_steps is None:
             num_inference_steps = gen_length
         self.check_inputs(
@@ -292,6 +384,10 @@ class DiffusionLMPipeline(DiffusionPipeline):
             generator,
             output_type,
             callback_on_step_end_tensor_inputs,
+            prompt_length=prompt_length if absolute else None,
+            step_budget=step_budget,
+            top_p=top_p,
+            top_k=top_k,
         )
         mask_id = self.resolve_mask_token_id(mask_token_id)
         if eos_token_id is None and self.tokenizer is not None:
@@ -300,24 +396,38 @@ class DiffusionLMPipeline(DiffusionPipeline):
             eos_token_id = getattr(getattr(self.model, "config", None), "eos_token_id", None)
         if isinstance(eos_token_id, (list, tuple)):
             eos_token_id = eos_token_id[0] if eos_token_id else None
-        if eos_early_stop and eos_token_id is None:
-            raise ValueError("`eos_early_stop=True` needs an `eos_token_id` (none on the tokenizer or model).")
+        if (eos_early_stop or logits_eos_inf) and eos_token_id is None:
+            raise ValueError(
+                "`eos_early_stop=True` and `logits_eos_inf=True` need an `eos_token_id` (none on the tokenizer or model)."
+            )
+        if confidence_eos_eot_inf:
+            eot_token_id = eot_token_id if eot_token_id is not None else self.adapter.default_eot_token_id
+            if eot_token_id is None:
+                raise ValueError("`confidence_eos_eot_inf=True` needs an `eot_token_id` (the end-of-turn token).")
+        suppress = (eos_token_id,) if logits_eos_inf else ()
+        confidence_suppress = (eot_token_id,) if confidence_eos_eot_inf else ()
 
         device = self._execution_device
-        num_blocks = gen_length // block_length
-        steps_per_block = num_inference_steps // num_blocks
-        self.scheduler.set_timesteps(steps_per_block, device=device)
-        timesteps = self.scheduler.timesteps
         total_length = prompt_length + gen_length
+        positions = torch.arange(total_length, device=device)
+        if absolute:
+            # LLaDA2: blocks are aligned to absolute positions; the first generated block may be partial
+            first_block = prompt_length // block_length
+            block_of = torch.div(positions, block_length, rounding_mode="floor") - first_block
+        else:
+            block_of = torch.div(positions - prompt_length, block_length, rounding_mode="floor")
+        block_of = torch.where(positions >= prompt_length, block_of, -1)
+        num_blocks = int(block_of.max()) + 1
+        global_budget = step_budget == "global"
+        steps_per_block = num_inference_steps if global_budget else num_inference_steps // num_blocks
+        self.scheduler.set_timesteps(steps_per_block, device=device, block_length=block_length)
+        timesteps = self.scheduler.timesteps
 
         prompts = ids.to(device)
         prompt_attention = torch.cat(
             [mask.to(device), torch.ones(batch_size, gen_length, dtype=torch.long, device=device)], 1
         )
-        is_prompt = torch.zeros(total_length, dtype=torch.bool, device=device)
-        is_prompt[:prompt_length] = True
-        block_of = torch.arange(total_length, device=device) - prompt_length
-        block_of = torch.where(block_of >= 0, torch.div(block_of, block_length, rounding_mode="floor"), -1)
+        is_prompt = positions < prompt_length
 
         # rows: every beam of every unfinished prompt
         x = torch.full((batch_size, total_length), mask_id, dtype=torch.long, device=device)
@@ -331,18 +441,23 @@ class DiffusionLMPipeline(DiffusionPipeline):
         nfe = torch.zeros(batch_size, dtype=torch.long)
         row_forwards = torch.zeros(batch_size, dtype=torch.long)
         branches = 2 if guidance_scale > 0 else 1
-        max_steps = num_blocks * steps_per_block
+        max_steps = num_inference_steps if global_budget else num_blocks * steps_per_block
+        pll = self.scheduler.config.beam_score == "pll" and self.scheduler.config.max_beam_size > 1
         step = 0
         progress = self.progress_bar(total=batch_size * gen_length)
         while x.shape[0] > 0:
             if step >= max_steps:
+                if global_budget:
+                    break
                 raise RuntimeError(
-                    f"decoding did not finish within {max_steps} steps; a callback probably re-masked tokens."
+                    f"decoding did not finish within {max_steps} steps: a callback re-masked committed tokens."
                 )
             masked = x == mask_id
             current_block = torch.where(masked & ~is_prompt, block_of, num_blocks).min(1).values
             transfer_mask = block_of.unsqueeze(0) == current_block.unsqueeze(1)
-            block_end = prompt_length + (int(current_block.max()) + 1) * block_length
+            block_end = prompt_length + int(
+                (block_of.unsqueeze(0) <= current_block.max()).logical_and(~is_prompt).sum()
+            )
             logits = self.adapter(
                 self.model,
                 x,
@@ -368,6 +483,12 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 beam_groups=groups,
                 temperature=temperature,
                 generator=generator,
+                top_p=top_p,
+                top_k=top_k,
+                suppress_token_ids=suppress,
+                confidence_suppress_token_ids=confidence_suppress,
+                num_transfer_tokens=torch.ones_like(groups) if global_budget else None,
+                sample_offset=prompt_length,
             )
             parents = out.parent_index
             x, scores, lengths, groups = out.prev_sample, out.beam_scores, out.beam_lengths, out.beam_groups
@@ -401,6 +522,10 @@ class DiffusionLMPipeline(DiffusionPipeline):
             done = stop | ~(best == mask_id).any(1)
             done_groups = groups[first][done]
             if len(done_groups):
+                if pll:
+                    best = self._rescore_by_pll(
+                        x, groups, first, done, best, prompt_attention, prompt_length, mask_id, nfe, row_forwards
+                    )
                 results[done_groups] = best[done]
                 keep = ~torch.isin(groups, done_groups)
                 x, scores, lengths, groups, block_steps = (
@@ -417,6 +542,10 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 filled = filled + (x[first, prompt_length:] != mask_id).sum()
             progress.update(int(filled) - progress.n)
             step += 1
+        if x.shape[0]:  # the global step budget ran out: the best beams keep their masks
+            first = torch.ones_like(groups, dtype=torch.bool)
+            first[1:] = groups[1:] != groups[:-1]
+            results[groups[first]] = x[first, prompt_length:]
         progress.close()
         self._num_timesteps = step
         self.maybe_free_model_hooks()
