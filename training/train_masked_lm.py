@@ -95,8 +95,10 @@ def validate_args(args, parser):
     if args.gen_length is not None and args.gen_length < args.num_digits + 1:
         parser.error(f"--gen_length must be at least num_digits + 1 = {args.num_digits + 1}, got {args.gen_length}.")
     if not 0 <= args.min_givens <= args.max_givens <= 36:
-        parser.error(f"--min_givens and --max_givens must satisfy 0 <= min <= max <= 36, got {args.min_givens}, "
-                     f"{args.max_givens}.")
+        parser.error(
+            f"--min_givens and --max_givens must satisfy 0 <= min <= max <= 36, got {args.min_givens}, "
+            f"{args.max_givens}."
+        )
     if args.pool_size < 1:
         parser.error(f"--pool_size must be >= 1, got {args.pool_size}.")
     if args.hidden_size % args.num_heads:

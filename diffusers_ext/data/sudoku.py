@@ -184,7 +184,9 @@ def augment_grids(grids: torch.LongTensor, generator: torch.Generator) -> torch.
     the row bands and of the rows in each band, of the column stacks and of the columns in each stack. A result
     that falls in a held-out split is replaced by its (training) source grid."""
     n = grids.shape[0]
-    relabel = torch.cat([torch.zeros(n, 1, dtype=torch.long), torch.rand(n, SIZE, generator=generator).argsort(1) + 1], 1)
+    relabel = torch.cat(
+        [torch.zeros(n, 1, dtype=torch.long), torch.rand(n, SIZE, generator=generator).argsort(1) + 1], 1
+    )
     out = relabel.gather(1, grids)
     bands, stacks = SIZE // BOX_ROWS, SIZE // BOX_COLS
     band_order = torch.rand(n, bands, generator=generator).argsort(1)
@@ -217,7 +219,7 @@ class SudokuTokens:
     """
 
     def __init__(self, tokenizer):
-        ids = [tokenizer.convert_tokens_to_ids(c) for c in "0123456=" ]
+        ids = [tokenizer.convert_tokens_to_ids(c) for c in "0123456="]
         if any(i is None or i == tokenizer.unk_token_id for i in ids):
             raise ValueError("the tokenizer must have single tokens for the digits 0-6 and '='.")
         self.digit_ids = torch.tensor(ids[:7])

@@ -637,8 +637,10 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
             draws[row, eligible[row]] = torch.rand(int(eligible[row].sum()), generator=source, device=sample.device)
         commit = eligible & (draws < p_transfer.unsqueeze(1))
         new_samples = torch.where(commit, tokens, sample)
-        gains = confidence.to(torch.float64) if self.config.score != "logprob" else torch.log(
-            token_probs.to(torch.float64).clamp_min(torch.finfo(torch.float64).tiny)
+        gains = (
+            confidence.to(torch.float64)
+            if self.config.score != "logprob"
+            else torch.log(token_probs.to(torch.float64).clamp_min(torch.finfo(torch.float64).tiny))
         )
         rows = torch.arange(sample.shape[0], device=sample.device)
         output = SOARSchedulerOutput(

@@ -1,0 +1,1 @@
+"""What measures or compares a method: judges, oracles, headroom diagnostics, comparison-only baselines."""
