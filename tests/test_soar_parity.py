@@ -454,3 +454,42 @@ def test_llada2_adapter_matches_diffusers_llada2_pipeline():
     out = ours(input_ids=prompt, gen_length=10, block_length=4, num_inference_steps=6, mask_token_id=63,
                eos_early_stop=False, output_type="seq")  # fmt: skip
     assert torch.equal(out.sequences, expected)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# beam_score="pll": rescoring completed beams
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def test_pll_rescoring_picks_the_complete_beam_with_the_highest_pseudo_log_likelihood():
+    model, tokenizer = get_tiny_llada_like_lm(seed=5)
+    mask_id = tokenizer.mask_token_id
+    prompt = _prompts(1, 4, seed=6)
+    kwargs = {"input_ids": prompt, "gen_length": 6, "eos_early_stop": False, "output_type": "seq"}
+    last = {}
+
+    def keep(pipe, step, timestep, callback_kwargs):
+        last["rows"] = callback_kwargs["sequences"].clone()
+        return {}
+
+    path = _pipe(model, tokenizer, SOARScheduler(block_length=6, max_beam_size=2), "llada")(**kwargs)
+    pipe = _pipe(model, tokenizer, SOARScheduler(block_length=6, max_beam_size=2, beam_score="pll"), "llada")
+    out = pipe(**kwargs, callback_on_step_end=keep, callback_on_step_end_tensor_inputs=["sequences"])
+    rows = last["rows"]
+    assert len(rows) == 2 and not bool((rows == mask_id).any())  # two complete candidates at the end
+
+    def pll(sequence):
+        total = 0.0
+        for j in range(4, 10):
+            probe = sequence.clone()
+            probe[j] = mask_id
+            total += float(torch.log_softmax(model(probe[None]).logits[0, j].float(), -1)[sequence[j]])
+        return total
+
+    scores = [pll(r) for r in rows]
+    assert torch.equal(out.sequences[0], rows[int(torch.tensor(scores).argmax())][4:])
+    assert torch.equal(path.sequences[0], rows[0][4:])  # the path score keeps the first (best-ranked) beam
+    # cost: one more batched forward, one row per candidate and generated position
+    assert out.nfe.tolist() == [int(path.nfe[0]) + 1]
+    assert out.row_forwards.tolist() == [int(path.row_forwards[0]) + 2 * 6]
