@@ -32,9 +32,9 @@ import torch
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
-SOAR_TAUS = (0.7, 0.8, 0.9)
+SOAR_TAUS = (0.9, 0.95, 0.99)
 SOAR_BEAMS = (2, 4)
-SOAR_CAPS = (None,)
+SOAR_CAPS = (2, 5)
 WIDE_BEAM = 8  # headroom (b): position beam search under SOAR's score with this beam
 ORACLE_BEAM = 4  # headroom (a): answer-guided order search beam
 NFE_BUDGET = 0.6  # SOAR must use at most this fraction of greedy's NFE
