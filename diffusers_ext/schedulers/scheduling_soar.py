@@ -106,18 +106,18 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
     At every step, for every row (a beam of a prompt) the scheduler proposes a token at each masked position, scores
     each position with a confidence measure, and either
 
-    - **accelerates**: when at least `max(quota, min_parallel_tokens)` eligible positions reach
-      `confidence_threshold`, it commits the most confident of them (at most `max_parallel_tokens`, at least the
+    - **accelerates**: when at least `max(quota, min_parallel_tokens)` eligible positions exceed
+      `confidence_threshold` (strictly, as in the references), it commits the most confident of them (at most `max_parallel_tokens`, at least the
       quota) in one child; or
     - **searches**: otherwise it expands the row into up to `max_beam_size` children. Child `c` commits the
       `quota - 1` most confident positions plus the position ranked `quota - 1 + c` (so with a quota of one, child
       `c` commits the `c`-th most confident position).
 
     The children of all beams of a prompt are ranked by score (ties keep the earlier row and child), identical
-    sequences are dropped, and the best `max_beam_size` are kept; when any beam of the prompt accelerated, only the
-    best child is kept (the beam collapses). With `max_beam_size=1` this is plain low-confidence remasking with a
-    per-step quota, and with a threshold it is Fast-dLLM's rule: commit the top position and every other one at or
-    above the threshold.
+    sequences are dropped, and the best `max_beam_size` are kept; when the beam collapses (`collapse_rule`), only
+    the best child is kept. With `max_beam_size=1` this is plain low-confidence remasking with a
+    per-step quota, and with a threshold it is Fast-dLLM's rule: commit the top position and every other one above
+    the threshold.
 
     The quota is the number of tokens a step must commit, from `transfer_schedule`:
 
@@ -131,7 +131,8 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
     `step` calls: beams, scores and groups travel in the arguments and the output.
 
     Args:
-        block_length (`int`, defaults to 32): the semi-autoregressive block length a pipeline uses by default.
+        block_length (`int`, *optional*, defaults to 32): the semi-autoregressive block length a pipeline uses by
+            default; `None` is one block over the whole generation (Dream).
         confidence_threshold (`float`, *optional*): the accelerate threshold, in the units of
             `confidence_measure`: a probability in `[0, 1]` for `"prob"`, a top-2 probability margin in `[0, 1]`
             for `"margin"`, a negative entropy `sum(p log p) <= 0` for `"neg_entropy"`. `None` disables the
@@ -144,8 +145,25 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
         confidence_measure (`str`, defaults to `"prob"`): `"prob"` (probability of the proposed token; LLaDA's
             low-confidence remasking and Dream's `maskgit_plus`), `"margin"` (top-1 minus top-2 probability; Dream's
             `topk_margin`) or `"neg_entropy"` (Dream's `entropy`).
-        transfer_schedule (`str`, defaults to `"uniform"`): the per-step quota rule, `"uniform"` or `"linear"`.
-        final_eps (`float`, defaults to 1e-3): the last time of the `"linear"` schedule.
+        transfer_schedule (`str`, defaults to `"uniform"`): the per-step quota rule: `"uniform"` (LLaDA),
+            `"linear"` (Dream), `"block"` (LLaDA2 / diffusers' `BlockRefinementScheduler`: the block length split
+            evenly over the steps) or `"origin"` (Dream's `alg="origin"`: each masked position is revealed with
+            probability `1 - s / t`, confidences unused; beam 1, no threshold).
+        final_eps (`float`, defaults to 1e-3): the last time of the `"linear"` and `"origin"` schedules.
+        collapse_rule (`str`, defaults to `"any_accelerated"`): when a prompt's beam collapses to its best child:
+            `"any_accelerated"` (LLaDA's SOAR code: any beam accelerated) or `"best_multi_token"` (Dream's: the best
+            child committed two tokens or more).
+        confidence_precision (`str`, defaults to `"float32"`): `"float32"` computes the softmax in float32;
+            `"model"` in the logits' dtype, as the references do (bf16 rounding creates ties, and the threshold is
+            compared in that dtype).
+        selection_temperature (`float`, defaults to 0): Dream's `alg_temp`: above 0, the quota's positions are
+            drawn from `softmax(confidence / selection_temperature)` instead of taken by rank (beam 1, no
+            threshold).
+        beam_score (`str`, defaults to `"path"`): how the returned beam is chosen when a prompt finishes: `"path"`
+            (the scheduler's running score) or `"pll"` (the pipeline rescores the complete beams by
+            pseudo-log-likelihood, one extra batched forward).
+
+    Presets: `SOARScheduler.from_preset("llada")` / `("dream")` hold the paper's released configurations.
     """
 
     order = 1
