@@ -173,7 +173,18 @@ def test_dream_soar_preset_matches_reference_collapse_rule_and_single_block():
 
 
 def test_collapse_rules_on_hand_built_logits():
-    from tests.test_soar_scheduler import M, logits_from, masked
+    M, V = 9, 10
+
+    def logits_from(table):
+        rows = []
+        for token, p in table:
+            probs = torch.full((V,), (1 - p) / (V - 1), dtype=torch.float64)
+            probs[token] = p
+            rows.append(probs.log())
+        return torch.stack(rows).float().unsqueeze(0)
+
+    def masked(length):
+        return torch.full((1, length), M)
 
     # beam 0 has one confident position (accelerates with one token), beam 1 searches
     logits = torch.cat([logits_from([(0, 0.95), (1, 0.3), (2, 0.2)]), logits_from([(0, 0.4), (1, 0.3), (2, 0.2)])])
