@@ -43,8 +43,8 @@ NFE_BUDGET = 0.6  # SOAR must use at most this fraction of greedy's NFE
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model_path", type=str, default=None, help="Sudoku pipeline folder; default: the zoo.")
-    parser.add_argument("--num_validation", type=int, default=200, help="Validation puzzles.")
-    parser.add_argument("--num_test", type=int, default=500, help="Test puzzles.")
+    parser.add_argument("--num_validation", type=int, default=150, help="Validation puzzles.")
+    parser.add_argument("--num_test", type=int, default=400, help="Test puzzles.")
     parser.add_argument(
         "--min_givens",
         type=int,
