@@ -44,7 +44,14 @@ def llada_reference_generate(model, prompt, steps, gen_length, block_length, tem
             else:
                 logits = model(x).logits
             if temperature > 0:
-                noise = torch.rand(logits.shape, dtype=torch.float64)
+                # LLaDA draws one noise tensor over the whole padded batch; the pipeline draws it row by row over
+                # the generated positions (so that a prompt's result does not depend on its batch): same rule,
+                # that noise layout
+                noise = torch.full(logits.shape, 0.5, dtype=torch.float64)
+                for row in range(batch):
+                    noise[row, prompt_length:] = torch.rand(
+                        logits.shape[1] - prompt_length, logits.shape[2], dtype=torch.float64
+                    )
                 x0 = torch.argmax(logits.to(torch.float64).exp() / (-torch.log(noise)) ** temperature, dim=-1)
             else:
                 x0 = torch.argmax(logits, dim=-1)

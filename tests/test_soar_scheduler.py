@@ -62,8 +62,10 @@ def test_threshold_the_measure_cannot_reach_is_a_config_error():
         SOARScheduler(confidence_threshold=0.9, confidence_measure="neg_entropy")
     with pytest.raises(ValueError, match="confidence_threshold"):
         SOARScheduler(confidence_threshold=float("nan"))
-    # reachable thresholds are fine, including the measure's maximum
-    SOARScheduler(confidence_threshold=1.0, confidence_measure="prob")
+    # the test is strict (`confidence > tau`, as in the references): the maximum itself can never be passed
+    with pytest.raises(ValueError, match="confidence_threshold"):
+        SOARScheduler(confidence_threshold=1.0, confidence_measure="prob")
+    SOARScheduler(confidence_threshold=0.999, confidence_measure="prob")
     SOARScheduler(confidence_threshold=-0.3, confidence_measure="neg_entropy")
 
 
@@ -146,14 +148,18 @@ def test_committed_positions_are_never_changed_and_transfer_mask_limits_the_bloc
     assert out.prev_sample.tolist() == [[5, 1, 2, M]]
 
 
-def test_fast_dllm_threshold_commits_top1_and_everything_at_or_above_tau():
+def test_fast_dllm_threshold_commits_top1_and_everything_above_tau():
     logits = logits_from([(0, 0.5), (1, 0.2), (2, 0.7), (3, 0.49), (4, 0.9)])
     tau = float(logits.softmax(-1)[0, 0, 0])  # exactly the confidence at position 0
     scheduler = SOARScheduler(confidence_threshold=tau)
     scheduler.set_timesteps(8)  # quota 1
     x = masked(5)
     out = scheduler.step(logits, 1.0, x, mask_token_id=M)
-    # a confidence equal to tau counts (>= tau); 0.49 does not
+    # the test is strict like the references' (`confidence > tau`): a confidence equal to tau does not count
+    assert out.prev_sample.tolist() == [[M, M, 2, M, 4]]
+    below = SOARScheduler(confidence_threshold=tau - 1e-6)
+    below.set_timesteps(8)
+    out = below.step(logits, 1.0, x, mask_token_id=M)
     assert out.prev_sample.tolist() == [[0, M, 2, M, 4]]
     assert out.accelerated.tolist() == [True]
     out = scheduler.step(logits_from([(0, 0.3), (1, 0.2), (2, 0.4), (3, 0.1), (4, 0.1)]), 1.0, x, mask_token_id=M)

@@ -30,6 +30,22 @@ def _env():
     return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": REPO}
 
 
+def test_sudoku_task_batches_are_puzzles_of_their_grids():
+    module = _script_module()
+    args = module.parse_args(["--output_dir", "unused", "--task", "sudoku", "--pool_size", "8", "--min_givens", "10",
+                              "--max_givens", "12"])  # fmt: skip
+    from diffusers_ext.data.sudoku import is_valid_grid
+    from diffusers_ext.testing import get_tiny_lm_tokenizer
+
+    task = module.SudokuTask(args, get_tiny_lm_tokenizer())
+    prompts, answers = task.batch(task.data[:4], torch.Generator().manual_seed(0))
+    assert prompts.shape == (4, task.prompt_length) and answers.shape == (4, task.gen_length) == (4, 36)
+    grids = task.encoder.decode(answers)
+    puzzles = task.encoder.decode(prompts[:, 1:-1])
+    assert all(is_valid_grid(g) for g in grids.tolist())
+    assert bool(((puzzles == 0) | (puzzles == grids)).all()) and (puzzles > 0).sum(1).tolist() <= [12] * 4
+
+
 def test_loss_weights_masked_tokens_by_inverse_masking_probability():
     module = _script_module()
     logits = torch.zeros(2, 3, 5)
@@ -47,6 +63,8 @@ def test_loss_weights_masked_tokens_by_inverse_masking_probability():
         (["--num_digits", "5"], "--num_digits"),
         (["--gen_length", "2"], "--gen_length"),
         (["--num_heads", "3"], "--hidden_size"),
+        (["--task", "sudoku", "--min_givens", "30", "--max_givens", "10"], "--min_givens"),
+        (["--task", "chess"], "--task"),
     ],
 )
 def test_bad_arguments_fail_with_one_line_error(tmp_path, args, message):

@@ -36,6 +36,7 @@ def test_names_paths_and_errors():
         "procedural-nvs",
         "procedural-nvs-baseline",
         "procedural-semantic-encoder",
+        "sudoku-mdm",
     ]
     for name in zoo.names():
         assert os.path.isfile(os.path.join(zoo.path(name), "README.md"))
@@ -71,6 +72,7 @@ def test_cards_state_the_rebuild_command():
         ("procedural-semantic-encoder", "training/train_semantic_encoder.py"),
         ("procedural-nvs", "training/train_semantic_nvs.py"),
         ("procedural-nvs-baseline", "training/train_semantic_nvs.py"),
+        ("sudoku-mdm", "training/train_masked_lm.py"),
     ]:
         card = open(os.path.join(zoo.path(name), "README.md"), encoding="utf-8").read()
         assert card.startswith("---\n") and script in card and f"--output_dir diffusers_ext/zoo/{name}" in card

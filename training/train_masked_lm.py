@@ -1,12 +1,18 @@
 #!/usr/bin/env python
-"""Train a small bidirectional masked diffusion LM (LLaDA-style loss) on multi-digit addition with accelerate.
+"""Train a small bidirectional masked diffusion LM (LLaDA-style loss) on a synthetic task with accelerate.
 
 The model is a transformers `LlamaForCausalLM` with causal masking disabled (`is_causal=False`), read without a
-logit shift, like LLaDA. Each example is `<bos>a+b=` followed by the sum, most-significant digit first, and EOS
-padding (`diffusers_ext.data.addition`); the prompt is never masked, each answer token is masked with probability
-`t ~ U(eps, 1)`, and the loss is the cross-entropy on masked tokens weighted by `1 / t`.
+logit shift, like LLaDA. The prompt is never masked, each answer token is masked with probability `t ~ U(eps, 1)`,
+and the loss is the cross-entropy on masked tokens weighted by `1 / t`. Tasks (`--task`):
+
+- `addition`: `<bos>a+b=` followed by the sum, most-significant digit first, and EOS padding
+  (`diffusers_ext.data.addition`);
+- `sudoku`: `<bos>` + a 6x6 puzzle (0 = blank) + `=` followed by the solved grid (`diffusers_ext.data.sudoku`);
+  training grids are a seeded pool of training-split grids under random symmetries, with a random number of
+  givens in `[--min_givens, --max_givens]`.
 
     accelerate launch training/train_masked_lm.py --output_dir addition-mdm --max_train_steps 6000
+    accelerate launch training/train_masked_lm.py --task sudoku --output_dir sudoku-mdm --save_dtype float16
 
 The result is a `DiffusionLMPipeline` folder (model + tokenizer + `SOARScheduler`) with a model card; checkpoints
 are `output_dir/checkpoint-<step>` and `--resume_from_checkpoint latest` continues exactly where the last one
@@ -34,10 +40,16 @@ from diffusers_ext.training_utils import add_accelerate_arguments
 
 logger = get_logger(__name__, log_level="INFO")
 
+TASKS = ("addition", "sudoku")
+
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     data = parser.add_argument_group("data")
+    data.add_argument("--task", type=str, default="addition", choices=TASKS, help="The training task.")
+    data.add_argument("--pool_size", type=int, default=20000, help="sudoku: training grids drawn before symmetries.")
+    data.add_argument("--min_givens", type=int, default=8, help="sudoku: fewest givens of a training puzzle.")
+    data.add_argument("--max_givens", type=int, default=30, help="sudoku: most givens of a training puzzle.")
     data.add_argument("--num_digits", type=int, default=3, help="Digits per operand (1 to 4).")
     data.add_argument(
         "--gen_length",
@@ -67,6 +79,13 @@ def parse_args(argv=None):
     train.add_argument("--lr_warmup_steps", type=int, default=200, help="Warm-up optimizer steps.")
     train.add_argument("--adam_weight_decay", type=float, default=0.01, help="AdamW weight decay.")
     train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping norm.")
+    train.add_argument(
+        "--save_dtype",
+        type=str,
+        default="float32",
+        choices=("float32", "float16", "bfloat16"),
+        help="Precision of the saved pipeline's weights (half precision halves the folder).",
+    )
     add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=None)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
     args = parser.parse_args(argv)
@@ -79,6 +98,13 @@ def validate_args(args, parser):
         parser.error(f"--num_digits must lie in [1, 4], got {args.num_digits}.")
     if args.gen_length is not None and args.gen_length < args.num_digits + 1:
         parser.error(f"--gen_length must be at least num_digits + 1 = {args.num_digits + 1}, got {args.gen_length}.")
+    if not 0 <= args.min_givens <= args.max_givens <= 36:
+        parser.error(
+            f"--min_givens and --max_givens must satisfy 0 <= min <= max <= 36, got {args.min_givens}, "
+            f"{args.max_givens}."
+        )
+    if args.pool_size < 1:
+        parser.error(f"--pool_size must be >= 1, got {args.pool_size}.")
     if args.hidden_size % args.num_heads:
         parser.error(f"--hidden_size {args.hidden_size} must be divisible by --num_heads {args.num_heads}.")
     if not 0.0 < args.mask_eps < 1.0:
@@ -111,11 +137,75 @@ def build_model(args, tokenizer, max_length: int):
     return LlamaForCausalLM(config)
 
 
+class AdditionTask:
+    """`<bos>a+b=` -> the sum (most-significant digit first) and EOS padding; a dataset of all training pairs."""
+
+    def __init__(self, args, tokenizer):
+        from diffusers_ext.data.addition import AdditionTokens, addition_pairs
+
+        self.args = args
+        self.encoder = AdditionTokens(tokenizer, num_digits=args.num_digits, gen_length=args.gen_length)
+        self.data = addition_pairs("train", args.num_digits)
+        self.prompt_length, self.gen_length = self.encoder.prompt_length, self.encoder.gen_length
+
+    def batch(self, items: torch.LongTensor, generator: torch.Generator):
+        return self.encoder.prompts(items), self.encoder.answers(items)
+
+    def card(self, parameters: int, total_batch: int) -> tuple[str, str]:
+        args, encoder = self.args, self.encoder
+        title = f"Masked diffusion LM for {args.num_digits}-digit addition (answer most-significant digit first)"
+        description = (
+            f"A bidirectional `LlamaForCausalLM` ({parameters:,} parameters, {args.num_layers} layers, width "
+            f"{args.hidden_size}, `is_causal=False`, no logit shift) trained with `training/train_masked_lm.py` and "
+            f"LLaDA's masked-token loss for {args.max_train_steps} steps of batch {total_batch} on the train split "
+            f"of `diffusers_ext.data.addition` ({len(self.data):,} pairs). Prompts are `<bos>a+b=` with "
+            f"{args.num_digits}-digit zero-padded operands; the answer is {encoder.answer_digits} digits, most "
+            f"significant first, then EOS up to {encoder.gen_length} tokens. Load it with "
+            "`DiffusionLMPipeline.from_pretrained`; the scheduler saved with it is SOAR."
+        )
+        return title, description
+
+
+class SudokuTask:
+    """6x6 sudoku: `<bos>` + puzzle + `=` -> the solved grid. The dataset is a seeded pool of training grids; each
+    batch applies random symmetries and keeps a random number of givens."""
+
+    def __init__(self, args, tokenizer):
+        from diffusers_ext.data.sudoku import SudokuTokens, random_grids
+
+        self.args = args
+        self.encoder = SudokuTokens(tokenizer)
+        self.data = random_grids(args.pool_size, "train", args.seed)
+        self.prompt_length, self.gen_length = self.encoder.prompt_length, self.encoder.gen_length
+
+    def batch(self, items: torch.LongTensor, generator: torch.Generator):
+        from diffusers_ext.data.sudoku import augment_grids, random_givens
+
+        grids = augment_grids(items, generator)
+        puzzles = random_givens(grids, self.args.min_givens, self.args.max_givens, generator)
+        return self.encoder.prompts(puzzles), self.encoder.answers(grids)
+
+    def card(self, parameters: int, total_batch: int) -> tuple[str, str]:
+        args = self.args
+        title = "Masked diffusion LM for 6x6 sudoku completion"
+        description = (
+            f"A bidirectional `LlamaForCausalLM` ({parameters:,} parameters, {args.num_layers} layers, width "
+            f"{args.hidden_size}, `is_causal=False`, no logit shift, weights saved in {args.save_dtype}) trained "
+            f"with `training/train_masked_lm.py --task sudoku` and LLaDA's masked-token loss for "
+            f"{args.max_train_steps} steps of batch {total_batch}: a pool of {len(self.data):,} training-split grids "
+            f"of `diffusers_ext.data.sudoku` under random symmetries, each keeping {args.min_givens}-"
+            f"{args.max_givens} random givens. The prompt is `<bos>` + the 36 puzzle digits (0 = blank) + `=`; the "
+            "answer is the 36 digits of the solved grid. Validation and test grids (a hash of the grid) are never "
+            "trained on. Load it with `DiffusionLMPipeline.from_pretrained`; the scheduler saved with it is SOAR's "
+            "LLaDA paper preset over one block."
+        )
+        return title, description
+
+
 def main(argv=None):
     args = parse_args(argv)
     from diffusers.optimization import get_scheduler
 
-    from diffusers_ext.data.addition import AdditionTokens, addition_pairs
     from diffusers_ext.models.tiny_tokenizers import get_tiny_lm_tokenizer
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
@@ -140,9 +230,9 @@ def main(argv=None):
     set_seed(args.seed)
 
     tokenizer = get_tiny_lm_tokenizer()
-    encoder = AdditionTokens(tokenizer, num_digits=args.num_digits, gen_length=args.gen_length)
-    pairs = addition_pairs("train", args.num_digits)
-    model = build_model(args, tokenizer, encoder.prompt_length + encoder.gen_length)
+    task = (SudokuTask if args.task == "sudoku" else AdditionTask)(args, tokenizer)
+    pairs = task.data
+    model = build_model(args, tokenizer, task.prompt_length + task.gen_length)
     mask_id = tokenizer.mask_token_id
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.adam_weight_decay)
@@ -178,7 +268,7 @@ def main(argv=None):
     if accelerator.is_main_process:
         accelerator.init_trackers("train_masked_lm", config={k: str(v) for k, v in vars(args).items()})
     total_batch = args.train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
-    logger.info(f"{len(pairs)} training pairs, batch {total_batch}, {args.max_train_steps} steps, from {global_step}")
+    logger.info(f"{len(pairs)} training items, batch {total_batch}, {args.max_train_steps} steps, from {global_step}")
 
     progress = tqdm(range(args.max_train_steps), initial=global_step, disable=not accelerator.is_local_main_process)
     model.train()
@@ -189,7 +279,7 @@ def main(argv=None):
             generator = step_generator(
                 args.seed, global_step * args.gradient_accumulation_steps + micro, accelerator.process_index
             )
-            prompts, answers = encoder.prompts(batch_pairs), encoder.answers(batch_pairs)
+            prompts, answers = task.batch(batch_pairs, generator)
             mask_prob = sample_mask_probability(len(batch_pairs), args.mask_eps, generator)
             masked = sample_mask(answers.shape, mask_prob, generator)
             noisy = torch.cat([prompts, torch.where(masked, mask_id, answers)], dim=1)
@@ -198,7 +288,7 @@ def main(argv=None):
 
             with accelerator.accumulate(model):
                 with accelerator.autocast():
-                    logits = model(noisy).logits[:, encoder.prompt_length :]
+                    logits = model(noisy).logits[:, task.prompt_length :]
                 loss = masked_diffusion_loss(logits, answers, masked, mask_prob)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
@@ -223,24 +313,21 @@ def main(argv=None):
         from diffusers_ext import DiffusionLMPipeline, SOARScheduler
 
         final_model = accelerator.unwrap_model(model).eval()
-        scheduler = SOARScheduler(
-            block_length=encoder.gen_length, confidence_threshold=0.9, max_beam_size=2, max_parallel_tokens=None
-        )
+        parameters = sum(p.numel() for p in final_model.parameters())
+        final_model = final_model.to(getattr(torch, args.save_dtype))
+        if args.task == "sudoku":
+            scheduler = SOARScheduler.from_preset("llada", block_length=task.gen_length)
+        else:
+            scheduler = SOARScheduler(
+                block_length=task.gen_length, confidence_threshold=0.9, max_beam_size=2, max_parallel_tokens=None
+            )
         pipeline = DiffusionLMPipeline(model=final_model, scheduler=scheduler, tokenizer=tokenizer)
         pipeline.save_pretrained(args.output_dir)
+        title, description = task.card(parameters, total_batch)
         write_model_card(
             args.output_dir,
-            title=f"Masked diffusion LM for {args.num_digits}-digit addition (answer most-significant digit first)",
-            description=(
-                f"A bidirectional `LlamaForCausalLM` ({sum(p.numel() for p in final_model.parameters()):,} "
-                f"parameters, {args.num_layers} layers, width {args.hidden_size}, `is_causal=False`, no logit "
-                f"shift) trained with `training/train_masked_lm.py` and LLaDA's masked-token loss for "
-                f"{args.max_train_steps} steps of batch {total_batch} on the train split of "
-                f"`diffusers_ext.data.addition` ({len(pairs):,} pairs). Prompts are `<bos>a+b=` with "
-                f"{args.num_digits}-digit zero-padded operands; the answer is {encoder.answer_digits} digits, "
-                f"most significant first, then EOS up to {encoder.gen_length} tokens. Load it with "
-                "`DiffusionLMPipeline.from_pretrained`; the scheduler saved with it is SOAR."
-            ),
+            title=title,
+            description=description,
             command=command_line(),
             tags=["masked-diffusion-lm", "soar", "text-generation"],
         )

@@ -23,15 +23,18 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 
 from ..utils import public
+from .token_proposal import propose_tokens
 
 
-CONFIDENCE_MEASURES = ("prob", "margin", "neg_entropy")
+CONFIDENCE_MEASURES = ("prob", "margin", "neg_entropy", "random")
 SCORE_RULES = ("sum", "mean", "logprob")
-TRANSFER_SCHEDULES = ("uniform", "linear")
+TRANSFER_SCHEDULES = ("uniform", "linear", "origin", "block")
+COLLAPSE_RULES = ("any_accelerated", "best_multi_token")
+CONFIDENCE_PRECISIONS = ("float32", "model")
+BEAM_SCORES = ("path", "pll")
 
 # The largest value each confidence measure can take: a threshold above it can never be reached.
-_MEASURE_MAX = {"prob": 1.0, "margin": 1.0, "neg_entropy": 0.0}
-_ENTROPY_EPS = 1e-10
+_MEASURE_MAX = {"prob": 1.0, "margin": 1.0, "neg_entropy": 0.0, "random": 1.0}
 
 
 @public
@@ -69,6 +72,33 @@ class SOARSchedulerOutput(BaseOutput):
     accelerated: torch.BoolTensor
 
 
+# The configurations of the paper's released decoders (arXiv:2602.10953 and its code), by name.
+PRESETS = {
+    # LLaDA `generate_soar`: tau 0.95, beam 2, 1 to 5 tokens per accelerate step, sum-of-probabilities score.
+    "llada": {
+        "confidence_threshold": 0.95,
+        "max_beam_size": 2,
+        "min_parallel_tokens": 1,
+        "max_parallel_tokens": 5,
+        "score": "sum",
+        "confidence_measure": "prob",
+        "collapse_rule": "any_accelerated",
+    },
+    # Dream `_sample_soar`: tau 0.9, beam 2, 1 to 5 tokens, running-mean score, collapse only when the best child
+    # committed two tokens or more, no blocks (one block over the whole generation).
+    "dream": {
+        "confidence_threshold": 0.9,
+        "max_beam_size": 2,
+        "min_parallel_tokens": 1,
+        "max_parallel_tokens": 5,
+        "score": "mean",
+        "confidence_measure": "prob",
+        "collapse_rule": "best_multi_token",
+        "block_length": None,
+    },
+}
+
+
 @public
 class SOARScheduler(SchedulerMixin, ConfigMixin):
     """Confidence-switched position beam search ("Search Or AcceleRate") for masked diffusion language models.
@@ -76,18 +106,18 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
     At every step, for every row (a beam of a prompt) the scheduler proposes a token at each masked position, scores
     each position with a confidence measure, and either
 
-    - **accelerates**: when at least `max(quota, min_parallel_tokens)` eligible positions reach
-      `confidence_threshold`, it commits the most confident of them (at most `max_parallel_tokens`, at least the
+    - **accelerates**: when at least `max(quota, min_parallel_tokens)` eligible positions exceed
+      `confidence_threshold` (strictly, as in the references), it commits the most confident of them (at most `max_parallel_tokens`, at least the
       quota) in one child; or
     - **searches**: otherwise it expands the row into up to `max_beam_size` children. Child `c` commits the
       `quota - 1` most confident positions plus the position ranked `quota - 1 + c` (so with a quota of one, child
       `c` commits the `c`-th most confident position).
 
     The children of all beams of a prompt are ranked by score (ties keep the earlier row and child), identical
-    sequences are dropped, and the best `max_beam_size` are kept; when any beam of the prompt accelerated, only the
-    best child is kept (the beam collapses). With `max_beam_size=1` this is plain low-confidence remasking with a
-    per-step quota, and with a threshold it is Fast-dLLM's rule: commit the top position and every other one at or
-    above the threshold.
+    sequences are dropped, and the best `max_beam_size` are kept; when the beam collapses (`collapse_rule`), only
+    the best child is kept. With `max_beam_size=1` this is plain low-confidence remasking with a
+    per-step quota, and with a threshold it is Fast-dLLM's rule: commit the top position and every other one above
+    the threshold.
 
     The quota is the number of tokens a step must commit, from `transfer_schedule`:
 
@@ -101,7 +131,8 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
     `step` calls: beams, scores and groups travel in the arguments and the output.
 
     Args:
-        block_length (`int`, defaults to 32): the semi-autoregressive block length a pipeline uses by default.
+        block_length (`int`, *optional*, defaults to 32): the semi-autoregressive block length a pipeline uses by
+            default; `None` is one block over the whole generation (Dream).
         confidence_threshold (`float`, *optional*): the accelerate threshold, in the units of
             `confidence_measure`: a probability in `[0, 1]` for `"prob"`, a top-2 probability margin in `[0, 1]`
             for `"margin"`, a negative entropy `sum(p log p) <= 0` for `"neg_entropy"`. `None` disables the
@@ -114,8 +145,25 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
         confidence_measure (`str`, defaults to `"prob"`): `"prob"` (probability of the proposed token; LLaDA's
             low-confidence remasking and Dream's `maskgit_plus`), `"margin"` (top-1 minus top-2 probability; Dream's
             `topk_margin`) or `"neg_entropy"` (Dream's `entropy`).
-        transfer_schedule (`str`, defaults to `"uniform"`): the per-step quota rule, `"uniform"` or `"linear"`.
-        final_eps (`float`, defaults to 1e-3): the last time of the `"linear"` schedule.
+        transfer_schedule (`str`, defaults to `"uniform"`): the per-step quota rule: `"uniform"` (LLaDA),
+            `"linear"` (Dream), `"block"` (LLaDA2 / diffusers' `BlockRefinementScheduler`: the block length split
+            evenly over the steps) or `"origin"` (Dream's `alg="origin"`: each masked position is revealed with
+            probability `1 - s / t`, confidences unused; beam 1, no threshold).
+        final_eps (`float`, defaults to 1e-3): the last time of the `"linear"` and `"origin"` schedules.
+        collapse_rule (`str`, defaults to `"any_accelerated"`): when a prompt's beam collapses to its best child:
+            `"any_accelerated"` (LLaDA's SOAR code: any beam accelerated) or `"best_multi_token"` (Dream's: the best
+            child committed two tokens or more).
+        confidence_precision (`str`, defaults to `"float32"`): `"float32"` computes the softmax in float32;
+            `"model"` in the logits' dtype, as the references do (bf16 rounding creates ties, and the threshold is
+            compared in that dtype).
+        selection_temperature (`float`, defaults to 0): Dream's `alg_temp`: above 0, the quota's positions are
+            drawn from `softmax(confidence / selection_temperature)` instead of taken by rank (beam 1, no
+            threshold).
+        beam_score (`str`, defaults to `"path"`): how the returned beam is chosen when a prompt finishes: `"path"`
+            (the scheduler's running score) or `"pll"` (the pipeline rescores the complete beams by
+            pseudo-log-likelihood, one extra batched forward).
+
+    Presets: `SOARScheduler.from_preset("llada")` / `("dream")` hold the paper's released configurations.
     """
 
     order = 1
@@ -123,7 +171,7 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
     @register_to_config
     def __init__(
         self,
-        block_length: int = 32,
+        block_length: int | None = 32,
         confidence_threshold: float | None = None,
         max_beam_size: int = 1,
         min_parallel_tokens: int = 1,
@@ -132,9 +180,34 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
         confidence_measure: str = "prob",
         transfer_schedule: str = "uniform",
         final_eps: float = 1e-3,
+        collapse_rule: str = "any_accelerated",
+        confidence_precision: str = "float32",
+        selection_temperature: float = 0.0,
+        beam_score: str = "path",
     ):
-        if not isinstance(block_length, int) or block_length < 1:
-            raise ValueError(f"`block_length` must be a positive integer, got {block_length!r}.")
+        if block_length is not None and (not isinstance(block_length, int) or block_length < 1):
+            raise ValueError(f"`block_length` must be a positive integer or None, got {block_length!r}.")
+        for name, value, allowed in (
+            ("collapse_rule", collapse_rule, COLLAPSE_RULES),
+            ("confidence_precision", confidence_precision, CONFIDENCE_PRECISIONS),
+            ("beam_score", beam_score, BEAM_SCORES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"`{name}` must be one of {allowed}, got {value!r}.")
+        if not isinstance(selection_temperature, (int, float)) or not selection_temperature >= 0:
+            raise ValueError(f"`selection_temperature` must be a number >= 0, got {selection_temperature!r}.")
+        if (transfer_schedule == "origin" or selection_temperature > 0) and (
+            max_beam_size != 1 or confidence_threshold is not None
+        ):
+            raise ValueError(
+                f"`transfer_schedule='origin'` and `selection_temperature` > 0 (Dream's random transfer rules) need "
+                f"`max_beam_size=1` and no `confidence_threshold`; got {max_beam_size} and {confidence_threshold}."
+            )
+        if confidence_measure == "random" and confidence_threshold is not None:
+            raise ValueError(
+                "`confidence_measure='random'` (LLaDA's random remasking) ranks positions by uniform noise; a "
+                f"`confidence_threshold` ({confidence_threshold}) has no meaning with it: pass None."
+            )
         if confidence_measure not in CONFIDENCE_MEASURES:
             raise ValueError(f"`confidence_measure` must be one of {CONFIDENCE_MEASURES}, got {confidence_measure!r}.")
         if score not in SCORE_RULES:
@@ -145,7 +218,7 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
             if not isinstance(confidence_threshold, (int, float)) or math.isnan(confidence_threshold):
                 raise ValueError(f"`confidence_threshold` must be a number or None, got {confidence_threshold!r}.")
             highest = _MEASURE_MAX[confidence_measure]
-            if confidence_threshold > highest:
+            if confidence_threshold >= highest:
                 raise ValueError(
                     f"`confidence_threshold`={confidence_threshold} can never be reached by "
                     f"`confidence_measure`={confidence_measure!r}, whose values are at most {highest} "
@@ -170,17 +243,35 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
             raise ValueError(f"`final_eps` must lie in (0, 1), got {final_eps!r}.")
         self.set_timesteps(1)
 
-    # ---------------------------------------------------------------------------------------------------------------
-    # timesteps and quotas
-    # ---------------------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "SOARScheduler":
+        """A scheduler with the configuration of one of the paper's released decoders (`PRESETS`).
 
-    def set_timesteps(self, num_inference_steps: int, device: str | torch.device | None = None) -> None:
+        `"llada"`: threshold 0.95, beam 2, 1 to 5 tokens per accelerate step, sum of probabilities, the beam
+        collapses whenever a beam accelerated. `"dream"`: threshold 0.9, beam 2, 1 to 5 tokens, mean score, the
+        beam collapses only when the best child committed two tokens or more, one block over the whole generation.
+        Keyword arguments override single settings (e.g. `block_length=32`).
+        """
+        if name not in PRESETS:
+            raise ValueError(f"`name` must be one of {sorted(PRESETS)}, got {name!r}.")
+        return cls(**{**PRESETS[name], **overrides})
+
+    # timesteps and quotas
+
+    def set_timesteps(
+        self, num_inference_steps: int, device: str | torch.device | None = None, block_length: int | None = None
+    ) -> None:
         """Set the steps of one block: `timesteps` are the times `linspace(1, final_eps, n + 1)[:-1]`.
 
         Args:
             num_inference_steps (`int`): denoising steps per block.
             device (`str` or `torch.device`, *optional*): where `timesteps` live.
+            block_length (`int`, *optional*): the block length the `"block"` transfer schedule splits (defaults to
+                the config's).
         """
+        if block_length is not None and (not isinstance(block_length, int) or block_length < 1):
+            raise ValueError(f"`block_length` must be a positive integer, got {block_length!r}.")
+        self._schedule_block_length = block_length if block_length is not None else self.config.block_length
         if (
             not isinstance(num_inference_steps, int)
             or isinstance(num_inference_steps, bool)
@@ -213,6 +304,13 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
         index = self._step_indices(timestep).to(num_masked.device)
         n = self.num_inference_steps
         last = index == n - 1
+        if self.config.transfer_schedule == "block":
+            # LLaDA2 / diffusers' BlockRefinementScheduler: the block length split evenly over the steps, whatever
+            # is still masked; a block is finished by its own masks running out
+            if self._schedule_block_length is None:
+                raise ValueError("the 'block' transfer schedule needs a block length: pass it to `set_timesteps`.")
+            size = self._schedule_block_length
+            return torch.div(size, n, rounding_mode="floor") + (index < size % n).long()
         if self.config.transfer_schedule == "uniform":
             remaining = n - index
             quota = torch.div(num_masked + remaining - 1, remaining, rounding_mode="floor")
@@ -222,38 +320,7 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
             quota = (num_masked.to(torch.float32) * (1 - s / t)).to(torch.long)
         return torch.where(last, num_masked, quota)
 
-    # ---------------------------------------------------------------------------------------------------------------
     # step
-    # ---------------------------------------------------------------------------------------------------------------
-
-    def _propose(self, logits: torch.Tensor, temperature: float, generator, groups: torch.Tensor):
-        """Proposed tokens, their probabilities and the configured confidence at every position."""
-        probs = torch.softmax(logits.float(), dim=-1)
-        if temperature > 0:
-            # Gumbel-max in float64 (LLaDA's `add_gumbel_noise`): argmax of exp(logits) / (-log U) ** temperature.
-            if isinstance(generator, (list, tuple)):
-                # one generator per group: each row draws from its group's generator, rows in order
-                noise = torch.stack(
-                    [
-                        torch.rand(logits.shape[1:], generator=generator[g], dtype=torch.float64, device=logits.device)
-                        for g in groups.tolist()
-                    ]
-                )
-            else:
-                noise = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=logits.device)
-            tokens = torch.argmax(logits.to(torch.float64).exp() / (-torch.log(noise)) ** temperature, dim=-1)
-        else:
-            tokens = torch.argmax(logits, dim=-1)
-        token_probs = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        measure = self.config.confidence_measure
-        if measure == "prob":
-            confidence = token_probs
-        elif measure == "margin":
-            top2 = torch.topk(probs, 2, dim=-1).values
-            confidence = top2[..., 0] - top2[..., 1]
-        else:
-            confidence = (probs * torch.log(probs + _ENTROPY_EPS)).sum(-1)
-        return tokens, token_probs, confidence
 
     def step(
         self,
@@ -268,6 +335,12 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
         beam_groups: torch.LongTensor | None = None,
         temperature: float = 0.0,
         generator: torch.Generator | list[torch.Generator] | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        suppress_token_ids: tuple[int, ...] = (),
+        confidence_suppress_token_ids: tuple[int, ...] = (),
+        num_transfer_tokens: torch.LongTensor | None = None,
+        sample_offset: int = 0,
         return_dict: bool = True,
     ) -> SOARSchedulerOutput | tuple:
         """Commit tokens in every row and select the beams to keep.
@@ -286,8 +359,20 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
             beam_groups (`torch.LongTensor` of shape `(N,)`, *optional*): the prompt of each row, rows of a prompt
                 contiguous (by default every row is its own prompt).
             temperature (`float`, defaults to 0): 0 proposes the argmax; above 0, a Gumbel-max sample.
-            generator (`torch.Generator` or a list of them, *optional*): the noise source when `temperature > 0`;
-                a list holds one generator per group (indexed by `beam_groups`).
+            generator (`torch.Generator` or a list of them, *optional*): the noise source (sampling at
+                `temperature > 0`, random remasking, `"origin"` transfers, `selection_temperature`); a list holds one
+                generator per group (indexed by `beam_groups`), and each row then draws only for positions from
+                `sample_offset` on, so a prompt's draws do not depend on the other prompts of the batch.
+            top_p (`float`, *optional*): nucleus filtering of the logits before proposing (Dream's `top_p`).
+            top_k (`int`, *optional*): top-k filtering of the logits before proposing (Dream's `top_k`).
+            suppress_token_ids (`tuple[int]`): tokens never proposed, their logits set to -inf before anything
+                else (LLaDA's `logits_eos_inf` passes the EOS token).
+            confidence_suppress_token_ids (`tuple[int]`): tokens removed from the softmax that gives the
+                confidences, after the tokens are chosen (LLaDA's `confidence_eos_eot_inf`, which in the reference
+                code removes the EoT token only).
+            num_transfer_tokens (`torch.LongTensor` of shape `(N,)`, *optional*): the per-row quota, overriding
+                the schedule (`timestep` is then unused); the reference SOAR loop's global step budget uses 1.
+            sample_offset (`int`, defaults to 0): the first position of the generated region (see `generator`).
             return_dict (`bool`, defaults to `True`): return a [`SOARSchedulerOutput`] or a plain tuple.
         """
         if mask_token_id is None:
@@ -329,18 +414,47 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
                 )
             eligible = eligible & transfer_mask
 
-        tokens, token_probs, confidence = self._propose(model_output, temperature, generator, beam_groups)
+        tokens, token_probs, confidence = propose_tokens(
+            self.config.confidence_measure,
+            self.config.confidence_precision,
+            model_output,
+            temperature,
+            generator,
+            beam_groups,
+            mask_token_id,
+            top_p=top_p,
+            top_k=top_k,
+            suppress_token_ids=tuple(suppress_token_ids),
+            confidence_suppress_token_ids=tuple(confidence_suppress_token_ids),
+            offset=sample_offset,
+        )
         num_masked = eligible.sum(-1)
-        quota = self.num_transfer_tokens(num_masked, timestep).clamp(max=num_masked)
+        if config.transfer_schedule == "origin":
+            return self._origin_step(
+                timestep, sample, eligible, tokens, token_probs, confidence, beam_scores, beam_lengths, beam_groups,
+                generator, sample_offset, return_dict,
+            )  # fmt: skip
+        if num_transfer_tokens is not None:
+            if num_transfer_tokens.shape != (num_rows,):
+                raise ValueError(
+                    f"`num_transfer_tokens` must have shape ({num_rows},), got {tuple(num_transfer_tokens.shape)}."
+                )
+            quota = num_transfer_tokens.to(device=device, dtype=torch.long).clamp(min=0)
+            quota = torch.minimum(quota, num_masked)
+        else:
+            quota = self.num_transfer_tokens(num_masked, timestep).clamp(max=num_masked)
 
         # rank[r, p]: place of position p in row r when sorted by confidence (descending, lower position first).
         ranked_conf = confidence.masked_fill(~eligible, float("-inf"))
         order = torch.sort(ranked_conf, dim=-1, descending=True, stable=True).indices
+        if config.selection_temperature > 0:
+            order = self._sampled_order(ranked_conf, order, quota, beam_groups, generator)
         rank = torch.empty_like(order)
         rank.scatter_(-1, order, torch.arange(length, device=device).expand(num_rows, -1))
 
         if config.confidence_threshold is not None:
-            num_confident = (eligible & (confidence >= config.confidence_threshold)).sum(-1)
+            # strict, as in the references; in "model" precision the comparison runs in the logits' dtype
+            num_confident = (eligible & (confidence > config.confidence_threshold)).sum(-1)
             accelerate = (num_confident >= quota.clamp(min=config.min_parallel_tokens)) & (num_confident > 0)
             cap = quota.clamp(min=config.max_parallel_tokens) if config.max_parallel_tokens is not None else num_masked
             num_accelerated = torch.minimum(num_confident, cap)
@@ -373,7 +487,7 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
         groups = beam_groups[rows]
 
         if width > 1:
-            keep = self._select_beams(new_samples, new_scores, new_lengths, groups, accelerate[rows])
+            keep = self._select_beams(new_samples, new_scores, new_lengths, groups, accelerate[rows], commit.sum(-1))
             rows, new_samples, new_scores, new_lengths, groups, commit = (
                 rows[keep],
                 new_samples[keep],
@@ -401,14 +515,23 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
             return scores / lengths.clamp(min=1)
         return scores
 
-    def _select_beams(self, samples, scores, lengths, groups, accelerated) -> torch.LongTensor:
-        """Indices of the candidates kept: per group, best first, duplicates dropped, `max_beam_size` at most."""
+    def _select_beams(self, samples, scores, lengths, groups, accelerated, committed) -> torch.LongTensor:
+        """Indices of the candidates kept: per group, best first, duplicates dropped, `max_beam_size` at most.
+
+        The group collapses to its best candidate when any of its beams accelerated (`collapse_rule=
+        "any_accelerated"`, LLaDA's code) or when the best candidate committed two tokens or more
+        (`"best_multi_token"`, Dream's code).
+        """
         key = self._ranking_key(scores, lengths)
         kept = []
         for group in torch.unique_consecutive(groups).tolist():
             members = (groups == group).nonzero(as_tuple=True)[0]
             ranked = members[torch.sort(key[members], descending=True, stable=True).indices]
-            limit = 1 if bool(accelerated[members].any()) else self.config.max_beam_size
+            if self.config.collapse_rule == "any_accelerated":
+                collapse = bool(accelerated[members].any())
+            else:
+                collapse = int(committed[ranked[0]]) >= 2
+            limit = 1 if collapse else self.config.max_beam_size
             chosen: list[int] = []
             for index in ranked.tolist():
                 if any(torch.equal(samples[index], samples[other]) for other in chosen):
@@ -418,3 +541,58 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
                     break
             kept.extend(chosen)
         return torch.tensor(kept, dtype=torch.long, device=samples.device)
+
+    def _sampled_order(self, ranked_conf, order, quota, groups, generator) -> torch.LongTensor:
+        """Dream's `alg_temp`: the first `quota` positions of each row are drawn without replacement from
+        `softmax(confidence / selection_temperature)` (one `torch.multinomial` call per row); the rest follow in
+        confidence order."""
+        order = order.clone()
+        for row in range(ranked_conf.shape[0]):
+            k = int(quota[row])
+            if k == 0:
+                continue
+            g = generator[int(groups[row])] if isinstance(generator, (list, tuple)) else generator
+            weights = torch.softmax(ranked_conf[row] / self.config.selection_temperature, dim=-1)
+            chosen = torch.multinomial(weights, k, generator=g)
+            rest = order[row][~torch.isin(order[row], chosen)]
+            order[row] = torch.cat([chosen, rest])
+        return order
+
+    def _origin_step(
+        self, timestep, sample, eligible, tokens, token_probs, confidence, scores, lengths, groups, generator,
+        offset, return_dict,
+    ):  # fmt: skip
+        """Dream's `alg="origin"`: every eligible position is revealed with probability `1 - s / t` (all at the
+        last step), independently of the confidences. One uniform draw per eligible position, row by row (for one
+        prompt, the draw Dream makes over its masked positions)."""
+        index = self._step_indices(timestep).to(sample.device)
+        n = self.num_inference_steps
+        times = self._times.to(sample.device)
+        t, s = times[index], times[(index + 1).clamp(max=n)]
+        p_transfer = torch.where(index == n - 1, torch.ones_like(t), 1 - s / t)
+        p_transfer = p_transfer.expand(sample.shape[0]) if p_transfer.numel() == 1 else p_transfer
+        draws = torch.ones(sample.shape, device=sample.device)
+        for row, g in enumerate(groups.tolist()):
+            source = generator[g] if isinstance(generator, (list, tuple)) else generator
+            draws[row, eligible[row]] = torch.rand(int(eligible[row].sum()), generator=source, device=sample.device)
+        commit = eligible & (draws < p_transfer.unsqueeze(1))
+        new_samples = torch.where(commit, tokens, sample)
+        gains = (
+            confidence.to(torch.float64)
+            if self.config.score != "logprob"
+            else torch.log(token_probs.to(torch.float64).clamp_min(torch.finfo(torch.float64).tiny))
+        )
+        rows = torch.arange(sample.shape[0], device=sample.device)
+        output = SOARSchedulerOutput(
+            prev_sample=new_samples,
+            transfer_index=commit,
+            sampled_tokens=tokens,
+            sampled_probs=token_probs,
+            confidence=confidence,
+            beam_scores=scores.to(torch.float64) + (gains * commit).sum(-1),
+            beam_lengths=lengths + commit.sum(-1),
+            beam_groups=groups,
+            parent_index=rows,
+            accelerated=torch.zeros_like(commit[:, 0]),
+        )
+        return output if return_dict else output.to_tuple()

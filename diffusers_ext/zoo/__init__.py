@@ -34,7 +34,13 @@ ENTRIES = {
         ZooEntry(
             "addition-mdm",
             "Masked diffusion LM (bidirectional Llama, 1.1M parameters) for 3-digit addition, answer most-significant "
-            "digit first; the test bed of SOAR decoding.",
+            "digit first; SOAR's documented negative case (its path score prefers wrong answers).",
+            "DiffusionLMPipeline",
+        ),
+        ZooEntry(
+            "sudoku-mdm",
+            "Masked diffusion LM (bidirectional Llama, 0.28M parameters, float16 weights) for 6x6 sudoku completion; "
+            "the test bed of SOAR decoding.",
             "DiffusionLMPipeline",
         ),
         ZooEntry(

@@ -14,6 +14,7 @@ from ...utils import public
 
 
 LLADA_MASK_TOKEN_ID = 126336
+LLADA_EOT_TOKEN_ID = 126348
 DREAM_MASK_TOKEN_ID = 151666
 
 
@@ -33,6 +34,9 @@ class DiffusionLMAdapter(ABC):
     """
 
     default_mask_token_id: int | None = None
+    default_eot_token_id: int | None = None
+    # blocks aligned to absolute positions (the first generated block ends at the next multiple of the block length)
+    absolute_blocks = False
     name = "base"
 
     def __init__(self, mask_token_id: int | None = None, shift_logits: bool = False):
@@ -103,6 +107,7 @@ class LLaDAAdapter(DiffusionLMAdapter):
     """
 
     default_mask_token_id = LLADA_MASK_TOKEN_ID
+    default_eot_token_id = LLADA_EOT_TOKEN_ID
     name = "llada"
 
     def __init__(self, mask_token_id: int | None = None):
@@ -142,10 +147,13 @@ class LLaDA2Adapter(DiffusionLMAdapter):
     """LLaDA2: block-causal attention; the model runs on the window up to the current block's end.
 
     Called like diffusers' `LLaDA2Pipeline` calls it: `model(x[:, :end], attention_mask=mask[:, :end],
-    position_ids=positions[:, :end]).logits`, the block-causal structure being the model's own. Positions past the
+    position_ids=positions[:, :end]).logits`, the block-causal structure being the model's own. Blocks are aligned
+    to absolute positions as in `LLaDA2Pipeline` (block k covers positions `[k * block_length, (k + 1) *
+    block_length)`, so the first generated block ends at the next multiple of the block length). Positions past the
     window get zero logits (they are never eligible: they lie in later blocks). No shift.
     """
 
+    absolute_blocks = True
     name = "llada2"
 
     def __init__(self, mask_token_id: int | None = None):

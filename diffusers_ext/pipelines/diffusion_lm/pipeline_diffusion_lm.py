@@ -13,11 +13,14 @@ from diffusers.utils import BaseOutput, logging
 from ...schedulers.scheduling_soar import SOARScheduler
 from ...utils import public
 from .adapters import ADAPTERS, DiffusionLMAdapter, HFLogitsAdapter, get_diffusion_lm_adapter
+from .pll_rescoring import rescore_by_pll
+from .prompt_inputs import prepare_input_ids, supported_options
 
 
 logger = logging.get_logger(__name__)
 
 OUTPUT_TYPES = ("text", "seq")
+STEP_BUDGETS = ("per_block", "global")
 
 
 @public
@@ -149,67 +152,6 @@ class DiffusionLMPipeline(DiffusionPipeline):
             )
         return resolved
 
-    def _encode_texts(self, texts: list[str]) -> tuple[torch.LongTensor, torch.LongTensor]:
-        if self.tokenizer is None:
-            raise ValueError("`prompt` and `messages` need a tokenizer; pass `input_ids` instead.")
-        encoded = self.tokenizer(
-            texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
-        )
-        return encoded["input_ids"], encoded["attention_mask"]
-
-    def _prepare_input_ids(
-        self, prompt, messages, input_ids, attention_mask, add_generation_prompt: bool
-    ) -> tuple[torch.LongTensor, torch.LongTensor]:
-        inputs = {"prompt": prompt, "messages": messages, "input_ids": input_ids}
-        given = [name for name, value in inputs.items() if value is not None]
-        if len(given) != 1:
-            raise ValueError(f"pass exactly one of `prompt`, `messages`, `input_ids`; got {given or 'none'}.")
-        if prompt is not None:
-            prompts = [prompt] if isinstance(prompt, str) else prompt
-            if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
-                raise TypeError(f"`prompt` must be a string or a list of strings, got {type(prompt).__name__}.")
-            if not prompts or any(len(p) == 0 for p in prompts):
-                raise ValueError(f"`prompt` must hold non-empty strings, got {prompt!r}.")
-            ids, mask = self._encode_texts(list(prompts))
-        elif messages is not None:
-            if self.tokenizer is None:
-                raise ValueError("`messages` need a tokenizer with a chat template.")
-            conversations = messages if messages and isinstance(messages[0], (list, tuple)) else [messages]
-            if not conversations or any(len(c) == 0 for c in conversations):
-                raise ValueError(f"`messages` must hold non-empty conversations, got {messages!r}.")
-            texts = [
-                self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=False)
-                for c in conversations
-            ]
-            ids, mask = self._encode_texts(texts)
-        else:
-            ids = torch.as_tensor(input_ids)
-            if ids.ndim == 1:
-                ids = ids.unsqueeze(0)
-            if ids.ndim != 2 or ids.dtype not in (torch.int32, torch.int64):
-                raise ValueError(
-                    f"`input_ids` must be an integer tensor of shape (batch, length), got {tuple(ids.shape)} "
-                    f"{ids.dtype}."
-                )
-            mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(attention_mask)
-            if mask.ndim == 1:
-                mask = mask.unsqueeze(0)
-            if tuple(mask.shape) != tuple(ids.shape):
-                raise ValueError(
-                    f"`attention_mask` shape {tuple(mask.shape)} must match `input_ids` shape {tuple(ids.shape)}."
-                )
-            ids = ids.long()
-        if ids.shape[0] == 0 or ids.shape[1] == 0:
-            raise ValueError(f"empty prompt: the prompt ids have shape {tuple(ids.shape)}.")
-        if given[0] == "input_ids" and attention_mask is not None:
-            if not bool(((mask == 0) | (mask == 1)).all()):
-                raise ValueError("`attention_mask` must hold only 0 and 1.")
-            if bool((mask[:, 1:] < mask[:, :-1]).any()):
-                raise ValueError("`attention_mask` must be left-padded: no 0 may follow a 1 in a row.")
-            if bool((mask.sum(1) == 0).any()):
-                raise ValueError("`attention_mask` marks an empty prompt (a row of zeros).")
-        return ids, mask.long()
-
     def check_inputs(
         self,
         batch_size,
@@ -221,20 +163,40 @@ class DiffusionLMPipeline(DiffusionPipeline):
         generator,
         output_type,
         callback_on_step_end_tensor_inputs,
+        prompt_length=None,
+        step_budget="per_block",
+        top_p=None,
+        top_k=None,
     ):
+        """Check the call's arguments before any model forward. `prompt_length` is given for adapters whose blocks
+        are aligned to absolute positions (LLaDA2): the first block then ends at the next multiple of
+        `block_length` and `gen_length` need not be a multiple of it."""
         if not isinstance(gen_length, int) or isinstance(gen_length, bool) or gen_length < 1:
             raise ValueError(f"`gen_length` must be a positive integer, got {gen_length!r}.")
         if not isinstance(block_length, int) or isinstance(block_length, bool) or block_length < 1:
             raise ValueError(f"`block_length` must be a positive integer, got {block_length!r}.")
-        if gen_length % block_length:
-            raise ValueError(
-                f"`gen_length` {gen_length} must be divisible by `block_length` {block_length} (semi-autoregressive "
-                "blocks of equal length)."
-            )
-        num_blocks = gen_length // block_length
+        if step_budget not in STEP_BUDGETS:
+            raise ValueError(f"`step_budget` must be one of {STEP_BUDGETS}, got {step_budget!r}.")
+        if top_p is not None and (not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+            raise ValueError(f"`top_p` must be a number in (0, 1], got {top_p!r}.")
+        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+            raise ValueError(f"`top_k` must be a positive integer, got {top_k!r}.")
+        if prompt_length is not None:
+            first = prompt_length // block_length
+            num_blocks = -(-(prompt_length + gen_length) // block_length) - first
+        else:
+            if gen_length % block_length:
+                raise ValueError(
+                    f"`gen_length` {gen_length} must be divisible by `block_length` {block_length} "
+                    "(semi-autoregressive blocks of equal length)."
+                )
+            num_blocks = gen_length // block_length
         if not isinstance(num_inference_steps, int) or isinstance(num_inference_steps, bool):
             raise ValueError(f"`num_inference_steps` must be an integer, got {num_inference_steps!r}.")
-        if num_inference_steps < num_blocks or num_inference_steps % num_blocks:
+        if step_budget == "global":
+            if num_inference_steps < 1:
+                raise ValueError(f"`num_inference_steps` must be positive, got {num_inference_steps!r}.")
+        elif num_inference_steps < num_blocks or num_inference_steps % num_blocks:
             raise ValueError(
                 f"`num_inference_steps` {num_inference_steps} cannot cover the generated length: it must be a positive "
                 f"multiple of the number of blocks ({gen_length} / {block_length} = {num_blocks}), the same number "
@@ -278,11 +240,17 @@ class DiffusionLMPipeline(DiffusionPipeline):
         block_length: int | None = None,
         num_inference_steps: int | None = None,
         temperature: float = 0.0,
+        top_p: float | None = None,
+        top_k: int | None = None,
         guidance_scale: float = 1.0,
         num_images_per_prompt: int = 1,
         latents: torch.LongTensor | None = None,
+        step_budget: str = "per_block",
+        logits_eos_inf: bool = False,
+        confidence_eos_eot_inf: bool = False,
         eos_early_stop: bool = True,
         eos_token_id: int | None = None,
+        eot_token_id: int | None = None,
         mask_token_id: int | None = None,
         generator: torch.Generator | list[torch.Generator] | None = None,
         output_type: str = "text",
@@ -306,7 +274,11 @@ class DiffusionLMPipeline(DiffusionPipeline):
             num_inference_steps (`int`, *optional*): the step budget over all blocks (default `gen_length`, one
                 token per step); a multiple of the number of blocks. Threshold and SOAR decoding finish early when
                 confident.
-            temperature (`float`, defaults to 0): 0 decodes greedily; above 0, Gumbel-max sampling.
+            temperature (`float`, defaults to 0): 0 decodes greedily; above 0, Gumbel-max sampling. The mask token
+                is never proposed.
+            top_p (`float`, *optional*): nucleus filtering of the logits before proposing (Dream's `top_p`; it
+                also renormalises the confidences, at any temperature, as in Dream).
+            top_k (`int`, *optional*): top-k filtering of the logits before proposing (Dream's `top_k`).
             guidance_scale (`float`, defaults to 1): classifier-free guidance in the diffusers convention: 1 disables
                 it, `g > 1` gives LLaDA's guided logits `u + g (c - u)` (LLaDA's `cfg_scale` w is `g = w + 1`);
                 values below 1 raise. A callback may change it through `pipe._guidance_scale`.
@@ -315,11 +287,28 @@ class DiffusionLMPipeline(DiffusionPipeline):
             latents (`torch.LongTensor` of shape `(batch * num_images_per_prompt, gen_length)`, *optional*): the
                 initial generated region: the mask token where the model decodes, fixed tokens elsewhere (kept as
                 given, e.g. to infill). All masks by default.
+            step_budget (`str`, defaults to `"per_block"`): how `num_inference_steps` bounds the decoding.
+                `"per_block"`: every block gets `num_inference_steps / num_blocks` steps and a per-step quota that
+                finishes it in time (LLaDA's `generate`); all masks are always filled. `"global"`: the reference SOAR
+                loop's semantics: a step commits at least one token (the search branch one, the accelerate branch
+                more), blocks take as many steps as they need, and decoding stops after `num_inference_steps`
+                forwards, **returning mask tokens** where nothing was committed.
+            logits_eos_inf (`bool`, defaults to `False`): never propose the EOS token (LLaDA's `logits_eos_inf`).
+            confidence_eos_eot_inf (`bool`, defaults to `False`): LLaDA's `confidence_eos_eot_inf`: after the tokens
+                are chosen, the EoT token (`eot_token_id`) is removed from the softmax that gives the confidences, so
+                a proposed EoT gets confidence 0 and is committed last. (The reference also assigns -inf to the EOS
+                logit of a tensor it no longer reads; that has no effect and is not reproduced.)
+            eot_token_id (`int`, *optional*): the end-of-turn token for `confidence_eos_eot_inf` (LLaDA: 126348;
+                defaults to the adapter's).
             eos_early_stop (`bool`, defaults to `True`): stop a prompt once its best beam has an EOS with no mask
                 before it (the rest is filled with EOS).
             eos_token_id (`int`, *optional*): defaults to the tokenizer's, then the model config's.
             mask_token_id (`int`, *optional*): overrides the mask token (see `resolve_mask_token_id`).
-            generator (`torch.Generator` or a list of one per prompt, *optional*): noise for `temperature > 0`.
+            generator (`torch.Generator` or a list of one per prompt, *optional*): the noise of `temperature > 0`,
+                random remasking and Dream's random transfer rules. One generator draws over all rows at once, the
+                way the references do (a prompt's draws then depend on the rest of the batch); a list gives every
+                prompt its own stream over its generated positions only, so each prompt of a batch gets exactly
+                what it gets alone with its generator.
             output_type (`str`, defaults to `"text"`): `"text"` (sequences and decoded texts) or `"seq"`.
             return_dict (`bool`, defaults to `True`): return a [`DiffusionLMPipelineOutput`] or a tuple.
             callback_on_step_end (`Callable`, *optional*): `callback(pipe, step, timestep, callback_kwargs)` after
@@ -331,15 +320,21 @@ class DiffusionLMPipeline(DiffusionPipeline):
         Returns:
             [`DiffusionLMPipelineOutput`], or its fields as a tuple (`texts` left out for `output_type="seq"`).
         """
-        ids, mask = self._prepare_input_ids(prompt, messages, input_ids, attention_mask, add_generation_prompt)
+        ids, mask = prepare_input_ids(
+            self.tokenizer, prompt, messages, input_ids, attention_mask, add_generation_prompt
+        )
         if not isinstance(num_images_per_prompt, int) or isinstance(num_images_per_prompt, bool):
             raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
         if num_images_per_prompt < 1:
             raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
         ids, mask = ids.repeat_interleave(num_images_per_prompt, 0), mask.repeat_interleave(num_images_per_prompt, 0)
         batch_size, prompt_length = ids.shape
+        absolute = bool(getattr(self.adapter, "absolute_blocks", False))
         if block_length is None:
-            block_length = min(self.scheduler.config.block_length, gen_length) if isinstance(gen_length, int) else 0
+            configured = self.scheduler.config.block_length
+            block_length = gen_length if configured is None else configured
+            if isinstance(gen_length, int) and not absolute:
+                block_length = min(block_length, gen_length)
         if num_inference_steps is None:
             num_inference_steps = gen_length
         self.check_inputs(
@@ -352,6 +347,10 @@ class DiffusionLMPipeline(DiffusionPipeline):
             generator,
             output_type,
             callback_on_step_end_tensor_inputs,
+            prompt_length=prompt_length if absolute else None,
+            step_budget=step_budget,
+            top_p=top_p,
+            top_k=top_k,
         )
         mask_id = self.resolve_mask_token_id(mask_token_id)
         if eos_token_id is None and self.tokenizer is not None:
@@ -360,8 +359,16 @@ class DiffusionLMPipeline(DiffusionPipeline):
             eos_token_id = getattr(getattr(self.model, "config", None), "eos_token_id", None)
         if isinstance(eos_token_id, (list, tuple)):
             eos_token_id = eos_token_id[0] if eos_token_id else None
-        if eos_early_stop and eos_token_id is None:
-            raise ValueError("`eos_early_stop=True` needs an `eos_token_id` (none on the tokenizer or model).")
+        if (eos_early_stop or logits_eos_inf) and eos_token_id is None:
+            raise ValueError(
+                "`eos_early_stop=True` and `logits_eos_inf=True` need an `eos_token_id` (none on the tokenizer or model)."
+            )
+        if confidence_eos_eot_inf:
+            eot_token_id = eot_token_id if eot_token_id is not None else self.adapter.default_eot_token_id
+            if eot_token_id is None:
+                raise ValueError("`confidence_eos_eot_inf=True` needs an `eot_token_id` (the end-of-turn token).")
+        suppress = (eos_token_id,) if logits_eos_inf else ()
+        confidence_suppress = (eot_token_id,) if confidence_eos_eot_inf else ()
         if latents is not None:
             vocab_size = getattr(getattr(self.model, "config", None), "vocab_size", None)
             if (
@@ -380,20 +387,38 @@ class DiffusionLMPipeline(DiffusionPipeline):
         self._interrupt = False
 
         device = self._execution_device
-        num_blocks = gen_length // block_length
-        steps_per_block = num_inference_steps // num_blocks
-        self.scheduler.set_timesteps(steps_per_block, device=device)
-        timesteps = self.scheduler.timesteps
         total_length = prompt_length + gen_length
+        positions = torch.arange(total_length, device=device)
+        if absolute:
+            # LLaDA2: blocks are aligned to absolute positions; the first generated block may be partial
+            first_block = prompt_length // block_length
+            block_of = torch.div(positions, block_length, rounding_mode="floor") - first_block
+        else:
+            block_of = torch.div(positions - prompt_length, block_length, rounding_mode="floor")
+        block_of = torch.where(positions >= prompt_length, block_of, -1)
+        num_blocks = int(block_of.max()) + 1
+        global_budget = step_budget == "global"
+        # the decoding options only some schedulers implement (SOAR's); asking another scheduler for one raises
+        step_options = supported_options(
+            self.scheduler.step,
+            top_p=top_p,
+            top_k=top_k,
+            suppress_token_ids=suppress,
+            confidence_suppress_token_ids=confidence_suppress,
+            num_transfer_tokens=True if global_budget else None,
+            sample_offset=prompt_length,
+        )
+        step_options.pop("num_transfer_tokens", None)
+        steps_per_block = num_inference_steps if global_budget else num_inference_steps // num_blocks
+        set_timesteps_options = supported_options(self.scheduler.set_timesteps, block_length=block_length)
+        self.scheduler.set_timesteps(steps_per_block, device=device, **set_timesteps_options)
+        timesteps = self.scheduler.timesteps
 
         prompts = ids.to(device)
         prompt_attention = torch.cat(
             [mask.to(device), torch.ones(batch_size, gen_length, dtype=torch.long, device=device)], 1
         )
-        is_prompt = torch.zeros(total_length, dtype=torch.bool, device=device)
-        is_prompt[:prompt_length] = True
-        block_of = torch.arange(total_length, device=device) - prompt_length
-        block_of = torch.where(block_of >= 0, torch.div(block_of, block_length, rounding_mode="floor"), -1)
+        is_prompt = positions < prompt_length
 
         # rows: every beam of every unfinished prompt
         x = torch.full((batch_size, total_length), mask_id, dtype=torch.long, device=device)
@@ -408,8 +433,10 @@ class DiffusionLMPipeline(DiffusionPipeline):
         results = torch.full((batch_size, gen_length), mask_id, dtype=torch.long, device=device)
         nfe = torch.zeros(batch_size, dtype=torch.long)
         row_forwards = torch.zeros(batch_size, dtype=torch.long)
-        max_steps = num_blocks * steps_per_block
+        max_steps = num_inference_steps if global_budget else num_blocks * steps_per_block
         self._num_timesteps = max_steps
+        config = self.scheduler.config
+        pll = config.get("beam_score") == "pll" and config.get("max_beam_size", 1) > 1
         step = 0
         progress = self.progress_bar(total=batch_size * gen_length)
         while x.shape[0] > 0:
@@ -419,13 +446,17 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 results[groups[first]] = x[first, prompt_length:]
                 break
             if step >= max_steps:
+                if global_budget:
+                    break
                 raise RuntimeError(
-                    f"decoding did not finish within {max_steps} steps; a callback probably re-masked tokens."
+                    f"decoding did not finish within {max_steps} steps: a callback re-masked committed tokens."
                 )
             masked = x == mask_id
             current_block = torch.where(masked & ~is_prompt, block_of, num_blocks).min(1).values
             transfer_mask = block_of.unsqueeze(0) == current_block.unsqueeze(1)
-            block_end = prompt_length + (int(current_block.max()) + 1) * block_length
+            block_end = prompt_length + int(
+                (block_of.unsqueeze(0) <= current_block.max()).logical_and(~is_prompt).sum()
+            )
             logits = self.adapter(
                 self.model,
                 x,
@@ -454,6 +485,8 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 beam_groups=groups,
                 temperature=temperature,
                 generator=generator,
+                **step_options,
+                **({"num_transfer_tokens": torch.ones_like(groups)} if global_budget else {}),
             )
             parents = out.parent_index
             x, scores, lengths, groups = out.prev_sample, out.beam_scores, out.beam_lengths, out.beam_groups
@@ -487,6 +520,21 @@ class DiffusionLMPipeline(DiffusionPipeline):
             done = stop | ~(best == mask_id).any(1)
             done_groups = groups[first][done]
             if len(done_groups):
+                if pll:
+                    best = rescore_by_pll(
+                        self.adapter,
+                        self.model,
+                        x,
+                        groups,
+                        first,
+                        done,
+                        best,
+                        prompt_attention,
+                        prompt_length,
+                        mask_id,
+                        nfe,
+                        row_forwards,
+                    )
                 results[done_groups] = best[done]
                 keep = ~torch.isin(groups, done_groups)
                 x, scores, lengths, groups, block_steps = (
@@ -503,6 +551,10 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 filled = filled + (x[first, prompt_length:] != mask_id).sum()
             progress.update(int(filled) - progress.n)
             step += 1
+        if x.shape[0]:  # the global step budget ran out: the best beams keep their masks
+            first = torch.ones_like(groups, dtype=torch.bool)
+            first[1:] = groups[1:] != groups[:-1]
+            results[groups[first]] = x[first, prompt_length:]
         progress.close()
         self._num_timesteps = step
         self.maybe_free_model_hooks()
