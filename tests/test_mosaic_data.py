@@ -42,7 +42,8 @@ def test_ground_truth_matches_the_pixels_and_the_caption():
                 assert np.abs(colour - np.array(PALETTE[obj["colour"]])).max() <= 2, (row["caption"], obj)
         for i, p in enumerate(objects):
             for q in objects[i + 1 :]:
-                assert np.hypot(p["x"] - q["x"], p["y"] - q["y"]) > p["half_extent"] + q["half_extent"]
+                gap = max(abs(p["x"] - q["x"]), abs(p["y"] - q["y"])) - p["half_extent"] - q["half_extent"]
+                assert gap >= 2.0
         # the objects are exactly what the groups ask for
         wanted = collections.Counter()
         for g in groups:

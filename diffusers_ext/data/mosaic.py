@@ -33,7 +33,6 @@ From the command line (a `datasets.Dataset.save_to_disk` folder, reloaded with `
 """
 
 import argparse
-import math
 import random
 from dataclasses import asdict, dataclass, field
 
@@ -306,18 +305,18 @@ def _sample_structure(config: MosaicConfig, split: MosaicSplit, rng: random.Rand
     )
 
 
-def _relation_holds(relation: str, a: tuple, b: tuple, margin: float) -> bool:
+def relation_holds(relation: str, a: tuple, b: tuple, margin: float, ratio: float = 0.5) -> bool:
     """Whether centre `a` is `relation` centre `b` (image axes: y grows downwards) by at least `margin` pixels along
-    the relation's axis, with the offset along that axis at least half the offset across it."""
+    the relation's axis, with the offset along that axis at least `ratio` times the offset across it."""
     dx, dy = b[0] - a[0], b[1] - a[1]
     along, across = {"left of": (dx, dy), "right of": (-dx, dy), "above": (dy, dx), "below": (-dy, dx)}[relation]
-    return along >= margin and along >= 0.5 * abs(across)
+    return along >= margin and along >= ratio * abs(across)
 
 
 def _place(config: MosaicConfig, rng: random.Random, groups: list, relation: str) -> list | None:
-    """Centres and sizes of every object, without overlaps (gap >= 1.5 px at 32x32), or None if placement fails."""
+    """Centres and sizes of every object, their boxes >= 2 px apart at 32x32, or None if placement fails."""
     res = config.resolution
-    gap = 1.5 * res / 32
+    gap = 2.0 * res / 32
     objects = []
     for index, group in enumerate(groups):
         size = rng.choice(config.sizes)
@@ -329,8 +328,8 @@ def _place(config: MosaicConfig, rng: random.Random, groups: list, relation: str
             half = SIZES[obj["size"]] * res
             for _ in range(50):
                 x, y = rng.uniform(half + 1, res - 1 - half), rng.uniform(half + 1, res - 1 - half)
-                # bounding circles of radius half * sqrt(2) keep every pair of shapes apart
-                if all(math.hypot(x - p["x"], y - p["y"]) >= (half + p["half_extent"]) * 1.2 + gap for p in placed):
+                # every shape lies inside its box: boxes `gap` apart along one axis never touch
+                if all(max(abs(x - p["x"]), abs(y - p["y"])) >= half + p["half_extent"] + gap for p in placed):
                     placed.append({**obj, "x": x, "y": y, "half_extent": half})
                     break
             else:
@@ -339,7 +338,9 @@ def _place(config: MosaicConfig, rng: random.Random, groups: list, relation: str
             continue
         if relation:
             a, b = placed[0], placed[1]
-            if not _relation_holds(relation, (a["x"], a["y"]), (b["x"], b["y"]), a["half_extent"] + b["half_extent"]):
+            # drawn with twice the evaluator's default slack (ratio 1 instead of 0.5): unambiguous scenes
+            margin = a["half_extent"] + b["half_extent"]
+            if not relation_holds(relation, (a["x"], a["y"]), (b["x"], b["y"]), margin, ratio=1.0):
                 continue
         return placed
     return None
