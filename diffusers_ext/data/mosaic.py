@@ -493,6 +493,55 @@ def images_to_tensor(images: list) -> "torch.Tensor":  # noqa: F821
     return torch.from_numpy(array).permute(0, 3, 1, 2).float() / 127.5 - 1
 
 
+TOKENIZER_SPECIALS = ("<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|unk|>")
+
+
+def mosaic_vocabulary() -> list[str]:
+    """Every word the caption templates can write (for every shape, colour, size, count and relation), sorted."""
+    words = {"a", "and", "to", "the", "with", ","}
+    for phrase in RELATIONS:
+        words.update(phrase.split())
+    words.update(NUMBER_WORDS[2:])
+    words.update(PALETTE)
+    words.update(SIZES)
+    words.update(SHAPES)
+    words.update(f"{shape}s" for shape in SHAPES)
+    return sorted(words)
+
+
+def mosaic_tokenizer(model_max_length: int = 16):
+    r"""
+    A word-level tokenizer of mosaic captions, built in code: a `transformers.PreTrainedTokenizerFast` with ids
+    `<|pad|>` 0, `<|startoftext|>` 1, `<|endoftext|>` 2, `<|unk|>` 3, then `mosaic_vocabulary()`. Every encoding is
+    `[start, words..., end]`, padded with `<|pad|>` (the empty prompt is `[start, end, pad, ...]`). Lowercases;
+    commas are tokens. It saves and loads with `save_pretrained` / `from_pretrained` (and with a pipeline).
+
+    Args:
+        model_max_length (`int`, defaults to 16): padded length; the text encoder's `max_position_embeddings`.
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    if not isinstance(model_max_length, int) or model_max_length < 3:
+        raise ValueError(f"`model_max_length` must be an int >= 3, got {model_max_length!r}.")
+    vocab = {token: i for i, token in enumerate([*TOKENIZER_SPECIALS, *mosaic_vocabulary()])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    backend.normalizer = normalizers.Lowercase()
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(
+        single="<|startoftext|> $A <|endoftext|>",
+        special_tokens=[("<|startoftext|>", 1), ("<|endoftext|>", 2)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<|pad|>",
+        bos_token="<|startoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|unk|>",
+        model_max_length=model_max_length,
+    )
+
+
 def save_mosaic(
     output_dir: str, config: MosaicConfig | None = None, num_samples: int = 1000, seed: int = 0, split: str = "train"
 ) -> str:
