@@ -12,7 +12,7 @@ Three parts, in one process:
 2. **Zoo model** (`diffusers_ext/zoo/mosaic-t2i`): the guidance scale is chosen on validation prompts, then the
    test prompts are judged once; overall and per skill. Headroom target: 0.3 <= overall <= 0.85.
 3. **Findings, with proxy models** (smaller text-to-image models of the same kind, trained in this process on
-   mosaic variants, all on one frozen proxy VAE, one seed each): accuracy vs dataset size per skill; scene
+   mosaic variants, all in the latent space of the zoo model's frozen VAE, one seed each): accuracy vs dataset size per skill; scene
    complexity vs concept imbalance; accuracy on held-out combinations vs the held-out fraction.
 
 Writes `benchmarks/results/mosaic.json`, `mosaic.md` and `mosaic.png`. The proxy sweeps are cached under
@@ -51,7 +51,8 @@ def parse_args(argv=None):
     parser.add_argument("--test_prompts", type=int, default=400, help="Test prompts of the zoo model.")
     parser.add_argument("--steps", type=int, default=25, help="DDIM steps of every sampler.")
     parser.add_argument("--proxy_steps", type=int, default=600, help="Training steps of each proxy model.")
-    parser.add_argument("--proxy_vae_steps", type=int, default=400, help="Training steps of the proxy VAE.")
+    parser.add_argument("--proxy_vae_path", type=str, default=None,
+                        help="VAE folder the proxies share; default: the zoo model's vae/.")  # fmt: skip
     parser.add_argument("--proxy_eval_prompts", type=int, default=200, help="Prompts per proxy evaluation.")
     parser.add_argument("--sizes", type=int, nargs="+", default=[300, 1500, 6000], help="Dataset sizes.")
     parser.add_argument("--heldout_fractions", type=float, nargs="+", default=[0.15, 0.35, 0.55],
@@ -59,6 +60,8 @@ def parse_args(argv=None):
     parser.add_argument("--skip_sweeps", action="store_true", help="Judge and zoo only (no findings).")
     parser.add_argument("--cache_dir", type=str, default="/tmp/mosaic_benchmark_cache", help="Proxy-sweep cache.")
     parser.add_argument("--no_cache", action="store_true", help="Retrain the proxies even if cached.")
+    parser.add_argument("--cached_sweeps_only", action="store_true",
+                        help="Use the proxy sweeps only if cached; otherwise report them as not run.")  # fmt: skip
     parser.add_argument("--output", type=str, default=os.path.join(RESULTS, "mosaic.json"), help="Results JSON.")
     return parser.parse_args(argv)
 
@@ -203,7 +206,7 @@ def zoo_section(args):
 # ---------------------------------------------------------------------------------------------------------------------
 
 PROXY = {"unet_channels": [16, 32], "attention_head_dim": 8, "text_hidden_size": 32, "text_layers": 1,
-         "vae_channels": [8, 16, 32], "batch_size": 32, "lr": 2e-3, "guidance": 4.0,
+         "vae_channels": [16, 32, 32], "batch_size": 32, "lr": 2e-3, "guidance": 4.0,
          "max_length": 24}  # fmt: skip
 
 
@@ -223,28 +226,16 @@ def _proxy_args(extra: dict):
     )
 
 
-def train_proxy_vae(steps: int, seed: int = 0):
-    """The proxy sweeps' shared VAE, trained on 4,000 default mosaic scenes (all combinations: it has no text)."""
-    import torch.nn.functional as F
-    from train_text_to_image import AutoencoderStep, build_components, set_lr
+def load_proxy_vae(path: str):
+    """The frozen VAE every proxy shares (default: the zoo model's), in float32, and a hash of its weights."""
+    from diffusers import AutoencoderKL
 
-    from diffusers_ext.data.mosaic import MosaicConfig, images_to_tensor, mosaic_records, mosaic_tokenizer
-
-    images = images_to_tensor([r["image"] for r in mosaic_records(MosaicConfig(), 4000, seed=555)])
-    torch.manual_seed(seed)
-    vae, _, _ = build_components(_proxy_args({}), mosaic_tokenizer(PROXY["max_length"]))
-    step_module = AutoencoderStep(vae)
-    optimizer = torch.optim.AdamW(vae.parameters(), lr=PROXY["lr"])
-    generator = torch.Generator().manual_seed(seed)
-    for step in range(steps):
-        set_lr(optimizer, step, steps, PROXY["lr"], 50)
-        x = images[torch.randint(0, len(images), (PROXY["batch_size"],), generator=generator)]
-        reconstruction, kl = step_module(x, torch.randn((len(x), 4, 8, 8), generator=generator))
-        loss = F.mse_loss(reconstruction, x) + 1e-6 * kl.mean() / 256
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return vae.eval()
+    vae = AutoencoderKL.from_pretrained(path, torch_dtype=torch.float32).eval()
+    digest = hashlib.sha256()
+    for name, tensor in sorted(vae.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().numpy().tobytes())
+    return vae, digest.hexdigest()[:16]
 
 
 def train_proxy(vae, config, num_samples: int, steps: int, seed: int = 0):
@@ -308,18 +299,17 @@ def _source_key(settings: dict) -> str:
     script = train_text_to_image
     used = (script.AutoencoderStep, script.TextConditionedDenoiser, script.build_components, script.build_pipeline,
             script.encode_all, script.evaluate_pipeline, script.noise_schedulers, script.set_lr)  # fmt: skip
-    for obj in (data_module, evaluation_module, *used, train_proxy_vae, train_proxy, sweeps_section, vae_round_trip):
+    for obj in (data_module, evaluation_module, *used, load_proxy_vae, train_proxy, sweeps_section, vae_round_trip):
         parts.append(inspect.getsource(obj))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def sweeps_section(args):
+def sweeps_section(args, vae):
     from train_text_to_image import evaluate_pipeline
 
     from diffusers_ext.data.mosaic import MosaicConfig
 
     start = time.perf_counter()
-    vae = train_proxy_vae(args.proxy_vae_steps)
     ceiling = vae_round_trip(vae, MosaicConfig(), 300)
     print(f"proxy VAE: PSNR {ceiling['psnr_db']:.1f} dB, judge pass rate {ceiling['overall']:.3f}", flush=True)
     n, steps = args.proxy_eval_prompts, args.proxy_steps
@@ -363,15 +353,23 @@ def sweeps_section(args):
 
 
 def cached_sweeps(args):
-    settings = {k: getattr(args, k) for k in ("proxy_steps", "proxy_vae_steps", "proxy_eval_prompts", "sizes",
-                                              "heldout_fractions", "steps")}  # fmt: skip
+    from diffusers_ext import zoo
+
+    vae_path = args.proxy_vae_path or os.path.join(zoo.path("mosaic-t2i"), "vae")
+    vae, vae_hash = load_proxy_vae(vae_path)
+    settings = {k: getattr(args, k) for k in ("proxy_steps", "proxy_eval_prompts", "sizes", "heldout_fractions",
+                                              "steps")}  # fmt: skip
+    settings["proxy_vae_weights"] = vae_hash
     key = _source_key(settings)
     path = os.path.join(args.cache_dir, f"sweeps-{key}.json")
     if os.path.isfile(path) and not args.no_cache:
         print(f"proxy sweeps: cached {path}", flush=True)
         with open(path) as f:
             return {**json.load(f), "cache_key": key, "from_cache": True}
-    result = sweeps_section(args)
+    if args.cached_sweeps_only:
+        print(f"proxy sweeps: no cache at {path}; not run (--cached_sweeps_only)", flush=True)
+        return None
+    result = {**sweeps_section(args, vae), "proxy_vae_weights": vae_hash}
     os.makedirs(args.cache_dir, exist_ok=True)
     with open(path, "w") as f:
         json.dump(result, f)

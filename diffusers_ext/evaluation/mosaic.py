@@ -5,8 +5,10 @@ The world is known (palette, background, shapes), so no detector has to be train
 1. colour segmentation: a pixel is foreground when it differs from the background by more than
    `foreground_threshold` (in [0, 1] units, max over channels), and takes the palette colour whose direction from
    the background is closest in angle (cosine >= `min_cosine`, else it is dropped);
-2. connected components (8-connected) of each colour; a component's soft area is the sum of its pixels' coverage
-   (the projection of the pixel onto its colour), and components smaller than `min_area` are noise (fringes
+2. connected components of each colour: objects are the 4-connected components of the pixels whose coverage (the
+   projection of the pixel onto its colour) is at least `core_threshold`, grown by the colour's other pixels within
+   2 px (a faint bridge of blur does not merge two objects); a component's soft area is the sum of its pixels'
+   coverage, and components smaller than `min_area` are noise (fringes
    where two colours meet, speckles); the coverage is then rescaled so that the component's 75th percentile
    is 1 (a dim object keeps its size);
 3. shape: the component's coverage map is compared with a circle, a square and an upright triangle of the same area
@@ -84,6 +86,7 @@ class MosaicEvaluator:
             object the world draws (a small triangle).
         relation_margin (`float`, *optional*): minimum centroid offset along a relation's axis, in pixels;
             default `resolution / 32`.
+        core_threshold (`float`, defaults to 0.5): coverage of the pixels that separate objects (see `detect`).
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class MosaicEvaluator:
         min_cosine: float = 0.9,
         min_area: float | None = None,
         relation_margin: float | None = None,
+        core_threshold: float = 0.5,
     ):
         self.config = config or MosaicConfig()
         if not 0 < foreground_threshold < 1:
@@ -107,6 +111,9 @@ class MosaicEvaluator:
             raise ValueError(
                 f"`min_area` must be > 0 and `relation_margin` >= 0, got {self.min_area} and {self.relation_margin}."
             )
+        if not 0 < core_threshold < 1:
+            raise ValueError(f"`core_threshold` must lie in (0, 1), got {core_threshold}.")
+        self.core_threshold = core_threshold
         self.foreground_threshold = foreground_threshold
         self.min_cosine = min_cosine
         self.background = np.asarray(self.config.background, dtype=np.float64) / 255
@@ -148,7 +155,15 @@ class MosaicEvaluator:
             if not mask.any():
                 continue
             coverage = np.clip(pixels @ self.colour_directions[index] / self.colour_lengths[index], 0, 1)
-            components, count = ndimage.label(mask, structure=np.ones((3, 3)))
+            # objects are separated on their cores (coverage >= core_threshold, 4-connected), so that a faint
+            # bridge of blur between two objects of one colour does not merge them; then every other pixel of the
+            # mask joins the nearest core within 2 pixels
+            core = mask & (coverage >= self.core_threshold)
+            components, count = ndimage.label(core)
+            if count:
+                distance, (iy, ix) = ndimage.distance_transform_edt(components == 0, return_indices=True)
+                nearest = components[iy, ix]
+                components = np.where(core, components, np.where(mask & (distance <= 2), nearest, 0))
             for component in range(1, count + 1):
                 alpha = np.where(components == component, coverage, 0.0)
                 if alpha.sum() < self.min_area:
