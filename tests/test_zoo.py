@@ -30,6 +30,7 @@ def test_names_paths_and_errors():
         "digits-classifier",
         "digits-ddpm",
         "digits-sd3",
+        "mosaic-t2i",
         "procedural-nvs",
         "procedural-nvs-baseline",
         "procedural-semantic-encoder",
@@ -65,6 +66,7 @@ def test_cards_state_the_rebuild_command():
         ("procedural-semantic-encoder", "training/train_semantic_encoder.py"),
         ("procedural-nvs", "training/train_semantic_nvs.py"),
         ("procedural-nvs-baseline", "training/train_semantic_nvs.py"),
+        ("mosaic-t2i", "training/train_text_to_image.py"),
     ]:
         card = open(os.path.join(zoo.path(name), "README.md"), encoding="utf-8").read()
         assert card.startswith("---\n") and script in card and f"--output_dir diffusers_ext/zoo/{name}" in card
