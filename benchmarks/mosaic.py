@@ -472,10 +472,22 @@ def build_summary(judge, zoo_result, sweeps):
             weakest = findings["weakest_skill_at_smallest_size"]
             targets.append(target("finding: counting is the weakest skill at the smallest dataset", weakest,
                                   "== count", weakest == "count"))  # fmt: skip
+        if "accuracy_gain_smallest_to_largest" in findings:
+            gain = findings["accuracy_gain_smallest_to_largest"]
+            targets.append(target("finding: accuracy rises with dataset size (overall, largest - smallest)", gain,
+                                  "> 0", gain > 0))  # fmt: skip
         if "complexity_drop" in findings:
+            # significant only beyond two standard errors of the two variants' accuracies
+            grid = sweeps["complexity_vs_imbalance"]
+            p_c = grid["extra_objects=2,zipf=0.0"]["test"]["overall"]
+            p_i = grid["extra_objects=0,zipf=1.5"]["test"]["overall"]
+            n = grid["extra_objects=0,zipf=0.0"]["test"]["n"]
+            se = math.sqrt((p_c * (1 - p_c) + p_i * (1 - p_i)) / n)
+            findings["complexity_minus_imbalance_standard_error"] = se
             difference = findings["complexity_drop"] - findings["imbalance_drop"]
-            targets.append(target("finding: complexity costs more than imbalance (overall drop difference)",
-                                  difference, "> 0", difference > 0))  # fmt: skip
+            targets.append(target("finding: complexity costs more than imbalance (drop difference, > 0 and > 2 SE)",
+                                  difference, f"complexity drop > 0 and difference > 2 SE ({2 * se:.3f})",
+                                  findings["complexity_drop"] > 0 and difference > 2 * se))  # fmt: skip
         if "heldout_overall_by_fraction" in findings:
             by_fraction = list(findings["heldout_overall_by_fraction"].values())
             targets.append(target("finding: held-out accuracy falls as the held-out fraction grows (first - last)",

@@ -19,7 +19,9 @@ def pipe():
 
 def test_entry_is_small_and_documented():
     folder = zoo.path("mosaic-t2i")
-    size = sum(os.path.getsize(os.path.join(r, f)) for r, d, fs in os.walk(folder) for f in fs if "checkpoint" not in r)
+    size = sum(
+        os.path.getsize(os.path.join(r, f)) for r, d, fs in os.walk(folder) for f in fs if "checkpoint" not in r
+    )
     assert size <= 3 * 2**20
     card = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
     assert "training/train_text_to_image.py" in card and "--output_dir diffusers_ext/zoo/mosaic-t2i" in card
