@@ -498,7 +498,7 @@ def build_summary(judge, zoo_result, sweeps):
 
 
 def write_markdown(summary, results, path):
-    lines = ["# mosaic benchmark", "", "Command: `python benchmarks/mosaic.py`", "", "## Targets", "",
+    lines = ["# mosaic benchmark", "", f"Command: `{results['command']}`", "", "## Targets", "",
              "| target | value | threshold | met |", "| --- | --- | --- | --- |"]  # fmt: skip
     for t in summary["targets"]:
         value = f"{t['value']:.4g}" if isinstance(t["value"], float) else str(t["value"])
