@@ -111,6 +111,7 @@ def test_bad_arguments_are_rejected_by_the_parser(tmp_path, capsys, args, messag
     assert error.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [
