@@ -33,6 +33,7 @@ def test_names_paths_and_errors():
         "digits-ddpm",
         "digits-sd3",
         "lomdm-markov",
+        "mosaic-t2i",
         "procedural-nvs",
         "procedural-nvs-baseline",
         "procedural-semantic-encoder",
@@ -53,7 +54,9 @@ def test_zoo_is_small_and_ships_no_training_leftovers():
     for root, dirs, files in os.walk(zoo.ZOO_DIR):
         dirs[:] = [d for d in dirs if not d.startswith(leftovers)]
         total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
-    assert total < 20 * 2**20
+    # 24 MiB: raised from 20 MiB when the latent text-to-image model (mosaic-t2i, 2.8 MB in float16) joined eleven
+    # smaller checkpoints; every entry stays a few MB at most, so a clone stays light.
+    assert total < 24 * 2**20
     ignored = subprocess.run(
         ["git", "check-ignore", "-q", os.path.join(zoo.ZOO_DIR, "digits-ddpm", "checkpoint-1", "x")], cwd=zoo.ZOO_DIR
     )
@@ -73,6 +76,7 @@ def test_cards_state_the_rebuild_command():
         ("procedural-nvs", "training/train_semantic_nvs.py"),
         ("procedural-nvs-baseline", "training/train_semantic_nvs.py"),
         ("sudoku-mdm", "training/train_masked_lm.py"),
+        ("mosaic-t2i", "training/train_text_to_image.py"),
     ]:
         card = open(os.path.join(zoo.path(name), "README.md"), encoding="utf-8").read()
         assert card.startswith("---\n") and script in card and f"--output_dir diffusers_ext/zoo/{name}" in card

@@ -91,6 +91,14 @@ ENTRIES = {
             "The same multi-view denoiser trained with the same budget but without semantic conditioning.",
             "SemanticNVSPipeline",
         ),
+        ZooEntry(
+            "mosaic-t2i",
+            "Small latent text-to-image StableDiffusionPipeline of 32x32 mosaic scenes (shapes, colours, counts, "
+            "relations); float16 weights, load with torch_dtype=torch.float32; judged by "
+            "diffusers_ext.evaluation.mosaic.",
+            "StableDiffusionPipeline",
+            library="diffusers",
+        ),
     )
 }
 

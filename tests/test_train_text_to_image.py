@@ -1,0 +1,129 @@
+"""The latent text-to-image script on mosaic: exact resume across its two phases, a loadable SD pipeline, errors."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "training", "train_text_to_image.py")
+TINY = [
+    "--num_train_samples", "24", "--vae_channels", "8", "8", "8", "--unet_channels", "8", "16",
+    "--attention_head_dim", "4", "--text_hidden_size", "16", "--train_batch_size", "4", "--lr_warmup_steps", "1",
+    "--checkpointing_steps", "2", "--report_to", "none", "--seed", "3",
+]  # fmt: skip
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _run(output_dir, vae_steps, unet_steps, *extra, processes=1):
+    script = [SCRIPT, "--output_dir", str(output_dir), "--vae_steps", str(vae_steps),
+              "--max_train_steps", str(unet_steps), *TINY, *extra]  # fmt: skip
+    if processes == 1:
+        cmd = [sys.executable, *script]
+    else:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", str(processes),
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", *script]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout + result.stderr
+
+
+def test_trains_saves_and_loads_as_a_stable_diffusion_pipeline(tmp_path):
+    out = tmp_path / "out"
+    _run(out, 2, 2, "--eval_num_prompts", "2", "--eval_steps", "2", "--save_dtype", "float16")
+    from diffusers import StableDiffusionPipeline
+
+    pipe = StableDiffusionPipeline.from_pretrained(str(out), torch_dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.unet.dtype == torch.float32 and pipe.vae.config.scaling_factor != 0.18215
+    images = pipe(["a red circle", "three blue squares"], height=32, width=32, num_inference_steps=2,
+                  output_type="np").images  # fmt: skip
+    assert images.shape == (2, 32, 32, 3)
+    assert pipe.tokenizer("a red circle").input_ids[0] == pipe.tokenizer.bos_token_id
+    card = (out / "README.md").read_text()
+    assert "train_text_to_image.py" in card and "judge_overall" in card and "float16" in card
+    weights = load_file(str(out / "unet" / "diffusion_pytorch_model.safetensors"))
+    assert next(iter(weights.values())).dtype == torch.float16
+
+
+@pytest.mark.slow
+def test_two_process_resume_across_phases_equals_an_uninterrupted_run(tmp_path):
+    resumed, straight = tmp_path / "resumed", tmp_path / "straight"
+    _run(resumed, 2, 3, processes=2)  # checkpoints at 2 (end of the VAE phase) and 4 (inside the UNet phase)
+    (resumed / "checkpoint-5").rename(resumed / "unused")  # resume from step 4, mid phase 2
+    log = _run(resumed, 2, 3, "--resume_from_checkpoint", "latest", processes=2)
+    assert "checkpoint-4" in log
+    _run(straight, 2, 3, processes=2)
+    for part in ("unet", "vae", "text_encoder"):
+        name = "model.safetensors" if part == "text_encoder" else "diffusion_pytorch_model.safetensors"
+        a, b = load_file(str(resumed / part / name)), load_file(str(straight / part / name))
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=f"{part}.{key} differs after resume")
+
+
+@pytest.mark.slow
+def test_resume_in_the_vae_phase_is_exact(tmp_path):
+    resumed, straight = tmp_path / "resumed", tmp_path / "straight"
+    _run(resumed, 3, 1)
+    for name in ("checkpoint-4",):
+        (resumed / name).rename(resumed / f"x-{name}")
+    log = _run(resumed, 3, 1, "--resume_from_checkpoint", "latest")
+    assert "checkpoint-2" in log
+    _run(straight, 3, 1)
+    a = load_file(str(resumed / "unet" / "diffusion_pytorch_model.safetensors"))
+    b = load_file(str(straight / "unet" / "diffusion_pytorch_model.safetensors"))
+    early = load_file(str(resumed / "checkpoint-2" / "model_1.safetensors"))
+    assert any(not torch.equal(early[f"unet.{k}"], a[k]) for k in a)  # the run did move the UNet after step 2
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+
+
+def _load_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_text_to_image", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--train_data_dir", "/nonexistent/folder"], "--train_data_dir"),
+        (["--resolution", "30"], "--resolution"),
+        (["--vae_channels", "8", "8"], "--vae_channels"),
+        (["--unet_channels", "8", "8", "8", "8", "8"], "--unet_channels"),
+        (["--prompt_dropout", "1.0"], "--prompt_dropout"),
+    ],
+)
+def test_bad_arguments_are_rejected_by_the_parser(tmp_path, capsys, args, message):
+    script = _load_script()
+    with pytest.raises(SystemExit) as error:
+        script.parse_args(["--output_dir", str(tmp_path), *args])
+    assert error.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max_length", "5"], "--max_length"),
+        (["--resume_from_checkpoint", "checkpoint-999"], "--resume_from_checkpoint"),
+    ],
+)
+def test_bad_runs_fail_with_one_line_error(tmp_path, args, message):
+    cmd = [sys.executable, SCRIPT, "--output_dir", str(tmp_path), "--report_to", "none", "--num_train_samples", "4",
+           "--vae_steps", "1", "--max_train_steps", "1", *args]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert message in last and "error" in last
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,513 @@
+#!/usr/bin/env python
+"""Train a small latent text-to-image model (Stable Diffusion format) from scratch on mosaic scenes, with accelerate.
+
+Two phases in one run, one global step counter: an `AutoencoderKL` (`--vae_steps`), then a `UNet2DConditionModel`
+together with a small `CLIPTextModel` (`--max_train_steps`, epsilon prediction, captions dropped with probability
+`--prompt_dropout` for classifier-free guidance). The tokenizer is the word-level
+`diffusers_ext.data.mosaic.mosaic_tokenizer`. The result is a `diffusers.StableDiffusionPipeline` folder:
+
+    accelerate launch training/train_text_to_image.py --output_dir mosaic-t2i --num_train_samples 20000
+
+    >>> from diffusers import StableDiffusionPipeline
+    >>> pipe = StableDiffusionPipeline.from_pretrained("mosaic-t2i", torch_dtype=torch.float32)
+    >>> pipe("a red circle to the left of a blue square", height=32, width=32).images[0]
+
+Data: a mosaic dataset drawn on the fly from the `--mosaic_*`/`--num_train_samples` options (train split), or any
+`datasets.save_to_disk` folder with `image` and `caption` columns (`--train_data_dir`; the tokenizer only knows
+mosaic's words). Checkpoints are `output_dir/checkpoint-<step>`; `--resume_from_checkpoint latest` continues
+exactly where the last one stopped, in either phase. With `--eval_num_prompts` > 0 the model card reports the
+`diffusers_ext.evaluation.mosaic` judge's per-skill accuracy on held-out test prompts.
+"""
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from accelerate.logging import get_logger
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+
+from diffusers_ext.training_utils import add_accelerate_arguments
+
+
+logger = get_logger(__name__, log_level="INFO")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    data = parser.add_argument_group("data")
+    data.add_argument(
+        "--train_data_dir",
+        type=str,
+        default=None,
+        help="A datasets.save_to_disk folder with 'image' and 'caption' columns. Default: draw mosaic.",
+    )
+    data.add_argument("--resolution", type=int, default=32, help="Image side (multiple of 4).")
+    data.add_argument("--num_train_samples", type=int, default=20000, help="Mosaic scenes to draw.")
+    data.add_argument("--mosaic_seed", type=int, default=0, help="Seed of the mosaic train stream.")
+    data.add_argument(
+        "--mosaic_tasks", nargs="+", default=["single", "pair", "count", "relation"], help="Mosaic prompt kinds."
+    )
+    data.add_argument("--mosaic_max_count", type=int, default=4, help="Largest count of count prompts.")
+    data.add_argument("--mosaic_extra_objects", type=int, default=0, help="Extra named objects per scene.")
+    data.add_argument("--mosaic_zipf_exponent", type=float, default=0.0, help="Zipf exponent over concepts.")
+    data.add_argument("--mosaic_heldout_fraction", type=float, default=0.0, help="Held-out combination share.")
+    data.add_argument("--mosaic_split_seed", type=int, default=0, help="Seed of the held-out combinations.")
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--vae_channels",
+        type=int,
+        nargs="+",
+        default=[16, 32, 32],
+        help="AutoencoderKL channels per level (3 levels: 4x downsampling).",
+    )
+    model.add_argument("--latent_channels", type=int, default=4, help="Latent channels.")
+    model.add_argument("--unet_channels", type=int, nargs="+", default=[32, 64], help="UNet channels per level.")
+    model.add_argument("--attention_head_dim", type=int, default=8, help="UNet attention head width.")
+    model.add_argument("--text_hidden_size", type=int, default=64, help="CLIP text encoder width.")
+    model.add_argument("--text_layers", type=int, default=2, help="CLIP text encoder layers.")
+    model.add_argument("--max_length", type=int, default=16, help="Tokens per prompt (with start/end tokens).")
+    train = parser.add_argument_group("training")
+    train.add_argument("--output_dir", type=str, required=True, help="Where the pipeline and checkpoints go.")
+    train.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and noise.")
+    train.add_argument("--vae_steps", type=int, default=1500, help="Optimizer steps of the autoencoder (phase 1).")
+    train.add_argument("--vae_learning_rate", type=float, default=2e-3, help="Peak learning rate of phase 1.")
+    train.add_argument("--vae_kl_weight", type=float, default=1e-6, help="Weight of the autoencoder's KL term.")
+    train.add_argument("--max_train_steps", type=int, default=2500, help="Optimizer steps of the UNet (phase 2).")
+    train.add_argument("--learning_rate", type=float, default=1e-3, help="Peak learning rate of phase 2.")
+    train.add_argument("--lr_warmup_steps", type=int, default=100, help="Linear warm-up of each phase.")
+    train.add_argument("--train_batch_size", type=int, default=64, help="Batch size per process.")
+    train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per step.")
+    train.add_argument("--prompt_dropout", type=float, default=0.1, help="Share of empty prompts (for guidance).")
+    train.add_argument("--adam_weight_decay", type=float, default=1e-4, help="AdamW weight decay.")
+    train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping norm.")
+    train.add_argument(
+        "--save_dtype",
+        choices=["float32", "float16"],
+        default="float32",
+        help="dtype of the saved weights (float16 halves the folder; load with torch_dtype=float32).",
+    )
+    train.add_argument("--eval_num_prompts", type=int, default=0, help="Test prompts judged for the model card.")
+    train.add_argument("--eval_guidance_scale", type=float, default=3.0, help="Guidance of the evaluation.")
+    train.add_argument("--eval_steps", type=int, default=25, help="DDIM steps of the evaluation.")
+    add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=2)
+    train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
+    args = parser.parse_args(argv)  # fmt: skip
+    validate_args(args, parser)
+    return args
+
+
+def validate_args(args, parser):
+    if args.train_data_dir is not None and not os.path.isdir(args.train_data_dir):
+        parser.error(f"--train_data_dir {args.train_data_dir!r} is not a folder.")
+    if len(args.vae_channels) != 3:
+        parser.error(f"--vae_channels needs 3 levels (4x downsampling), got {args.vae_channels}.")
+    if args.resolution < 16 or args.resolution % 4:
+        parser.error(f"--resolution must be a multiple of 4 and >= 16, got {args.resolution}.")
+    factor = 2 ** (len(args.unet_channels) - 1)
+    if (args.resolution // 4) % factor:
+        parser.error(
+            f"--unet_channels has {len(args.unet_channels)} levels; the latent side {args.resolution // 4} must be "
+            f"a multiple of {factor}."
+        )
+    for name in ("num_train_samples", "max_train_steps", "train_batch_size", "gradient_accumulation_steps",
+                 "checkpointing_steps", "eval_steps"):  # fmt: skip
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+    if args.vae_steps < 0 or args.eval_num_prompts < 0:
+        parser.error("--vae_steps and --eval_num_prompts must be >= 0.")
+    if not 0 <= args.prompt_dropout < 1:
+        parser.error(f"--prompt_dropout must lie in [0, 1), got {args.prompt_dropout}.")
+    if args.max_length < 3:
+        parser.error(f"--max_length must be >= 3, got {args.max_length}.")
+
+
+def mosaic_config(args):
+    from diffusers_ext.data.mosaic import MosaicConfig
+
+    return MosaicConfig(
+        resolution=args.resolution,
+        tasks=tuple(args.mosaic_tasks),
+        max_count=args.mosaic_max_count,
+        extra_objects=args.mosaic_extra_objects,
+        zipf_exponent=args.mosaic_zipf_exponent,
+        heldout_fraction=args.mosaic_heldout_fraction,
+        split_seed=args.mosaic_split_seed,
+    )
+
+
+def load_training_data(args):
+    """`(images uint8 (N, 3, R, R), captions list[str])`."""
+    from diffusers_ext.data.mosaic import mosaic_records
+
+    if args.train_data_dir is None:
+        rows = mosaic_records(mosaic_config(args), args.num_train_samples, args.mosaic_seed, "train")
+        images, captions = zip(*((np.asarray(r["image"]), r["caption"]) for r in rows))
+    else:
+        from datasets import load_from_disk
+
+        data = load_from_disk(args.train_data_dir)
+        missing = {"image", "caption"} - set(data.column_names)
+        if missing:
+            raise ValueError(f"--train_data_dir {args.train_data_dir!r} lacks the columns {sorted(missing)}.")
+        images, captions = [], list(data["caption"])
+        for image in data["image"]:
+            if image.size != (args.resolution, args.resolution):
+                raise ValueError(
+                    f"--train_data_dir holds {image.size[0]}x{image.size[1]} images; expected --resolution "
+                    f"{args.resolution}."
+                )
+            images.append(np.asarray(image.convert("RGB")))
+    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(), list(captions)
+
+
+def build_components(args, tokenizer):
+    """`(vae, text_encoder, unet)`, freshly initialised from `args` (seeded by the caller)."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    vae = AutoencoderKL(
+        sample_size=args.resolution,
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=tuple(args.vae_channels),
+        layers_per_block=1,
+        latent_channels=args.latent_channels,
+        norm_num_groups=8,
+        mid_block_add_attention=False,
+    )
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=args.text_hidden_size,
+            intermediate_size=2 * args.text_hidden_size,
+            projection_dim=args.text_hidden_size,
+            num_hidden_layers=args.text_layers,
+            num_attention_heads=4,
+            max_position_embeddings=args.max_length,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    levels = len(args.unet_channels)
+    unet = UNet2DConditionModel(
+        sample_size=args.resolution // 4,
+        in_channels=args.latent_channels,
+        out_channels=args.latent_channels,
+        layers_per_block=1,
+        block_out_channels=tuple(args.unet_channels),
+        down_block_types=("CrossAttnDownBlock2D",) * levels,
+        up_block_types=("CrossAttnUpBlock2D",) * levels,
+        cross_attention_dim=args.text_hidden_size,
+        attention_head_dim=args.attention_head_dim,
+        norm_num_groups=8,
+    )
+    return vae, text_encoder, unet
+
+
+class AutoencoderStep(torch.nn.Module):
+    """Phase 1's trained module (one forward, so that data-parallel training syncs its gradients)."""
+
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, images: torch.Tensor, eps: torch.Tensor):
+        """`images` `(B, 3, R, R)` in [-1, 1], `eps` `(B, C, R/4, R/4)` -> reconstructions and per-sample KL."""
+        posterior = self.vae.encode(images).latent_dist
+        reconstruction = self.vae.decode(posterior.mean + posterior.std * eps).sample
+        return reconstruction, posterior.kl()
+
+
+class TextConditionedDenoiser(torch.nn.Module):
+    """Phase 2's trained module: the text encoder and the UNet, trained together."""
+
+    def __init__(self, unet, text_encoder):
+        super().__init__()
+        self.unet = unet
+        self.text_encoder = text_encoder
+
+    def forward(self, noisy: torch.Tensor, timesteps: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """`noisy` `(B, C, r, r)`, `timesteps` `(B,)`, `input_ids` `(B, L)` -> predicted noise `(B, C, r, r)`."""
+        return self.unet(noisy, timesteps, self.text_encoder(input_ids)[0]).sample
+
+
+def noise_schedulers():
+    """The training `DDPMScheduler` and the sampling `DDIMScheduler` (Stable Diffusion's schedule)."""
+    from diffusers import DDIMScheduler, DDPMScheduler
+
+    config = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear", "clip_sample": False}
+    return DDPMScheduler(**config), DDIMScheduler(**config, set_alpha_to_one=False, steps_offset=1)
+
+
+def set_lr(optimizer, step: int, total: int, peak: float, warmup: int) -> None:
+    """Linear warm-up then cosine decay; a function of the step alone (exact resume)."""
+    lr = peak * min(1.0, (step + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * step / max(1, total)))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+@torch.no_grad()
+def encode_all(vae, images: torch.Tensor, device, batch: int = 256):
+    """Posterior means and standard deviations of every image, `(N, C, R/4, R/4)` each."""
+    means, stds = [], []
+    for start in range(0, len(images), batch):
+        x = images[start : start + batch].to(device).float() / 127.5 - 1
+        posterior = vae.encode(x).latent_dist
+        means.append(posterior.mean.float().cpu())
+        stds.append(posterior.std.float().cpu())
+    return torch.cat(means), torch.cat(stds)
+
+
+def build_pipeline(vae, text_encoder, tokenizer, unet):
+    from diffusers import StableDiffusionPipeline
+
+    return StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=noise_schedulers()[1],
+        safety_checker=None,
+        feature_extractor=None,
+        image_encoder=None,
+        requires_safety_checker=False,
+    )
+
+
+def evaluate_pipeline(pipe, config, num_prompts: int, seed: int, guidance_scale: float, steps: int, split="test"):
+    """Per-skill judge accuracy of `pipe` on `num_prompts` mosaic prompts of `split` (seed `seed`)."""
+    from diffusers_ext.data.mosaic import mosaic_records
+    from diffusers_ext.evaluation.mosaic import MosaicEvaluator, summarize
+
+    rows = list(mosaic_records(config, num_prompts, seed, split))
+    judge = MosaicEvaluator(config)
+    results = []
+    for start in range(0, len(rows), 50):
+        chunk = rows[start : start + 50]
+        images = pipe(
+            [r["caption"] for r in chunk],
+            height=config.resolution,
+            width=config.resolution,
+            num_inference_steps=steps,
+            guidance_scale=guidance_scale,
+            generator=torch.Generator().manual_seed(seed * 1000 + start),
+            output_type="np",
+        ).images
+        results += [judge.evaluate(image, row) for image, row in zip(images, chunk)]
+    return summarize(results, rows)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from diffusers_ext.data.mosaic import mosaic_tokenizer
+    from diffusers_ext.training_utils import (
+        ResumableBatchSampler,
+        build_accelerator,
+        command_line,
+        maybe_resume,
+        save_checkpoint,
+        step_generator,
+        write_model_card,
+    )
+
+    accelerator = build_accelerator(
+        args.output_dir, args.logging_dir, args.mixed_precision, args.report_to, args.gradient_accumulation_steps
+    )
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
+    logger.info(accelerator.state, main_process_only=False)
+    set_seed(args.seed)
+
+    images, captions = load_training_data(args)
+    tokenizer = mosaic_tokenizer(args.max_length)
+    unknown = sorted({w for c in captions for w in tokenizer.tokenize(c) if w == tokenizer.unk_token})
+    if unknown:
+        raise ValueError("the captions hold words outside the mosaic vocabulary (`mosaic_vocabulary()`).")
+    lengths = [len(ids) for ids in tokenizer(captions).input_ids]
+    if max(lengths) > args.max_length:
+        raise ValueError(f"a caption has {max(lengths)} tokens; raise --max_length (now {args.max_length}).")
+    token_ids = tokenizer(captions, padding="max_length", max_length=args.max_length, return_tensors="pt").input_ids
+    empty_ids = tokenizer([""], padding="max_length", max_length=args.max_length, return_tensors="pt").input_ids
+
+    torch.manual_seed(args.seed)
+    vae, text_encoder, unet = build_components(args, tokenizer)
+    noise_scheduler, _ = noise_schedulers()
+    vae_optimizer = torch.optim.AdamW(vae.parameters(), lr=args.vae_learning_rate, weight_decay=0.0)
+    unet_optimizer = torch.optim.AdamW(
+        [*unet.parameters(), *text_encoder.parameters()], lr=args.learning_rate, weight_decay=args.adam_weight_decay
+    )
+    autoencoder_step, denoiser, vae_optimizer, unet_optimizer = accelerator.prepare(
+        AutoencoderStep(vae), TextConditionedDenoiser(unet, text_encoder), vae_optimizer, unet_optimizer
+    )
+    vae = vae.to(accelerator.device)
+    global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
+    total_steps = args.vae_steps + args.max_train_steps
+
+    sampler = ResumableBatchSampler(
+        len(images),
+        args.train_batch_size,
+        accelerator.num_processes,
+        accelerator.process_index,
+        args.seed,
+        start_step=global_step * args.gradient_accumulation_steps,
+    )
+    batches = iter(sampler)
+    if accelerator.is_main_process:
+        accelerator.init_trackers("train_text_to_image", config={k: str(v) for k, v in vars(args).items()})
+    logger.info(f"{len(images)} images, {args.vae_steps} VAE + {args.max_train_steps} UNet steps, from {global_step}")
+
+    latent_stats = None  # (means, stds, scaling_factor), once phase 1 is over
+    latent_size = (args.resolution // 4, args.resolution // 4)
+    progress = tqdm(range(total_steps), initial=global_step, disable=not accelerator.is_local_main_process)
+    while global_step < total_steps:
+        in_vae_phase = global_step < args.vae_steps
+        if not in_vae_phase and latent_stats is None:
+            vae.eval()
+            means, stds = encode_all(vae, images, accelerator.device)
+            scaling = float(1.0 / means.std())
+            latent_stats = (means, stds, scaling)
+            logger.info(f"latents {tuple(means.shape[1:])}, scaling factor {scaling:.4f}")
+        if in_vae_phase:
+            set_lr(vae_optimizer, global_step, args.vae_steps, args.vae_learning_rate, args.lr_warmup_steps)
+        else:
+            phase_step = global_step - args.vae_steps
+            set_lr(unet_optimizer, phase_step, args.max_train_steps, args.learning_rate, args.lr_warmup_steps)
+        logs = {}
+        for micro in range(args.gradient_accumulation_steps):
+            index = torch.tensor(next(batches))
+            generator = step_generator(
+                args.seed, global_step * args.gradient_accumulation_steps + micro, accelerator.process_index
+            )
+            if in_vae_phase:
+                x = images[index].float().to(accelerator.device) / 127.5 - 1
+                eps = torch.randn((len(index), args.latent_channels, *latent_size), generator=generator)
+                with accelerator.accumulate(autoencoder_step), accelerator.autocast():
+                    reconstruction, kl = autoencoder_step(x, eps.to(accelerator.device))
+                    kl = kl.mean() / eps[0].numel()
+                    loss = F.mse_loss(reconstruction.float(), x) + args.vae_kl_weight * kl
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients:
+                        accelerator.clip_grad_norm_(autoencoder_step.parameters(), args.max_grad_norm)
+                    vae_optimizer.step()
+                    vae_optimizer.zero_grad()
+                logs["vae_loss"] = logs.get("vae_loss", 0.0) + loss.item() / args.gradient_accumulation_steps
+            else:
+                means, stds, scaling = latent_stats
+                eps = torch.randn(means[index].shape, generator=generator)
+                latents = ((means[index] + stds[index] * eps) * scaling).to(accelerator.device)
+                noise = torch.randn(latents.shape, generator=generator).to(accelerator.device)
+                timesteps = torch.randint(
+                    0, noise_scheduler.config.num_train_timesteps, (len(index),), generator=generator
+                ).to(accelerator.device)
+                drop = torch.rand(len(index), generator=generator) < args.prompt_dropout
+                ids = torch.where(drop[:, None], empty_ids, token_ids[index]).to(accelerator.device)
+                noisy = noise_scheduler.add_noise(latents, noise, timesteps)
+                with accelerator.accumulate(denoiser), accelerator.autocast():
+                    prediction = denoiser(noisy, timesteps, ids)
+                    loss = F.mse_loss(prediction.float(), noise)
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients:
+                        accelerator.clip_grad_norm_(denoiser.parameters(), args.max_grad_norm)
+                    unet_optimizer.step()
+                    unet_optimizer.zero_grad()
+                logs["loss"] = logs.get("loss", 0.0) + loss.item() / args.gradient_accumulation_steps
+        global_step += 1
+        progress.update(1)
+        progress.set_postfix(**logs)
+        if global_step % args.logging_steps == 0 or global_step == total_steps:
+            accelerator.log(logs, step=global_step)
+            logger.info(f"step {global_step}: " + ", ".join(f"{k} {v:.4f}" for k, v in logs.items()))
+        if global_step % args.checkpointing_steps == 0 or global_step == total_steps:
+            path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
+            logger.info(f"Saved {path}")
+
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        vae.eval()
+        if latent_stats is None:  # the UNet phase did not run in this invocation (resumed at the last step)
+            means, _ = encode_all(vae, images, accelerator.device)
+            latent_stats = (means, None, float(1.0 / means.std()))
+        vae.register_to_config(scaling_factor=latent_stats[2])
+        pipe = build_pipeline(vae, text_encoder.eval(), tokenizer, unet.eval())
+        pipe.set_progress_bar_config(disable=True)
+        metrics = {}
+        if args.eval_num_prompts:
+            summary = evaluate_pipeline(
+                pipe,
+                mosaic_config(args),
+                args.eval_num_prompts,
+                args.mosaic_seed + 1,
+                args.eval_guidance_scale,
+                args.eval_steps,
+            )
+            metrics = {f"judge_{k}": v for k, v in summary.items() if isinstance(v, float)}
+            logger.info(f"evaluation: {json.dumps(summary)}")
+        if args.save_dtype == "float16":
+            pipe.to(torch.float16)
+        pipe.save_pretrained(args.output_dir)
+        write_card(args, pipe, metrics, command_line(), write_model_card)
+        logger.info(f"Saved the pipeline to {args.output_dir}")
+    accelerator.end_training()
+
+
+def write_card(args, pipe, metrics, command, write_model_card):
+    parameters = {name: sum(p.numel() for p in getattr(pipe, name).parameters()) for name in ("vae", "unet")}
+    parameters["text_encoder"] = sum(p.numel() for p in pipe.text_encoder.parameters())
+    data = (
+        f"`{args.train_data_dir}`"
+        if args.train_data_dir
+        else f"{args.num_train_samples} mosaic scenes (`diffusers_ext.data.mosaic`, train split, seed "
+        f"{args.mosaic_seed}, tasks {', '.join(args.mosaic_tasks)}, counts up to {args.mosaic_max_count}, "
+        f"{args.mosaic_extra_objects} extra objects, Zipf exponent {args.mosaic_zipf_exponent}, held-out fraction "
+        f"{args.mosaic_heldout_fraction})"
+    )
+    evaluation = ""
+    if metrics:
+        evaluation = (
+            f"\n\nMeasured with the `diffusers_ext.evaluation.mosaic` judge on {args.eval_num_prompts} test prompts "
+            f"(mosaic seed {args.mosaic_seed + 1}), {args.eval_steps} DDIM steps, guidance scale "
+            f"{args.eval_guidance_scale}: the share of prompts whose every skill holds (`judge_overall`) and per skill."
+        )
+    dtype_note = (
+        " Weights are stored in float16 to keep the folder small: load with `torch_dtype=torch.float32`."
+        if args.save_dtype == "float16"
+        else ""
+    )
+    write_model_card(
+        args.output_dir,
+        title="Small latent text-to-image model of mosaic scenes",
+        description=(
+            "A `diffusers.StableDiffusionPipeline` trained from scratch by `training/train_text_to_image.py` on "
+            f"{data} at {args.resolution}x{args.resolution}: an `AutoencoderKL` ({parameters['vae']:,} parameters, "
+            f"{args.resolution}x{args.resolution}x3 -> {args.resolution // 4}x{args.resolution // 4}x"
+            f"{args.latent_channels}, {args.vae_steps} steps), then a `UNet2DConditionModel` ({parameters['unet']:,} "
+            f"parameters) and a `CLIPTextModel` ({parameters['text_encoder']:,} parameters, {args.text_layers} "
+            f"layers, {args.max_length} tokens) trained together for {args.max_train_steps} steps of batch "
+            f"{args.train_batch_size} with {args.prompt_dropout:.0%} empty prompts for guidance. The tokenizer is the "
+            "word-level `mosaic_tokenizer`. Sample with `height=width="
+            + str(args.resolution)
+            + "`."
+            + dtype_note
+            + evaluation
+        ),
+        command=command,
+        metrics=metrics,
+        tags=["text-to-image", "stable-diffusion", "mosaic"],
+    )
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as error:
+        print(f"train_text_to_image.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
