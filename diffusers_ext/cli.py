@@ -112,13 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser(
-        "demo", help="run each method on the zoo and write an HTML report (a few minutes on 2 cores)"
+        "demo", help="run each method on the zoo and write an HTML report (about a minute on 2 cores)"
     )
     demo.add_argument("--output_dir", default="demo_output", help="report folder (default: demo_output)")
     size = demo.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="the smallest settings: about half a minute on 2 cores")
+    size.add_argument("--quick", action="store_true", help="the smallest settings (30 s on 2 cores)")
     size.add_argument(
-        "--full", action="store_true", help="the settings of the first releases: about 20 minutes on 2 cores"
+        "--full", action="store_true", help="larger settings, the first releases' defaults (several times longer)"
     )
     demo.add_argument("--seed", type=int, default=0, help="seed of every sample (default: 0)")
     demo.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")

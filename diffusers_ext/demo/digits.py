@@ -15,7 +15,7 @@ class DigitsDemoSettings:
 
 SETTINGS = {
     "quick": DigitsDemoSettings(samples_per_class=20, num_inference_steps=25, guidance_scale=1.0),
-    "default": DigitsDemoSettings(samples_per_class=40, num_inference_steps=25, guidance_scale=1.0),
+    "default": DigitsDemoSettings(samples_per_class=60, num_inference_steps=25, guidance_scale=1.0),
     "full": DigitsDemoSettings(samples_per_class=100, num_inference_steps=25, guidance_scale=1.0),
 }
 

@@ -9,7 +9,7 @@ from .report import Figure, Section
 
 SETTINGS = {
     "quick": {"num_images": 6, "pgd_steps": 20, "num_iterations": 15},
-    "default": {"num_images": 8, "pgd_steps": 40, "num_iterations": 25},
+    "default": {"num_images": 10, "pgd_steps": 60, "num_iterations": 30},
     "full": {"num_images": 10, "pgd_steps": 100, "num_iterations": 40},
 }
 

@@ -25,7 +25,7 @@ SETTINGS = {
         disc_images=8, disc_templates=60, disc_steps=25, digit_prompts=2, digit_images=4, digit_steps=25
     ),
     "default": DivideAndDenoiseDemoSettings(
-        disc_images=8, disc_templates=100, disc_steps=25, digit_prompts=3, digit_images=4, digit_steps=25
+        disc_images=12, disc_templates=150, disc_steps=50, digit_prompts=4, digit_images=6, digit_steps=25
     ),
     "full": DivideAndDenoiseDemoSettings(
         disc_images=16, disc_templates=200, disc_steps=50, digit_prompts=6, digit_images=8, digit_steps=25

@@ -16,7 +16,7 @@ class E2PODemoSettings:
 
 SETTINGS = {
     "quick": E2PODemoSettings(steps=4, prompts_per_step=2, samples_per_digit=4),
-    "default": E2PODemoSettings(steps=6, prompts_per_step=2, samples_per_digit=8),
+    "default": E2PODemoSettings(steps=12, prompts_per_step=3, samples_per_digit=12),
     "full": E2PODemoSettings(steps=30, prompts_per_step=4, samples_per_digit=16),
 }
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")

@@ -10,7 +10,7 @@ from .report import Figure, Section
 MODES = ("none", "warped", "iterative", "warped+iterative")
 SETTINGS = {
     "quick": {"num_scenes": 2, "num_inference_steps": 10},
-    "default": {"num_scenes": 3, "num_inference_steps": 20},
+    "default": {"num_scenes": 4, "num_inference_steps": 25},
     "full": {"num_scenes": 4, "num_inference_steps": 25},
 }
 

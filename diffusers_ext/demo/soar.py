@@ -14,7 +14,7 @@ class SOARDemoSettings:
 
 SETTINGS = {
     "quick": SOARDemoSettings(num_problems=100),
-    "default": SOARDemoSettings(num_problems=200),
+    "default": SOARDemoSettings(num_problems=300),
     "full": SOARDemoSettings(num_problems=500),
 }
 

@@ -16,7 +16,7 @@ class UnlearningDemoSettings:
 
 SETTINGS = {
     "quick": UnlearningDemoSettings(max_steps=40, per_device_train_batch_size=16, samples_per_class=10),
-    "default": UnlearningDemoSettings(max_steps=60, per_device_train_batch_size=16, samples_per_class=20),
+    "default": UnlearningDemoSettings(max_steps=100, per_device_train_batch_size=32, samples_per_class=40),
     "full": UnlearningDemoSettings(max_steps=150, per_device_train_batch_size=32, samples_per_class=100),
 }
 FORGET_CLASS = 3
