@@ -203,11 +203,15 @@ class PipelineConformanceTests:
             assert_outputs_close(batch[i : i + 1], single, self.atol, f"ragged batch item {i} vs its single run")
 
     def test_num_images_per_prompt(self):
-        # diffusers' PipelineTesterMixin.test_num_images_per_prompt, plus: row j follows generator j
+        # diffusers' PipelineTesterMixin.test_num_images_per_prompt, plus: row j follows generator j. A pipeline with
+        # per-sample inputs (`batch_params`: prompts, labels, images) must take the argument; an unconditional one
+        # (only `batch_size`, like diffusers' DDPMPipeline) need not
+        spec = self.get_spec()
+        if not spec.batch_params and "num_images_per_prompt" not in self._call_parameters():
+            raise unittest.SkipTest(f"{self.pipeline_class.__name__} is unconditional: `batch_size` sets the count")
         assert "num_images_per_prompt" in self._call_parameters(), (
             f"{self.pipeline_class.__name__}.__call__ takes no `num_images_per_prompt`"
         )
-        spec = self.get_spec()
         pipe = self.get_pipeline()
         single = output_to_numpy(pipe(**self.get_inputs(seed=0)))
         other = output_to_numpy(pipe(**self.get_inputs(seed=0, generator=torch.Generator("cpu").manual_seed(1))))
