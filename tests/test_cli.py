@@ -55,7 +55,7 @@ def test_quick_demo_writes_a_self_contained_report(tmp_path, capsys):
     for name in images:
         assert not name.startswith(("http", "/")) and os.path.getsize(out / name) > 1000
     assert "Digits zoo" in page and "http" not in page
-    assert page.count("quick settings: ") == 7  # every section names what it ran with
+    assert page.count("quick settings: ") == 8  # every section names what it ran with
     assert "Committed benchmark results (not run now" in page
 
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import digits, dirp, divide_and_denoise, e2po, semantic_nvs, soar, unlearning
+from . import digits, dirp, divide_and_denoise, e2po, mosaic, semantic_nvs, soar, unlearning
 from .report import Section, write_report
 
 
@@ -23,6 +23,7 @@ SECTIONS: list[tuple[str, object, Callable[[str, str, int, str], Section], str |
     ("SemanticNVS", semantic_nvs, semantic_nvs.semantic_nvs_section, "semantic_nvs"),
     ("constrained unlearning", unlearning, unlearning.unlearning_section, "unlearning"),
     ("DIRP", dirp, dirp.dirp_section, "dirp"),
+    ("mosaic", mosaic, mosaic.mosaic_section, "mosaic"),
 ]
 
 # benchmarks/results of a source checkout (absent from an installed wheel: then no committed figures are shown)
