@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--output_dir", default="demo_output", help="report folder (default: demo_output)")
     size = demo.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="the smallest settings (30 s on 2 cores)")
+    size.add_argument("--quick", action="store_true", help="the smallest settings (about 30 s on 2 cores)")
     size.add_argument(
         "--full", action="store_true", help="larger settings, the first releases' defaults (several times longer)"
     )
