@@ -30,6 +30,7 @@ optimizer, RNG) is checkpointed either by naming a `state_file` and implementing
 with `accelerator.register_for_checkpointing`.
 """
 
+import abc
 import math
 import os
 from collections import defaultdict
@@ -46,7 +47,7 @@ logger = logging.get_logger(__name__)
 
 
 @public
-class DiffusionTrainer:
+class DiffusionTrainer(abc.ABC):
     r"""
     Base class of the pack's trainers: it owns the `Accelerator`, the AdamW optimizer, the per-step metrics, the
     training loop, checkpoint/resume and `save_model`. See the module docstring for why it is not a
@@ -138,12 +139,13 @@ class DiffusionTrainer:
     # The loop
     # ------------------------------------------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def training_step(self) -> dict[str, float]:
         """One training step at `self.global_step`; returns its metrics, averaged over processes."""
-        raise NotImplementedError(f"{type(self).__name__} must implement `training_step`.")
 
     def on_train_begin(self) -> None:
         """Hook called by `train` before the first step of each call (after resuming)."""
+        return None  # an optional hook: nothing to do by default
 
     def resume(self) -> int:
         """Load the checkpoint `args.resume_from_checkpoint` names (if any, once); return the step it resumed at."""
@@ -255,8 +257,9 @@ class DiffusionTrainer:
         self.accelerator.wait_for_everyone()
         return output_dir
 
+    @abc.abstractmethod
     def _save_weights(self, output_dir: str) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must implement `_save_weights`.")
+        """Write the trained weights (a pipeline folder, or LoRA files) into `output_dir`."""
 
     def _card_title(self, base_model: str | None) -> str:
         return type(self).__name__.replace("Trainer", "") + (f" of {base_model}" if base_model else "")

@@ -332,6 +332,8 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
 
     def guidance_strength(self) -> float:
         """eta of the target eps_ref + eta (eps_ref - eps_u): λ/(1-λ) (reverse KL), λ (likelihood), ESD's fixed eta."""
+        if not self.objective.guidance:
+            raise ValueError(f"{self.objective.name!r} has no guidance-style target, so no guidance strength.")
         return self.objective.guidance_strength()
 
     def _path_sum(self, per_sample_sq: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

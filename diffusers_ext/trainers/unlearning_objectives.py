@@ -9,6 +9,7 @@ forward pass, the dual update, checkpoints. Notation as in `docs/unlearning.md`:
 pretrained model's predictions at the reference and forget conditions, λ the dual variable.
 """
 
+import abc
 import math
 
 import torch
@@ -18,7 +19,7 @@ from ..utils import public
 
 
 @public
-class UnlearningObjective:
+class UnlearningObjective(abc.ABC):
     r"""
     Base class of an unlearning method. Subclasses set the class attributes and override what differs.
 
@@ -47,9 +48,11 @@ class UnlearningObjective:
 
     def setup(self) -> None:
         """Draw any fixed sample pool the objective needs (once, from the frozen pretrained copy)."""
+        return None  # an optional hook: nothing to do by default
 
     def begin_step(self) -> None:
         """Called once per training step before its micro-batches are drawn."""
+        return None  # an optional hook: nothing to do by default
 
     def wants_retain(self) -> bool:
         """Whether a step also draws the retain part (the trainer adds it where retained data exist)."""
@@ -63,16 +66,13 @@ class UnlearningObjective:
         """Add the regression target (`part["target"]`, or what `loss` needs) to one of this objective's parts."""
         part["target"] = part["noise"]
 
+    @abc.abstractmethod
     def loss(self, preds: dict, parts: dict, retain: torch.Tensor, mse) -> tuple[torch.Tensor, ...]:
         """`(loss, forget_term, constraint_estimate)` from the trained model's predictions `preds[name]`.
 
         `retain` is the retain part's mean squared error (zero without one); `mse(name)` the mean squared error of
         part `name` against its target.
         """
-        raise NotImplementedError
-
-    def guidance_strength(self) -> float:
-        raise NotImplementedError(f"{type(self).__name__} has no guidance-style target.")
 
     def calibration_value(self, part: dict, eps_u: torch.Tensor) -> torch.Tensor:
         """The constraint read on a retained-condition draw `part` (default: path KL(p_k || p_u))."""
@@ -100,6 +100,10 @@ class _GuidanceObjective(UnlearningObjective):
     """Concept unlearning toward `eps_ref + eta (eps_ref - eps_u)` on the model's own (on-policy) samples."""
 
     guidance = True
+
+    @abc.abstractmethod
+    def guidance_strength(self) -> float:
+        """eta of the forget target `eps_ref + eta (eps_ref - eps_u)` at the current step."""
 
     def begin_step(self) -> None:
         trainer = self.trainer

@@ -12,21 +12,24 @@ at every latent position; unlike it, they read no utility maps, so the pipeline 
 alignment step.
 """
 
+import abc
+
 import torch
 
 from ...utils import public
 
 
-class FixedAllocator:
+class FixedAllocator(abc.ABC):
     """An allocation that does not depend on the models' predictions; subclasses implement `weights`."""
 
     def check(self, num_agents: int, height: int, width: int) -> None:
         """Raise a `ValueError` naming the bad argument if this allocation cannot serve `num_agents` models on a
         `height x width` latent grid (called by the pipeline's `check_inputs`, before any model work)."""
+        return None  # an optional hook: nothing to do by default
 
+    @abc.abstractmethod
     def weights(self, num_agents: int, height: int, width: int) -> torch.Tensor:
         """The `(num_agents, height, width)` float32 weights, summing to 1 over the models at every position."""
-        raise NotImplementedError(f"{type(self).__name__} must implement `weights`.")
 
     def allocation(self, batch: int, num_agents: int, height: int, width: int, device=None) -> torch.Tensor:
         """The weights for every image of a batch: `(batch, num_agents, height, width)` on `device`."""
