@@ -58,7 +58,9 @@ def parse_args(argv=None):
     parser.add_argument("--heldout_fractions", type=float, nargs="+", default=[0.15, 0.35, 0.55],
                         help="Held-out fractions of the compositional sweep.")  # fmt: skip
     parser.add_argument("--skip_sweeps", action="store_true", help="Judge and zoo only (no findings).")
-    parser.add_argument("--cache_dir", type=str, default="/tmp/mosaic_benchmark_cache", help="Proxy-sweep cache.")
+    parser.add_argument("--cache_dir", type=str, default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "mosaic"),
+                        help="Proxy-sweep cache, one entry per proxy keyed by its settings, the VAE weights and the "
+                        "code (default: benchmarks/.cache/mosaic, ignored by git).")  # fmt: skip
     parser.add_argument("--no_cache", action="store_true", help="Retrain the proxies even if cached.")
     parser.add_argument("--proxies", nargs="+", default=None,
                         help="Train only these proxies (names like 'size=300', 'extra=2,zipf=1.5', 'heldout=0.35') "

@@ -22,7 +22,6 @@ import copy
 import json
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -62,8 +61,9 @@ def parse_args(argv=None):
     parser.add_argument(
         "--cache_dir",
         type=str,
-        default=os.path.join(tempfile.gettempdir(), "diffusers_ext_unlearning_benchmark"),
-        help="Per-run cache: finished runs are not repeated (delete it to start over).",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "unlearning"),
+        help="Per-run cache keyed by a hash of every run setting, the code and the weights: finished runs are not "
+        "repeated (default: benchmarks/.cache/unlearning, ignored by git).",
     )
     parser.add_argument("--report_only", action="store_true", help="Only aggregate the cached runs.")
     parser.add_argument(
