@@ -115,26 +115,11 @@ def validate_args(args, parser):
 
 
 def build_model(args, tokenizer, max_length: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from diffusers_ext.models.bidirectional_llama import build_bidirectional_llama
 
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=args.hidden_size,
-        intermediate_size=args.intermediate_size,
-        num_hidden_layers=args.num_layers,
-        num_attention_heads=args.num_heads,
-        num_key_value_heads=args.num_heads,
-        max_position_embeddings=max_length,
-        tie_word_embeddings=True,
-        use_cache=False,
-        is_causal=False,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        mask_token_id=tokenizer.mask_token_id,
-        shift_logits=False,
+    return build_bidirectional_llama(
+        tokenizer, max_length, args.hidden_size, args.num_layers, args.num_heads, args.intermediate_size
     )
-    return LlamaForCausalLM(config)
 
 
 class AdditionTask:
