@@ -230,3 +230,53 @@ def add_accelerate_arguments(parser, checkpointing_steps: int = 500, checkpoints
     parser.add_argument("--report_to", type=str, default="tensorboard",
                         help="accelerate tracker: 'tensorboard', 'wandb', 'all' or 'none'.")  # fmt: skip
     parser.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")
+
+
+def add_optimizer_arguments(
+    parser,
+    learning_rate: float,
+    lr_scheduler: str,
+    lr_warmup_steps: int,
+    weight_decay: float,
+    max_grad_norm: float | None = 1.0,
+):
+    """Add the AdamW + learning-rate-schedule flags our training scripts share (the names of diffusers' examples).
+
+    `parser` is an `argparse.ArgumentParser` or one of its argument groups; the defaults differ between scripts.
+    [`build_optimizer`] reads the flags back.
+    """
+    parser.add_argument("--learning_rate", type=float, default=learning_rate, help="Peak learning rate.")
+    parser.add_argument("--lr_scheduler", type=str, default=lr_scheduler,
+                        help="A diffusers.optimization scheduler name ('cosine', 'constant_with_warmup', ...).")  # fmt: skip
+    parser.add_argument("--lr_warmup_steps", type=int, default=lr_warmup_steps, help="Warm-up optimizer steps.")
+    parser.add_argument("--adam_beta1", type=float, default=0.9, help="AdamW beta1.")
+    parser.add_argument("--adam_beta2", type=float, default=0.999, help="AdamW beta2.")
+    parser.add_argument("--adam_weight_decay", type=float, default=weight_decay, help="AdamW weight decay.")
+    parser.add_argument("--adam_epsilon", type=float, default=1e-8, help="AdamW epsilon.")
+    parser.add_argument("--max_grad_norm", type=float, default=max_grad_norm,
+                        help="Gradient clipping norm (none: no clipping).")  # fmt: skip
+
+
+def build_optimizer(params, args, num_processes: int = 1):
+    """`(optimizer, lr_scheduler)`: AdamW over `params` and the diffusers schedule named by the flags of
+    [`add_optimizer_arguments`], over `args.max_train_steps` optimizer steps.
+
+    accelerate steps a prepared LR scheduler once per process per optimizer step, so warm-up and length are scaled
+    by `num_processes` (`accelerator.num_processes`).
+    """
+    from diffusers.optimization import get_scheduler
+
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        weight_decay=args.adam_weight_decay,
+        eps=args.adam_epsilon,
+    )
+    lr_scheduler = get_scheduler(
+        args.lr_scheduler,
+        optimizer=optimizer,
+        num_warmup_steps=args.lr_warmup_steps * num_processes,
+        num_training_steps=args.max_train_steps * num_processes,
+    )
+    return optimizer, lr_scheduler

@@ -28,7 +28,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments
+from diffusers_ext.training_utils import add_accelerate_arguments, add_optimizer_arguments, build_optimizer
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -91,14 +91,8 @@ def parse_args(argv=None):
     train.add_argument("--train_batch_size", type=int, default=64, help="Batch size per process.")
     train.add_argument("--max_train_steps", type=int, default=800, help="Total optimizer steps.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
-    train.add_argument(
-        "--learning_rate", type=float, default=1e-3, help="Adam learning rate (constant after warm-up)."
-    )
-    train.add_argument("--lr_warmup_steps", type=int, default=0, help="Linear warm-up optimizer steps.")
-    train.add_argument("--adam_beta1", type=float, default=0.9, help="Adam beta1.")
-    train.add_argument("--adam_beta2", type=float, default=0.999, help="Adam beta2.")
-    train.add_argument("--adam_weight_decay", type=float, default=0.0, help="AdamW weight decay.")
-    train.add_argument("--max_grad_norm", type=float, default=None, help="Gradient clipping norm (off by default).")
+    add_optimizer_arguments(train, learning_rate=1e-3, lr_scheduler="constant_with_warmup", lr_warmup_steps=0,
+                            weight_decay=0.0, max_grad_norm=None)  # fmt: skip
     train.add_argument("--use_ema", action="store_true", help="Keep an EMA of the weights; the saved model uses it.")
     train.add_argument("--ema_max_decay", type=float, default=0.999, help="EMA maximum decay.")
     train.add_argument("--ema_inv_gamma", type=float, default=1.0, help="EMA warm-up inverse gamma.")
@@ -185,7 +179,6 @@ def build_unet(args, num_classes: int):
 def main(argv=None):
     args = parse_args(argv)
     from diffusers import CMStochasticIterativeScheduler, ConsistencyModelPipeline, UNet2DModel
-    from diffusers.optimization import get_scheduler
     from diffusers.training_utils import EMAModel
 
     from diffusers_ext import AugmentationRegressor, ManifoldFeatureDistance
@@ -250,19 +243,7 @@ def main(argv=None):
             model_config=unet.config,
         )
         accelerator.register_for_checkpointing(ema)
-    optimizer = torch.optim.AdamW(
-        unet.parameters(),
-        lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        weight_decay=args.adam_weight_decay,
-    )
-    # accelerate steps a prepared LR scheduler once per process per optimizer step.
-    lr_scheduler = get_scheduler(
-        "constant_with_warmup",
-        optimizer=optimizer,
-        num_warmup_steps=args.lr_warmup_steps * accelerator.num_processes,
-        num_training_steps=args.max_train_steps * accelerator.num_processes,
-    )
+    optimizer, lr_scheduler = build_optimizer(unet.parameters(), args, accelerator.num_processes)
     unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
     if ema is not None:
         ema.to(accelerator.device)

@@ -22,7 +22,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments
+from diffusers_ext.training_utils import add_accelerate_arguments, add_optimizer_arguments, build_optimizer
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -92,14 +92,7 @@ def parse_args(argv=None):
     train.add_argument("--train_batch_size", type=int, default=64, help="Batch size per process.")
     train.add_argument("--max_train_steps", type=int, default=6000, help="Total optimizer steps.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
-    train.add_argument("--learning_rate", type=float, default=2e-3, help="Peak learning rate.")
-    train.add_argument("--lr_scheduler", type=str, default="cosine", help="A diffusers.optimization scheduler name.")
-    train.add_argument("--lr_warmup_steps", type=int, default=200, help="Warm-up optimizer steps.")
-    train.add_argument("--adam_beta1", type=float, default=0.9, help="AdamW beta1.")
-    train.add_argument("--adam_beta2", type=float, default=0.999, help="AdamW beta2.")
-    train.add_argument("--adam_weight_decay", type=float, default=1e-4, help="AdamW weight decay.")
-    train.add_argument("--adam_epsilon", type=float, default=1e-8, help="AdamW epsilon.")
-    train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping norm.")
+    add_optimizer_arguments(train, learning_rate=2e-3, lr_scheduler="cosine", lr_warmup_steps=200, weight_decay=1e-4)
     train.add_argument("--use_ema", action="store_true", help="Keep an exponential moving average of the weights.")
     train.add_argument("--ema_max_decay", type=float, default=0.999, help="EMA maximum decay.")
     train.add_argument("--ema_inv_gamma", type=float, default=1.0, help="EMA warm-up inverse gamma.")
@@ -233,7 +226,6 @@ def build_unet(args, channels: int, num_classes: int | None):
 def main(argv=None):
     args = parse_args(argv)
     from diffusers import DDIMScheduler, DDPMPipeline, DDPMScheduler, UNet2DModel
-    from diffusers.optimization import get_scheduler
     from diffusers.training_utils import EMAModel
 
     from diffusers_ext import ClassConditionalDDPMPipeline
@@ -276,20 +268,7 @@ def main(argv=None):
         )
         accelerator.register_for_checkpointing(ema)
 
-    optimizer = torch.optim.AdamW(
-        unet.parameters(),
-        lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        weight_decay=args.adam_weight_decay,
-        eps=args.adam_epsilon,
-    )
-    # accelerate steps a prepared LR scheduler once per process per optimizer step.
-    lr_scheduler = get_scheduler(
-        args.lr_scheduler,
-        optimizer=optimizer,
-        num_warmup_steps=args.lr_warmup_steps * accelerator.num_processes,
-        num_training_steps=args.max_train_steps * accelerator.num_processes,
-    )
+    optimizer, lr_scheduler = build_optimizer(unet.parameters(), args, accelerator.num_processes)
     unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
     if ema is not None:
         ema.to(accelerator.device)

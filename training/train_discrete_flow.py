@@ -25,7 +25,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments
+from diffusers_ext.training_utils import add_accelerate_arguments, add_optimizer_arguments, build_optimizer
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -63,11 +63,7 @@ def parse_args(argv=None):
     train.add_argument("--train_batch_size", type=int, default=256, help="Batch size per process (= OT minibatch).")
     train.add_argument("--max_train_steps", type=int, default=3000, help="Total optimizer steps.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
-    train.add_argument("--learning_rate", type=float, default=1e-3, help="Peak learning rate.")
-    train.add_argument("--lr_scheduler", type=str, default="cosine", help="A diffusers.optimization scheduler name.")
-    train.add_argument("--lr_warmup_steps", type=int, default=100, help="Warm-up optimizer steps.")
-    train.add_argument("--adam_weight_decay", type=float, default=0.0, help="AdamW weight decay.")
-    train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping norm.")
+    add_optimizer_arguments(train, learning_rate=1e-3, lr_scheduler="cosine", lr_warmup_steps=100, weight_decay=0.0)
     train.add_argument("--bound_samples", type=int, default=16, help="Monte Carlo times per validation sequence.")
     add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=2)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
@@ -115,7 +111,6 @@ def main(argv=None):
     from diffusers_ext.training_utils import resolve_resume_checkpoint
 
     resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint)  # a missing checkpoint fails first
-    from diffusers.optimization import get_scheduler
 
     from diffusers_ext import DiscreteFlowMatchingScheduler, DiscreteFlowPipeline, DiscreteFlowTransformerModel
     from diffusers_ext.pipelines.discrete_flow.losses import discrete_flow_loss, estimate_nll_bounds
@@ -145,13 +140,7 @@ def main(argv=None):
         vocab_size=args.vocab_size, num_embeddings=scheduler.num_embeddings, sequence_length=train.shape[1],
         hidden_size=args.hidden_size, num_layers=args.num_layers, num_heads=args.num_heads,
     )  # fmt: skip
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.adam_weight_decay)
-    lr_scheduler = get_scheduler(
-        args.lr_scheduler,
-        optimizer=optimizer,
-        num_warmup_steps=args.lr_warmup_steps * accelerator.num_processes,
-        num_training_steps=args.max_train_steps * accelerator.num_processes,
-    )
+    optimizer, lr_scheduler = build_optimizer(model.parameters(), args, accelerator.num_processes)
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
     global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
 

@@ -25,7 +25,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments
+from diffusers_ext.training_utils import add_accelerate_arguments, add_optimizer_arguments, build_optimizer
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -57,11 +57,8 @@ def parse_args(argv=None):
     train.add_argument("--train_batch_size", type=int, default=64, help="Sequences per process and step.")
     train.add_argument("--max_train_steps", type=int, default=800, help="Total optimizer steps.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
-    train.add_argument("--learning_rate", type=float, default=2e-3, help="Peak learning rate (all networks).")
-    train.add_argument("--lr_scheduler", type=str, default="constant_with_warmup", help="diffusers scheduler name.")
-    train.add_argument("--lr_warmup_steps", type=int, default=50, help="Warm-up optimizer steps.")
-    train.add_argument("--adam_weight_decay", type=float, default=0.01, help="AdamW weight decay.")
-    train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping norm.")
+    add_optimizer_arguments(train, learning_rate=2e-3, lr_scheduler="constant_with_warmup", lr_warmup_steps=50,
+                            weight_decay=0.01)  # fmt: skip
     add_accelerate_arguments(train, checkpointing_steps=200, checkpoints_total_limit=2)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
     args = parser.parse_args(argv)
@@ -132,7 +129,6 @@ def load_corpus(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    from diffusers.optimization import get_scheduler
 
     from diffusers_ext import LoMDMPipeline, LoMDMScheduleNetwork, OeMDMScheduler
     from diffusers_ext.evaluation.lomdm import nelbo_per_sequence
@@ -176,14 +172,7 @@ def main(argv=None):
     # with c2 = 0 the schedule networks have no effect (and no gradient): they are neither trained nor saved
     trained = [denoiser, *schedules] if learned else [denoiser]
     params = [p for m in trained for p in m.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.adam_weight_decay)
-    # accelerate steps a prepared LR scheduler once per process per optimizer step.
-    lr_scheduler = get_scheduler(
-        args.lr_scheduler,
-        optimizer=optimizer,
-        num_warmup_steps=args.lr_warmup_steps * accelerator.num_processes,
-        num_training_steps=args.max_train_steps * accelerator.num_processes,
-    )
+    optimizer, lr_scheduler = build_optimizer(params, args, accelerator.num_processes)
     prepared = accelerator.prepare(*trained, optimizer, lr_scheduler)
     trained, optimizer, lr_scheduler = list(prepared[: len(trained)]), prepared[-2], prepared[-1]
     model = trained[0]

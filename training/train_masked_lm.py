@@ -35,7 +35,7 @@ from diffusers_ext.losses.masked_diffusion import (
     sample_mask,
     sample_mask_probability,
 )
-from diffusers_ext.training_utils import add_accelerate_arguments
+from diffusers_ext.training_utils import add_accelerate_arguments, add_optimizer_arguments, build_optimizer
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -69,16 +69,8 @@ def parse_args(argv=None):
     train.add_argument("--train_batch_size", type=int, default=128, help="Batch size per process.")
     train.add_argument("--max_train_steps", type=int, default=6000, help="Total optimizer steps.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
-    train.add_argument("--learning_rate", type=float, default=1e-3, help="Peak learning rate.")
-    train.add_argument(
-        "--lr_scheduler",
-        type=str,
-        default="constant_with_warmup",
-        help="A diffusers.optimization scheduler name.",
-    )
-    train.add_argument("--lr_warmup_steps", type=int, default=200, help="Warm-up optimizer steps.")
-    train.add_argument("--adam_weight_decay", type=float, default=0.01, help="AdamW weight decay.")
-    train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping norm.")
+    add_optimizer_arguments(train, learning_rate=1e-3, lr_scheduler="constant_with_warmup", lr_warmup_steps=200,
+                            weight_decay=0.01)  # fmt: skip
     train.add_argument(
         "--save_dtype",
         type=str,
@@ -189,7 +181,6 @@ class SudokuTask:
 
 def main(argv=None):
     args = parse_args(argv)
-    from diffusers.optimization import get_scheduler
 
     from diffusers_ext.models.tiny_tokenizers import get_tiny_lm_tokenizer
     from diffusers_ext.training_utils import (
@@ -220,14 +211,7 @@ def main(argv=None):
     model = build_model(args, tokenizer, task.prompt_length + task.gen_length)
     mask_id = tokenizer.mask_token_id
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.adam_weight_decay)
-    # accelerate steps a prepared LR scheduler once per process per optimizer step.
-    lr_scheduler = get_scheduler(
-        args.lr_scheduler,
-        optimizer=optimizer,
-        num_warmup_steps=args.lr_warmup_steps * accelerator.num_processes,
-        num_training_steps=args.max_train_steps * accelerator.num_processes,
-    )
+    optimizer, lr_scheduler = build_optimizer(model.parameters(), args, accelerator.num_processes)
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
 
     global_step = 0
