@@ -1,6 +1,7 @@
 import os
 
 import pytest
+import torch
 
 from diffusers_ext.training_utils import (
     ResumableBatchSampler,
@@ -83,3 +84,27 @@ def test_model_card(tmp_path):
     text = open(path).read()
     assert text.startswith("---\nlibrary_name: diffusers")
     assert "python x.py --a 1" in text and "| acc | 0.5 |" in text and "- t" in text
+
+
+def test_optimizer_flags_build_adamw_and_scaled_schedule():
+    import argparse
+
+    from diffusers_ext.training_utils import add_optimizer_arguments, build_optimizer
+
+    parser = argparse.ArgumentParser()
+    add_optimizer_arguments(parser, learning_rate=1e-2, lr_scheduler="linear", lr_warmup_steps=2, weight_decay=0.1)
+    parser.add_argument("--max_train_steps", type=int, default=10)
+    args = parser.parse_args(["--adam_beta1", "0.8"])
+    assert args.max_grad_norm == 1.0 and args.adam_epsilon == 1e-8
+    optimizer, lr_scheduler = build_optimizer(torch.nn.Linear(2, 2).parameters(), args, num_processes=2)
+    group = optimizer.param_groups[0]
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert group["betas"] == (0.8, 0.999) and group["weight_decay"] == 0.1
+    # Warm-up and length count per-process scheduler steps: 2 warm-up optimizer steps = 4 scheduler steps.
+    lrs = []
+    for _ in range(20):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        lr_scheduler.step()
+    assert lrs[0] == 0.0 and abs(max(lrs) - 1e-2) < 1e-12 and lrs.index(max(lrs)) == 4
+    assert lrs[-1] < lrs[5]
