@@ -53,7 +53,9 @@ class SceneEvaluator(nn.Module):
             nn.Conv2d(channels, channels, 3, padding=1), nn.GELU(),
             nn.Conv2d(channels, 2 * channels, 3, stride=2, padding=1), nn.GELU(),
         )  # fmt: skip
-        self.embedding = nn.Sequential(nn.Flatten(), nn.Linear(2 * channels * (size // 4) ** 2, embedding_dim), nn.GELU())
+        self.embedding = nn.Sequential(
+            nn.Flatten(), nn.Linear(2 * channels * (size // 4) ** 2, embedding_dim), nn.GELU()
+        )
         self.presence = nn.Linear(embedding_dim, NUM_OBJECT_CLASSES)
         self.regions = nn.Linear(embedding_dim, NUM_REGIONS)
         self.depth = nn.Linear(embedding_dim, DEPTH_GRID * DEPTH_GRID)
