@@ -12,11 +12,13 @@ of procedural scenes, at the shortest and the longest camera distance d.
    code) on scenes of its own seed range with a composition-and-depth objective; not in the space of the semantic
    encoder the model conditions on (that distance is still written, labelled "not a judge"). Its accuracy on real
    renders is in `summary.sanity`.
-2. **Validation**: each model gets a grid of the same size over its sampler options (the baseline: 4 guidance
-   scales; SemanticNVS: 2 guidance scales x 2 `iterative_start`) on validation scenes; the option with the lowest
+2. **Validation**: each model gets a grid of the same size over its sampler options (the baseline: 6 guidance
+   scales; SemanticNVS: 3 guidance scales x 2 `iterative_start`) on validation scenes; the option with the lowest
    Fréchet distance (mean over distances and judges) is frozen.
 3. **Test**: scenes of a seed range never used before, evaluated once with the frozen options, for each seed
-   (sampling noise and judge): PSNR, SSIM, Fréchet distance with its bootstrap standard error over scenes.
+   (sampling noise and judge): PSNR, SSIM, Fréchet distance with its bootstrap standard error over scenes, and
+   each view's agreement with the rendered truth of its target as the judge reads it (visible classes, depth).
+   References: real views of other scenes, and the input view copied to every target.
 4. **Targets** (computed): at the longest distance the Fréchet distance improves on the baseline's by >= 5% (mean
    over seeds); at the shortest distance PSNR does not drop; warping 4 x 256 x 64 x 64 features takes < 50 ms.
 
@@ -55,11 +57,11 @@ def parse_args(argv=None):
                              "Fréchet claim's.")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Test seeds (sampling noise, judge).")
     parser.add_argument("--num_inference_steps", type=int, default=25, help="DDIM steps (fixed for both models).")
-    parser.add_argument("--semantic_guidance", type=float, nargs="+", default=[1.0, 2.0],
+    parser.add_argument("--semantic_guidance", type=float, nargs="+", default=[1.0, 2.0, 3.0],
                         help="Guidance scales tried for SemanticNVS on validation.")  # fmt: skip
     parser.add_argument("--iterative_starts", type=float, nargs="+", default=[0.0, 0.8],
                         help="iterative_start values tried for SemanticNVS on validation.")  # fmt: skip
-    parser.add_argument("--baseline_guidance", type=float, nargs="+", default=[1.0, 1.5, 2.0, 3.0],
+    parser.add_argument("--baseline_guidance", type=float, nargs="+", default=[1.0, 1.5, 2.0, 3.0, 4.0, 5.0],
                         help="Guidance scales tried for the baseline on validation (as many options as SemanticNVS).")  # fmt: skip
     parser.add_argument("--evaluator_views", type=int, default=2048, help="Training renders of each judge.")
     parser.add_argument("--evaluator_steps", type=int, default=1600, help="Training steps of each judge.")
@@ -151,6 +153,24 @@ def targets_of(scenes: dict) -> torch.Tensor:
     return scenes["images"][:, 1:].reshape(-1, *scenes["images"].shape[2:])
 
 
+def truth_of(scenes: dict) -> dict:
+    """The judge's labels (visible classes, class fractions, 4x4 log depth) of the real target views, from the renderer."""
+    from diffusers_ext.evaluation.semantic_nvs import scene_labels
+
+    size = scenes["images"].shape[-1]
+    return scene_labels(
+        scenes["classes"][:, 1:].reshape(-1, size, size), scenes["depths"][:, 1:].reshape(-1, 1, size, size)
+    )
+
+
+def against_truth(judge, images: torch.Tensor, truth: dict) -> dict:
+    """Per-view agreement of generated views with the rendered truth of their targets, read by the judge."""
+    from diffusers_ext.evaluation.semantic_nvs import evaluator_accuracy
+
+    accuracy = evaluator_accuracy(judge, images, truth)
+    return {f"truth_{k}": accuracy[k] for k in ("presence_accuracy", "region_mae", "depth_r2")}
+
+
 def generate(pipe, scenes, mode, guidance_scale, iterative_start, seed, args) -> tuple[torch.Tensor, float]:
     """Target views `(B * 2, 3, S, S)` in [0, 1], scene-major, and the seconds they took."""
     start = time.perf_counter()
@@ -222,7 +242,7 @@ def test_once(models, choices, scenes, judges, encoder, args) -> dict:
     for seed_index, seed in enumerate(args.seeds):
         judge = judges[seed_index]
         for d, split in scenes.items():
-            real = targets_of(split)
+            real, truth = targets_of(split), truth_of(split)
             real_features = embed_views(judge, real)
             generated = {}
             for name, (pipe, mode) in models.items():
@@ -242,7 +262,7 @@ def test_once(models, choices, scenes, judges, encoder, args) -> dict:
                     "ssim": float(structural_similarity(images, real, window_size=7).mean()),
                     "frechet_conditioning_encoder_not_a_judge": frechet_distance(
                         semantic_descriptors(encoder, images), semantic_descriptors(encoder, real)),
-                }  # fmt: skip
+                } | against_truth(judge, images, truth)  # fmt: skip
                 if name != "baseline":
                     change = psnr - base_psnr
                     row |= {
@@ -269,6 +289,7 @@ def reference_rows(scenes, judges, args) -> dict:
             "real_vs_real_frechet": [frechet_distance(embed_views(j, other), embed_views(j, real)) for j in judges],
             "copy_input_frechet": [frechet_distance(embed_views(j, copied), embed_views(j, real)) for j in judges],
             "copy_input_psnr": float(per_scene_psnr(copied, real).mean()),
+            "copy_input_truth": [against_truth(j, copied, truth_of(split)) for j in judges],
         }
     return rows
 
@@ -286,7 +307,8 @@ def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
         return stat
 
     per_distance = {
-        d: {name: {key: over_seeds(name, d, key) for key in ("frechet", "psnr", "ssim",
+        d: {name: {key: over_seeds(name, d, key) for key in ("frechet", "psnr", "ssim", "truth_presence_accuracy",
+                                                               "truth_region_mae", "truth_depth_r2",
                                                                "frechet_conditioning_encoder_not_a_judge")}
             for name in runs}
         for d in runs["baseline"]
@@ -316,6 +338,9 @@ def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
             "real_vs_real": sum(floor) / len(floor),
         },
         "references": references,
+        "copying the input view scores a lower Fréchet distance than warped+iterative at the longest distance "
+        "(then the distance rewards the input's content more than the right viewpoint)": sum(
+            references[longest]["copy_input_frechet"]) / len(floor) < per_distance[longest][METHOD]["frechet"]["mean"],
         "improvement outside 2 evaluation standard errors at the longest distance": abs(improvement["mean"])
         > 2 * improvement["evaluation_stderr"],
         "conditioning-encoder Fréchet improvement at the longest distance (not a judge; the old, circular figure)":
@@ -390,22 +415,26 @@ def write_outputs(results, output_dir):
               for t in s["targets"]]  # fmt: skip
     lines += ["", "Frozen on validation: " + "; ".join(f"{k}: {v}" for k, v in s["choices"].items()), "",
               "Test, mean ± std over seeds (evaluation standard error: scene bootstrap for Fréchet, over scenes for "
-              "PSNR):", "", "| model | distance | Fréchet (judge) | PSNR (dB) | SSIM | Fréchet (conditioning encoder, "
-              "not a judge) |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+              "PSNR):", "", "| model | distance | Fréchet (judge) | PSNR (dB) | SSIM | presence acc. vs truth (judge) | depth R² vs truth "
+              "(judge) | Fréchet (conditioning encoder, not a judge) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for d in distances:
         for name, v in s["test"][d].items():
             f, p = v["frechet"], v["psnr"]
             lines.append(
                 f"| {name} | {float(d):g}° | {f['mean']:.4f} ± {f['std']:.4f} (se {f['evaluation_stderr']:.4f}) | "
                 f"{p['mean']:.2f} ± {p['std']:.2f} (se {p['evaluation_stderr']:.2f}) | {v['ssim']['mean']:.3f} | "
+                f"{v['truth_presence_accuracy']['mean']:.3f} | {v['truth_depth_r2']['mean']:.3f} | "
                 f"{v['frechet_conditioning_encoder_not_a_judge']['mean']:.3f} |"
             )
     for d in distances:
         r = results["references"][d]
-        lines.append(f"| real vs real (other scenes) | {float(d):g}° | "
-                     f"{sum(r['real_vs_real_frechet']) / len(r['real_vs_real_frechet']):.4f} | | | |")  # fmt: skip
+        copy = {k: sum(t[k] for t in r["copy_input_truth"]) / len(r["copy_input_truth"])
+                for k in ("truth_presence_accuracy", "truth_depth_r2")}  # fmt: skip
+        lines.append(f"| real views of other scenes | {float(d):g}° | "
+                     f"{sum(r['real_vs_real_frechet']) / len(r['real_vs_real_frechet']):.4f} | | | | | |")  # fmt: skip
         lines.append(f"| copy the input view | {float(d):g}° | "
-                     f"{sum(r['copy_input_frechet']) / len(r['copy_input_frechet']):.4f} | {r['copy_input_psnr']:.2f} | | |")  # fmt: skip
+                     f"{sum(r['copy_input_frechet']) / len(r['copy_input_frechet']):.4f} | {r['copy_input_psnr']:.2f} | | "
+                     f"{copy['truth_presence_accuracy']:.3f} | {copy['truth_depth_r2']:.3f} | |")  # fmt: skip
     with open(os.path.join(output_dir, "semantic_nvs.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 

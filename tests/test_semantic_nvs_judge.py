@@ -115,7 +115,7 @@ def test_benchmark_refuses_bad_arguments():
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
     args = bench.parse_args([])
-    assert len(args.seeds) >= 3
+    assert len(args.seeds) >= 3 and len(args.baseline_guidance) == 6
     semantic_grid = len(args.semantic_guidance) * len(args.iterative_starts)
     assert len(args.baseline_guidance) == semantic_grid  # the baseline gets the same tuning budget
 
