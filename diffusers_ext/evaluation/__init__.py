@@ -42,6 +42,7 @@ _import_structure = {
         "targets_met",
         "targets_status",
     ],
+    "semantic_nvs": ["SceneEvaluator", "bootstrap_frechet", "evaluator_accuracy", "train_scene_evaluator"],
     "soar": ["MarkovChainOracleLM"],
     "unlearning": ["ConceptUnlearningReport", "denoising_losses", "evaluate_concept_unlearning", "membership_summary"],
 }
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
         targets_met,
         targets_status,
     )
+    from .semantic_nvs import SceneEvaluator, bootstrap_frechet, evaluator_accuracy, train_scene_evaluator
     from .soar import MarkovChainOracleLM
     from .unlearning import ConceptUnlearningReport, denoising_losses, evaluate_concept_unlearning, membership_summary
 else:
