@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dnd_finetune_steps", type=int, default=150, help="LoRA optimisation steps per expert.")
     group.add_argument("--dnd_finetune_batch", type=int, default=16, help="Batch size of the fine-tunes.")
     group.add_argument("--dnd_rank", type=int, default=8, help="LoRA rank.")
-    group.add_argument("--dnd_lr", type=float, default=2e-3, help="LoRA learning rate.")
+    group.add_argument("--dnd_lr", type=float, default=3e-3, help="LoRA learning rate.")
     group.add_argument("--dnd_steps", type=int, default=20, help="DDIM sampling steps.")
     group.add_argument("--dnd_guidance_grid", type=float, nargs="+", default=[3.0, 6.0], help="Guidance grid.")
     group.add_argument(
