@@ -332,6 +332,11 @@ def run(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(1)
     start = time.perf_counter()
+    # hashed before anything runs: the code that produced the results
+    settings = {k[len("dnd_") :]: v for k, v in vars(args).items() if k.startswith("dnd_") and k != "dnd_cache_dir"}
+    code = [os.path.abspath(__file__), os.path.join(ROOT, "diffusers_ext", "pipelines", "divide_and_denoise"),
+            os.path.join(ROOT, "diffusers_ext", "evaluation", "mosaic_finetune.py")]  # fmt: skip
+    code_hash = settings_code_hash(settings, code)
 
     def log(message):
         print(f"[{time.perf_counter() - start:7.0f}s] {message}", flush=True)
@@ -444,12 +449,9 @@ def run(args: argparse.Namespace) -> dict:
         }
         for setting, shapes in SETTINGS_EXPERTS.items()
     }
-    settings = {k[len("dnd_") :]: v for k, v in vars(args).items() if k.startswith("dnd_") and k != "dnd_cache_dir"}
-    code = [os.path.abspath(__file__), os.path.join(ROOT, "diffusers_ext", "pipelines", "divide_and_denoise"),
-            os.path.join(ROOT, "diffusers_ext", "evaluation", "mosaic_finetune.py")]  # fmt: skip
     return {
         "settings": settings,
-        "code_hash": settings_code_hash(settings, code),
+        "code_hash": code_hash,
         "seconds": time.perf_counter() - start,
         "finetune_seconds": finetune_seconds,
         "prompts": {s: {split: [p["caption"] for p in v] for split, v in d.items()} for s, d in prompts.items()},
