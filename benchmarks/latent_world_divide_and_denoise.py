@@ -171,7 +171,9 @@ def load_or_train_expert(base, shape: str, seed: int, args, log) -> tuple:
     save_file({k: v.contiguous() for k, v in lora_state.items()}, path + ".tmp")
     os.replace(path + ".tmp", path)
     seconds = time.perf_counter() - start
-    log(f"  expert {shape} seed {seed}: loss {np.mean(losses[:10]):.4f} -> {np.mean(losses[-10:]):.4f}, {seconds:.0f}s")
+    log(
+        f"  expert {shape} seed {seed}: loss {np.mean(losses[:10]):.4f} -> {np.mean(losses[-10:]):.4f}, {seconds:.0f}s"
+    )
     return unet, seconds, False
 
 
@@ -194,7 +196,7 @@ class Sampler:
         for pipe in self.expert_pipes:
             pipe.set_progress_bar_config(disable=True)
         scheduler = type(base.scheduler).from_config(base.scheduler.config)
-        common = dict(vae=base.vae, text_encoder=base.text_encoder, tokenizer=base.tokenizer)
+        common = {"vae": base.vae, "text_encoder": base.text_encoder, "tokenizer": base.tokenizer}
         self.composite = DivideAndDenoisePipeline(MultiDenoiserModel(experts), scheduler, **common)
         self.composite.set_progress_bar_config(disable=True)
         self.base_composite = DivideAndDenoisePipeline(MultiDenoiserModel([base.unet]), scheduler, **common)
@@ -405,7 +407,7 @@ def run(args: argparse.Namespace) -> dict:
             forwards += sampler.forward_seconds
             extra += sampler.overhead_seconds
         overhead[setting] = extra / max(forwards, 1e-9)
-        for method, entry in test[setting].items():
+        for entry in test[setting].values():
             per_seed = list(entry["per_seed"].values())
             for skill in ("overall", "object", "colour"):
                 entry[skill] = mean_spread([r[skill] for r in per_seed])
@@ -414,7 +416,7 @@ def run(args: argparse.Namespace) -> dict:
             entry["overall_standard_error_pooled"] = float(np.sqrt(pooled * (1 - pooled) / images))
 
     targets, comparison = [], {}
-    for setting, shapes in SETTINGS_EXPERTS.items():
+    for setting in SETTINGS_EXPERTS:
         means = {m: e["overall"]["mean"] for m, e in test[setting].items()}
         non_oracle = {m: v for m, v in means.items() if m not in ("divide_and_denoise", "multidiffusion_oracle")}
         best_name = max(non_oracle, key=non_oracle.get)
@@ -566,7 +568,9 @@ def main(argv=None) -> None:
     add_arguments(parser)
     args = parser.parse_args(argv)
     results = run(args)
-    command = "python benchmarks/latent_world_divide_and_denoise.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python benchmarks/latent_world_divide_and_denoise.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
     results["command"] = command.strip()
     os.makedirs(RESULTS, exist_ok=True)
     base = os.path.join(RESULTS, NAME)

@@ -48,7 +48,11 @@ def encode_images(vae, images: torch.Tensor, batch_size: int = 256) -> torch.Ten
 def encode_captions(tokenizer, text_encoder, captions: list[str]) -> torch.Tensor:
     """Text embeddings `(N, L, D)` of `captions`, padded to the tokenizer's `model_max_length`."""
     tokens = tokenizer(
-        list(captions), padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
+        list(captions),
+        padding="max_length",
+        max_length=tokenizer.model_max_length,
+        truncation=True,
+        return_tensors="pt",
     )
     return text_encoder(tokens.input_ids.to(text_encoder.device))[0]
 
