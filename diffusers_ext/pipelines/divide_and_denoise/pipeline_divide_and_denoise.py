@@ -91,10 +91,11 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
     This model inherits from [`DiffusionPipeline`]. Check the superclass documentation for the generic methods.
 
     Parameters:
-        denoisers ([`MultiDenoiserModel`]): the models; all share one sample space (channels and size). With one
-            denoiser every agent uses it; otherwise agent `k` uses `denoisers[k]`.
+        denoisers ([`MultiDenoiserModel`]): the models (`UNet2DConditionModel`, `SD3Transformer2DModel`,
+            `UNet2DModel`, ...); all share one sample space (channels and size). With one denoiser every agent uses
+            it; otherwise agent `k` uses `denoisers[k]`. SD3 transformers take their text as embeddings.
         scheduler ([`SchedulerMixin`]): a diffusers scheduler with `alphas_cumprod` (DDPM, DDIM, PNDM, Euler, DPM-Solver,
-            ...), shared by all models.
+            ...) or a flow-matching one (`FlowMatchEulerDiscreteScheduler`), shared by all models.
         vae ([`AutoencoderKL`], *optional*): the shared autoencoder of latent models (SD family); pixel models have none.
         text_encoder ([`CLIPTextModel`], *optional*): the text encoder of text-conditioned denoisers.
         tokenizer ([`CLIPTokenizer`], *optional*): its tokenizer.
