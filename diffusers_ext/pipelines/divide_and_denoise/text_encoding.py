@@ -101,8 +101,8 @@ def agent_text_condition(pipe, prompts, negative_prompt, prompt_embeds, negative
                          negative_pooled_prompt_embeds, token_indices, device, dtype) -> dict:  # fmt: skip
     """The text condition of every agent for [`agent_predictions.predict_agents`]: `prompt_embeds` `(K, L, D)`,
     `negative_embeds` `(1, L, D)`, `token_indices` and, for joint transformers, `pooled` `(K, P)` and
-    `negative_pooled` `(1, P)` (missing negatives are zeros, as SD3's empty-prompt guidance is approximated
-    nowhere else: pass them from `encode_prompt` for the real unconditional branch)."""
+    `negative_pooled` `(1, P)`. Missing SD3 negatives default to zeros; SD3's own empty-prompt embeddings are not
+    zeros, so pass `encode_prompt`'s negatives to guide exactly as `StableDiffusion3Pipeline` does."""
     cond = {}
     if pooled_prompt_embeds is not None:
         embeds = prompt_embeds.to(device)
