@@ -11,6 +11,7 @@ from diffusers import (
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
     PNDMScheduler,
+    ScoreSdeVeScheduler,
     StableDiffusionPipeline,
 )
 
@@ -251,8 +252,9 @@ def test_mismatched_schedules_and_latent_spaces_are_rejected():
     with pytest.raises(ValueError, match="mix conditioning kinds"):
         DivideAndDenoisePipeline(MultiDenoiserModel([make().unet, make(num_class_embeds=None).unet]),
                                  DDIMScheduler(num_train_timesteps=100))  # fmt: skip
-    with pytest.raises(ValueError, match="alphas_cumprod"):
-        DivideAndDenoisePipeline(MultiDenoiserModel([make().unet]), FlowMatchEulerDiscreteScheduler())
+    with pytest.raises(ValueError, match="alphas_cumprod"):  # neither a DDPM-family nor a flow-matching schedule
+        DivideAndDenoisePipeline(MultiDenoiserModel([make().unet]), ScoreSdeVeScheduler())
+    DivideAndDenoisePipeline(MultiDenoiserModel([make().unet]), FlowMatchEulerDiscreteScheduler())  # accepted
     sd = _sd_pipelines()
     sd[1].vae = AutoencoderKL(**{**dict(sd[0].vae.config), "latent_channels": 4, "norm_num_groups": 4,
                                  "block_out_channels": (4, 8)})  # fmt: skip

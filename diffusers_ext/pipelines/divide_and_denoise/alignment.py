@@ -1,21 +1,35 @@
-"""The clean-sample prediction and the alignment step of Divide-and-Denoise (closed form, no backpropagation)."""
+"""The clean-sample prediction and the alignment step of Divide-and-Denoise (closed form, no backpropagation).
+
+The sample at a step is `x_t = signal * x_0 + noise * e` (`signal = sqrt(alpha_bar)`, `noise = sqrt(1 - alpha_bar)`
+for DDPM-family schedulers; `signal = 1 - sigma`, `noise = sigma` for flow matching).
+"""
 
 import torch
 
 
+PREDICTION_TYPES = ("epsilon", "v_prediction", "sample", "flow")
+
+
 def predict_x0(
-    model_output: torch.Tensor, scaled_sample: torch.Tensor, alpha_bar: torch.Tensor, prediction_type: str
-) -> torch.Tensor:
+    model_output: torch.Tensor, scaled_sample: torch.Tensor, signal: torch.Tensor, noise: torch.Tensor,
+    prediction_type: str,
+) -> torch.Tensor:  # fmt: skip
     """Every agent's clean-sample prediction `(B, K, C, H, W)` from its model output `(B, K, C, H, W)`, the scaled
-    model input `(B, C, H, W)` and `alphas_cumprod` at the step (a 0-d tensor)."""
+    model input `(B, C, H, W)` and the step's `signal` and `noise` scales (0-d tensors).
+
+    `prediction_type`: `"epsilon"`, `"v_prediction"`, `"sample"` or `"flow"` (the velocity `e - x_0` of flow
+    matching, `x_0 = x_t - sigma v`).
+    """
     x_t = scaled_sample.unsqueeze(1)
     if prediction_type == "epsilon":
-        return (x_t - (1 - alpha_bar).sqrt() * model_output) / alpha_bar.sqrt()
+        return (x_t - noise * model_output) / signal
     if prediction_type == "v_prediction":
-        return alpha_bar.sqrt() * x_t - (1 - alpha_bar).sqrt() * model_output
+        return signal * x_t - noise * model_output
     if prediction_type == "sample":
         return model_output
-    raise ValueError(f"the scheduler's `prediction_type` {prediction_type!r} is not supported.")
+    if prediction_type == "flow":
+        return x_t - noise * model_output
+    raise ValueError(f"the scheduler's `prediction_type` {prediction_type!r} is not one of {PREDICTION_TYPES}.")
 
 
 def alignment_step(
@@ -23,29 +37,29 @@ def alignment_step(
     scaled: torch.Tensor,
     x0: torch.Tensor,
     allocation: torch.Tensor,
-    alpha_bar: torch.Tensor,
+    noise: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     """One closed-form alignment step on the latents `(B, C, H, W)`, given their scaled model input `scaled`, every
-    agent's clean-sample prediction `x0` `(B, K, C, H, W)`, the allocation `(B, K, H, W)` and `alphas_cumprod` at
-    the step (a 0-d tensor); returns the moved latents.
+    agent's clean-sample prediction `x0` `(B, K, C, H, W)`, the allocation `(B, K, H, W)` and the step's `noise`
+    scale (a 0-d tensor); returns the moved latents.
 
     Energy `L = sum_k (1 - <X_k, s_k> / sum s_k)^2` with `s_k = |x0_k - b_k|^2` the squared saliency of agent `k`
-    (layout-guidance form). Its gradient goes through `x0_k = (x_t - sqrt(1 - a) eps_k) / sqrt(a)` with the
-    network output held fixed (no backpropagation through the models), which is what keeps alignment cheap.
+    (layout-guidance form). Its gradient goes through `x0_k`, which moves with `x_t` (by `1 / signal` for noise
+    predictions, by 1 for flow velocities) with the network output held fixed (no backpropagation through the
+    models), which is what keeps alignment cheap. The step is normalised, so that positive factor drops out.
     """
     background = x0.flatten(3).median(dim=3).values[..., None, None]  # (B, K, C, 1, 1)
     deviation = x0 - background
     saliency = deviation.pow(2).sum(dim=2)  # (B, K, H, W)
     total = saliency.flatten(2).sum(dim=2).clamp_min(1e-12)[..., None, None]
     inside = (allocation * saliency).flatten(2).sum(dim=2)[..., None, None] / total
-    # dL/ds = -2 (1 - r) (X - r) / sum s ; ds/dx0 = 2 (x0 - b) ; dx0/dx_t = 1 / sqrt(a) (output held fixed)
+    # dL/ds = -2 (1 - r) (X - r) / sum s ; ds/dx0 = 2 (x0 - b)
     grad_s = -2 * (1 - inside) * (allocation - inside) / total
-    grad_x0 = (grad_s.unsqueeze(2) * 2 * deviation).sum(dim=1)
-    grad = grad_x0 / alpha_bar.sqrt()
-    # step size: `scale` times the sample's own per-position scale, in units of the normalised gradient
+    grad = (grad_s.unsqueeze(2) * 2 * deviation).sum(dim=1)
+    # step size: `scale` times the sample's own noise level, in units of the normalised gradient
     norm = grad.flatten(1).abs().amax(dim=1).clamp_min(1e-12).view(-1, 1, 1, 1)
-    step = scale * (1 - alpha_bar).sqrt() * grad / norm
+    step = scale * noise * grad / norm
     # the scheduler may scale its model input (Euler: x / sqrt(sigma^2 + 1)); move the latents accordingly
     ratio = (scaled.flatten(1).norm(dim=1) / latents.flatten(1).norm(dim=1).clamp_min(1e-12)).view(-1, 1, 1, 1)
     return latents - step / ratio

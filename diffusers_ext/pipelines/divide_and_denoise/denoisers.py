@@ -7,13 +7,14 @@
   images pasted at that window on a blank canvas", i.e. an expert with a position prior.
 
 Every denoiser is called like a `UNet2DModel`: `model(sample, timestep, class_labels=None).sample` (or, for a
-`UNet2DConditionModel`, with `encoder_hidden_states`).
+`UNet2DConditionModel`, with `encoder_hidden_states`); an `SD3Transformer2DModel` (joint attention over image and
+text tokens) is called with `hidden_states`, `encoder_hidden_states` and `pooled_projections`.
 """
 
 import os
 
 import torch
-from diffusers import DDPMScheduler, UNet2DConditionModel, UNet2DModel
+from diffusers import DDPMScheduler, SD3Transformer2DModel, UNet2DConditionModel, UNet2DModel
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.unets.unet_2d import UNet2DOutput
@@ -221,9 +222,15 @@ class WindowedDenoiser(ModelMixin, ConfigMixin):
 # What the pipeline needs to know about a denoiser, whatever its class --------------------------------------------
 
 
+def is_joint_transformer(model: torch.nn.Module) -> bool:
+    """Whether `model` is a joint-attention transformer (SD3's `SD3Transformer2DModel`), conditioned on text
+    embeddings and pooled embeddings."""
+    return isinstance(model, SD3Transformer2DModel)
+
+
 def denoiser_conditioning(model: torch.nn.Module) -> str:
-    """`"text"` (cross-attention), `"class"` (class embedding) or `"none"`."""
-    if isinstance(model, UNet2DConditionModel):
+    """`"text"` (cross- or joint attention), `"class"` (class embedding) or `"none"`."""
+    if isinstance(model, (UNet2DConditionModel, SD3Transformer2DModel)):
         return "text"
     return "class" if denoiser_num_class_embeds(model) is not None else "none"
 
@@ -251,6 +258,8 @@ def denoiser_in_channels(model: torch.nn.Module) -> int:
 
 def denoiser_latent_constraint(model: torch.nn.Module) -> tuple[int, bool]:
     """`(multiple, fixed)`: latent sides must be multiples of `multiple`; `fixed` models only take their own size."""
+    if is_joint_transformer(model):
+        return model.config.patch_size, False
     if isinstance(model, WindowedDenoiser) or not hasattr(getattr(model, "config", None), "block_out_channels"):
         return 1, True
     return 2 ** (len(model.config.block_out_channels) - 1), False

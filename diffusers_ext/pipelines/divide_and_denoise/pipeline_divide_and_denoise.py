@@ -19,6 +19,7 @@ from transformers import CLIPTextModel, CLIPTokenizer
 
 from ...utils import public
 from ..pipeline_utils import check_callback_tensor_inputs
+from .agent_predictions import decode_latents, is_flow_matching, noise_levels, predict_agents, prediction_type
 from .alignment import alignment_step, predict_x0
 from .baseline_allocators import FixedAllocator
 from .call_settings import (
@@ -36,10 +37,11 @@ from .denoisers import (
     denoiser_latent_constraint,
     denoiser_num_class_embeds,
     denoiser_sample_size,
+    is_joint_transformer,
 )
 from .fair_division import FairDivisionAllocator
-from .text_encoding import check_prompt_embeds, encode_agent_prompts, encode_prompt
-from .utilities import ConceptAttentionStore, agent_utility_maps, record_cross_attention
+from .text_encoding import agent_text_condition, check_pooled_embeds, check_prompt_embeds, encode_prompt
+from .utilities import agent_utility_maps
 from .variant_loading import load_variant_components
 
 
@@ -89,10 +91,11 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
     This model inherits from [`DiffusionPipeline`]. Check the superclass documentation for the generic methods.
 
     Parameters:
-        denoisers ([`MultiDenoiserModel`]): the models; all share one sample space (channels and size). With one
-            denoiser every agent uses it; otherwise agent `k` uses `denoisers[k]`.
+        denoisers ([`MultiDenoiserModel`]): the models (`UNet2DConditionModel`, `SD3Transformer2DModel`,
+            `UNet2DModel`, ...); all share one sample space (channels and size). With one denoiser every agent uses
+            it; otherwise agent `k` uses `denoisers[k]`. SD3 transformers take their text as embeddings.
         scheduler ([`SchedulerMixin`]): a diffusers scheduler with `alphas_cumprod` (DDPM, DDIM, PNDM, Euler, DPM-Solver,
-            ...), shared by all models.
+            ...) or a flow-matching one (`FlowMatchEulerDiscreteScheduler`), shared by all models.
         vae ([`AutoencoderKL`], *optional*): the shared autoencoder of latent models (SD family); pixel models have none.
         text_encoder ([`CLIPTextModel`], *optional*): the text encoder of text-conditioned denoisers.
         tokenizer ([`CLIPTokenizer`], *optional*): its tokenizer.
@@ -118,7 +121,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         kinds = {denoiser_conditioning(m) for m in denoisers}
         if len(kinds) > 1:
             raise ValueError(f"`denoisers` mix conditioning kinds {sorted(kinds)}; use models of one kind.")
-        if "text" in kinds and (text_encoder is None or tokenizer is None):
+        joint = any(is_joint_transformer(m) for m in denoisers)
+        if "text" in kinds and not joint and (text_encoder is None or tokenizer is None):
             raise ValueError("text-conditioned `denoisers` need a `text_encoder` and a `tokenizer`.")
         channels = {denoiser_in_channels(m) for m in denoisers}
         if len(channels) > 1:
@@ -132,10 +136,11 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             raise ValueError(
                 f"the `vae` has {vae.config.latent_channels} latent channels but the denoisers take {channels.pop()}."
             )
-        if not hasattr(scheduler, "alphas_cumprod"):
+        if not hasattr(scheduler, "alphas_cumprod") and not is_flow_matching(scheduler):
             raise ValueError(
-                f"`scheduler` {type(scheduler).__name__} has no `alphas_cumprod`; Divide-and-Denoise needs a "
-                "DDPM-family scheduler (DDPM, DDIM, PNDM, Euler, DPM-Solver, ...)."
+                f"`scheduler` {type(scheduler).__name__} has neither `alphas_cumprod` nor flow-matching `sigmas`; "
+                "Divide-and-Denoise needs a DDPM-family scheduler (DDPM, DDIM, PNDM, Euler, DPM-Solver, ...) or a "
+                "flow-matching one (FlowMatchEulerDiscreteScheduler)."
             )
         self.register_modules(
             denoisers=denoisers, scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer
@@ -343,54 +348,10 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
     def _predict(
         self, sample: torch.Tensor, t, settings: DivideAndDenoiseCallSettings, cond: dict, record_attention: bool
     ):
-        """Every agent's guided prediction `(B, K, C, H, W)`, its conditional and unconditional predictions and, with
-        `record_attention`, its conditional cross-attention maps `(B, K, H, W, tokens)`."""
-        batch, num_agents = sample.shape[0], settings.num_agents
+        """Every agent's guided, conditional and unconditional predictions `(B, K, C, H, W)` and, with
+        `record_attention`, its concept attention maps `(B, K, H, W, tokens)` (see `agent_predictions`)."""
         branches = 2 if settings.needs_unconditional or self.do_classifier_free_guidance else 1
-        groups = [list(range(num_agents))] if len(self.denoisers) == 1 else [[k] for k in range(num_agents)]
-        cond_out, uncond_out, attention = [None] * num_agents, [None] * num_agents, [None] * num_agents
-        for agents in groups:
-            index = 0 if len(self.denoisers) == 1 else agents[0]
-            model = self.denoisers[index]
-            n = len(agents)
-            model_input = sample.repeat(branches * n, 1, 1, 1)
-            kwargs = {}
-            if self.conditioning == "text":
-                embeds = cond["prompt_embeds"][agents].repeat_interleave(batch, dim=0)
-                if branches == 2:
-                    embeds = torch.cat([cond["negative_embeds"].expand(n * batch, -1, -1), embeds])
-                kwargs["encoder_hidden_states"] = embeds
-            elif self.conditioning == "class":
-                labels = cond["labels"][agents].repeat_interleave(batch)
-                if branches == 2:
-                    labels = torch.cat([torch.full_like(labels, self.config.null_class_label), labels])
-                kwargs["class_labels"] = labels
-            timestep = t.expand(model_input.shape[0]) if isinstance(t, torch.Tensor) and t.ndim == 0 else t
-            store = None
-            if record_attention:
-                store = ConceptAttentionStore(sample.shape[-2:])
-                with record_cross_attention(model, store):
-                    out = self.denoisers(index, model_input, timestep, **kwargs).sample
-            else:
-                out = self.denoisers(index, model_input, timestep, **kwargs).sample
-            out = out.view(branches, n, batch, *out.shape[1:])
-            maps = store.maps.view(branches, n, batch, *store.maps.shape[1:]) if store is not None else None
-            for j, k in enumerate(agents):
-                cond_out[k] = out[-1, j]
-                uncond_out[k] = out[0, j] if branches == 2 else None
-                attention[k] = maps[-1, j] if maps is not None else None
-        cond_out = torch.stack(cond_out, dim=1)
-        uncond_out = torch.stack(uncond_out, dim=1) if branches == 2 else None
-        guided = cond_out
-        if uncond_out is not None:
-            scales = torch.tensor(self._agent_guidance_scales(), dtype=cond_out.dtype, device=cond_out.device)
-            guided = uncond_out + scales.view(1, -1, 1, 1, 1) * (cond_out - uncond_out)
-        attention = torch.stack(attention, dim=1) if record_attention else None
-        return guided, cond_out, uncond_out, attention
-
-    def _alpha_bar(self, t, like: torch.Tensor) -> torch.Tensor:
-        index = int(torch.as_tensor(t).float().round().clamp(0, len(self.scheduler.alphas_cumprod) - 1))
-        return self.scheduler.alphas_cumprod[index].to(device=like.device, dtype=like.dtype)
+        return predict_agents(self, sample, t, settings, cond, record_attention, branches)
 
     # call -----------------------------------------------------------------------------------------------------------
 
@@ -409,6 +370,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         latents: torch.Tensor | None = None,
         prompt_embeds: torch.Tensor | None = None,
         negative_prompt_embeds: torch.Tensor | None = None,
+        pooled_prompt_embeds: torch.Tensor | None = None,
+        negative_pooled_prompt_embeds: torch.Tensor | None = None,
         output_type: str = "pil",
         return_dict: bool = True,
         callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
@@ -439,6 +402,9 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             prompt_embeds (`torch.Tensor` of shape `(models, L, D)`, *optional*), negative_prompt_embeds (`(1, L, D)`,
                 *optional*): text embeddings instead of `prompt` / `negative_prompt` ([`encode_prompt`]); the
                 cross-attention utility then needs `token_indices`.
+            pooled_prompt_embeds (`torch.Tensor` of shape `(models, P)`, *optional*), negative_pooled_prompt_embeds
+                (`(1, P)`, *optional*): pooled text embeddings of SD3 transformer denoisers, which take their text
+                only as embeddings (`StableDiffusion3Pipeline.encode_prompt`); the negatives default to zeros.
             output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` (images in [0, 1]) or `"latent"`.
             return_dict (`bool`, defaults to `True`): return a [`DivideAndDenoisePipelineOutput`], else a tuple
                 `(images, allocations, timings)`.
@@ -483,6 +449,10 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         """
         if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        joint = any(is_joint_transformer(m) for m in self.denoisers)
+        check_pooled_embeds(
+            joint, prompt_embeds, pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds
+        )
         if prompt_embeds is not None:
             check_prompt_embeds(
                 self.conditioning, prompt, prompt_embeds, negative_prompt_embeds, token_indices, utility
@@ -505,21 +475,10 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
 
         cond = {}
         if self.conditioning == "text":
-            embeds, negative, lengths = encode_agent_prompts(
-                self.tokenizer,
-                self.text_encoder,
-                settings.prompts if prompt_embeds is None else [],
-                negative_prompt,
-                device,
-            )
-            embeds = embeds if prompt_embeds is None else prompt_embeds.to(device)
-            negative = negative if negative_prompt_embeds is None else negative_prompt_embeds.to(device)
-            cond["prompt_embeds"], cond["negative_embeds"] = embeds.to(dtype), negative.to(dtype)
-            if token_indices is None:
-                if min(lengths) < 1:
-                    raise ValueError("every prompt needs at least one token for the cross-attention utility.")
-                token_indices = [list(range(1, 1 + n)) for n in lengths]
-            cond["token_indices"] = token_indices
+            cond = agent_text_condition(
+                self, settings.prompts, negative_prompt, prompt_embeds, negative_prompt_embeds, pooled_prompt_embeds,
+                negative_pooled_prompt_embeds, token_indices, device, dtype,
+            )  # fmt: skip
         elif self.conditioning == "class":
             cond["labels"] = settings.class_labels.to(device)
 
@@ -528,7 +487,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             latents = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
         else:
             latents = latents.to(device=device, dtype=dtype)
-        latents = latents * self.scheduler.init_noise_sigma
+        latents = latents * getattr(self.scheduler, "init_noise_sigma", 1.0)
         self.scheduler.set_timesteps(num_inference_steps, device=device)
         timesteps = self.scheduler.timesteps
         self._num_timesteps = len(timesteps)
@@ -541,20 +500,22 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         if not fair:
             fixed = allocator.allocation(batch, num_agents, height_l, width_l, device)
         record_attention = fair and settings.utility == "cross_attention"
-        prediction_type = self.scheduler.config.get("prediction_type", "epsilon")
+        pred_type = prediction_type(self.scheduler)
+        scale_input = getattr(self.scheduler, "scale_model_input", lambda sample, t: sample)  # flow matching: none
 
         allocations, utility_maps, allocation = [], None, None
         for i, t in enumerate(self.progress_bar(timesteps)):
             if self.interrupt:
                 continue
-            scaled = self.scheduler.scale_model_input(latents, t)
+            scaled = scale_input(latents, t)
             start = time.perf_counter()
             guided, cond_out, uncond_out, attention = self._predict(scaled, t, settings, cond, record_attention)
             timings["model_forwards"] += time.perf_counter() - start
 
             if fair:
                 start = time.perf_counter()
-                x0 = predict_x0(guided, scaled, self._alpha_bar(t, guided), prediction_type)
+                signal, noise = noise_levels(self.scheduler, t, i, guided)
+                x0 = predict_x0(guided, scaled, signal, noise, pred_type)
                 new = agent_utility_maps(
                     settings.utility, x0, cond_out, uncond_out, attention, cond.get("token_indices")
                 )
@@ -568,8 +529,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                 timings["allocation"] += time.perf_counter() - start
                 if i < max_iter_to_align and alignment_scale > 0:
                     start = time.perf_counter()
-                    alpha_bar = self._alpha_bar(t, latents)
-                    latents = alignment_step(latents, scaled, x0, allocation.to(x0.dtype), alpha_bar, alignment_scale)
+                    latents = alignment_step(latents, scaled, x0, allocation.to(x0.dtype), noise, alignment_scale)
                     timings["alignment"] += time.perf_counter() - start
             else:
                 allocation = fixed
@@ -588,7 +548,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         if output_type == "latent":
             images = latents
         elif self.vae is not None:
-            decoded = self.vae.decode(latents / self.vae.config.scaling_factor, return_dict=False)[0]
+            decoded = decode_latents(self.vae, latents)
             images = self.image_processor.postprocess(decoded, output_type=output_type)
         else:  # pixel-space models: samples in [-1, 1]
             images = self.image_processor.postprocess(latents, output_type=output_type)

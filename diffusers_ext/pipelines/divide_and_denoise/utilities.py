@@ -3,8 +3,9 @@
 - [`x0_saliency`]: how far the model's clean-sample prediction departs from its background there.
 - [`guidance_delta`]: the size of the model's classifier-free guidance direction there, `|eps(c) - eps(null)|`.
 - Cross-attention maps of concept tokens: [`ConceptAttentionStore`] records them through
-  [`ConceptAttentionProcessor`]s installed on the cross-attention layers of a `UNet2DConditionModel` (the weights are
-  untouched; the processors compute exactly what diffusers' `AttnProcessor` computes and keep the probabilities).
+  [`ConceptAttentionProcessor`]s installed on the cross-attention layers of a `UNet2DConditionModel`, or through
+  [`JointConceptAttentionProcessor`]s on the joint attention of an `SD3Transformer2DModel` (the weights are
+  untouched; the processors compute exactly what diffusers' processors compute and keep the probabilities).
 
 All return non-negative maps of shape `(batch, height, width)` at the sample's resolution.
 """
@@ -16,6 +17,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from diffusers.models.attention_processor import Attention
+
+from .joint_attention import JointConceptAttentionProcessor, is_joint_attention
 
 
 UTILITIES = ("x0_saliency", "guidance_delta", "cross_attention")
@@ -130,23 +133,32 @@ class ConceptAttentionProcessor:
 
 
 @contextlib.contextmanager
-def record_cross_attention(unet: torch.nn.Module, store: ConceptAttentionStore) -> Iterator[ConceptAttentionStore]:
-    """Install [`ConceptAttentionProcessor`]s on every cross-attention layer (`attn2`) of `unet` for the block.
+def record_cross_attention(model: torch.nn.Module, store: ConceptAttentionStore) -> Iterator[ConceptAttentionStore]:
+    """Install recording processors on every text-attention layer of `model` for the block.
 
-    The UNet's own processors are restored on exit. Self-attention layers keep their processors.
+    A `UNet2DConditionModel`'s cross-attention layers (`attn2`) get [`ConceptAttentionProcessor`]s; the joint
+    (image + text) attention layers of an `SD3Transformer2DModel` get [`JointConceptAttentionProcessor`]s, which
+    record the image-to-text block. The model's own processors are restored on exit; other layers keep theirs.
     """
-    original = unet.attn_processors
-    processors = {
-        name: ConceptAttentionProcessor(store) if name.endswith("attn2.processor") else processor
-        for name, processor in original.items()
-    }
-    if not any(name.endswith("attn2.processor") for name in original):
-        raise ValueError(f"{type(unet).__name__} has no cross-attention layers to read concept-token attention from.")
-    unet.set_attn_processor(processors)
+    original = model.attn_processors
+    processors = {}
+    for name, processor in original.items():
+        module = model.get_submodule(name[: -len(".processor")])
+        if is_joint_attention(module):
+            processors[name] = JointConceptAttentionProcessor(store)
+        elif name.endswith("attn2.processor"):
+            processors[name] = ConceptAttentionProcessor(store)
+        else:
+            processors[name] = processor
+    if all(processors[name] is original[name] for name in original):
+        raise ValueError(
+            f"{type(model).__name__} has no cross- or joint-attention layers to read concept-token attention from."
+        )
+    model.set_attn_processor(processors)
     try:
         yield store
     finally:
-        unet.set_attn_processor(original)
+        model.set_attn_processor(original)
 
 
 def agent_utility_maps(

@@ -1,0 +1,184 @@
+"""A small LoRA fine-tune of a text-to-image UNet on (image, caption) pairs, for benchmarks on the mosaic world.
+
+[`finetune_unet_lora`] trains `peft` LoRA adapters on the attention projections (`to_q`, `to_k`, `to_v`,
+`to_out.0`) of a copy of a `StableDiffusionPipeline`'s `UNet2DConditionModel` with the usual noise-prediction loss,
+the VAE and text encoder frozen, and returns the fine-tuned copy (adapters fused into the weights, so the result is a
+plain `UNet2DConditionModel`) together with the adapters' own weights. Benchmarks use it to make experts (models
+that saw only part of a world) and mimics; it is an evaluation tool, not a training script (see
+`training/train_text_to_image.py` for the full `accelerate` script).
+"""
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+
+LORA_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
+
+
+def _images_to_tensor(images) -> torch.Tensor:
+    """PIL images, an `(N, H, W, 3)` uint8 array or an `(N, 3, H, W)` tensor in [-1, 1] -> float `(N, 3, H, W)`."""
+    if isinstance(images, torch.Tensor):
+        if images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError(f"`images` must be a (N, 3, H, W) tensor in [-1, 1], got shape {tuple(images.shape)}.")
+        return images.float()
+    import numpy as np
+
+    arrays = [np.asarray(image.convert("RGB") if hasattr(image, "convert") else image) for image in images]
+    if not arrays or any(a.ndim != 3 or a.shape[2] != 3 for a in arrays):
+        raise ValueError("`images` must be a non-empty list of RGB images (PIL or (H, W, 3) arrays).")
+    stacked = torch.from_numpy(np.stack(arrays)).float() / 127.5 - 1.0
+    return stacked.permute(0, 3, 1, 2).contiguous()
+
+
+@torch.no_grad()
+def encode_images(vae, images: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
+    """Scaled latents `(N, C, h, w)` (the posterior means times `scaling_factor`) of images `(N, 3, H, W)` in
+    [-1, 1]."""
+    parameter = next(vae.parameters())
+    latents = []
+    for start in range(0, len(images), batch_size):
+        chunk = images[start : start + batch_size].to(device=parameter.device, dtype=parameter.dtype)
+        latents.append(vae.encode(chunk).latent_dist.mean * vae.config.scaling_factor)
+    return torch.cat(latents)
+
+
+@torch.no_grad()
+def encode_captions(tokenizer, text_encoder, captions: list[str]) -> torch.Tensor:
+    """Text embeddings `(N, L, D)` of `captions`, padded to the tokenizer's `model_max_length`."""
+    tokens = tokenizer(
+        list(captions),
+        padding="max_length",
+        max_length=tokenizer.model_max_length,
+        truncation=True,
+        return_tensors="pt",
+    )
+    return text_encoder(tokens.input_ids.to(text_encoder.device))[0]
+
+
+def finetune_unet_lora(
+    pipeline,
+    images,
+    captions: list[str],
+    num_steps: int = 300,
+    rank: int = 4,
+    learning_rate: float = 1e-3,
+    seed: int = 0,
+    batch_size: int = 32,
+    caption_dropout: float = 0.1,
+    lora_alpha: float | None = None,
+    target_modules: tuple[str, ...] = LORA_TARGET_MODULES,
+):
+    r"""
+    Fine-tune LoRA adapters on a copy of `pipeline.unet`; the pipeline itself is left untouched.
+
+    Each step draws `batch_size` pairs (with replacement), noises their latents at uniform random timesteps of
+    `pipeline.scheduler`'s training schedule and regresses the scheduler's prediction target (`epsilon` or
+    `v_prediction`); a `caption_dropout` share of the captions is replaced by the empty prompt, so that
+    classifier-free guidance keeps working. Latents and caption embeddings are computed once.
+
+    Args:
+        pipeline: a `StableDiffusionPipeline`-like object with `unet`, `vae`, `text_encoder`, `tokenizer` and a
+            DDPM-family `scheduler`.
+        images: `N` training images (PIL images, `(H, W, 3)` arrays, or a `(N, 3, H, W)` tensor in [-1, 1]).
+        captions (`list[str]`): their `N` captions.
+        num_steps (`int`, defaults to 300): optimisation steps.
+        rank (`int`, defaults to 4): LoRA rank.
+        learning_rate (`float`, defaults to 1e-3): AdamW learning rate (constant).
+        seed (`int`, defaults to 0): seeds the adapter initialisation, batches, noise and timesteps.
+        batch_size (`int`, defaults to 32): pairs per step.
+        caption_dropout (`float`, defaults to 0.1): share of empty captions.
+        lora_alpha (`float`, *optional*): LoRA scaling numerator (`lora_alpha / rank` multiplies the update);
+            defaults to `rank`.
+        target_modules (`tuple[str]`): the attention projections that get adapters.
+
+    Returns:
+        `(unet, lora_state_dict, losses)`: the fine-tuned `UNet2DConditionModel` (a copy, adapters fused, eval
+        mode), the adapters' weights (`peft` names, on the CPU) and the per-step losses.
+    """
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    captions = list(captions)
+    images = _images_to_tensor(images)
+    if len(images) != len(captions) or not captions:
+        raise ValueError(f"`images` ({len(images)}) and `captions` ({len(captions)}) must be equally long, not empty.")
+    for name, value in (("num_steps", num_steps), ("rank", rank), ("batch_size", batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+    if not learning_rate > 0:
+        raise ValueError(f"`learning_rate` must be > 0, got {learning_rate!r}.")
+    if not 0 <= caption_dropout < 1:
+        raise ValueError(f"`caption_dropout` must lie in [0, 1), got {caption_dropout!r}.")
+    scheduler = pipeline.scheduler
+    if not hasattr(scheduler, "alphas_cumprod"):
+        raise ValueError(f"`pipeline.scheduler` ({type(scheduler).__name__}) must be a DDPM-family scheduler.")
+    prediction_type = scheduler.config.get("prediction_type", "epsilon")
+    if prediction_type not in ("epsilon", "v_prediction"):
+        raise ValueError(f"the scheduler's `prediction_type` {prediction_type!r} is not supported.")
+
+    latents = encode_images(pipeline.vae, images)
+    device, dtype = latents.device, latents.dtype
+    embeds = encode_captions(pipeline.tokenizer, pipeline.text_encoder, captions + [""])
+    caption_embeds, empty_embed = embeds[:-1], embeds[-1:]
+    alphas_cumprod = scheduler.alphas_cumprod.to(device=device, dtype=dtype)
+    num_train_timesteps = len(alphas_cumprod)
+
+    generator = torch.Generator().manual_seed(seed)
+    unet = copy.deepcopy(pipeline.unet).to(device)
+    unet.requires_grad_(False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        unet.add_adapter(
+            LoraConfig(
+                r=rank,
+                lora_alpha=rank if lora_alpha is None else lora_alpha,
+                init_lora_weights="gaussian",
+                target_modules=list(target_modules),
+            )
+        )
+    parameters = [p for p in unet.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=0.0)
+    unet.train()
+    losses = []
+    for _ in range(num_steps):
+        index = torch.randint(len(latents), (batch_size,), generator=generator)
+        clean = latents[index]
+        noise = torch.randn(clean.shape, generator=generator).to(device=device, dtype=dtype)
+        timesteps = torch.randint(num_train_timesteps, (batch_size,), generator=generator).to(device)
+        a = alphas_cumprod[timesteps].view(-1, 1, 1, 1)
+        noisy = a.sqrt() * clean + (1 - a).sqrt() * noise
+        target = noise if prediction_type == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * clean
+        drop = (torch.rand(batch_size, generator=generator) < caption_dropout).to(device).view(-1, 1, 1)
+        condition = torch.where(drop, empty_embed.expand(batch_size, -1, -1), caption_embeds[index])
+        prediction = unet(noisy, timesteps, encoder_hidden_states=condition).sample
+        loss = F.mse_loss(prediction.float(), target.float())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    unet.eval()
+    lora_state = {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(unet).items()}
+    unet.fuse_lora()
+    unet.unload_lora()
+    unet.requires_grad_(False)
+    return unet, lora_state, losses
+
+
+def unet_with_lora(pipeline, lora_state: dict, rank: int, lora_alpha: float | None = None,
+                   target_modules: tuple[str, ...] = LORA_TARGET_MODULES):  # fmt: skip
+    """A copy of `pipeline.unet` with saved adapter weights (from [`finetune_unet_lora`]) fused in, in eval mode."""
+    from peft import LoraConfig
+    from peft.utils import set_peft_model_state_dict
+
+    unet = copy.deepcopy(pipeline.unet)
+    unet.add_adapter(
+        LoraConfig(r=rank, lora_alpha=rank if lora_alpha is None else lora_alpha, target_modules=list(target_modules))
+    )
+    result = set_peft_model_state_dict(unet, lora_state)
+    if getattr(result, "unexpected_keys", None):
+        raise ValueError(f"`lora_state` has keys the adapters do not: {result.unexpected_keys[:5]}.")
+    unet.fuse_lora()
+    unet.unload_lora()
+    return unet.eval().requires_grad_(False)

@@ -1,0 +1,119 @@
+"""The per-step model work of a [`DivideAndDenoisePipeline`]: every agent's guided prediction, its clean-sample
+estimate under the scheduler's noise level, and the decoding of the final latents.
+
+Denoisers are called the way their class expects: a `UNet2DModel`/`UNet2DConditionModel` as
+`model(sample, timestep, class_labels=..., encoder_hidden_states=...)`, an `SD3Transformer2DModel` as
+`model(hidden_states=..., timestep=..., encoder_hidden_states=..., pooled_projections=...)`.
+"""
+
+import torch
+from diffusers import SD3Transformer2DModel
+
+from .utilities import ConceptAttentionStore, record_cross_attention
+
+
+def is_flow_matching(scheduler) -> bool:
+    """Whether `scheduler` samples a flow-matching path `x_t = (1 - sigma) x_0 + sigma noise`: a diffusers
+    `FlowMatch*` scheduler (or a subclass) with `sigmas` and no `alphas_cumprod`."""
+    flow_class = any(cls.__name__.startswith("FlowMatch") for cls in type(scheduler).__mro__)
+    return flow_class and not hasattr(scheduler, "alphas_cumprod") and hasattr(scheduler, "sigmas")
+
+
+def noise_levels(scheduler, t, step_index: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(signal, noise)` scales of the model input at step `step_index` (timestep `t`): `x_t = signal x_0 + noise e`.
+
+    DDPM-family schedulers: `(sqrt(alpha_bar_t), sqrt(1 - alpha_bar_t))`; flow matching: `(1 - sigma, sigma)`.
+    """
+    if is_flow_matching(scheduler):
+        sigma = scheduler.sigmas[step_index].to(device=like.device, dtype=like.dtype)
+        return 1 - sigma, sigma
+    index = int(torch.as_tensor(t).float().round().clamp(0, len(scheduler.alphas_cumprod) - 1))
+    alpha_bar = scheduler.alphas_cumprod[index].to(device=like.device, dtype=like.dtype)
+    return alpha_bar.sqrt(), (1 - alpha_bar).sqrt()
+
+
+def prediction_type(scheduler) -> str:
+    """`"flow"` (velocity `noise - x_0`) for flow-matching schedulers, else the scheduler's `prediction_type`."""
+    return "flow" if is_flow_matching(scheduler) else scheduler.config.get("prediction_type", "epsilon")
+
+
+def _call_denoiser(denoisers, index: int, model, model_input, timestep, kwargs) -> torch.Tensor:
+    if isinstance(model, SD3Transformer2DModel):
+        return denoisers(
+            index,
+            hidden_states=model_input,
+            timestep=timestep,
+            encoder_hidden_states=kwargs["encoder_hidden_states"],
+            pooled_projections=kwargs["pooled_projections"],
+        ).sample
+    return denoisers(index, model_input, timestep, **kwargs).sample
+
+
+def predict_agents(pipe, sample: torch.Tensor, t, settings, cond: dict, record_attention: bool, branches: int):
+    """Every agent's guided prediction `(B, K, C, H, W)`, its conditional and unconditional predictions (the latter
+    `None` with one branch) and, with `record_attention`, its conditional concept attention maps
+    `(B, K, H, W, tokens)`.
+
+    Args:
+        pipe ([`DivideAndDenoisePipeline`]): the running pipeline (its denoisers, conditioning and guidance).
+        sample (`torch.Tensor` of shape `(B, C, H, W)`): the scaled model input.
+        t: the timestep.
+        settings ([`DivideAndDenoiseCallSettings`]): the call's resolved settings.
+        cond (`dict`): `prompt_embeds` `(K, L, D)`, `negative_embeds` `(1, L, D)` (and for SD3 `pooled`
+            `(K, P)`, `negative_pooled` `(1, P)`), or `labels` `(K,)`.
+        record_attention (`bool`): record the concept-token attention (the cross-attention utility).
+        branches (`int`): 2 to run the unconditional branch too, else 1.
+    """
+    batch, num_agents = sample.shape[0], settings.num_agents
+    groups = [list(range(num_agents))] if len(pipe.denoisers) == 1 else [[k] for k in range(num_agents)]
+    cond_out, uncond_out, attention = [None] * num_agents, [None] * num_agents, [None] * num_agents
+    for agents in groups:
+        index = 0 if len(pipe.denoisers) == 1 else agents[0]
+        model = pipe.denoisers[index]
+        n = len(agents)
+        model_input = sample.repeat(branches * n, 1, 1, 1)
+        kwargs = {}
+        if pipe.conditioning == "text":
+            embeds = cond["prompt_embeds"][agents].repeat_interleave(batch, dim=0)
+            if branches == 2:
+                embeds = torch.cat([cond["negative_embeds"].expand(n * batch, -1, -1), embeds])
+            kwargs["encoder_hidden_states"] = embeds
+            if "pooled" in cond:
+                pooled = cond["pooled"][agents].repeat_interleave(batch, dim=0)
+                if branches == 2:
+                    pooled = torch.cat([cond["negative_pooled"].expand(n * batch, -1), pooled])
+                kwargs["pooled_projections"] = pooled
+        elif pipe.conditioning == "class":
+            labels = cond["labels"][agents].repeat_interleave(batch)
+            if branches == 2:
+                labels = torch.cat([torch.full_like(labels, pipe.config.null_class_label), labels])
+            kwargs["class_labels"] = labels
+        timestep = t.expand(model_input.shape[0]) if isinstance(t, torch.Tensor) and t.ndim == 0 else t
+        store = None
+        if record_attention:
+            store = ConceptAttentionStore(sample.shape[-2:])
+            with record_cross_attention(model, store):
+                out = _call_denoiser(pipe.denoisers, index, model, model_input, timestep, kwargs)
+        else:
+            out = _call_denoiser(pipe.denoisers, index, model, model_input, timestep, kwargs)
+        out = out.view(branches, n, batch, *out.shape[1:])
+        maps = store.maps.view(branches, n, batch, *store.maps.shape[1:]) if store is not None else None
+        for j, k in enumerate(agents):
+            cond_out[k] = out[-1, j]
+            uncond_out[k] = out[0, j] if branches == 2 else None
+            attention[k] = maps[-1, j] if maps is not None else None
+    cond_out = torch.stack(cond_out, dim=1)
+    uncond_out = torch.stack(uncond_out, dim=1) if branches == 2 else None
+    guided = cond_out
+    if uncond_out is not None:
+        scales = torch.tensor(pipe._agent_guidance_scales(), dtype=cond_out.dtype, device=cond_out.device)
+        guided = uncond_out + scales.view(1, -1, 1, 1, 1) * (cond_out - uncond_out)
+    attention = torch.stack(attention, dim=1) if record_attention else None
+    return guided, cond_out, uncond_out, attention
+
+
+def decode_latents(vae, latents: torch.Tensor) -> torch.Tensor:
+    """Images in [-1, 1] from scaled latents: `vae.decode(latents / scaling_factor + shift_factor)` (SD3's VAE has a
+    shift factor; SD 1.x's has none)."""
+    shift = getattr(vae.config, "shift_factor", None) or 0.0
+    return vae.decode(latents / vae.config.scaling_factor + shift, return_dict=False)[0]

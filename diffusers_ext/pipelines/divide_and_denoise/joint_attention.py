@@ -1,0 +1,77 @@
+"""Concept-token attention of joint-attention transformers (SD3's MMDiT), for the cross-attention utility.
+
+An `SD3Transformer2DModel` has no separate cross-attention: each joint block concatenates the image tokens and the
+text tokens and runs one attention over both. The image-query -> text-key block of that attention plays the role
+of a UNet's cross-attention. [`JointConceptAttentionProcessor`] computes exactly what diffusers'
+`JointAttnProcessor2_0` computes (with an explicit softmax instead of the fused kernel) and hands that block,
+renormalised over the text tokens, to a [`ConceptAttentionStore`].
+"""
+
+import torch
+from diffusers.models.attention_processor import Attention
+
+
+def is_joint_attention(module: torch.nn.Module) -> bool:
+    """Whether `module` is a joint (image + text) attention layer: an `Attention` with added text projections."""
+    return isinstance(module, Attention) and getattr(module, "add_k_proj", None) is not None
+
+
+class JointConceptAttentionProcessor:
+    """diffusers' `JointAttnProcessor2_0` computation that also records image-to-text attention in a store.
+
+    The store receives probabilities of shape `(batch * heads, image_tokens, text_tokens)`: the attention of every
+    image token to the text tokens, renormalised to sum to 1 over them.
+    """
+
+    def __init__(self, store):
+        self.store = store
+
+    def __call__(
+        self,
+        attn: Attention,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        *args,
+        **kwargs,
+    ):
+        batch_size, num_image = hidden_states.shape[0], hidden_states.shape[1]
+
+        def heads(x: torch.Tensor) -> torch.Tensor:  # (B, N, H * D) -> (B, H, N, D)
+            return x.view(batch_size, -1, attn.heads, x.shape[-1] // attn.heads).transpose(1, 2)
+
+        query, key, value = (
+            heads(attn.to_q(hidden_states)),
+            heads(attn.to_k(hidden_states)),
+            heads(attn.to_v(hidden_states)),
+        )
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        if encoder_hidden_states is not None:
+            context_query = heads(attn.add_q_proj(encoder_hidden_states))
+            context_key = heads(attn.add_k_proj(encoder_hidden_states))
+            context_value = heads(attn.add_v_proj(encoder_hidden_states))
+            if attn.norm_added_q is not None:
+                context_query = attn.norm_added_q(context_query)
+            if attn.norm_added_k is not None:
+                context_key = attn.norm_added_k(context_key)
+            query = torch.cat([query, context_query], dim=2)
+            key = torch.cat([key, context_key], dim=2)
+            value = torch.cat([value, context_value], dim=2)
+
+        scale = query.shape[-1] ** -0.5  # scaled_dot_product_attention's default scale
+        probs = (query @ key.transpose(-1, -2) * scale).softmax(dim=-1)
+        if encoder_hidden_states is not None:
+            to_text = probs[:, :, :num_image, num_image:].detach()
+            to_text = to_text / to_text.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+            self.store.record(to_text.reshape(batch_size * attn.heads, num_image, -1), batch_size)
+        out = (probs @ value).transpose(1, 2).reshape(batch_size, -1, value.shape[1] * value.shape[-1])
+        out = out.to(query.dtype)
+        if encoder_hidden_states is not None:
+            out, encoder_hidden_states = out[:, :num_image], out[:, num_image:]
+            if not attn.context_pre_only:
+                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        out = attn.to_out[1](attn.to_out[0](out))
+        return (out, encoder_hidden_states) if encoder_hidden_states is not None else out
