@@ -104,13 +104,13 @@ def make_prompts(shapes: tuple[str, ...], count: int, seed: int, colours: tuple[
 def oracle_regions(prompt: dict, seed: int, latent_size: int, resolution: int) -> torch.Tensor:
     """Each expert's object box from a real mosaic placement of the prompt's objects, at latent resolution
     `(K, h, w)`; positions no box covers are shared by the allocator."""
-    from diffusers_ext.data.mosaic import MosaicConfig, _place
+    from diffusers_ext.data.mosaic import MosaicConfig, place_objects
 
     config = MosaicConfig(resolution=resolution)
     rng = random.Random(f"latent-dnd-layout-{seed}")
     objects = None
     while objects is None:
-        objects = _place(config, rng, [dict(g) for g in prompt["agent_groups"]], "")
+        objects = place_objects(config, rng, [dict(g) for g in prompt["agent_groups"]], "")
     scale = latent_size / resolution
     regions = torch.zeros(len(objects), latent_size, latent_size)
     for obj in objects:

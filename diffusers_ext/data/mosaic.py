@@ -313,8 +313,9 @@ def relation_holds(relation: str, a: tuple, b: tuple, margin: float, ratio: floa
     return along >= margin and along >= ratio * abs(across)
 
 
-def _place(config: MosaicConfig, rng: random.Random, groups: list, relation: str) -> list | None:
-    """Centres and sizes of every object, their boxes >= 2 px apart at 32x32, or None if placement fails."""
+def place_objects(config: MosaicConfig, rng: random.Random, groups: list, relation: str) -> list | None:
+    """Centres and sizes of every object of `groups` (for a `relation` scene, the two named objects in that
+    relation), their boxes >= 2 px apart at 32x32, drawn with `rng`; `None` if placement fails (draw again)."""
     res = config.resolution
     gap = 2.0 * res / 32
     objects = []
@@ -391,7 +392,7 @@ def _sample_scene(config, mosaic, seed, index, split):
     rng = random.Random(f"mosaic-{split}-{seed}-{index}")
     for _ in range(100):
         task, groups, relation = _sample_structure(config, mosaic, rng, want_heldout=split == "heldout")
-        objects = _place(config, rng, groups, relation)
+        objects = place_objects(config, rng, groups, relation)
         if objects is not None:
             break
     else:
