@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--unlearn_learning_rate", type=float, default=2e-4, help="AdamW learning rate of every run.")
     group.add_argument("--unlearn_batch_size", type=int, default=16, help="Forget (and retain) samples per step.")
     group.add_argument("--unlearn_pool_size", type=int, default=64, help="Sample pool size of the trainer.")
-    group.add_argument("--retain_weight", type=float, default=1.0, help="Weight of the shared retain term.")
+    group.add_argument("--retain_weight", type=float, default=10.0, help="Weight of the shared retain term.")
     group.add_argument(
         "--level_factors", type=float, nargs="+", default=[0.5, 1.0],
         help="Reverse-KL and likelihood levels as multiples of the calibrated level (validation grid).",
@@ -62,11 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--forward_kl_factors", type=float, nargs="+", default=[1.0, 1.5],
         help="Forward-KL levels as multiples of the calibrated level (validation grid).",
     )  # fmt: skip
-    group.add_argument("--esd_etas", type=float, nargs="+", default=[1.0, 3.0], help="ESD negative guidance (grid).")
+    group.add_argument(
+        "--esd_etas", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="ESD negative guidance (grid)."
+    )
     group.add_argument(
         "--siss_weights", type=float, nargs="+", default=[0.5, 1.0], help="SISS forget-term weights (grid)."
     )
-    group.add_argument("--dual_rate", type=float, default=0.05, help="Dual step as a multiple of 1 / |level|.")
+    group.add_argument("--dual_rate", type=float, default=0.03, help="Dual step as a multiple of 1 / |level|.")
     group.add_argument("--num_train_prompts", type=int, default=32, help="Training prompts of each kind.")
     group.add_argument("--val_prompts", type=int, default=48, help="Validation prompts of each kind.")
     group.add_argument("--test_forget_prompts", type=int, default=96, help="Test prompts that ask for the concept.")
@@ -235,7 +237,7 @@ def train_run(bench, name, method, overrides, factor, seed):
         retain_prompts=["", *[p["caption"] for p in train["retain"]]],  # the empty prompt is guidance's branch
         max_steps=args.unlearn_steps, seed=seed, learning_rate=args.unlearn_learning_rate,
         per_device_train_batch_size=args.unlearn_batch_size, pool_size=args.unlearn_pool_size,
-        pool_sampling_steps=5, pool_refresh_steps=10, stop_patience=args.unlearn_steps,
+        pool_sampling_steps=5, pool_refresh_steps=5, stop_patience=args.unlearn_steps,
         save_strategy="no", disable_tqdm=True, report_to="none", **overrides,
     )  # fmt: skip
     start = time.perf_counter()
