@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("unlearning on the latent model")
     group.add_argument("--unlearn_concept", type=str, default="red", help="Colour or shape of mosaic to erase.")
     group.add_argument(
-        "--unlearn_seeds", type=int, nargs="+", default=[0, 1], help="Training seeds (first: validation)."
+        "--unlearn_seeds", type=int, nargs="+", default=[0, 1, 2], help="Training seeds (first: validation)."
     )
     group.add_argument("--unlearn_steps", type=int, default=60, help="Unlearning steps of every run.")
     group.add_argument("--unlearn_learning_rate", type=float, default=2e-4, help="AdamW learning rate of every run.")
