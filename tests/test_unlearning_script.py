@@ -161,7 +161,7 @@ def test_bad_arguments_are_refused_by_the_parser(tmp_path, capsys, args, message
     "args, message",
     [
         (["--forget_classes", "10"], r"does not know: \[10\]"),
-        (["--forget_classes", "3", "--baseline", "siss"], "pass a `forget_dataset`"),
+        (["--forget_classes", "3", "--baseline", "neggrad_plus"], "pass a `forget_dataset`"),
         (["--forget_size", "4", "--constraint", "reverse_kl"], "unlearns a concept"),
         (["--forget_indices", "5000"], "outside the digits training split"),
         (["--forget_classes", "3", "--resume_from_checkpoint", "checkpoint-9"], "--resume_from_checkpoint"),

@@ -110,7 +110,12 @@ def parse_args(argv=None):
     )
     method.add_argument("--retain_weight", type=float, default=1.0, help="Weight of the retain term.")
     method.add_argument("--esd_negative_guidance", type=float, default=2.0, help="ESD's eta.")
-    method.add_argument("--neggrad_weight", type=float, default=1.0, help="NegGrad+'s alpha.")
+    method.add_argument(
+        "--neggrad_weight",
+        type=float,
+        default=1.0,
+        help="NegGrad+'s alpha; SISS's forget-term weight (1: as published).",
+    )
     method.add_argument("--siss_mixture_weight", type=float, default=0.5, help="SISS's mixture weight.")
     what = parser.add_argument_group("what to forget and keep")
     what.add_argument("--forget_classes", type=int, nargs="*", default=None, help="Class labels to forget.")

@@ -48,7 +48,8 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
         default=None,
         metadata={
             "help": "Train a baseline instead of the primal-dual method: 'esd' (negative-guidance target, concept "
-            "unlearning), 'siss' or 'neggrad_plus' (data unlearning), 'retain_only' (fine-tune on the retain set). "
+            "unlearning), 'siss' (data or concept unlearning), 'neggrad_plus' (data unlearning), 'retain_only' "
+            "(fine-tune on the retain set). "
             "None runs the primal-dual method for `constraint`."
         },
     )
@@ -121,7 +122,11 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
         default=2.0, metadata={"help": "ESD's negative guidance eta: target eps_ref - eta (eps_u - eps_ref)."}
     )
     neggrad_weight: float = field(
-        default=1.0, metadata={"help": "NegGrad+: weight alpha of the gradient ascent on the forget set."}
+        default=1.0,
+        metadata={
+            "help": "NegGrad+: weight alpha of the gradient ascent on the forget set; SISS: the weight of its "
+            "subtracted (forget) term (1 is SISS as published)."
+        },
     )
     siss_mixture_weight: float = field(
         default=0.5,

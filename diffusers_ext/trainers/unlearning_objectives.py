@@ -96,6 +96,18 @@ class UnlearningObjective(abc.ABC):
         return n_forget, n_retain, n_forget + n_retain
 
 
+def _reference_and_forget_pools(trainer) -> None:
+    """Concept mode: fixed pools of the pretrained model's samples at the reference (`trainer.ref_pool`) and forget
+    conditions (`trainer.u_pool`), `pool_size` each; used by the forward-KL objective and SISS."""
+    if trainer.mode != "concept":
+        return
+    n = trainer.args.pool_size
+    trainer.ref_pool = trainer.sample(trainer.ref_unet, trainer._repeat(trainer.reference_cond, n),
+                                      trainer._pool_generator(2, 0))  # fmt: skip
+    trainer.u_pool = trainer.sample(trainer.ref_unet, trainer._repeat(trainer.forget_conds, n),
+                                    trainer._pool_generator(3, 0))  # fmt: skip
+
+
 class _GuidanceObjective(UnlearningObjective):
     """Concept unlearning toward `eps_ref + eta (eps_ref - eps_u)` on the model's own (on-policy) samples."""
 
@@ -201,14 +213,7 @@ class ForwardKLObjective(UnlearningObjective):
     modes = ("concept", "data")
 
     def setup(self):
-        trainer = self.trainer
-        if trainer.mode != "concept":
-            return
-        n = self.args.pool_size
-        trainer.ref_pool = trainer.sample(trainer.ref_unet, trainer._repeat(trainer.reference_cond, n),
-                                          trainer._pool_generator(2, 0))  # fmt: skip
-        trainer.u_pool = trainer.sample(trainer.ref_unet, trainer._repeat(trainer.forget_conds, n),
-                                        trainer._pool_generator(3, 0))  # fmt: skip
+        _reference_and_forget_pools(self.trainer)
 
     def forget_parts(self, generator):
         trainer = self.trainer
@@ -277,21 +282,47 @@ class RetainOnlyObjective(UnlearningObjective):
 @public
 class SISSObjective(UnlearningObjective):
     r"""
-    SISS (baseline, data): x_t from the defensive mixture `(1-s) q(.|x) + s q(.|a)` of a data point x (same class)
-    and a forget point a, importance-weighted: `n/(n-k) E[w_x l_x] - k/(n-k) E[w_a l_a]` (its keep term replaces the
-    retain part).
+    SISS (baseline): x_t from the defensive mixture `(1-s) q(.|x) + s q(.|a)` of a data point x (same condition) and
+    a forget point a, importance-weighted: `n/(n-k) E[w_x l_x] - alpha k/(n-k) E[w_a l_a]` with alpha
+    `neggrad_weight` (1 is SISS as published; the repository rescales this term with its `scaling_norm`).
+
+    Data unlearning draws x from the whole training set (k forget of n examples) and its keep term replaces the
+    retain part. Concept unlearning takes the pretrained model's samples: the forget points are samples at the forget
+    prompts/classes (`u_pool`), the data are those and as many samples of the reference (`ref_pool`), all denoised
+    under the forget condition, so the subtracted mixture is the reference; the retain term is the other methods'.
     """
 
     name = "siss"
-    modes = ("data",)
+    modes = ("concept", "data")
     primal_dual = False
 
+    def setup(self):
+        _reference_and_forget_pools(self.trainer)
+
     def wants_retain(self):
-        return False
+        return self.trainer.mode == "concept" and self.args.retain_weight > 0
+
+    def _sizes(self) -> tuple[int, int, int]:
+        trainer = self.trainer
+        if trainer.mode == "data":
+            return self._data_sizes()
+        n_forget, n_keep = len(trainer.u_pool), len(trainer.ref_pool)
+        return n_forget, n_keep, n_forget + n_keep
+
+    def _concept_draws(self, generator):
+        trainer = self.trainer
+        u_conds = trainer._repeat(trainer.forget_conds, len(trainer.u_pool))
+        a, a_conds = trainer._pick(trainer.u_pool, u_conds, generator)
+        everything = torch.cat([trainer.ref_pool, trainer.u_pool])
+        x = everything[torch.randint(0, len(everything), (len(a),), generator=generator).to(everything.device)]
+        return a, a_conds, x
 
     def forget_parts(self, generator):
         trainer = self.trainer
         device = trainer.accelerator.device
+        if trainer.mode == "concept":
+            a, a_labels, x = self._concept_draws(generator)
+            return self._mixture_part(a, a_labels, x, generator, device)
         a, a_labels = trainer._pick(*trainer.forget_data, generator)
         all_images = torch.cat([trainer.retain_data[0], trainer.forget_data[0]])
         all_labels = None
@@ -305,12 +336,16 @@ class SISSObjective(UnlearningObjective):
             starts = torch.cumsum(counts, 0) - counts
             offsets = (torch.rand(len(a), generator=generator) * counts[a_labels]).long()
             x = all_images[order[starts[a_labels] + offsets]]
+        return self._mixture_part(a, a_labels, x, generator, device)
+
+    def _mixture_part(self, a, conds, x, generator, device):
+        trainer = self.trainer
         noise = torch.randn(a.shape, generator=generator).to(device)
         t = torch.randint(0, trainer.num_train_timesteps, (len(a),), generator=generator).to(device)
         from_a = (torch.rand(len(a), generator=generator) < self.args.siss_mixture_weight).to(device)
         a, x = a.to(device), x.to(device)
         m = trainer.noise_scheduler.add_noise(torch.where(from_a[:, None, None, None], a, x), noise, t)
-        return [{"name": "siss", "x_t": m, "t": t, "cond": a_labels.to(device) if a_labels is not None else None,
+        return [{"name": "siss", "x_t": m, "t": t, "cond": conds.to(device) if conds is not None else None,
                  "x": x, "a": a}]  # fmt: skip
 
     def add_targets(self, part):
@@ -327,13 +362,13 @@ class SISSObjective(UnlearningObjective):
                                                       torch.full_like(log_ratio, math.log(s))))  # fmt: skip
 
     def loss(self, preds, parts, retain, mse):
-        n_forget, n_retain, n = self._data_sizes()
+        n_forget, n_retain, n = self._sizes()
         p = parts["siss"]
         sq_x = ((preds["siss"] - p["target_x"]) ** 2).flatten(1).mean(1)
         sq_a = ((preds["siss"] - p["target_a"]) ** 2).flatten(1).mean(1)
         keep = (p["weight_x"] * sq_x).mean() * n / n_retain
-        neg = (p["weight_a"] * sq_a).mean() * n_forget / n_retain
-        return keep - neg, -neg, (p["weight_a"] * sq_a).mean().detach()
+        neg = self.args.neggrad_weight * (p["weight_a"] * sq_a).mean() * n_forget / n_retain
+        return keep - neg + self.args.retain_weight * retain, -neg, (p["weight_a"] * sq_a).mean().detach()
 
 
 OBJECTIVES: dict[str, type[UnlearningObjective]] = {

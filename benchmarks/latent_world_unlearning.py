@@ -1,0 +1,540 @@
+#!/usr/bin/env python
+"""Prompt-level concept erasure on the latent text-to-image zoo model (mosaic-t2i): the constrained methods against
+ESD and SISS with the same retain term.
+
+    python benchmarks/latent_world_unlearning.py
+
+The concept (default the colour "red") is erased from `mosaic-t2i` (`StableDiffusionPipeline`, 8x8x4 latents) by
+`ConstrainedUnlearningTrainer`: the primal-dual reverse-KL, likelihood and forward-KL constraints, and the ESD and
+SISS baselines, every one with the same retain term (distillation to the pretrained model on the retained prompts
+and the empty prompt, weight `--retain_weight`). The methods see 32 training prompts that ask for the concept and 32
+that do not; they are judged on other prompts by the exact mosaic judge:
+
+- forgetting: the share of outputs of prompts that ask for the concept in which the judge finds it;
+- retention: the judge's overall accuracy on prompts that do not ask for it (drop against the pretrained model,
+  paired: the same prompts from the same initial noise);
+- retained Fréchet distance: outputs on those prompts against the pretrained model's, in the features of a small
+  CNN this script trains on real renders (`MosaicFeatureNet`; its accuracy on held-out renders is reported).
+
+Protocol: the pretrained model's concept rate is measured first (headroom). Each method's strength (constraint
+level factor, ESD's eta, SISS's forget-term weight) is chosen on validation prompts with seed `--seeds[0]`: among
+its settings whose validation forgetting meets `--forget_target`, the one with the lowest validation retained FD
+(else the one that forgets most). The chosen settings are trained with every seed and judged once on the test
+prompts. Writes `benchmarks/results/latent_world_unlearning.{json,md,png}`; finished runs are cached under
+`benchmarks/.cache/latent_world_unlearning/` keyed by every setting and the code.
+"""
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+NAME = "latent_world_unlearning"
+CONSTRAINED = ("reverse_kl", "likelihood", "forward_kl")
+BASELINES = ("esd", "siss")
+HEADLINE = "reverse_kl"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("unlearning on the latent model")
+    group.add_argument("--unlearn_concept", type=str, default="red", help="Colour or shape of mosaic to erase.")
+    group.add_argument(
+        "--unlearn_seeds", type=int, nargs="+", default=[0, 1, 2], help="Training seeds (first: validation)."
+    )
+    group.add_argument("--unlearn_steps", type=int, default=60, help="Unlearning steps of every run.")
+    group.add_argument("--unlearn_learning_rate", type=float, default=2e-4, help="AdamW learning rate of every run.")
+    group.add_argument("--unlearn_batch_size", type=int, default=16, help="Forget (and retain) samples per step.")
+    group.add_argument("--unlearn_pool_size", type=int, default=64, help="Sample pool size of the trainer.")
+    group.add_argument("--retain_weight", type=float, default=10.0, help="Weight of the shared retain term.")
+    group.add_argument(
+        "--level_factors", type=float, nargs="+", default=[0.5, 1.0],
+        help="Reverse-KL and likelihood levels as multiples of the calibrated level (validation grid).",
+    )  # fmt: skip
+    group.add_argument(
+        "--forward_kl_factors", type=float, nargs="+", default=[1.0, 1.5],
+        help="Forward-KL levels as multiples of the calibrated level (validation grid).",
+    )  # fmt: skip
+    group.add_argument(
+        "--esd_etas", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="ESD negative guidance (grid)."
+    )
+    group.add_argument(
+        "--siss_weights", type=float, nargs="+", default=[0.5, 1.0], help="SISS forget-term weights (grid)."
+    )
+    group.add_argument("--dual_rate", type=float, default=0.03, help="Dual step as a multiple of 1 / |level|.")
+    group.add_argument("--num_train_prompts", type=int, default=32, help="Training prompts of each kind.")
+    group.add_argument("--val_prompts", type=int, default=48, help="Validation prompts of each kind.")
+    group.add_argument("--test_forget_prompts", type=int, default=96, help="Test prompts that ask for the concept.")
+    group.add_argument("--test_retain_prompts", type=int, default=128, help="Test prompts that do not.")
+    group.add_argument("--unlearn_inference_steps", type=int, default=10, help="DDIM steps of evaluation sampling.")
+    group.add_argument("--unlearn_guidance", type=float, default=4.0, help="Guidance scale of evaluation sampling.")
+    group.add_argument("--feature_steps", type=int, default=800, help="Training steps of the feature network.")
+    group.add_argument("--forget_target", type=float, default=0.02, help="Target: concept rate on its prompts.")
+    group.add_argument("--retain_drop_target", type=float, default=0.03, help="Target: retained accuracy drop.")
+    group.add_argument("--frechet_ratio_target", type=float, default=0.85, help="Target: FD(constrained) / FD(ESD).")
+    group.add_argument(
+        "--unlearn_cache_dir", type=str, default=os.path.join(HERE, ".cache", NAME),
+        help="Cache of finished runs (weights and measurements), keyed by every setting and the code.",
+    )  # fmt: skip
+
+
+def grid(args) -> list[tuple[str, str, dict, float | None]]:
+    """(run name, method, config overrides, level factor) of every validation setting."""
+    retain = {"retain_weight": args.retain_weight}
+    runs = []
+    for f in args.level_factors:
+        runs.append(
+            (f"reverse_kl x{f:g}", "reverse_kl", {"constraint": "reverse_kl", "lambda_max": 0.75, **retain}, f)
+        )
+    for f in args.level_factors:
+        runs.append((f"likelihood x{f:g}", "likelihood", {"constraint": "likelihood", "lambda_max": 3.0, **retain}, f))
+    for f in args.forward_kl_factors:
+        runs.append((f"forward_kl x{f:g}", "forward_kl", {"constraint": "forward_kl", "lambda_max": 0.5, **retain}, f))
+    for eta in args.esd_etas:
+        runs.append((f"esd eta={eta:g}", "esd", {"baseline": "esd", "esd_negative_guidance": eta, **retain}, None))
+    for w in args.siss_weights:
+        runs.append((f"siss w={w:g}", "siss", {"baseline": "siss", "neggrad_weight": w, **retain}, None))
+    return runs
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Cache
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def settings(args) -> dict:
+    return {k: v for k, v in sorted(vars(args).items()) if k not in ("unlearn_cache_dir", "output_dir")}
+
+
+def cache_folder(args) -> str:
+    from diffusers_ext import zoo
+    from diffusers_ext.evaluation.protocol import settings_code_hash
+
+    package = os.path.join(os.path.dirname(HERE), "diffusers_ext")
+    code = [os.path.abspath(__file__), os.path.join(package, "trainers"),
+            os.path.join(package, "evaluation", "mosaic_unlearning.py"), os.path.join(package, "evaluation", "mosaic.py"),
+            os.path.join(package, "data", "mosaic.py"), zoo.path("mosaic-t2i")]  # fmt: skip
+    return os.path.join(args.unlearn_cache_dir, settings_code_hash(settings(args), code)[:16])
+
+
+def _cached(folder, key):
+    path = os.path.join(folder, key.replace("/", "_").replace(" ", "_") + ".json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    return None
+
+
+def _store(folder, key, value):
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, key.replace("/", "_").replace(" ", "_") + ".json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f)
+    os.replace(path + ".tmp", path)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Measurement
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class Bench:
+    """Everything shared by the runs: the pipeline, the judge, the prompt sets, the feature net, base outputs."""
+
+    def __init__(self, args):
+        from diffusers import StableDiffusionPipeline
+
+        from diffusers_ext import zoo
+        from diffusers_ext.data.mosaic import MosaicConfig
+        from diffusers_ext.evaluation.mosaic import MosaicEvaluator
+        from diffusers_ext.evaluation.mosaic_unlearning import concept_prompt_sets, train_feature_net
+
+        self.args = args
+        self.config = MosaicConfig()
+        self.judge = MosaicEvaluator(self.config)
+        self.pipe = StableDiffusionPipeline.from_pretrained(zoo.path("mosaic-t2i"), torch_dtype=torch.float32)
+        self.pipe.set_progress_bar_config(disable=True)
+        sizes = {"train": args.num_train_prompts, "val": args.val_prompts,
+                 "test": (args.test_forget_prompts, args.test_retain_prompts)}  # fmt: skip
+        self.prompts = concept_prompt_sets(self.config, args.unlearn_concept, sizes, seed=0)
+        start = time.perf_counter()
+        self.feature_net, self.feature_report = train_feature_net(self.config, steps=args.feature_steps, seed=0)
+        print(f"feature net: exact {self.feature_report.exact_accuracy:.3f} label "
+              f"{self.feature_report.label_accuracy:.3f} ({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
+        self.base = {split: self.outputs(self.pipe.unet, split) for split in ("val", "test")}
+
+    def outputs(self, unet, split: str) -> dict:
+        """Images and judge verdicts of `unet` on `split`'s forget and retain prompts (eval noise seed 1234)."""
+        from diffusers_ext.evaluation.mosaic_unlearning import (
+            concept_presence,
+            image_features,
+            judge_accuracy,
+            sample_prompts,
+        )
+
+        args, pipe = self.args, copy.copy(self.pipe)
+        pipe.register_modules(unet=unet.eval())
+        result = {}
+        for kind in ("forget", "retain"):
+            prompts = self.prompts[split][kind]
+            images = sample_prompts(pipe, [p["caption"] for p in prompts], seed=1234 + (kind == "retain"),
+                                    num_inference_steps=args.unlearn_inference_steps,
+                                    guidance_scale=args.unlearn_guidance)  # fmt: skip
+            result[kind] = {
+                "present": concept_presence(self.judge, images, args.unlearn_concept),
+                "skills": judge_accuracy(self.judge, images, prompts),
+                "features": image_features(self.feature_net, images),
+            }
+        return result
+
+    def measure(self, unet, split: str) -> dict:
+        """Forgetting, retention (paired with the pretrained outputs) and retained FD of `unet` on `split`."""
+        from diffusers_ext.evaluation.protocol import binomial_standard_error
+        from diffusers_ext.metrics.frechet import frechet_distance
+
+        out, base = self.outputs(unet, split), self.base[split]
+        present = out["forget"]["present"]
+        rate = float(present.mean())
+        overall, base_overall = out["retain"]["skills"]["overall"], base["retain"]["skills"]["overall"]
+        diff = base_overall - overall
+        skills = {}
+        for skill, values in out["retain"]["skills"].items():
+            ok = ~np.isnan(values)
+            if ok.any():
+                skills[skill] = {"accuracy": float(values[ok].mean()),
+                                 "drop": float((base["retain"]["skills"][skill][ok] - values[ok]).mean())}  # fmt: skip
+        # the named objects' shapes on the concept's own prompts (does the rest of the prompt survive?)
+        forget_object = out["forget"]["skills"]["object"]
+        return {
+            "forget_rate": rate,
+            "forget_rate_se": binomial_standard_error(rate, len(present)),
+            "retain_accuracy": float(overall.mean()),
+            "retain_drop": float(diff.mean()),
+            "retain_drop_se": float(diff.std(ddof=1) / np.sqrt(len(diff))),
+            "retain_skills": skills,
+            "forget_prompt_object_accuracy": float(forget_object.mean()),
+            "retained_frechet": frechet_distance(out["retain"]["features"], base["retain"]["features"]),
+        }
+
+
+def train_run(bench, name, method, overrides, factor, seed):
+    """Train one setting with one seed; return (unet, info)."""
+    from diffusers import DDPMScheduler
+
+    from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer
+
+    args, pipe = bench.args, bench.pipe
+    train = bench.prompts["train"]
+    config = ConstrainedUnlearningConfig(
+        forget_prompts=[p["caption"] for p in train["forget"]],
+        retain_prompts=["", *[p["caption"] for p in train["retain"]]],  # the empty prompt is guidance's branch
+        max_steps=args.unlearn_steps, seed=seed, learning_rate=args.unlearn_learning_rate,
+        per_device_train_batch_size=args.unlearn_batch_size, pool_size=args.unlearn_pool_size,
+        pool_sampling_steps=5, pool_refresh_steps=5, stop_patience=args.unlearn_steps,
+        save_strategy="no", disable_tqdm=True, report_to="none", **overrides,
+    )  # fmt: skip
+    start = time.perf_counter()
+    trainer = ConstrainedUnlearningTrainer(
+        copy.deepcopy(pipe.unet), DDPMScheduler.from_config(pipe.scheduler.config), config,
+        text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer,
+    )  # fmt: skip
+    level = None
+    if factor is not None:
+        calibrated = trainer.calibrate_level()
+        level = calibrated * factor
+        trainer.args.constraint_level = level
+        trainer.args.dual_learning_rate = args.dual_rate / max(abs(level), 1e-3)
+    trainer.train()
+    info = {
+        "name": name,
+        "method": method,
+        "seed": seed,
+        "level": level,
+        "final_lambda": trainer.lambda_ if method in CONSTRAINED else None,
+        "final_guidance_strength": trainer.guidance_strength() if trainer.objective.guidance else None,
+        "lambda_trajectory": [h.get("lambda") for h in trainer.history],
+        "train_seconds": time.perf_counter() - start,
+    }
+    return trainer.unlearned_unet().eval(), info
+
+
+def run_setting(bench, folder, split, name, method, overrides, factor, seed, models):
+    """Measure one (setting, seed) on `split`, training it unless already trained in this process or cached."""
+    key = f"{split}/{name}/{seed}"
+    cached = _cached(folder, key)
+    if cached is not None:
+        return cached
+    if (name, seed) not in models:
+        models[(name, seed)] = train_run(bench, name, method, overrides, factor, seed)
+    unet, info = models[(name, seed)]
+    start = time.perf_counter()
+    result = {**info, **bench.measure(unet, split), "eval_seconds": time.perf_counter() - start}
+    _store(folder, key, result)
+    print(f"[{key}] concept {result['forget_rate']:.3f} retain drop {result['retain_drop']:+.3f} "
+          f"FD {result['retained_frechet']:.3f} lambda {result['final_lambda']} "
+          f"({result['train_seconds']:.0f}+{result['eval_seconds']:.0f} s)", flush=True)  # fmt: skip
+    return result
+
+
+def choose(validation: dict, target: float) -> dict:
+    """Per method, the validation setting chosen: lowest retained FD among those meeting the forgetting target,
+    else the one with the lowest forgetting rate (ties: lower FD)."""
+    chosen = {}
+    for method in (*CONSTRAINED, *BASELINES):
+        runs = [r for r in validation.values() if r["method"] == method]
+        meeting = [r for r in runs if r["forget_rate"] <= target]
+        pick = min(meeting, key=lambda r: r["retained_frechet"]) if meeting else min(
+            runs, key=lambda r: (r["forget_rate"], r["retained_frechet"]))  # fmt: skip
+        chosen[method] = {"name": pick["name"], "meets_target_on_validation": bool(meeting)}
+    return chosen
+
+
+def base_report(bench, split):
+    from diffusers_ext.evaluation.protocol import binomial_standard_error
+
+    out = bench.base[split]
+    rate = float(out["forget"]["present"].mean())
+    skills = {s: float(np.nanmean(v)) for s, v in out["retain"]["skills"].items()}
+    return {
+        "concept_rate": rate,
+        "concept_rate_se": binomial_standard_error(rate, len(out["forget"]["present"])),
+        "retain_skills": skills,
+        "forget_prompt_skills": {s: float(np.nanmean(v)) for s, v in out["forget"]["skills"].items()},
+    }
+
+
+def sanity_checks(bench) -> dict:
+    """Judge and feature-space checks on real renders, and the FD noise floor."""
+    from diffusers_ext.evaluation.mosaic_unlearning import (
+        concept_presence,
+        image_features,
+        judge_accuracy,
+        sample_prompts,
+    )
+    from diffusers_ext.metrics.frechet import frechet_distance
+
+    args, test = bench.args, bench.prompts["test"]
+    real_forget = [p["image"] for p in test["forget"]]
+    real_retain = [p["image"] for p in test["retain"]]
+    # the pretrained model from other initial noise: how large an FD sampling noise alone gives
+    other = sample_prompts(bench.pipe, [p["caption"] for p in test["retain"]], seed=99,
+                           num_inference_steps=args.unlearn_inference_steps, guidance_scale=args.unlearn_guidance)  # fmt: skip
+    floor = frechet_distance(image_features(bench.feature_net, other), bench.base["test"]["retain"]["features"])
+    real_fd = frechet_distance(
+        image_features(bench.feature_net, real_retain), bench.base["test"]["retain"]["features"]
+    )
+    return {
+        "judge_concept_rate_on_real_renders_of_its_prompts": float(
+            concept_presence(bench.judge, real_forget, args.unlearn_concept).mean()
+        ),
+        "judge_concept_rate_on_real_renders_of_other_prompts": float(
+            concept_presence(bench.judge, real_retain, args.unlearn_concept).mean()
+        ),
+        "judge_overall_accuracy_on_real_renders_of_retained_prompts": float(
+            np.mean(judge_accuracy(bench.judge, real_retain, test["retain"])["overall"])
+        ),
+        "feature_net_exact_accuracy_on_heldout_renders": bench.feature_report.exact_accuracy,
+        "feature_net_label_accuracy_on_heldout_renders": bench.feature_report.label_accuracy,
+        "feature_net_is_independent": "a CNN trained by this script on real renders only (not the UNet, VAE or "
+        "text encoder the methods train through)",
+        "frechet_noise_floor": floor,
+        "frechet_pretrained_to_real_renders": real_fd,
+    }
+
+
+def aggregate_test(runs: list[dict]) -> dict:
+    from diffusers_ext.evaluation.protocol import mean_spread
+
+    out = {"name": runs[0]["name"], "num_seeds": len(runs)}
+    for metric in (
+        "forget_rate",
+        "retain_drop",
+        "retain_accuracy",
+        "retained_frechet",
+        "forget_prompt_object_accuracy",
+    ):
+        out[metric] = mean_spread([r[metric] for r in runs])
+    out["forget_rate_se"] = float(np.mean([r["forget_rate_se"] for r in runs]))
+    out["retain_drop_se"] = float(np.mean([r["retain_drop_se"] for r in runs]))
+    out["final_lambda"] = [r["final_lambda"] for r in runs]
+    out["final_guidance_strength"] = [r["final_guidance_strength"] for r in runs]
+    skills = sorted(runs[0]["retain_skills"])
+    out["retain_skill_drops"] = {s: float(np.mean([r["retain_skills"][s]["drop"] for r in runs])) for s in skills}
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    from diffusers_ext.evaluation.protocol import target
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    folder = cache_folder(args)
+    bench = Bench(args)
+    headroom = {split: base_report(bench, split) for split in ("val", "test")}
+    print(f"headroom: pretrained concept rate val {headroom['val']['concept_rate']:.3f} test "
+          f"{headroom['test']['concept_rate']:.3f}", flush=True)  # fmt: skip
+    models = {}
+    settings_by_name = {name: (method, overrides, factor) for name, method, overrides, factor in grid(args)}
+    validation = {}
+    for name, (method, overrides, factor) in settings_by_name.items():
+        validation[name] = run_setting(bench, folder, "val", name, method, overrides, factor, args.unlearn_seeds[0],
+                                       models)  # fmt: skip
+    chosen = choose(validation, args.forget_target)
+    test_runs, test = {}, {}
+    for method, pick in chosen.items():
+        name = pick["name"]
+        for seed in args.unlearn_seeds:
+            test_runs[(method, seed)] = run_setting(bench, folder, "test", name, *settings_by_name[name], seed,
+                                                    models)  # fmt: skip
+            models.pop((name, seed), None)
+        test[method] = aggregate_test([test_runs[(method, s)] for s in args.unlearn_seeds])
+
+    esd_fd = test["esd"]["retained_frechet"]["mean"]
+    ratios = {m: test[m]["retained_frechet"]["mean"] / esd_fd for m in (*CONSTRAINED, "siss")}
+    head = test[HEADLINE]
+    targets = [
+        target(f"{HEADLINE}: concept present in outputs of its test prompts", head["forget_rate"]["mean"],
+               args.forget_target, "<="),
+        target(f"{HEADLINE}: overall accuracy drop on the other test prompts", head["retain_drop"]["mean"],
+               args.retain_drop_target, "<="),
+        target(f"{HEADLINE}: retained FD / ESD's (validation-matched forgetting)", ratios[HEADLINE],
+               args.frechet_ratio_target, "<="),
+    ]  # fmt: skip
+    sanity = sanity_checks(bench)
+    sanity["headroom_pretrained_concept_rate_test"] = headroom["test"]["concept_rate"]
+    sanity["headroom_shown"] = headroom["test"]["concept_rate"] >= 0.5
+    summary = {
+        "concept": args.unlearn_concept,
+        "headroom": headroom,
+        "chosen_on_validation": chosen,
+        "test": test,
+        "frechet_ratio_to_esd": ratios,
+        "targets": targets,
+        "sanity": sanity,
+    }
+    return {
+        "settings": settings(args),
+        "summary": summary,
+        "validation": validation,
+        "test_runs": {f"{m}/{s}": r for (m, s), r in test_runs.items()},
+        "prompts": {
+            split: {k: [p["caption"] for p in v] for k, v in sets.items()} for split, sets in bench.prompts.items()
+        },  # fmt: skip
+        "seconds": time.perf_counter() - start,
+        "command": "python benchmarks/latent_world_unlearning.py " + " ".join(sys.argv[1:]),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reports
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _pm(entry, spec=".3f"):
+    return f"{entry['mean']:{spec}} ± {entry['std']:{spec}}"
+
+
+def write_markdown(results: dict, path: str) -> None:
+    from diffusers_ext.evaluation.protocol import targets_status
+
+    s = results["summary"]
+    h = s["headroom"]
+    lines = [
+        f'# Erasing "{s["concept"]}" from mosaic-t2i (latent text-to-image)',
+        "",
+        f"Command: `{results['command'].strip()}`",
+        "",
+        f"Headroom: the pretrained model draws {s['concept']} in {h['test']['concept_rate']:.3f} "
+        f"(SE {h['test']['concept_rate_se']:.3f}) of outputs of test prompts that ask for it (validation "
+        f"{h['val']['concept_rate']:.3f}); overall accuracy on the other test prompts "
+        f"{h['test']['retain_skills']['overall']:.3f}.",
+        "",
+        "Validation (seed of the first run): each setting's concept rate, accuracy drop and retained FD.",
+        "",
+        "| setting | concept rate | accuracy drop | retained FD | final lambda |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, r in results["validation"].items():
+        lam = "-" if r["final_lambda"] is None else f"{r['final_lambda']:.3f}"
+        lines.append(f"| {name} | {r['forget_rate']:.3f} | {r['retain_drop']:+.3f} | {r['retained_frechet']:.3f} | "
+                     f"{lam} |")  # fmt: skip
+    lines += [
+        "",
+        "Test (chosen setting, mean ± std over seeds; SE: the evaluation's standard error, mean over seeds):",
+        "",
+        "| method | setting | concept rate (SE) | accuracy drop (SE) | retained FD | FD / ESD | seeds |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for method, t in s["test"].items():
+        ratio = s["frechet_ratio_to_esd"].get(method, 1.0)
+        lines.append(
+            f"| {method} | {t['name']} | {_pm(t['forget_rate'])} ({t['forget_rate_se']:.3f}) | "
+            f"{_pm(t['retain_drop'])} ({t['retain_drop_se']:.3f}) | {_pm(t['retained_frechet'])} | {ratio:.2f} | "
+            f"{t['num_seeds']} |"
+        )
+    lines += ["", f"Targets ({targets_status(s['targets'])}):", ""]
+    for t in s["targets"]:
+        lines.append(f"- {t['name']}: {t['value']:.3f} (threshold {t['comparison']} {t['threshold']}) "
+                     f"{'met' if t['met'] else 'missed'}")  # fmt: skip
+    lines += ["", "Sanity:", ""]
+    for k, v in s["sanity"].items():
+        lines.append(f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"reverse_kl": "#1f77b4", "likelihood": "#2ca02c", "forward_kl": "#9467bd", "esd": "#d62728",
+              "siss": "#ff7f0e"}  # fmt: skip
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=100)
+    for r in results["validation"].values():
+        left.scatter(r["forget_rate"], r["retained_frechet"], color=colors[r["method"]], marker="x", alpha=0.6)
+    for method, t in results["summary"]["test"].items():
+        left.errorbar(t["forget_rate"]["mean"], t["retained_frechet"]["mean"], xerr=t["forget_rate"]["std"],
+                      yerr=t["retained_frechet"]["std"], fmt="o", color=colors[method], label=f"{method} (test)")  # fmt: skip
+    left.axvline(results["settings"]["forget_target"], color="#c33", linestyle="--", linewidth=1)
+    left.set_xlabel("concept present in outputs of its prompts")
+    left.set_ylabel("retained Fréchet distance to the pretrained model")
+    left.set_title("x: validation settings, o: chosen setting on test")
+    left.legend(fontsize=8)
+    for key, r in results["test_runs"].items():
+        lam = r.get("lambda_trajectory")
+        if lam and lam[0] is not None:
+            right.plot(lam, color=colors[r["method"]], alpha=0.7, label=key)
+    right.set_xlabel("step")
+    right.set_ylabel("lambda")
+    right.set_title("Dual variable of the constrained runs (test)")
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    parser.add_argument("--output_dir", type=str, default=RESULTS, help=f"Where {NAME}.json/.md/.png go.")
+    args = parser.parse_args(argv)
+    results = run(args)
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, f"{NAME}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    write_markdown(results, os.path.join(args.output_dir, f"{NAME}.md"))
+    write_plot(results, os.path.join(args.output_dir, f"{NAME}.png"))
+    print(open(os.path.join(args.output_dir, f"{NAME}.md")).read())
+
+
+if __name__ == "__main__":
+    main()
