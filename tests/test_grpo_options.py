@@ -5,11 +5,10 @@ import pytest
 import torch
 from peft.utils import get_peft_model_state_dict
 from safetensors.torch import load_file
+from test_grpo_trainer import tiny_trainer
 
 from diffusers_ext import DiffusionGRPOConfig
 from diffusers_ext.rewards import BrightnessReward
-
-from test_grpo_trainer import tiny_trainer
 
 
 def test_ratio_clips_only_with_several_optimizer_steps_per_rollout(tmp_path):
@@ -37,7 +36,7 @@ def test_drop_zero_advantage_leaves_flat_groups_out_of_the_loss(tmp_path):
         original = trainer.compute_loss
 
         def recording(rollout, index, i, original=original, seen=seen):
-            seen.append(sorted(set(rollout.prompts[j] for j in index.tolist())))
+            seen.append(sorted({rollout.prompts[j] for j in index.tolist()}))
             return original(rollout, index, i)
 
         trainer.compute_loss = recording
@@ -71,7 +70,9 @@ def test_ema_of_the_policy_is_updated_swapped_in_and_saved(tmp_path):
     assert saved.keys() == swapped.keys()
     for key, value in saved.items():
         torch.testing.assert_close(value.float(), swapped[key].float())
-    assert any(not torch.allclose(saved[k].float(), current[k].float()) for k in saved), "saved the EMA, not the policy"
+    assert any(not torch.allclose(saved[k].float(), current[k].float()) for k in saved), (
+        "saved the EMA, not the policy"
+    )
 
 
 def test_guidance_during_rollouts_stores_the_negative_branch_and_rescores_consistently(tmp_path):

@@ -101,7 +101,7 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
         default=False,
         metadata={
             "help": "Keep an EMA of the trained weights (diffusers' EMAModel); `save_model` and `ema_weights()` use it "
-                    "(Flow-GRPO: on, 0.9 every 8 optimizer steps). Off by default: the saved weights are the policy."
+            "(Flow-GRPO: on, 0.9 every 8 optimizer steps). Off by default: the saved weights are the policy."
         },
     )
     ema_decay: float = field(default=0.9, metadata={"help": "EMA decay (constant), used with `use_ema`."})
