@@ -42,8 +42,9 @@ def test_directions_are_orthonormal_rms_matched_and_respect_padding():
         orthonormal_directions(torch.tensor([1.0, 2.0, 0.0, 0.0, 0.0]), 4, torch.Generator())
 
 
-def test_groups_have_clean_anchors_and_antithetic_pairs(tmp_path):
-    trainer = tiny_trainer(tmp_path, e2po_init_scale=0.2, e2po_max_scale=0.3)
+@pytest.mark.parametrize("per_token", [True, False])
+def test_groups_have_clean_anchors_and_antithetic_pairs(tmp_path, per_token):
+    trainer = tiny_trainer(tmp_path, e2po_init_scale=0.2, e2po_max_scale=0.3, e2po_token_scaling=per_token)
     rollout = trainer.generate(trainer.prompt_indices(0), 0)
     clean, _ = trainer.adapter.encode(rollout.prompts[::6], "", 1.0, 8)
     direction, sign = trainer.member_signs()
@@ -56,7 +57,13 @@ def test_groups_have_clean_anchors_and_antithetic_pairs(tmp_path):
         torch.testing.assert_close((e[:, 2] + e[:, 3]) / 2, c, atol=1e-6, rtol=0)
         d0, d1 = (e[:, 2] - c).flatten(1), (e[:, 4] - c).flatten(1)
         assert torch.all(d0.norm(dim=1) > 0)
-        assert ((d0 * d1).sum(dim=1).abs() < 1e-4 * d0.norm(dim=1) * d1.norm(dim=1)).all(), "directions not orthogonal"
+        # Exactly orthogonal with one RMS; per-token renormalisation leaves them nearly so.
+        tolerance = 0.05 if per_token else 1e-4
+        assert ((d0 * d1).sum(dim=1).abs() < tolerance * d0.norm(dim=1) * d1.norm(dim=1)).all(), "not orthogonal"
+        if per_token:
+            # Every token's perturbation is s times that token's own norm (padding tokens stay untouched).
+            token_delta, token_norm = (e[:, 2] - c).norm(dim=-1), c.norm(dim=-1)
+            torch.testing.assert_close(token_delta, 0.2 * token_norm, rtol=1e-3, atol=1e-6)
         # RMS over the embedding's non-zero entries: s times the embedding's own RMS there.
         relative = d0.norm(dim=1) / c.flatten(1).norm(dim=1)
         torch.testing.assert_close(relative, torch.full_like(relative, 0.2), rtol=1e-3, atol=0)
@@ -80,6 +87,39 @@ def test_log_probs_are_rescored_under_each_members_perturbed_embedding(tmp_path)
     perturbed = trainer.member_signs()[0].repeat(2) >= 0
     assert (mismatched - rollout.log_probs[:, 1])[perturbed].abs().max() > 10 * consistent + 1e-4
     torch.testing.assert_close(mismatched[~perturbed], rollout.log_probs[~perturbed, 1], atol=2e-5, rtol=0)
+
+
+def test_per_token_directions_match_each_tokens_norm():
+    reference = torch.randn(5, 12) * torch.tensor([0.1, 1.0, 10.0, 1.0, 0.0])[:, None]  # a zero (padding) token
+    directions = orthonormal_directions(reference, 2, torch.Generator().manual_seed(0), per_token=True)
+    torch.testing.assert_close(directions.norm(dim=-1), reference.norm(dim=-1).expand(2, 5), rtol=1e-5, atol=1e-7)
+    assert torch.all(directions[:, 4] == 0)
+
+
+def test_scale_controller_shrinks_the_scale_of_damaging_perturbations():
+    controller = ScaleController(3, init=0.1, low=0.02, high=0.3, up=1.25, down=0.95, target=0.05)
+    # Flat groups grow the scale unless the perturbed members lost more reward than allowed.
+    controller.update([0, 1, 2], [0.0, 0.0, 0.0], reward_drop=[0.01, 0.2, 0.2], max_reward_drop=0.1)
+    assert [controller[i] for i in range(3)] == pytest.approx([0.125, 0.095, 0.095])
+    controller.update([2], [0.0], reward_drop=[0.2], max_reward_drop=None)  # no allowance: the std rule alone
+    assert controller[2] == pytest.approx(0.095 * 1.25)
+    for _ in range(60):
+        controller.update([1], [0.0], reward_drop=[0.5], max_reward_drop=0.1)
+    assert controller[1] == pytest.approx(0.02)
+
+
+def test_trainer_applies_the_reward_drop_allowance(tmp_path):
+    # Target std 1.0: by the std rule alone every group would grow its scale; allowance 0: any loss shrinks it.
+    trainer = tiny_trainer(tmp_path, e2po_target_std=1.0, e2po_max_reward_drop=0.0)
+    rows = trainer.prompt_indices(0)
+    rollout = trainer.score_rollout(trainer.generate(rows, 0))
+    drop = trainer.reward_drop(rollout)
+    grouped = rollout.rewards.view(2, 6)
+    torch.testing.assert_close(drop, grouped[:, :2].mean(1) - grouped[:, 2:].mean(1))
+    trainer.after_step(rollout, 0)
+    expected = [0.1 * (0.95 if d > 0 else 1.25) for d in drop.tolist()]
+    assert [trainer.controller[row] for row in rows] == pytest.approx(expected)
+    assert "e2po/reward_drop" in trainer.extra_metrics(rollout)
 
 
 def test_scale_controller_stays_inside_hard_bounds():
@@ -136,11 +176,11 @@ def test_bad_e2po_settings(tmp_path, overrides, message):
 
 
 def test_pinned_update_of_a_tiny_run(tmp_path):
-    """Two E2PO steps end at the LoRA weights and scales of the implementation before the shared trainer base
-    (commit f79ba98), bit for bit on the machine they were recorded on."""
+    """Two E2PO steps (whole-embedding RMS scaling, the earlier rule) end at the LoRA weights and scales of the
+    implementation before the shared trainer base (commit f79ba98), bit for bit on the machine they were recorded on."""
     torch.manual_seed(1234)
     trainer = tiny_trainer(tmp_path, per_device_train_batch_size=6, gradient_accumulation_steps=2, num_inference_steps=3,
-                           beta=0.1, seed=3, timestep_fraction=0.7)  # fmt: skip
+                           beta=0.1, seed=3, timestep_fraction=0.7, e2po_token_scaling=False)  # fmt: skip
     history = trainer.train()
     lora_b = sum(
         p.detach().double().abs().sum() for n, p in trainer.unwrapped_transformer.named_parameters() if "lora_B" in n

@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ADOPTED = {
     "consistency",
     "discrete_flow",
+    "e2po",
     "divide_and_denoise",
     "lomdm",
     "mosaic",

@@ -75,7 +75,10 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
     )
     scale_rewards: str = field(
         default="group",
-        metadata={"help": "Divide advantages by the std of the 'group', the whole 'batch', or 'none'."},
+        metadata={
+            "help": "Divide advantages by the std of the 'group' (TRL's default, kept here), of the whole 'batch' on "
+            "all processes (Flow-GRPO's global std: groups with little spread get small advantages), or 'none'."
+        },
     )
     adv_clip_max: float = field(
         default=5.0, metadata={"help": "Advantages are clipped to [-adv_clip_max, +adv_clip_max]."}
@@ -86,11 +89,34 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
     reward_std_tolerance: float = field(
         default=1e-6, metadata={"help": "A group whose reward std is at most this counts in frac_reward_zero_std."}
     )
+    drop_zero_advantage: bool = field(
+        default=False,
+        metadata={
+            "help": "Leave the images of groups without reward spread (std <= reward_std_tolerance, so advantage 0) "
+            "out of the loss: they carry no policy gradient, so this skips their forward/backward and averages the "
+            "loss over informative images only (their KL term is dropped too). Off by default, as in Flow-GRPO."
+        },
+    )
+    use_ema: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep an EMA of the trained weights (diffusers' EMAModel); `save_model` and `ema_weights()` use it "
+            "(Flow-GRPO: on, 0.9 every 8 optimizer steps). Off by default: the saved weights are the policy."
+        },
+    )
+    ema_decay: float = field(default=0.9, metadata={"help": "EMA decay (constant), used with `use_ema`."})
+    ema_update_steps: int = field(
+        default=8, metadata={"help": "Update the EMA every N optimizer steps (Flow-GRPO: 8), used with `use_ema`."}
+    )
 
     # Sampling
     num_inference_steps: int = field(default=10, metadata={"help": "Denoising steps of each rollout."})
     guidance_scale: float = field(
-        default=4.5, metadata={"help": "Classifier-free guidance (SD3) or distilled guidance (Flux) scale."}
+        default=4.5,
+        metadata={
+            "help": "Guidance during rollouts and their rescoring: classifier-free (SD3; the unconditional branch is "
+            "detached; <= 1 turns it off) or distilled (Flux). 4.5 as Flow-GRPO on SD3.5."
+        },
     )
     negative_prompt: str = field(default="", metadata={"help": "Negative prompt of classifier-free guidance."})
     height: int | None = field(default=None, metadata={"help": "Image height; None: the pipeline's default."})
@@ -111,7 +137,11 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
         },
     )
     init_same_noise: bool = field(
-        default=False, metadata={"help": "Start every member of a group from the same initial noise (DanceGRPO)."}
+        default=False,
+        metadata={
+            "help": "Start every member of a group from the same initial noise (DanceGRPO's --init_same_noise), so the "
+            "spread comes from the SDE noise alone. Off by default, as in Flow-GRPO: independent noises spread more."
+        },
     )
 
     # LoRA
@@ -130,7 +160,7 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
                 f"`num_generations` must be >= 2: group-relative advantages need at least two images per prompt, "
                 f"got {self.num_generations}."
             )
-        for name in ("num_iterations", "num_inference_steps", "max_sequence_length", "lora_rank"):
+        for name in ("num_iterations", "num_inference_steps", "max_sequence_length", "lora_rank", "ema_update_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
         if self.generation_batch_size % self.num_generations:
@@ -148,6 +178,8 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
             raise ValueError(f"`timestep_fraction` must lie in (0, 1], got {self.timestep_fraction}.")
         if not self.epsilon > 0 or (self.epsilon_high is not None and not self.epsilon_high > 0):
             raise ValueError(f"`epsilon` and `epsilon_high` must be > 0, got {self.epsilon}, {self.epsilon_high}.")
+        if not 0 <= self.ema_decay < 1:
+            raise ValueError(f"`ema_decay` must lie in [0, 1), got {self.ema_decay}.")
         if self.beta < 0:
             raise ValueError(f"`beta` must be >= 0, got {self.beta}.")
         if not self.noise_level > 0:

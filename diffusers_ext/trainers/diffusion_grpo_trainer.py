@@ -1,5 +1,6 @@
 """GRPO for flow-matching text-to-image pipelines (Flow-GRPO), shaped like TRL's `GRPOTrainer`."""
 
+import contextlib
 import inspect
 import math
 import os
@@ -182,6 +183,13 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         self.trainable_parameters = [p for p in transformer.parameters() if p.requires_grad]
         optimizer = self.create_optimizer(self.trainable_parameters)
         self.transformer, self.optimizer = self.accelerator.prepare(transformer, optimizer)
+        self.ema = None
+        if args.use_ema:
+            from diffusers.training_utils import EMAModel
+
+            # A constant decay (min_decay = decay), as Flow-GRPO's EMA; checkpointed with the accelerator state.
+            self.ema = EMAModel(self.trainable_parameters, decay=args.ema_decay, min_decay=args.ema_decay)
+            self.accelerator.register_for_checkpointing(self.ema)
         self._timers: dict[str, float] = defaultdict(float)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -203,6 +211,18 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
     @property
     def unwrapped_transformer(self):
         return self.accelerator.unwrap_model(self.transformer)
+
+    @contextlib.contextmanager
+    def ema_weights(self):
+        """Context in which the transformer holds the EMA weights (`use_ema`); the trained weights come back after."""
+        if self.ema is None:
+            raise ValueError("`ema_weights()` needs `use_ema=True` in the config.")
+        self.ema.store(self.trainable_parameters)
+        self.ema.copy_to(self.trainable_parameters)
+        try:
+            yield self.unwrapped_transformer
+        finally:
+            self.ema.restore(self.trainable_parameters)
 
     def _timed(self, name: str):
         trainer = self
@@ -439,21 +459,31 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         timesteps = self.timesteps_to_train(step)
         micro = args.per_device_train_batch_size
         batch = rollout.latents.shape[0]
-        for _ in range(args.num_iterations):
+        keep = torch.ones(batch, dtype=torch.bool, device=rollout.latents.device)
+        if args.drop_zero_advantage:
+            keep = rollout.extra["group_std"].repeat_interleave(args.num_generations) > args.reward_std_tolerance
+        self.log_metric("frac_samples_trained", keep.float().mean().item())
+        for iteration in range(args.num_iterations):
             for start in range(0, batch, micro):
-                index = torch.arange(start, min(start + micro, batch), device=rollout.latents.device)
+                index = torch.arange(start, min(start + micro, batch), device=keep.device)
+                # Dropped images leave the micro-batch; an emptied one still counts toward the accumulation.
+                index = index[keep[index]]
                 for i in timesteps:
                     with self.accelerator.accumulate(self.transformer):
-                        with self._timed("forward_backward"):
-                            loss, metrics = self.compute_loss(rollout, index, i)
-                            self.accelerator.backward(loss)
+                        if len(index):
+                            with self._timed("forward_backward"):
+                                loss, metrics = self.compute_loss(rollout, index, i)
+                                self.accelerator.backward(loss)
+                            self._metrics["loss"].append(loss.item())
+                            for key, value in metrics.items():
+                                self._metrics[key].append(value)
                         if self.accelerator.sync_gradients:
                             self.log_metric("grad_norm", self.clip_gradients(self.trainable_parameters))
                         self.optimizer.step()
                         self.optimizer.zero_grad()
-                    self._metrics["loss"].append(loss.item())
-                    for key, value in metrics.items():
-                        self._metrics[key].append(value)
+            # One optimizer step per iteration; counting them from the step keeps a resumed run's EMA identical.
+            if self.ema is not None and (step * args.num_iterations + iteration + 1) % args.ema_update_steps == 0:
+                self.ema.step(self.trainable_parameters)
 
     # ------------------------------------------------------------------------------------------------------------
     # Training loop
@@ -500,7 +530,14 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def _save_weights(self, output_dir: str) -> None:
-        """The LoRA (`pytorch_lora_weights.safetensors`, loadable with `load_lora_weights`) or the full transformer."""
+        """The LoRA (`pytorch_lora_weights.safetensors`, loadable with `load_lora_weights`) or the full transformer;
+        the EMA weights with `use_ema`."""
+        if self.ema is not None:
+            with self.ema_weights():
+                return self._save_trained_weights(output_dir)
+        return self._save_trained_weights(output_dir)
+
+    def _save_trained_weights(self, output_dir: str) -> None:
         transformer = self.unwrapped_transformer
         if self.args.use_lora:
             from peft.utils import get_peft_model_state_dict

@@ -15,9 +15,11 @@ class E2POConfig(DiffusionGRPOConfig):
     Each group of `num_generations` images has `e2po_num_anchors` unperturbed anchor members and, for each of
     `e2po_num_directions` orthonormal directions `u_k`, the same number of members at `+s u_k` and at `-s u_k`
     (antithetic pairs, so the group's mean embedding is the clean one). `s` is relative: the perturbation's RMS is
-    `s` times the RMS of the embedding it perturbs. A per-prompt controller grows `s` (times `e2po_scale_up`) while
-    the prompt's group reward std is at most `e2po_target_std` and shrinks it (times `e2po_scale_down`) otherwise,
-    always inside the hard bounds `[e2po_min_scale, e2po_max_scale]`.
+    `s` times the norm of each token it perturbs (`e2po_token_scaling`, the paper's per-token rule), or times the
+    RMS of the whole embedding. A per-prompt controller grows `s` (times `e2po_scale_up`) while the prompt's group
+    reward std is at most `e2po_target_std` and shrinks it (times `e2po_scale_down`) otherwise, or whenever the
+    perturbed members' mean reward falls more than `e2po_max_reward_drop` below the anchors'; always inside the hard
+    bounds `[e2po_min_scale, e2po_max_scale]`.
     """
 
     e2po_num_anchors: int = field(default=2, metadata={"help": "Unperturbed (reference anchor) members per group."})
@@ -35,6 +37,21 @@ class E2POConfig(DiffusionGRPOConfig):
     e2po_scale_up: float = field(default=1.25, metadata={"help": "Factor applied to s when the group std is low."})
     e2po_scale_down: float = field(
         default=0.95, metadata={"help": "Factor applied to s when the group std is not low."}
+    )
+    e2po_token_scaling: bool = field(
+        default=True,
+        metadata={
+            "help": "Scale each token's perturbation to s times that token's norm (the paper's per-token rule, so "
+            "small-norm tokens are not swamped); False: one RMS over the whole embedding."
+        },
+    )
+    e2po_max_reward_drop: float | None = field(
+        default=None,
+        metadata={
+            "help": "Shrink a prompt's scale whenever its perturbed members' mean reward is more than this below its "
+            "anchors' (perturbations must not damage the prompt); None: no such check (needs e2po_num_anchors >= 1). "
+            "Off by default because it is in the reward's units."
+        },
     )
     e2po_perturb_pooled: bool = field(
         default=True, metadata={"help": "Also perturb the pooled prompt embedding (same scale, own directions)."}
@@ -62,6 +79,11 @@ class E2POConfig(DiffusionGRPOConfig):
             raise ValueError(
                 f"need e2po_scale_up >= 1 and 0 < e2po_scale_down <= 1, got {self.e2po_scale_up}, "
                 f"{self.e2po_scale_down}."
+            )
+        if self.e2po_max_reward_drop is not None and (self.e2po_max_reward_drop < 0 or self.e2po_num_anchors < 1):
+            raise ValueError(
+                f"`e2po_max_reward_drop` must be None or >= 0 with e2po_num_anchors >= 1, got "
+                f"{self.e2po_max_reward_drop} with {self.e2po_num_anchors} anchors."
             )
         if self.e2po_target_std < 0:
             raise ValueError(f"`e2po_target_std` must be >= 0, got {self.e2po_target_std}.")

@@ -25,10 +25,22 @@ class ScaleController:
     def __getitem__(self, row: int) -> float:
         return float(self.scales[row])
 
-    def update(self, rows: list[int], group_std: list[float]) -> None:
-        """Apply one update per `(row, std)` pair, in order."""
-        for row, std in zip(rows, group_std):
-            factor = self.up if std <= self.target else self.down
+    def update(
+        self,
+        rows: list[int],
+        group_std: list[float],
+        reward_drop: list[float] | None = None,
+        max_reward_drop: float | None = None,
+    ) -> None:
+        """Apply one update per `(row, std)` pair, in order.
+
+        With `reward_drop` (anchors' mean reward minus perturbed members', per pair) and `max_reward_drop`, a drop
+        above the allowance shrinks the scale whatever the std.
+        """
+        drops = reward_drop if reward_drop is not None else [None] * len(rows)
+        for row, std, drop in zip(rows, group_std, drops):
+            damaging = max_reward_drop is not None and drop is not None and drop > max_reward_drop
+            factor = self.up if std <= self.target and not damaging else self.down
             self.scales[row] = min(max(float(self.scales[row]) * factor, self.low), self.high)
 
     def state_dict(self) -> dict:
@@ -42,12 +54,21 @@ class ScaleController:
         self.scales = state["scales"].clone()
 
 
-def orthonormal_directions(reference: torch.Tensor, num_directions: int, generator: torch.Generator) -> torch.Tensor:
+def orthonormal_directions(
+    reference: torch.Tensor, num_directions: int, generator: torch.Generator, per_token: bool = False
+) -> torch.Tensor:
     r"""
     `num_directions` orthonormal perturbations shaped like `reference`, zero where `reference` is zero (padding).
 
-    Each is scaled so that its RMS over the non-zero entries of `reference` equals that of `reference`; multiply by
-    the relative scale `s` to perturb.
+    Args:
+        reference: `(..., D)` one embedding (`(L, D)` tokens or `(D,)` pooled).
+        per_token: if False, each direction's RMS over the non-zero entries of `reference` equals that of
+            `reference`; if True, each token (last-dimension row) of each direction has the norm of the same token
+            of `reference` (the paper's `s ||e_j|| u_kj / sqrt(D)` with `u_kj` of norm `sqrt(D)`), which keeps the
+            directions exactly antithetic and nearly (not exactly) orthogonal.
+
+    Returns:
+        `(num_directions, *reference.shape)`; multiply by the relative scale `s` to perturb.
     """
     mask = (reference != 0).flatten().float()
     support = int(mask.sum())
@@ -55,9 +76,14 @@ def orthonormal_directions(reference: torch.Tensor, num_directions: int, generat
         raise ValueError(f"an embedding with {support} non-zero entries cannot hold {num_directions} directions.")
     noise = torch.randn((mask.numel(), num_directions), generator=generator, dtype=torch.float64)
     q, _ = torch.linalg.qr(noise * mask.double()[:, None])
-    rms = reference.double().pow(2).sum().div(support).sqrt()
-    directions = q.T * math.sqrt(support) * rms
-    return directions.reshape(num_directions, *reference.shape).to(reference.dtype)
+    directions = q.T.reshape(num_directions, *reference.shape)
+    if per_token:
+        token_norm = reference.double().norm(dim=-1, keepdim=True)
+        directions = directions / directions.norm(dim=-1, keepdim=True).clamp_min(1e-30) * token_norm
+    else:
+        rms = reference.double().pow(2).sum().div(support).sqrt()
+        directions = directions * math.sqrt(support) * rms
+    return directions.to(reference.dtype)
 
 
 @public
@@ -123,7 +149,9 @@ class E2POTrainer(DiffusionGRPOTrainer):
             scales.append(scale)
             for key in self.perturbed_keys:
                 block = out[key][group * G : (group + 1) * G]
-                directions = orthonormal_directions(block[0].float().cpu(), K, generator).to(block.device)
+                directions = orthonormal_directions(
+                    block[0].float().cpu(), K, generator, per_token=self.args.e2po_token_scaling
+                ).to(block.device)
                 for member in range(G):
                     if direction[member] >= 0:
                         delta = sign[member] * scale * directions[direction[member]]
@@ -136,8 +164,18 @@ class E2POTrainer(DiffusionGRPOTrainer):
         device = self.accelerator.device
         rows = torch.tensor(rollout.extra["row_ids"], device=device, dtype=torch.long)
         std = rollout.extra["group_std"].to(device=device, dtype=torch.float32)
-        all_rows, all_std = self.accelerator.gather(rows), self.accelerator.gather(std)
-        self.controller.update(all_rows.tolist(), all_std.tolist())
+        drop = self.reward_drop(rollout).to(device=device, dtype=torch.float32)
+        all_rows, all_std, all_drop = (self.accelerator.gather(t) for t in (rows, std, drop))
+        self.controller.update(all_rows.tolist(), all_std.tolist(), all_drop.tolist(), self.args.e2po_max_reward_drop)
+
+    def reward_drop(self, rollout: Rollout) -> torch.Tensor:
+        """Per group: the anchors' mean reward minus the perturbed members' (0 without anchors)."""
+        direction, _ = self.member_signs()
+        grouped = rollout.rewards.view(-1, self.args.num_generations)
+        anchors = (direction < 0).to(grouped.device)
+        if not anchors.any():
+            return torch.zeros(grouped.shape[0], device=grouped.device)
+        return grouped[:, anchors].mean(dim=1) - grouped[:, ~anchors].mean(dim=1)
 
     def extra_metrics(self, rollout: Rollout) -> dict[str, float]:
         direction, _ = self.member_signs()
@@ -148,6 +186,7 @@ class E2POTrainer(DiffusionGRPOTrainer):
             "e2po/scale_max": float(scales.max()),
             "e2po/frac_scale_at_max": float((scales >= self.args.e2po_max_scale - 1e-12).float().mean()),
             "e2po/perturbed_reward": float(rollout.rewards[~anchors].mean()),
+            "e2po/reward_drop": float(self.reward_drop(rollout).mean()),
         }
         if anchors.any():
             metrics["e2po/anchor_reward"] = float(rollout.rewards[anchors].mean())

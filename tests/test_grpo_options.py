@@ -1,0 +1,119 @@
+"""The Flow-GRPO options of DiffusionGRPOConfig, one test each: clipping with several iterations, dropping
+zero-advantage samples, the EMA of the policy, guidance during rollouts, shared initial noise within a group."""
+
+import pytest
+import torch
+from peft.utils import get_peft_model_state_dict
+from safetensors.torch import load_file
+from test_grpo_trainer import tiny_trainer
+
+from diffusers_ext import DiffusionGRPOConfig
+from diffusers_ext.rewards import BrightnessReward
+
+
+def test_ratio_clips_only_with_several_optimizer_steps_per_rollout(tmp_path):
+    # One optimizer step per rollout: every ratio is exp(0) = 1 when it is computed, so nothing can clip.
+    single = tiny_trainer(tmp_path / "one", max_steps=3, num_iterations=1, epsilon=1e-3)
+    assert all(log["clip_ratio/region_mean"] == 0 for log in single.train())
+    # Later iterations rescore the same rollout under an updated policy: the ratio leaves [1 - eps, 1 + eps].
+    several = tiny_trainer(tmp_path / "three", max_steps=3, num_iterations=3, epsilon=1e-3)
+    assert max(log["clip_ratio/region_mean"] for log in several.train()) > 0
+
+
+def half_constant_reward(prompts, images, **kwargs):
+    """Constant for "a cat" (a group without spread), brightness otherwise."""
+    brightness = BrightnessReward(1.0)(prompts, images)
+    return [1.0 if prompt == "a cat" else value for prompt, value in zip(prompts, brightness)]
+
+
+def test_drop_zero_advantage_leaves_flat_groups_out_of_the_loss(tmp_path):
+    sizes = {}
+    for drop in (False, True):
+        trainer = tiny_trainer(
+            tmp_path / str(drop), [half_constant_reward], ["a cat", "a dog"], max_steps=1, drop_zero_advantage=drop
+        )
+        seen = []
+        original = trainer.compute_loss
+
+        def recording(rollout, index, i, original=original, seen=seen):
+            seen.append(sorted({rollout.prompts[j] for j in index.tolist()}))
+            return original(rollout, index, i)
+
+        trainer.compute_loss = recording
+        log = trainer.train()[0]
+        sizes[drop] = seen
+        assert log["frac_reward_zero_std"] == 0.5
+        assert log["frac_samples_trained"] == (0.5 if drop else 1.0)
+    assert all(prompts == ["a cat", "a dog"] for prompts in sizes[False])
+    assert sizes[True] and all(prompts == ["a dog"] for prompts in sizes[True])
+
+
+def test_ema_of_the_policy_is_updated_swapped_in_and_saved(tmp_path):
+    trainer = tiny_trainer(tmp_path, max_steps=2, use_ema=True, ema_decay=0.5, ema_update_steps=1)
+    snapshots = []
+    for step in (1, 2):
+        trainer.train(step)
+        snapshots.append([p.detach().clone() for p in trainer.trainable_parameters])
+    # The first update copies the weights; the second averages with decay 0.5.
+    expected = [0.5 * a + 0.5 * b for a, b in zip(*snapshots)]
+    for shadow, wanted in zip(trainer.ema.shadow_params, expected):
+        torch.testing.assert_close(shadow, wanted)
+    assert any((a != b).any() for a, b in zip(*snapshots)), "the policy must move for this test to mean anything"
+    with trainer.ema_weights() as transformer:
+        swapped = {k: v.clone() for k, v in get_peft_model_state_dict(transformer).items()}
+    for parameter, current in zip(trainer.trainable_parameters, snapshots[1]):
+        torch.testing.assert_close(parameter, current)  # restored after the context
+    current = {k: v.clone() for k, v in get_peft_model_state_dict(trainer.unwrapped_transformer).items()}
+    trainer.save_model(str(tmp_path / "saved"))
+    saved = load_file(str(tmp_path / "saved" / "pytorch_lora_weights.safetensors"))
+    saved = {k.removeprefix("transformer."): v for k, v in saved.items()}
+    assert saved.keys() == swapped.keys()
+    for key, value in saved.items():
+        torch.testing.assert_close(value.float(), swapped[key].float())
+    assert any(not torch.allclose(saved[k].float(), current[k].float()) for k in saved), (
+        "saved the EMA, not the policy"
+    )
+
+
+def test_guidance_during_rollouts_stores_the_negative_branch_and_rescores_consistently(tmp_path):
+    trainer = tiny_trainer(tmp_path, guidance_scale=3.0)
+    rollout = trainer.generate(trainer.prompt_indices(0), 0)
+    assert rollout.uncond is not None and rollout.uncond["prompt_embeds"].shape == rollout.cond["prompt_embeds"].shape
+    index = torch.arange(8)
+    with torch.no_grad():
+        log_prob, _, _ = trainer.step_log_prob(trainer.transformer, rollout, index, 0)
+        torch.testing.assert_close(log_prob, rollout.log_probs[:, 0], atol=1e-4, rtol=0)
+        guided = trainer.adapter.velocity(
+            trainer.transformer, rollout.latents[:, 0], rollout.timesteps[0], rollout.cond, rollout.uncond, 3.0
+        )
+        plain = trainer.adapter.velocity(
+            trainer.transformer, rollout.latents[:, 0], rollout.timesteps[0], rollout.cond, None, 1.0
+        )
+    assert (guided - plain).abs().max() > 1e-3
+    assert tiny_trainer(tmp_path / "off").generate([0, 1], 0).uncond is None  # guidance_scale 1.0: no CFG
+
+
+def test_init_same_noise_shares_the_initial_noise_within_a_group(tmp_path):
+    shared = tiny_trainer(tmp_path / "same", init_same_noise=True).generate([0, 1], 0).latents[:, 0]
+    groups = shared.view(2, 4, *shared.shape[1:])
+    assert torch.equal(groups[:, 0:1].expand_as(groups), groups)
+    assert (groups[0, 0] - groups[1, 0]).abs().max() > 0
+    independent = tiny_trainer(tmp_path / "own").generate([0, 1], 0).latents[:, 0]
+    assert (independent[0] - independent[1]).abs().max() > 0
+
+
+def test_option_defaults_and_errors():
+    config = DiffusionGRPOConfig()
+    assert (config.scale_rewards, config.drop_zero_advantage, config.use_ema, config.init_same_noise) == (
+        "group",
+        False,
+        False,
+        False,
+    )
+    assert config.beta == 0.0 and config.guidance_scale == 4.5
+    for name in ("drop_zero_advantage", "use_ema", "ema_decay", "ema_update_steps", "init_same_noise", "beta"):
+        assert DiffusionGRPOConfig.__dataclass_fields__[name].metadata["help"]
+    with pytest.raises(ValueError, match="ema_decay"):
+        DiffusionGRPOConfig(ema_decay=1.0)
+    with pytest.raises(ValueError, match="ema_update_steps"):
+        DiffusionGRPOConfig(ema_update_steps=0)
