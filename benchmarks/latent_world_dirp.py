@@ -44,7 +44,12 @@ SETTINGS = {
     "diffpure": [{"t_star": t} for t in (50, 100, 200)],
     "gridpure": [{"t_star": t} for t in (50, 100, 200)],
     "impress": [{"perceptual_budget": b} for b in (0.03, 0.06, 0.12)],
-    "dirp": [{"perceptual_budget": b} for b in (0.03, 0.06, 0.12)],
+    # DIRP's three: how far up the schedule the inversion goes, and the hinge's budget
+    "dirp": [
+        {"inversion_strength": 0.1, "perceptual_budget": 0.06},
+        {"inversion_strength": 0.2, "perceptual_budget": 0.06},
+        {"inversion_strength": 0.2, "perceptual_budget": 0.12},
+    ],
 }
 
 
@@ -55,23 +60,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dirp_test_subject", default="rocket", help="Subject evaluated once.")
     group.add_argument("--dirp_num_images", type=int, default=12, help="Pictures of the subject the mimic sees.")
     group.add_argument("--dirp_num_reference", type=int, default=64, help="Held-out renders the FD compares to.")
-    group.add_argument("--dirp_num_samples", type=int, default=32, help="Mimic samples scored.")
+    group.add_argument("--dirp_num_samples", type=int, default=24, help="Mimic samples scored.")
     group.add_argument("--dirp_budgets", type=int, nargs="+", default=[8, 16], help="L-inf budgets, 1/255 units.")
     group.add_argument(
-        "--dirp_protections", nargs="+", default=["advdm", "sds-", "mist", "photoguard", "glaze"],
+        "--dirp_protections", nargs="+", default=["advdm", "mist", "photoguard", "glaze"],
         help="Protections (names of evaluation.dirp.protections.PROTECTIONS).",
     )  # fmt: skip
     group.add_argument("--dirp_pgd_steps", type=int, default=20, help="PGD steps of each protection.")
-    group.add_argument("--dirp_mimic_steps", type=int, default=120, help="Mimic fine-tuning steps.")
+    group.add_argument("--dirp_mimic_steps", type=int, default=100, help="Mimic fine-tuning steps.")
     group.add_argument("--dirp_mimic_lr", type=float, default=1e-3, help="Mimic learning rate.")
     group.add_argument("--dirp_mimic_rank", type=int, default=0, help="LoRA rank of the mimic; 0: full fine-tune.")
-    group.add_argument("--dirp_sample_steps", type=int, default=20, help="DDIM steps of the mimic's samples.")
+    group.add_argument("--dirp_sample_steps", type=int, default=15, help="DDIM steps of the mimic's samples.")
     group.add_argument("--dirp_guidance", type=float, default=1.0, help="Guidance of the mimic's samples.")
-    group.add_argument("--dirp_iterations", type=int, default=25, help="DIRP's and IMPRESS's Adam iterations.")
+    group.add_argument("--dirp_iterations", type=int, default=20, help="DIRP's and IMPRESS's Adam iterations.")
     group.add_argument("--dirp_learning_rate", type=float, default=0.01, help="DIRP's and IMPRESS's learning rate.")
     group.add_argument("--dirp_inversion_steps", type=int, default=2, help="DIRP's K.")
-    group.add_argument("--dirp_inversion_strength", type=float, default=0.3, help="DIRP's partial inversion.")
-    group.add_argument("--dirp_feature_steps", type=int, default=600, help="Training steps of the FD's CNN.")
+    group.add_argument("--dirp_feature_steps", type=int, default=500, help="Training steps of the FD's CNN.")
     group.add_argument("--dirp_output_dir", default=RESULTS, help="Where the results files go (main() only).")
 
 
@@ -94,7 +98,7 @@ def _purify(name: str, setting: dict, pipe, images: torch.Tensor, args, seed: in
         return purifiers.gridpure(pipe, images, tile_size=16, stride=8, num_steps=5, generator=generator, **setting)
     schedule = {"num_inversion_steps": 0}
     if name == "dirp":
-        schedule = {"num_inversion_steps": args.dirp_inversion_steps, "inversion_strength": args.dirp_inversion_strength}
+        schedule = {"num_inversion_steps": args.dirp_inversion_steps}
     out = pipe(
         images, num_iterations=args.dirp_iterations, learning_rate=args.dirp_learning_rate, perceptual="l2",
         gradient_checkpointing=False, output_type="pt", **schedule, **setting,
