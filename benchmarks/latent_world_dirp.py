@@ -95,7 +95,8 @@ def _purify(name: str, setting: dict, pipe, images: torch.Tensor, args, seed: in
     if name == "diffpure":
         return purifiers.diffpure(pipe, images, num_steps=5, generator=generator, **setting)
     if name == "gridpure":
-        return purifiers.gridpure(pipe, images, tile_size=16, stride=8, num_steps=5, generator=generator, **setting)
+        # tiles of the model's native size: here the whole 32x32 image (iterated DiffPure blended with the input)
+        return purifiers.gridpure(pipe, images, num_steps=5, generator=generator, **setting)
     schedule = {"num_inversion_steps": 0}
     if name == "dirp":
         schedule = {"num_inversion_steps": args.dirp_inversion_steps}
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> dict:
     pipe = DIRPPipeline(unet=sd.unet, scheduler=sd.scheduler, vae=sd.vae, text_encoder=sd.text_encoder,
                         tokenizer=sd.tokenizer)  # fmt: skip
     pipe.set_progress_bar_config(disable=True)
-    feature_net, feature_accuracy = train_feature_network(num_steps=args.dirp_feature_steps)
+    feature_net, feature_accuracy, label_accuracy = train_feature_network(num_steps=args.dirp_feature_steps)
     budgets = sorted(args.dirp_budgets)
     top = budgets[-1]
     rank = args.dirp_mimic_rank or None
@@ -221,7 +222,7 @@ def run(args: argparse.Namespace) -> dict:
             fds[f"{p}@{top}"].append(distance)
             if seed == args.dirp_seeds[0] and p == "dirp":
                 grids["dirp"] = samples[:8]
-        log(f"seed {seed}: {{k: round(v[-1], 2) for k, v in fds.items()}}")
+        log(f"seed {seed}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in fds.items()))
     ratios = {
         key: mean_spread([v / c for v, c in zip(values, fds["clean"])]) for key, values in fds.items() if key != "clean"
     }
@@ -253,6 +254,7 @@ def run(args: argparse.Namespace) -> dict:
     max_linf = max(float((x - t_clean).abs().max()) * 127.5 for x in t_protected.values())
     sanity = {
         "feature_net_exact_match_on_real_renders": feature_accuracy,
+        "feature_net_label_accuracy_on_real_renders": label_accuracy,
         "fd_real_renders_vs_reference": real_floor,
         "fd_untuned_model_vs_reference": base_fd,
         "clean_mimic_learns_the_subject": bool(np.mean(fds["clean"]) < base_fd),

@@ -50,11 +50,12 @@ def _scene_labels(rows: list, labels: list) -> torch.Tensor:
 
 def train_feature_network(
     num_train: int = 2000, num_test: int = 400, num_steps: int = 400, batch_size: int = 64, seed: int = 0
-) -> tuple[MosaicFeatureNet, float]:
+) -> tuple[MosaicFeatureNet, float, float]:
     r"""
     Train a [`MosaicFeatureNet`] on `num_train` mosaic renders (all tasks, default world; stream seed `1000 + seed`)
     and measure its exact-match accuracy (every (colour, shape) label right) on `num_test` renders of a separate
-    stream. Returns `(network, accuracy)`; the network is frozen, in eval mode.
+    stream. Returns `(network, exact_match, label_accuracy)` (`label_accuracy`: the share of the 18 (colour, shape)
+    presence labels right); the network is frozen, in eval mode.
     """
     config = MosaicConfig()
     labels = [(c, s) for c in PALETTE for s in SHAPES]
@@ -74,8 +75,8 @@ def train_feature_network(
         optimizer.step()
     net.eval().requires_grad_(False)
     with torch.no_grad():
-        exact = ((net(x_test) > 0).float() == y_test).all(dim=1).float().mean()
-    return net, float(exact)
+        right = (net(x_test) > 0).float() == y_test
+    return net, float(right.all(dim=1).float().mean()), float(right.float().mean())
 
 
 def lora_finetune(
