@@ -59,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dirp_validation_subject", default="tower", help="Subject for every choice.")
     group.add_argument("--dirp_test_subject", default="rocket", help="Subject evaluated once.")
     group.add_argument("--dirp_num_images", type=int, default=12, help="Pictures of the subject the mimic sees.")
-    group.add_argument("--dirp_num_reference", type=int, default=64, help="Held-out renders the FD compares to.")
-    group.add_argument("--dirp_num_samples", type=int, default=24, help="Mimic samples scored.")
+    group.add_argument("--dirp_num_reference", type=int, default=128, help="Held-out renders the FD compares to.")
+    group.add_argument("--dirp_num_samples", type=int, default=96, help="Mimic samples scored.")
     group.add_argument("--dirp_budgets", type=int, nargs="+", default=[8, 16], help="L-inf budgets, 1/255 units.")
     group.add_argument(
         "--dirp_protections", nargs="+", default=["advdm", "mist", "photoguard", "glaze"],
