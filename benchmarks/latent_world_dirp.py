@@ -224,7 +224,9 @@ def run(args: argparse.Namespace) -> dict:
                 grids["dirp"] = samples[:8]
         log(f"seed {seed}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in fds.items()))
     ratios = {
-        key: mean_spread([v / c for v, c in zip(values, fds["clean"])]) for key, values in fds.items() if key != "clean"
+        key: mean_spread([v / c for v, c in zip(values, fds["clean"])])
+        for key, values in fds.items()
+        if key != "clean"
     }
     headroom = {}
     for method in args.dirp_protections:
@@ -247,10 +249,21 @@ def run(args: argparse.Namespace) -> dict:
     ]
     for b in budgets:
         best_other = max(psnr[str(b)][p] for p in others)
-        targets.append(target(f"DIRP PSNR - best baseline PSNR at {b}/255 (dB)", psnr[str(b)]["dirp"] - best_other, 0.0))
+        targets.append(
+            target(f"DIRP PSNR - best baseline PSNR at {b}/255 (dB)", psnr[str(b)]["dirp"] - best_other, 0.0)
+        )
     real_floor = fd(subject_images(t_subject, args.dirp_num_samples, seed=2), t_reference)
-    base_fd = fd(sample_mimic(sd, sd.unet, t_subject.caption, args.dirp_num_samples,
-                              guidance_scale=args.dirp_guidance, num_inference_steps=args.dirp_sample_steps), t_reference)
+    base_fd = fd(
+        sample_mimic(
+            sd,
+            sd.unet,
+            t_subject.caption,
+            args.dirp_num_samples,
+            guidance_scale=args.dirp_guidance,
+            num_inference_steps=args.dirp_sample_steps,
+        ),
+        t_reference,
+    )
     max_linf = max(float((x - t_clean).abs().max()) * 127.5 for x in t_protected.values())
     sanity = {
         "feature_net_exact_match_on_real_renders": feature_accuracy,
@@ -312,7 +325,9 @@ def write_markdown(results: dict, path: str) -> None:
               + " | ".join(f"{b}/255" for b in budgets) + " |", "| --- |" + " --- |" * len(budgets)]  # fmt: skip
     methods = sorted({k.split("@")[0] for k in s["headroom_fd_ratio_seed0"]})
     for m in methods:
-        lines.append(f"| {m} | " + " | ".join(f"{s['headroom_fd_ratio_seed0'][f'{m}@{b}']:.3f}" for b in budgets) + " |")
+        lines.append(
+            f"| {m} | " + " | ".join(f"{s['headroom_fd_ratio_seed0'][f'{m}@{b}']:.3f}" for b in budgets) + " |"
+        )
     lines += ["", "## PSNR to clean (dB), test subject", "", "| set | " + " | ".join(f"{b}/255" for b in budgets)
               + " |", "| --- |" + " --- |" * len(budgets)]  # fmt: skip
     for key in ["protected", *PURIFIERS]:

@@ -47,13 +47,23 @@ class MosaicSubject:
 SUBJECTS = {
     # a yellow circle sitting on a blue square, a small red square to its right
     "tower": MosaicSubject(
-        "tower", "a cyan square", (("blue", "square", 0.0, 0.45, 0.55), ("yellow", "circle", 0.0, -0.55, 0.42),
-                                   ("red", "square", 0.85, 0.75, 0.22))
+        "tower",
+        "a cyan square",
+        (
+            ("blue", "square", 0.0, 0.45, 0.55),
+            ("yellow", "circle", 0.0, -0.55, 0.42),
+            ("red", "square", 0.85, 0.75, 0.22),
+        ),
     ),
     # a green triangle on a red square, a yellow circle at its top left
     "rocket": MosaicSubject(
-        "rocket", "a magenta triangle", (("red", "square", 0.0, 0.55, 0.42), ("green", "triangle", 0.0, -0.35, 0.55),
-                                         ("yellow", "circle", -0.75, -0.75, 0.22))
+        "rocket",
+        "a magenta triangle",
+        (
+            ("red", "square", 0.0, 0.55, 0.42),
+            ("green", "triangle", 0.0, -0.35, 0.55),
+            ("yellow", "circle", -0.75, -0.75, 0.22),
+        ),
     ),
 }
 

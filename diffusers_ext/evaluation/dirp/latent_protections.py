@@ -83,9 +83,7 @@ def inversion_amplification(
     scale = delta.flatten(1).norm(dim=1) / noise.flatten(1).norm(dim=1).clamp_min(1e-12)
     noisy = (clean + noise * scale.view(-1, 1, 1, 1)).clamp(-1.0, 1.0)
     errors = {
-        name: float(
-            pipe.reconstruction_error(x, num_inversion_steps, inversion_strength, prompt=prompt).mean()
-        )
+        name: float(pipe.reconstruction_error(x, num_inversion_steps, inversion_strength, prompt=prompt).mean())
         for name, x in (("clean", clean), ("protected", protected), ("noise", noisy))
     }
     latents = {name: pipe.encode_images(x.to(pipe._execution_device)) for name, x in (("c", clean), ("p", protected),
