@@ -21,6 +21,7 @@ ADOPTED = {
     "consistency",
     "discrete_flow",
     "e2po",
+    "latent_world",
     "divide_and_denoise",
     "lomdm",
     "mosaic",

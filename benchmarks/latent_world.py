@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""DIRP, Divide-and-Denoise and constrained unlearning on the latent text-to-image zoo model `mosaic-t2i`.
+
+    python benchmarks/latent_world.py                       # every part, one process
+    python benchmarks/latent_world.py --parts dirp unlearning
+
+Each part is its own script (`benchmarks/latent_world_<part>.py`, runnable alone, writing
+`results/latent_world_<part>.json`); this one runs the chosen parts' `run()` in one process, one after the other,
+with the options each part defines (all prefixed by the part's name, see `--help`), and writes
+`benchmarks/results/latent_world.json` (`summary.<part>`: the part's numbers and its computed `targets`;
+`summary.targets`: every part's targets, named by part) and `latent_world.md`.
+
+`--assemble` runs nothing: it gathers the parts' own committed results files (each from one complete invocation of
+its script, whose command and code hash it keeps) into `latent_world.json`, saying so in the file.
+"""
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import time
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+PARTS = ("dirp", "divide_and_denoise", "unlearning")
+
+
+def load_part(name: str):
+    """The module `benchmarks/latent_world_<name>.py` (benchmarks/ is not a package)."""
+    path = os.path.join(HERE, f"latent_world_{name}.py")
+    spec = importlib.util.spec_from_file_location(f"latent_world_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="Parts to run, in order.")
+    parser.add_argument(
+        "--assemble",
+        action="store_true",
+        help="Run nothing: gather the parts' committed results files (latent_world_<part>.json).",
+    )
+    parser.add_argument("--output_dir", default=RESULTS, help="Where latent_world.json and .md go.")
+    for name in PARTS:
+        load_part(name).add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def prefixed_targets(summaries: dict) -> list[dict]:
+    """Every part's computed targets, each name prefixed by its part."""
+    return [dict(t, name=f"{part}: {t['name']}") for part, s in summaries.items() for t in s["targets"]]
+
+
+def write_markdown(results: dict, path: str) -> None:
+    from diffusers_ext.evaluation.protocol import targets_status
+
+    s = results["summary"]
+    lines = [
+        "# The latent world: DIRP, Divide-and-Denoise and unlearning on `mosaic-t2i`",
+        "",
+        f"Command: `{results['command']}`" + (f" ({results['how']})" if results.get("how") else ""),
+        "",
+        f"**{targets_status(s['targets'])}** (all parts).",
+        "",
+    ]
+    for part in results["parts"]:
+        part_summary = s[part]
+        lines += [
+            f"## {part}: {targets_status(part_summary['targets'])}",
+            "",
+            f"Part results: [latent_world_{part}.md](latent_world_{part}.md) (`{results['parts'][part]['command']}`)",
+            "",
+            "| target | value | threshold | met |",
+            "| --- | --- | --- | --- |",
+        ]
+        for t in part_summary["targets"]:
+            lines.append(
+                f"| {t['name']} | {t['value']:.4g} | {t['comparison']} {t['threshold']:g} | "
+                f"{'yes' if t['met'] else 'no'} |"
+            )
+        lines.append("")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = "python benchmarks/latent_world.py" + (" " + " ".join(argv)).rstrip()
+    parts, summaries = {}, {}
+    start = time.perf_counter()
+    for name in args.parts:
+        if args.assemble:
+            path = os.path.join(RESULTS, f"latent_world_{name}.json")
+            with open(path, "rb") as f:
+                raw = f.read()
+            part = json.loads(raw)
+            part["file_sha256"] = hashlib.sha256(raw).hexdigest()
+            part.setdefault("command", f"python benchmarks/latent_world_{name}.py")
+        else:
+            part_start = time.perf_counter()
+            part = load_part(name).run(args)
+            part["seconds"] = time.perf_counter() - part_start
+            part.setdefault("command", command)
+        parts[name] = part
+        summaries[name] = part["summary"]
+    results = {
+        "command": command,
+        "how": "assembled from the parts' own results files, each from one complete invocation of its script"
+        if args.assemble
+        else "every part run in this one process",
+        "seconds": time.perf_counter() - start,
+        "parts": {name: {k: v for k, v in part.items() if k != "summary"} for name, part in parts.items()},
+        "summary": {**summaries, "targets": prefixed_targets(summaries)},
+    }
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, "latent_world.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+    write_markdown(results, os.path.join(args.output_dir, "latent_world.md"))
+    return results
+
+
+if __name__ == "__main__":
+    main()
