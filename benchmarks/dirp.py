@@ -61,6 +61,7 @@ def parse_args(argv=None):
     parser.add_argument("--num_inversion_steps", type=int, default=5, help="DIRP's K (not tuned).")
     parser.add_argument("--inversion_strength", type=float, default=0.5, help="DIRP's partial inversion (not tuned).")
     parser.add_argument("--perceptual", default="ssim", help="DIRP's and IMPRESS's perceptual distance.")
+    parser.add_argument("--batch_size", type=int, default=512, help="Images per purifier call (cells batched).")
     parser.add_argument("--max_iterations", type=int, default=None, help="Cap on the grids' Adam iterations (smoke).")
     parser.add_argument("--downstream_protection", default="aspl", help="Protection of the mimicry test.")
     parser.add_argument("--downstream_steps", type=int, default=300, help="Mimic fine-tuning steps.")
@@ -73,6 +74,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if (args.pretrained_model_name_or_path is None) != (args.image_dir is None):
         parser.error("--pretrained_model_name_or_path and --image_dir go together.")
+    if args.batch_size < 1:
+        parser.error(f"--batch_size must be positive, got {args.batch_size}.")
     if any(b <= 0 for b in args.budgets):
         parser.error(f"--budgets must be positive, got {args.budgets}.")
     if args.validation_class == args.target_class:
@@ -169,6 +172,16 @@ def judge(images, clean):
     return psnr.astype(float), ssim.astype(float)
 
 
+def purify_cells(args, pipe, cells, name, setting):
+    """Purify every cell's images `{key: (N, C, H, W)}` at once, in batches of `--batch_size` (each image is purified
+    independently: DIRP's and IMPRESS's objectives are sums of per-image terms), and split them back."""
+    images = torch.cat(list(cells.values()))
+    out = torch.cat([run_purifier(args, pipe, chunk, name, setting) for chunk in images.split(args.batch_size)]).split(
+        [len(v) for v in cells.values()]
+    )
+    return dict(zip(cells, out))
+
+
 def validate(args, pipe, clean):
     """Run every purifier's grid on the validation cells; the best mean PSNR to clean is each one's frozen choice."""
     cells = {
@@ -179,7 +192,8 @@ def validate(args, pipe, clean):
         rows = []
         for setting in grid:
             start = time.perf_counter()
-            per_cell = {key: judge(run_purifier(args, pipe, p, name, setting), clean) for key, p in cells.items()}
+            outputs = purify_cells(args, pipe, cells, name, setting)
+            per_cell = {key: judge(images, clean) for key, images in outputs.items()}
             rows.append(
                 {
                     "setting": setting,
@@ -206,34 +220,37 @@ def run_test_split(args, pipe, clean, choice, protections):
             pipe.reconstruction_error(images, args.num_inversion_steps, args.inversion_strength, args.prompt).mean()
         )
 
-    grid, per_image, kept, seconds = {}, {}, {}, dict.fromkeys(PURIFIER_ORDER, 0.0)
-    for budget in args.budgets:
-        for method in protections:
-            key = f"{method}@{budget}"
-            protected = protect_set(args, pipe, clean, method, budget)
-            outputs = {"none": protected}
-            for name in PURIFIER_ORDER:
-                start = time.perf_counter()
-                outputs[name] = run_purifier(args, pipe, protected, name, choice[name])
-                seconds[name] += time.perf_counter() - start
-            grid[key], per_image[key] = {}, {}
-            for name, images in outputs.items():
-                psnr, ssim = judge(images, clean)
-                per_image[key][name] = (psnr, ssim)
-                loss = protection_loss(pipe, method, images, clean, generator(args.seed + 99))
-                grid[key][name] = {
-                    "psnr": mean_spread(psnr.tolist())["mean"],
-                    "psnr_sem": mean_spread(psnr.tolist())["sem"],
-                    "ssim": float(ssim.mean()),
-                    "recon_error": recon(images),
-                    "protection_loss": float(loss.mean()),
-                }
-            grid[key]["clean_protection_loss"] = float(
-                protection_loss(pipe, method, clean, clean, generator(args.seed + 99)).mean()
-            )
-            if budget == max(args.budgets) and method == args.downstream_protection:
-                kept = {name: images.cpu() for name, images in outputs.items()}
-            print(f"test {key}: " + ", ".join(f"{k} {per_image[key][k][0].mean():.2f}" for k in outputs), flush=True)
+    keys = [(method, budget) for budget in args.budgets for method in protections]
+    protected = {f"{m}@{b}": protect_set(args, pipe, clean, m, b) for m, b in keys}
+    outputs = {key: {"none": images} for key, images in protected.items()}
+    seconds = {}
+    for name in PURIFIER_ORDER:
+        start = time.perf_counter()
+        for key, images in purify_cells(args, pipe, protected, name, choice[name]).items():
+            outputs[key][name] = images
+        seconds[name] = time.perf_counter() - start
+        print(f"test {name} done ({seconds[name]:.0f} s)", flush=True)
+    grid, per_image, kept = {}, {}, {}
+    for method, budget in keys:
+        key = f"{method}@{budget}"
+        grid[key], per_image[key] = {}, {}
+        for name, images in outputs[key].items():
+            psnr, ssim = judge(images, clean)
+            per_image[key][name] = (psnr, ssim)
+            loss = protection_loss(pipe, method, images, clean, generator(args.seed + 99))
+            grid[key][name] = {
+                "psnr": mean_spread(psnr.tolist())["mean"],
+                "psnr_sem": mean_spread(psnr.tolist())["sem"],
+                "ssim": float(ssim.mean()),
+                "recon_error": recon(images),
+                "protection_loss": float(loss.mean()),
+            }
+        grid[key]["clean_protection_loss"] = float(
+            protection_loss(pipe, method, clean, clean, generator(args.seed + 99)).mean()
+        )
+        if budget == max(args.budgets) and method == args.downstream_protection:
+            kept = {name: images.cpu() for name, images in outputs[key].items()}
+        print(f"test {key}: " + ", ".join(f"{k} {per_image[key][k][0].mean():.2f}" for k in outputs[key]), flush=True)
     return grid, per_image, kept, seconds
 
 
