@@ -1,22 +1,28 @@
 #!/usr/bin/env python
-"""DIRP against five purification baselines, on images carrying seven anti-mimicry protections at two budgets.
+"""DIRP against five purification baselines, each tuned on a validation class, then tested once on another class.
 
     python benchmarks/dirp.py
 
-On the zoo digits DDPM (pixel space, 8x8): `--num_images` training digits of `--target_class` are protected with
-every protection at every budget, then purified by every purifier. Measured per (protection, budget, purifier):
-PSNR and SSIM to the clean images, the DDIM-inversion reconstruction error, the protection's own objective. The
-inversion amplification is measured against random sign noise of the same L-inf size. Downstream, at the largest
-budget: a mimic fine-tunes the unconditional zoo DDPM on the clean, protected and DIRP-purified sets, and the zoo
-classifier scores its samples (share of the class, Fréchet distance to unseen real digits of the class). Memory:
-the CPU peak of one purification (with and without gradient checkpointing) against one denoiser forward+backward at
-the same batch.
+On the zoo digits DDPM (pixel space, 8x8), in one process:
 
-`--pretrained_model_name_or_path DIR --image_dir DIR` runs the same protection x purifier grid on a real (e.g. Stable
-Diffusion) pipeline folder and a folder of images, without the digits-only downstream test.
+1. Validation: `--num_validation_images` digits of `--validation_class` are protected with the
+   `--validation_protections` at every budget. Every purifier, DIRP included, is run at each of the settings of its
+   grid (`diffusers_ext.evaluation.dirp.purifiers.TUNING_GRIDS`, the same number of settings for each) and its
+   setting with the best mean PSNR to the clean images is frozen.
+2. Test, once: `--num_images` digits of `--target_class` are protected with every protection at every budget and
+   purified by every purifier at its frozen setting. Judges independent of DIRP's objective: PSNR and SSIM to the
+   clean images (DIRP never sees them). DIRP's own objective, the DDIM-inversion reconstruction error, is reported,
+   not judged.
+3. Downstream, at the largest budget, on `--downstream_protection`: a mimic fine-tunes the zoo DDPM on the clean,
+   the protected, DIRP's and the best validation baseline's images (`--downstream_baselines all`: every baseline's),
+   with `--downstream_seeds`; the Fréchet distance of its samples to unseen real digits of the class is measured in
+   the zoo classifier's features (a separately trained model that DIRP does not optimise against). The headroom check (does the protection hurt the mimic at all) comes first.
 
-Everything runs in this one process on the same images and seeds. Writes `benchmarks/results/dirp.json`, `dirp.md`
-and `dirp.png` (or `dirp-<name>.*` with `--run_name`).
+Memory: the CPU peak of one purification (with and without gradient checkpointing) against one denoiser
+forward+backward at the same batch. `--pretrained_model_name_or_path DIR --image_dir DIR` runs validation (the first
+half of the images) and test (the rest) on a real pipeline folder, without the digits-only downstream test.
+
+Writes `benchmarks/results/dirp.json`, `dirp.md` and `dirp.png` (or `<run_name>.*`).
 """
 
 import argparse
@@ -31,6 +37,8 @@ import torch
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 PURIFIER_ORDER = ("jpeg", "noise", "diffpure", "gridpure", "impress", "dirp")
+BASELINES = PURIFIER_ORDER[:-1]
+FD_RATIO_LIMIT = 1.25
 
 
 def parse_args(argv=None):
@@ -39,24 +47,30 @@ def parse_args(argv=None):
     parser.add_argument("--image_dir", default=None, help="Folder of clean images (needed with a pipeline folder).")
     parser.add_argument("--resolution", type=int, default=512, help="Image side for --image_dir images.")
     parser.add_argument("--prompt", default="", help="Prompt of a text-conditioned pipeline during inversion.")
-    parser.add_argument("--target_class", type=int, default=3, help="Digit class of the protected set (digits).")
-    parser.add_argument("--num_images", type=int, default=64, help="Images protected and purified.")
+    parser.add_argument("--validation_class", type=int, default=5, help="Digit class the purifiers are tuned on.")
+    parser.add_argument("--target_class", type=int, default=3, help="Digit class of the test set.")
+    parser.add_argument("--num_validation_images", type=int, default=6, help="Validation images.")
+    parser.add_argument("--num_images", type=int, default=16, help="Test images protected and purified.")
     parser.add_argument("--budgets", type=int, nargs="+", default=[8, 16], help="L-inf budgets, in 1/255 units.")
-    parser.add_argument("--protections", nargs="+", default=None, help="Subset of the protections (default: all).")
+    parser.add_argument("--protections", nargs="+", default=None, help="Test protections (default: all).")
+    parser.add_argument("--validation_protections", nargs="+", default=["advdm", "aspl"], help="Tuning protections.")
     parser.add_argument("--pgd_steps", type=int, default=100, help="PGD steps of each protection.")
     parser.add_argument("--pgd_step_size", type=float, default=1.0, help="PGD step, in 1/255 units.")
-    parser.add_argument("--num_inversion_steps", type=int, default=5, help="DIRP's K.")
-    parser.add_argument("--inversion_strength", type=float, default=0.5, help="DIRP's partial inversion.")
-    parser.add_argument("--num_iterations", type=int, default=80, help="DIRP's and IMPRESS's Adam iterations.")
-    parser.add_argument("--learning_rate", type=float, default=0.003, help="DIRP's and IMPRESS's learning rate.")
+    parser.add_argument("--num_inversion_steps", type=int, default=5, help="DIRP's K (not tuned).")
+    parser.add_argument("--inversion_strength", type=float, default=0.5, help="DIRP's partial inversion (not tuned).")
     parser.add_argument("--perceptual", default="ssim", help="DIRP's and IMPRESS's perceptual distance.")
-    parser.add_argument("--perceptual_budget", type=float, default=0.02, help="DIRP's and IMPRESS's hinge threshold.")
-    parser.add_argument("--jpeg_quality", type=int, default=75)
-    parser.add_argument("--noise_sigma", type=float, default=0.05, help="Gaussian-noise purifier, [0, 1] units.")
-    parser.add_argument("--diffpure_t", type=int, default=150, help="DiffPure's and GrIDPure's t* (GrIDPure: 2/3).")
-    parser.add_argument("--downstream_steps", type=int, default=500, help="Mimic fine-tuning steps.")
-    parser.add_argument("--downstream_samples", type=int, default=400, help="Mimic samples scored.")
-    parser.add_argument("--downstream_seeds", type=int, nargs="+", default=[0, 1], help="Mimic seeds.")
+    parser.add_argument("--batch_size", type=int, default=64, help="Images per purifier call (cells batched).")
+    parser.add_argument("--max_iterations", type=int, default=None, help="Cap on the grids' Adam iterations (smoke).")
+    parser.add_argument("--downstream_protection", default="aspl", help="Protection of the mimicry test.")
+    parser.add_argument(
+        "--downstream_baselines",
+        default="best",
+        choices=["best", "all"],
+        help="Baselines mimicked: the one with the best validation PSNR, or all.",
+    )
+    parser.add_argument("--downstream_steps", type=int, default=150, help="Mimic fine-tuning steps.")
+    parser.add_argument("--downstream_samples", type=int, default=200, help="Mimic samples scored.")
+    parser.add_argument("--downstream_seeds", type=int, nargs="+", default=[0, 1, 2], help="Mimic seeds.")
     parser.add_argument("--skip_downstream", action="store_true", help="Skip the mimicry test (digits only).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the image choice, protections and purifiers.")
     parser.add_argument("--run_name", default="dirp", help="Results file stem.")
@@ -64,84 +78,206 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if (args.pretrained_model_name_or_path is None) != (args.image_dir is None):
         parser.error("--pretrained_model_name_or_path and --image_dir go together.")
+    if args.batch_size < 1:
+        parser.error(f"--batch_size must be positive, got {args.batch_size}.")
     if any(b <= 0 for b in args.budgets):
         parser.error(f"--budgets must be positive, got {args.budgets}.")
+    if args.validation_class == args.target_class:
+        parser.error(f"--validation_class and --target_class must differ, both are {args.target_class}.")
     return args
-
-
-def load_images(args, pipe):
-    """Clean images `(N, C, H, W)` in [-1, 1], the rest of the class (downstream reference) or None."""
-    if args.image_dir is None:
-        from diffusers_ext.data.digits import load_digits_images
-
-        images, labels = load_digits_images("all", resolution=8)
-        images = images[labels == args.target_class]
-        order = torch.randperm(len(images), generator=torch.Generator().manual_seed(args.seed))
-        return images[order[: args.num_images]], images[order[args.num_images :]]
-    import PIL.Image
-
-    files = sorted(f for f in os.listdir(args.image_dir) if f.lower().endswith((".png", ".jpg", ".jpeg", ".webp")))
-    if not files:
-        raise ValueError(f"--image_dir {args.image_dir!r} has no .png/.jpg/.jpeg/.webp images.")
-    images = [
-        PIL.Image.open(os.path.join(args.image_dir, f)).convert("RGB").resize((args.resolution, args.resolution))
-        for f in files[: args.num_images]
-    ]
-    return pipe.preprocess(images), None
 
 
 def generator(seed):
     return torch.Generator().manual_seed(seed)
 
 
-def purify_all(args, pipe, protected, seed):
-    """Every purifier's output for one protected set, and DIRP's full output."""
-    from diffusers_ext.evaluation.dirp import purifiers
+def load_images(args, pipe):
+    """`(validation, test, reference)`: clean images `(N, C, H, W)` in [-1, 1]; `reference` is the rest of the test
+    class (the downstream test's real digits), or None for an image folder."""
+    if args.image_dir is None:
+        from diffusers_ext.data.digits import load_digits_images
 
-    shared = {
-        "num_iterations": args.num_iterations,
-        "learning_rate": args.learning_rate,
-        "perceptual": args.perceptual,
-        "perceptual_budget": args.perceptual_budget,
-    }
-    outputs = {
-        "jpeg": purifiers.jpeg(protected, quality=args.jpeg_quality),
-        "noise": purifiers.gaussian_noise(protected, sigma=args.noise_sigma, generator=generator(seed)),
-        "diffpure": purifiers.diffpure(pipe, protected, t_star=args.diffpure_t, generator=generator(seed)),
-        "gridpure": purifiers.gridpure(
-            pipe, protected, t_star=max(1, 2 * args.diffpure_t // 3), generator=generator(seed)
-        ),
-        "impress": purifiers.impress(pipe, protected, **shared),
-    }
-    start = time.perf_counter()
-    dirp = pipe(
-        protected,
-        prompt=args.prompt,
+        images, labels = load_digits_images("all", resolution=8)
+
+        def shuffled(c):
+            chosen = images[labels == c]
+            return chosen[torch.randperm(len(chosen), generator=generator(args.seed))]
+
+        test = shuffled(args.target_class)
+        return (
+            shuffled(args.validation_class)[: args.num_validation_images],
+            test[: args.num_images],
+            test[args.num_images :],
+        )
+    import PIL.Image
+
+    files = sorted(f for f in os.listdir(args.image_dir) if f.lower().endswith((".png", ".jpg", ".jpeg", ".webp")))
+    if len(files) < 2:
+        raise ValueError(f"--image_dir {args.image_dir!r} needs at least 2 images (validation and test).")
+    images = pipe.preprocess(
+        [
+            PIL.Image.open(os.path.join(args.image_dir, f)).convert("RGB").resize((args.resolution, args.resolution))
+            for f in files
+        ]
+    )
+    half = len(images) // 2
+    return images[:half][: args.num_validation_images], images[half:][: args.num_images], None
+
+
+def grids(args):
+    from diffusers_ext.evaluation.dirp.purifiers import TUNING_GRIDS
+
+    capped = {}
+    for name in PURIFIER_ORDER:
+        capped[name] = [dict(s) for s in TUNING_GRIDS[name]]
+        for setting in capped[name]:
+            if args.max_iterations is not None and "num_iterations" in setting:
+                setting["num_iterations"] = min(setting["num_iterations"], args.max_iterations)
+    return capped
+
+
+def run_purifier(args, pipe, images, name, setting):
+    from diffusers_ext.evaluation.dirp.purifiers import purify
+
+    return purify(
+        pipe,
+        images,
+        name,
+        setting,
+        generator=generator(args.seed + 1),
         num_inversion_steps=args.num_inversion_steps,
         inversion_strength=args.inversion_strength,
-        gradient_checkpointing=False,  # same result, faster on a CPU; memory is measured separately
-        output_type="pt",
-        **shared,
+        perceptual=args.perceptual,
+        prompt=args.prompt,
+    ).to(images.device)
+
+
+def protect_set(args, pipe, clean, method, budget):
+    from diffusers_ext.evaluation.dirp.protections import protect
+
+    return protect(
+        pipe,
+        clean,
+        method,
+        eps=budget / 255,
+        num_steps=args.pgd_steps,
+        step_size=args.pgd_step_size / 255,
+        generator=generator(args.seed),
     )
-    outputs["dirp"] = dirp.images.to(protected.device) * 2 - 1
-    return outputs, time.perf_counter() - start
 
 
-def image_metrics(args, pipe, images, clean, method, seed):
-    from diffusers_ext.evaluation.dirp.protections import protection_loss
+def judge(images, clean):
+    """Per-image PSNR (dB) and SSIM to the clean images, both `(N,)` numpy arrays."""
     from diffusers_ext.metrics import peak_signal_noise_ratio
     from diffusers_ext.pipelines.dirp.perceptual import ssim_distance
 
-    return {
-        "psnr": float(peak_signal_noise_ratio(images, clean, data_range=2.0).mean()),
-        "ssim": float(1 - ssim_distance(images, clean).mean()),
-        "recon_error": float(
-            pipe.reconstruction_error(
-                images, args.num_inversion_steps, args.inversion_strength, prompt=args.prompt
-            ).mean()
-        ),
-        "protection_loss": float(protection_loss(pipe, method, images, clean, generator(seed + 99)).mean()),
+    psnr = peak_signal_noise_ratio(images, clean, data_range=2.0).flatten().cpu().numpy()
+    ssim = (1 - ssim_distance(images, clean)).flatten().detach().cpu().numpy()
+    return psnr.astype(float), ssim.astype(float)
+
+
+def purify_cells(args, pipe, cells, name, setting):
+    """Purify every cell's images `{key: (N, C, H, W)}` at once, in batches of `--batch_size` (each image is purified
+    independently: DIRP's and IMPRESS's objectives are sums of per-image terms), and split them back."""
+    images = torch.cat(list(cells.values()))
+    out = torch.cat([run_purifier(args, pipe, chunk, name, setting) for chunk in images.split(args.batch_size)]).split(
+        [len(v) for v in cells.values()]
+    )
+    return dict(zip(cells, out))
+
+
+def validate(args, pipe, clean):
+    """Run every purifier's grid on the validation cells; the best mean PSNR to clean is each one's frozen choice."""
+    cells = {
+        f"{m}@{b}": protect_set(args, pipe, clean, m, b) for b in args.budgets for m in args.validation_protections
     }
+    record = {"none": {key: float(judge(p, clean)[0].mean()) for key, p in cells.items()}, "grids": {}, "choice": {}}
+    for name, grid in grids(args).items():
+        rows = []
+        for setting in grid:
+            start = time.perf_counter()
+            outputs = purify_cells(args, pipe, cells, name, setting)
+            per_cell = {key: judge(images, clean) for key, images in outputs.items()}
+            rows.append(
+                {
+                    "setting": setting,
+                    "psnr": float(np.mean([v[0].mean() for v in per_cell.values()])),
+                    "ssim": float(np.mean([v[1].mean() for v in per_cell.values()])),
+                    "psnr_per_cell": {key: float(v[0].mean()) for key, v in per_cell.items()},
+                    "seconds": time.perf_counter() - start,
+                }
+            )
+            print(f"validation {name} {setting}: psnr {rows[-1]['psnr']:.2f}", flush=True)
+        best = max(range(len(rows)), key=lambda i: rows[i]["psnr"])
+        record["grids"][name] = rows
+        record["choice"][name] = rows[best]["setting"]
+    return record
+
+
+def run_test_split(args, pipe, clean, choice, protections):
+    """The frozen choices on every (protection, budget) cell of the test set; per-image judges kept for the summary."""
+    from diffusers_ext.evaluation.dirp.protections import protection_loss
+    from diffusers_ext.evaluation.protocol import mean_spread
+
+    def recon(images):
+        return float(
+            pipe.reconstruction_error(images, args.num_inversion_steps, args.inversion_strength, args.prompt).mean()
+        )
+
+    keys = [(method, budget) for budget in args.budgets for method in protections]
+    protected = {f"{m}@{b}": protect_set(args, pipe, clean, m, b) for m, b in keys}
+    outputs = {key: {"none": images} for key, images in protected.items()}
+    seconds = {}
+    for name in PURIFIER_ORDER:
+        start = time.perf_counter()
+        for key, images in purify_cells(args, pipe, protected, name, choice[name]).items():
+            outputs[key][name] = images
+        seconds[name] = time.perf_counter() - start
+        print(f"test {name} done ({seconds[name]:.0f} s)", flush=True)
+    grid, per_image, kept = {}, {}, {}
+    for method, budget in keys:
+        key = f"{method}@{budget}"
+        grid[key], per_image[key] = {}, {}
+        for name, images in outputs[key].items():
+            psnr, ssim = judge(images, clean)
+            per_image[key][name] = (psnr, ssim)
+            loss = protection_loss(pipe, method, images, clean, generator(args.seed + 99))
+            grid[key][name] = {
+                "psnr": mean_spread(psnr.tolist())["mean"],
+                "psnr_sem": mean_spread(psnr.tolist())["sem"],
+                "ssim": float(ssim.mean()),
+                "recon_error": recon(images),
+                "protection_loss": float(loss.mean()),
+            }
+        grid[key]["clean_protection_loss"] = float(
+            protection_loss(pipe, method, clean, clean, generator(args.seed + 99)).mean()
+        )
+        if budget == max(args.budgets) and method == args.downstream_protection:
+            kept = {name: images.cpu() for name, images in outputs[key].items()}
+        print(f"test {key}: " + ", ".join(f"{k} {per_image[key][k][0].mean():.2f}" for k in outputs[key]), flush=True)
+    return grid, per_image, kept, seconds
+
+
+def by_budget(args, per_image, protections):
+    """Per budget and purifier: PSNR/SSIM averaged over protections per image, then mean and SE over images; and the
+    paired PSNR difference of DIRP to the best baseline (the baseline with the highest mean)."""
+    from diffusers_ext.evaluation.protocol import mean_spread
+
+    out = {}
+    for budget in args.budgets:
+        row = {}
+        for name in ("none", *PURIFIER_ORDER):
+            psnr = np.mean([per_image[f"{m}@{budget}"][name][0] for m in protections], axis=0)
+            ssim = np.mean([per_image[f"{m}@{budget}"][name][1] for m in protections], axis=0)
+            row[name] = {"psnr": mean_spread(psnr.tolist()), "ssim": mean_spread(ssim.tolist())}
+        best = max(BASELINES, key=lambda n: row[n]["psnr"]["mean"])
+        diff = np.mean([per_image[f"{m}@{budget}"]["dirp"][0] - per_image[f"{m}@{budget}"][best][0] for m in protections], axis=0)  # fmt: skip
+        out[str(budget)] = {
+            "purifiers": {n: {k: {"mean": v["mean"], "sem": v["sem"]} for k, v in r.items()} for n, r in row.items()},
+            "best_baseline": best,
+            "dirp_minus_best_baseline_psnr": mean_spread(diff.tolist()),
+        }
+    return out
 
 
 def measure_memory(pipe, images):
@@ -183,11 +319,13 @@ def measure_memory(pipe, images):
 
 
 def downstream(args, ddpm, classifier, sets, reference):
+    """Mimic FD and class share per set and seed; FD ratios to clean are paired by seed."""
     from diffusers_ext.evaluation.dirp.mimicry import evaluate_mimicry
+    from diffusers_ext.evaluation.protocol import binomial_standard_error, mean_spread
 
-    results = {}
+    reports = {}
     for name, images in sets.items():
-        reports = [
+        reports[name] = [
             evaluate_mimicry(
                 ddpm,
                 classifier,
@@ -200,103 +338,174 @@ def downstream(args, ddpm, classifier, sets, reference):
             )
             for seed in args.downstream_seeds
         ]
+        print(f"downstream {name}: " + ", ".join(f"{r.frechet:.3f}" for r in reports[name]), flush=True)
+    clean = [r.frechet for r in reports["clean"]]
+    results = {}
+    for name, rs in reports.items():
+        share = float(np.mean([r.class_share for r in rs]))
         results[name] = {
-            "frechet": float(np.mean([r.frechet for r in reports])),
-            "frechet_per_seed": [r.frechet for r in reports],
-            "class_share": float(np.mean([r.class_share for r in reports])),
+            "frechet": mean_spread([r.frechet for r in rs]),
+            "frechet_over_clean": mean_spread([r.frechet / c for r, c in zip(rs, clean)]),
+            "class_share": share,
+            "class_share_se": binomial_standard_error(share, len(rs) * args.downstream_samples),
         }
-        print(f"downstream {name}: {results[name]}", flush=True)
     return results
 
 
-def summarise(args, grid, amplification, memory, mimicry):
-    from diffusers_ext.evaluation.dirp.protections import PROTECTIONS
+def summary_psnr(validation, name):
+    """The best validation PSNR of a purifier (that of its frozen choice)."""
+    return max(row["psnr"] for row in validation["grids"][name])
 
-    protections = args.protections or list(PROTECTIONS)
+
+def judge_accuracy(classifier):
+    """The zoo classifier's accuracy on the held-out real digits (all classes): the downstream judge's own check."""
+    from diffusers_ext.data.digits import load_digits_images
+    from diffusers_ext.metrics import classifier_predictions
+
+    images, labels = load_digits_images("heldout", resolution=8)
+    predictions, _ = classifier_predictions(classifier, images)
+    return float((predictions.cpu() == labels).float().mean()), len(labels)
+
+
+def summarise(args, validation, grid, budgets, amplification, memory, mimicry, protections, judge_check):
+    from diffusers_ext.evaluation.protocol import target
+
     cells = [grid[f"{p}@{b}"] for p in protections for b in args.budgets]
-    psnr = {name: float(np.mean([c[name]["psnr"] for c in cells])) for name in ("none", *PURIFIER_ORDER)}
-    psnr_by_budget = {
-        str(b): {
-            name: float(np.mean([grid[f"{p}@{b}"][name]["psnr"] for p in protections]))
-            for name in ("none", *PURIFIER_ORDER)
-        }
-        for b in args.budgets
-    }
-    recon = {
-        "clean": amplification["clean"],
-        "protected": float(np.mean([c["none"]["recon_error"] for c in cells])),
-        "dirp": float(np.mean([c["dirp"]["recon_error"] for c in cells])),
-    }
     summary = {
-        "psnr_to_clean": {"protected": psnr.pop("none"), **psnr},
-        "psnr_to_clean_by_budget": psnr_by_budget,
-        "recon_error": recon,
+        "choice": validation["choice"],
+        "validation_psnr": {n: max(r["psnr"] for r in validation["grids"][n]) for n in PURIFIER_ORDER},
+        "test_by_budget": budgets,
+        "recon_error_reported_not_judged": {
+            "clean": amplification["clean"],
+            "protected": float(np.mean([c["none"]["recon_error"] for c in cells])),
+            **{n: float(np.mean([c[n]["recon_error"] for c in cells])) for n in PURIFIER_ORDER},
+        },
         "inversion_amplification": amplification,
         "peak_memory_ratio": memory["ratio_checkpointed"],
         "peak_memory_ratio_without_checkpointing": memory["ratio_plain"],
     }
-    best_each_budget = all(
-        max(by, key=lambda k: by[k] if k != "none" else -1e9) == "dirp" for by in psnr_by_budget.values()
-    )
-    targets = {
-        "dirp_best_psnr_at_every_budget": best_each_budget,
-        "dirp_recon_error_at_or_below_clean": recon["dirp"] <= recon["clean"],
-        "peak_memory_at_most_2x": memory["ratio_checkpointed"] <= 2.0,
+    targets = [
+        target(
+            f"test PSNR to clean at {b}/255: DIRP minus the best tuned baseline ({budgets[str(b)]['best_baseline']}), dB",
+            budgets[str(b)]["dirp_minus_best_baseline_psnr"]["mean"],
+            0.0,
+            ">=",
+        )
+        for b in args.budgets
+    ]
+    sanity = {
+        "protections_raise_their_objective": {
+            key: bool(grid[key]["none"]["protection_loss"] > grid[key]["clean_protection_loss"]) for key in grid
+        },
+        "protected_psnr_to_clean_by_budget": {b: v["purifiers"]["none"]["psnr"]["mean"] for b, v in budgets.items()},
+        "judges": "PSNR and SSIM to the clean images (DIRP sees only the protected ones; SSIM is also the distance of "
+        "DIRP's hinge, but to its input, not to the clean image); downstream: Fréchet distance in the 128-d "
+        "penultimate features of the zoo digits-classifier (ConvImageClassifier, cross-entropy on the train split), "
+        "which DIRP does not optimise against (it only uses the digits-ddpm denoiser)",
+        "tuning": f"{len(validation['grids']['dirp'])} settings per purifier, the best mean PSNR to clean on class "
+        f"{args.validation_class} ({args.num_validation_images} images, {', '.join(args.validation_protections)} at "
+        f"{', '.join(f'{b}/255' for b in args.budgets)})",
     }
     if mimicry:
-        clean_fd = mimicry["clean"]["frechet"]
-        protected_fd = float(np.mean([mimicry[f"{p}/protected"]["frechet"] for p in protections]))
-        dirp_fd = float(np.mean([mimicry[f"{p}/dirp"]["frechet"] for p in protections]))
-        summary["downstream_frechet"] = {"clean": clean_fd, "protected": protected_fd, "dirp": dirp_fd}
-        summary["downstream_class_share"] = {
-            "clean": mimicry["clean"]["class_share"],
-            "protected": float(np.mean([mimicry[f"{p}/protected"]["class_share"] for p in protections])),
-            "dirp": float(np.mean([mimicry[f"{p}/dirp"]["class_share"] for p in protections])),
+        accuracy, count = judge_check
+        protected = mimicry["protected"]["frechet_over_clean"]
+        best = min((n for n in BASELINES if n in mimicry), key=lambda n: mimicry[n]["frechet"]["mean"])
+        sanity["downstream_headroom"] = {
+            "protection": f"{args.downstream_protection}@{max(args.budgets)}",
+            "protected_fd_over_clean": protected,
+            "protection_hurts_mimic_beyond_25pct": bool(protected["mean"] > FD_RATIO_LIMIT),
+            "protection_hurts_mimic_beyond_2_se": bool(protected["mean"] - 2 * protected["sem"] > 1.0),
         }
-        targets["dirp_downstream_within_25pct_of_clean"] = dirp_fd <= 1.25 * clean_fd
-        targets["protected_downstream_beyond_25pct_of_clean"] = protected_fd > 1.25 * clean_fd
-    summary["targets"] = targets
+        sanity["judge_classifier_heldout_accuracy"] = {"accuracy": accuracy, "images": count}
+        summary["downstream_fd"] = {n: mimicry[n]["frechet"]["mean"] for n in mimicry}
+        targets += [
+            target(
+                "downstream FD (DIRP-purified) / FD (clean)",
+                mimicry["dirp"]["frechet_over_clean"]["mean"],
+                FD_RATIO_LIMIT,
+                "<=",
+            ),
+            target(
+                f"downstream FD: DIRP minus the best tuned baseline mimicked ({best})",
+                mimicry["dirp"]["frechet"]["mean"] - mimicry[best]["frechet"]["mean"],
+                0.0,
+                "<=",
+            ),
+        ]
+    targets.append(
+        target(
+            "peak memory of a checkpointed purification / one denoiser forward+backward",
+            memory["ratio_checkpointed"],
+            2.0,
+            "<=",
+        )  # fmt: skip
+    )
+    summary["targets"], summary["sanity"] = targets, sanity
     return summary
 
 
+def _fmt_setting(setting):
+    return ", ".join(f"{k}={v}" for k, v in setting.items())
+
+
 def write_markdown(results, path):
-    s = results["summary"]
+    s, v = results["summary"], results["validation"]
     lines = [
-        "# DIRP against purification baselines",
+        "# DIRP against purification baselines, each tuned on validation",
         "",
         f"Command: `{results['command']}`",
         "",
-        "Mean PSNR to the clean images (dB) over the protections, per L-inf budget:",
-        "",
-        "| budget | protected | " + " | ".join(PURIFIER_ORDER) + " |",
-        "| --- " * (len(PURIFIER_ORDER) + 2) + "|",
     ]
-    for budget, row in s["psnr_to_clean_by_budget"].items():
-        lines.append(
-            f"| {budget}/255 | {row['none']:.2f} | " + " | ".join(f"{row[k]:.2f}" for k in PURIFIER_ORDER) + " |"
-        )
+    if "downstream_headroom" in s["sanity"]:
+        h = s["sanity"]["downstream_headroom"]
+        r = h["protected_fd_over_clean"]
+        lines += [
+            f"**Headroom first.** A mimic fine-tuned on the {h['protection']}-protected images reaches "
+            f"{r['mean']:.3f} ± {r['sem']:.3f} (SE over {r['n']} seeds) times the Fréchet distance of one fine-tuned "
+            f"on the clean images; hurts beyond 25%: {h['protection_hurts_mimic_beyond_25pct']}; beyond 2 SE: "
+            f"{h['protection_hurts_mimic_beyond_2_se']}.",
+            "",
+        ]
+    lines += ["## Targets (computed)", "", "| target | value | threshold | met |", "| --- | --- | --- | --- |"]
+    for t in s["targets"]:
+        lines.append(f"| {t['name']} | {t['value']:.3f} | {t['comparison']} {t['threshold']:g} | {t['met']} |")
+    lines += ["", "## Validation (tuning)", "", s["sanity"]["tuning"] + ". Mean PSNR to clean (dB) per setting:", ""]
+    lines += ["| purifier | setting | validation PSNR | validation SSIM | chosen |", "| --- | --- | --- | --- | --- |"]
+    for name in PURIFIER_ORDER:
+        for row in v["grids"][name]:
+            chosen = "**yes**" if row["setting"] == v["choice"][name] else ""
+            lines.append(
+                f"| {name} | {_fmt_setting(row['setting'])} | {row['psnr']:.2f} | {row['ssim']:.3f} | {chosen} |"
+            )
+    lines.append(f"| protected (no purifier) | | {np.mean(list(v['none'].values())):.2f} | | |")
+    lines += ["", "## Test (once, frozen choices)", "", "PSNR (dB) and SSIM to the clean images, averaged over the "
+              "protections per image; ± is the SE over images:", ""]  # fmt: skip
     lines += [
-        "",
-        "Per protection and budget (PSNR dB / reconstruction error x1000):",
-        "",
-        "| protection | protected | " + " | ".join(PURIFIER_ORDER) + " |",
+        "| budget | " + " | ".join(["protected", *PURIFIER_ORDER]) + " |",
         "| --- " * (len(PURIFIER_ORDER) + 2) + "|",
     ]
-    for key, cell in results["grid"].items():
+    for budget, row in s["test_by_budget"].items():
+        cells = [row["purifiers"][n] for n in ("none", *PURIFIER_ORDER)]
+        lines.append(f"| {budget}/255 PSNR | " + " | ".join(f"{c['psnr']['mean']:.2f} ± {c['psnr']['sem']:.2f}" for c in cells) + " |")  # fmt: skip
+        lines.append(f"| {budget}/255 SSIM | " + " | ".join(f"{c['ssim']['mean']:.3f}" for c in cells) + " |")
+    lines += ["", "Per protection and budget (PSNR dB / DDIM-inversion reconstruction error x1000, DIRP's own objective, "
+              "reported only):", "", "| cell | " + " | ".join(["protected", *PURIFIER_ORDER]) + " |",
+              "| --- " * (len(PURIFIER_ORDER) + 2) + "|"]  # fmt: skip
+    for key, cell in results["test"].items():
         row = [cell["none"], *[cell[k] for k in PURIFIER_ORDER]]
         lines.append(
             f"| {key} | " + " | ".join(f"{c['psnr']:.2f} / {1000 * c['recon_error']:.2f}" for c in row) + " |"
         )
-    r, a = s["recon_error"], s["inversion_amplification"]
+    r, a = s["recon_error_reported_not_judged"], s["inversion_amplification"]
     lines += [
         "",
-        f"Reconstruction error (x1000): clean {1000 * r['clean']:.3f}, protected {1000 * r['protected']:.3f}, "
-        f"DIRP-purified {1000 * r['dirp']:.3f}.",
+        f"Reconstruction error x1000 (not a target): clean {1000 * r['clean']:.3f}, protected {1000 * r['protected']:.3f}, "
+        + ", ".join(f"{n} {1000 * r[n]:.3f}" for n in PURIFIER_ORDER)
+        + ".",
         "",
         "Inversion amplification (reconstruction error x1000, protected vs random sign noise of the same L-inf size): "
         + ", ".join(
-            f"{b}/255: protected {1000 * a['protected'][b]:.3f} vs noise {1000 * a['random_noise'][b]:.3f}"
-            for b in a["protected"]
+            f"{b}/255: {1000 * a['protected'][b]:.3f} vs {1000 * a['random_noise'][b]:.3f}" for b in a["protected"]
         )
         + ".",
         "",
@@ -304,22 +513,15 @@ def write_markdown(results, path):
         f"{s['peak_memory_ratio']:.2f} with gradient checkpointing, {s['peak_memory_ratio_without_checkpointing']:.2f} "
         "without.",
     ]
-    if "downstream_frechet" in s:
-        d, c = s["downstream_frechet"], s["downstream_class_share"]
-        lines += [
-            "",
-            "Downstream mimicry (Fréchet distance to unseen real digits of the class, lower is better; share of "
-            "samples of the class):",
-            "",
-            "| fine-tuned on | Fréchet | class share |",
-            "| --- | --- | --- |",
-            f"| clean | {d['clean']:.3f} | {c['clean']:.3f} |",
-            f"| protected (mean) | {d['protected']:.3f} | {c['protected']:.3f} |",
-            f"| DIRP-purified (mean) | {d['dirp']:.3f} | {c['dirp']:.3f} |",
-        ]
-        for key, value in results["downstream"].items():
-            lines.append(f"| {key} | {value['frechet']:.3f} | {value['class_share']:.3f} |")
-    lines += ["", "Targets: " + ", ".join(f"{k}: {'met' if v else 'missed'}" for k, v in s["targets"].items()), ""]
+    if results["downstream"]:
+        lines += ["", "## Downstream mimicry", "", f"Judges: {s['sanity']['judges']}. Classifier held-out accuracy: "
+                  f"{s['sanity']['judge_classifier_heldout_accuracy']['accuracy']:.3f}.", "",
+                  "| mimic fine-tuned on | Fréchet (mean ± SE over seeds) | / clean (paired) | class share |",
+                  "| --- | --- | --- | --- |"]  # fmt: skip
+        for name, d in results["downstream"].items():
+            f, q = d["frechet"], d["frechet_over_clean"]
+            lines.append(f"| {name} | {f['mean']:.3f} ± {f['sem']:.3f} | {q['mean']:.3f} ± {q['sem']:.3f} | {d['class_share']:.3f} |")  # fmt: skip
+    lines.append("")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
 
@@ -331,22 +533,29 @@ def write_plot(results, path):
     import matplotlib.pyplot as plt
 
     s = results["summary"]
-    panels = 2 if "downstream_frechet" in s else 1
+    panels = 2 if results["downstream"] else 1
     fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4), dpi=100, squeeze=False)
     names = ["none", *PURIFIER_ORDER]
-    width = 0.8 / len(s["psnr_to_clean_by_budget"])
-    for i, (budget, row) in enumerate(s["psnr_to_clean_by_budget"].items()):
-        axes[0, 0].bar(np.arange(len(names)) + i * width, [row[n] for n in names], width, label=f"{budget}/255")
+    width = 0.8 / len(s["test_by_budget"])
+    for i, (budget, row) in enumerate(s["test_by_budget"].items()):
+        means = [row["purifiers"][n]["psnr"]["mean"] for n in names]
+        errors = [row["purifiers"][n]["psnr"]["sem"] for n in names]
+        axes[0, 0].bar(np.arange(len(names)) + i * width, means, width, yerr=errors, label=f"{budget}/255")
     axes[0, 0].set_xticks(np.arange(len(names)) + width / 2, ["protected", *PURIFIER_ORDER], rotation=30)
-    axes[0, 0].set_ylabel("PSNR to clean (dB)")
-    axes[0, 0].set_title("Purification, mean over protections")
+    axes[0, 0].set_ylabel("test PSNR to clean (dB)")
+    axes[0, 0].set_title("Purification (tuned on validation), mean over protections")
     axes[0, 0].legend()
     if panels == 2:
-        d = s["downstream_frechet"]
-        axes[0, 1].bar(["clean", "protected", "DIRP"], [d["clean"], d["protected"], d["dirp"]])
-        axes[0, 1].axhline(1.25 * d["clean"], color="grey", linestyle="--", label="1.25 x clean")
-        axes[0, 1].set_ylabel("Fréchet distance (lower is better)")
-        axes[0, 1].set_title("Mimic fine-tuned on ...")
+        d = results["downstream"]
+        axes[0, 1].bar(
+            list(d), [v["frechet"]["mean"] for v in d.values()], yerr=[v["frechet"]["sem"] for v in d.values()]
+        )
+        axes[0, 1].axhline(
+            FD_RATIO_LIMIT * d["clean"]["frechet"]["mean"], color="grey", linestyle="--", label="1.25 x clean"
+        )
+        axes[0, 1].set_ylabel("mimic Fréchet distance (lower is better)")
+        axes[0, 1].set_title(f"Mimic fine-tuned on {s['sanity']['downstream_headroom']['protection']} images ...")
+        axes[0, 1].tick_params(axis="x", rotation=30)
         axes[0, 1].legend()
     fig.tight_layout()
     fig.savefig(path)
@@ -357,8 +566,13 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
     from diffusers_ext import DIRPPipeline, zoo
-    from diffusers_ext.evaluation.dirp.protections import PROTECTIONS, protect
+    from diffusers_ext.evaluation.dirp.protections import PROTECTIONS
 
+    protections = args.protections or list(PROTECTIONS)
+    for flag, chosen in (("--protections", protections), ("--validation_protections", args.validation_protections)):
+        unknown = set(chosen) - set(PROTECTIONS)
+        if unknown:
+            raise SystemExit(f"{flag}: unknown {sorted(unknown)}; expected among {PROTECTIONS}.")
     if args.pretrained_model_name_or_path is None:
         ddpm = zoo.load("digits-ddpm")
         pipe = DIRPPipeline(unet=ddpm.unet, scheduler=ddpm.scheduler, null_class_label=ddpm.config.null_class_label)
@@ -367,76 +581,56 @@ def main(argv=None):
         pipe = DIRPPipeline.from_pretrained(args.pretrained_model_name_or_path)
         if torch.cuda.is_available():
             pipe.to("cuda")
+    run_downstream = ddpm is not None and not args.skip_downstream
+    if run_downstream and args.downstream_protection not in protections:
+        raise SystemExit(f"--downstream_protection {args.downstream_protection!r} must be among {protections}.")
     pipe.set_progress_bar_config(disable=True)
-    protections = args.protections or list(PROTECTIONS)
-    unknown = set(protections) - set(PROTECTIONS)
-    if unknown:
-        raise SystemExit(f"--protections: unknown {sorted(unknown)}; expected among {PROTECTIONS}.")
-    clean, reference = load_images(args, pipe)
+    validation_clean, clean, reference = load_images(args, pipe)
     device = pipe._execution_device
-    clean = clean.to(device)
+    validation_clean, clean = validation_clean.to(device), clean.to(device)
     started = time.perf_counter()
 
-    grid, protected_sets, dirp_sets, timings = {}, {}, {}, {}
+    validation = validate(args, pipe, validation_clean)
+    print(f"frozen choices: {validation['choice']} ({time.perf_counter() - started:.0f} s)", flush=True)
+    grid, per_image, kept, seconds = run_test_split(args, pipe, clean, validation["choice"], protections)
+    budgets = by_budget(args, per_image, protections)
+
     amplification = {"protected": {}, "random_noise": {}}
     amplification["clean"] = float(
         pipe.reconstruction_error(clean, args.num_inversion_steps, args.inversion_strength, prompt=args.prompt).mean()
     )
     for budget in args.budgets:
-        eps = budget / 255
         signs = torch.randint(0, 2, clean.shape, generator=generator(args.seed + 7)).to(device) * 2 - 1
-        noisy = (clean + 2 * eps * signs).clamp(-1, 1)
+        noisy = (clean + 2 * budget / 255 * signs).clamp(-1, 1)
         amplification["random_noise"][str(budget)] = float(
             pipe.reconstruction_error(noisy, args.num_inversion_steps, args.inversion_strength, args.prompt).mean()
         )
-        for method in protections:
-            key = f"{method}@{budget}"
-            start = time.perf_counter()
-            protected = protect(
-                pipe,
-                clean,
-                method,
-                eps=eps,
-                num_steps=args.pgd_steps,
-                step_size=args.pgd_step_size / 255,
-                generator=generator(args.seed),
-            )
-            protect_seconds = time.perf_counter() - start
-            outputs, dirp_seconds = purify_all(args, pipe, protected, args.seed)
-            grid[key] = {"none": image_metrics(args, pipe, protected, clean, method, args.seed)}
-            for name, images in outputs.items():
-                grid[key][name] = image_metrics(args, pipe, images, clean, method, args.seed)
-            timings[key] = {"protect_seconds": protect_seconds, "dirp_seconds": dirp_seconds}
-            if budget == max(args.budgets):
-                protected_sets[method], dirp_sets[method] = protected.cpu(), outputs["dirp"].cpu()
-            print(
-                f"{key}: " + ", ".join(f"{k} {v['psnr']:.2f}" for k, v in grid[key].items()),
-                f"({time.perf_counter() - started:.0f} s)",
-                flush=True,
-            )
         amplification["protected"][str(budget)] = float(
             np.mean([grid[f"{m}@{budget}"]["none"]["recon_error"] for m in protections])
         )
-
     memory = measure_memory(pipe, clean[:16])
-    print(f"memory: {memory}", flush=True)
+    print(f"memory: {memory} ({time.perf_counter() - started:.0f} s)", flush=True)
 
-    mimicry = None
-    if ddpm is not None and not args.skip_downstream:
+    mimicry, judge_check = None, None
+    if run_downstream:
         classifier = zoo.load("digits-classifier")
-        sets = {"clean": clean.cpu()}
-        for method in protections:
-            sets[f"{method}/protected"] = protected_sets[method]
-            sets[f"{method}/dirp"] = dirp_sets[method]
+        judge_check = judge_accuracy(classifier)
+        baselines = list(BASELINES)
+        if args.downstream_baselines == "best":
+            baselines = [max(BASELINES, key=lambda n: summary_psnr(validation, n))]
+        sets = {"clean": clean.cpu(), "protected": kept["none"], **{n: kept[n] for n in [*baselines, "dirp"]}}
         mimicry = downstream(args, ddpm, classifier, sets, reference)
 
     results = {
         "command": " ".join(["python", "benchmarks/dirp.py", *(argv if argv is not None else sys.argv[1:])]),
         "settings": {k: v for k, v in vars(args).items() if k not in ("output_dir",)},
-        "summary": summarise(args, grid, amplification, memory, mimicry),
-        "grid": grid,
+        "summary": summarise(
+            args, validation, grid, budgets, amplification, memory, mimicry, protections, judge_check
+        ),
+        "validation": validation,
+        "test": grid,
         "memory": memory,
-        "timings": timings,
+        "test_seconds_per_purifier": seconds,
         "downstream": mimicry or {},
         "seconds": time.perf_counter() - started,
     }
@@ -446,7 +640,7 @@ def main(argv=None):
         json.dump(results, f, indent=2)
     write_markdown(results, stem + ".md")
     write_plot(results, stem + ".png")
-    print(json.dumps(results["summary"], indent=2))
+    print(json.dumps({k: results["summary"][k] for k in ("choice", "targets")}, indent=2))
 
 
 if __name__ == "__main__":

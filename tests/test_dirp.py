@@ -233,6 +233,30 @@ def test_baselines_keep_shape_and_range(digits_pipe, threes):
     assert abs(float(noise.std()) - 0.1) < 0.01  # sigma in [0, 1] units is twice that in [-1, 1]
 
 
+def test_every_purifier_gets_the_same_tuning_budget():
+    sizes = {name: len(grid) for name, grid in purifiers.TUNING_GRIDS.items()}
+    assert set(sizes) == {*purifiers.PURIFIERS, "dirp"}
+    assert len(set(sizes.values())) == 1, sizes
+    # DIRP and IMPRESS are tuned over the same optimiser settings
+    assert purifiers.TUNING_GRIDS["dirp"] == purifiers.TUNING_GRIDS["impress"]
+
+
+def test_purify_runs_each_purifier_at_a_grid_setting(digits_pipe, threes):
+    x = threes[:3]
+    for name, grid in purifiers.TUNING_GRIDS.items():
+        setting = dict(grid[0], num_iterations=2) if "num_iterations" in grid[0] else grid[0]
+        out = purifiers.purify(digits_pipe, x, name, setting, generator=seeded(0))
+        assert out.shape == x.shape and out.min() >= -1 - 1e-6 and out.max() <= 1 + 1e-6, name
+    # "dirp" is the pipeline itself at the fixed schedule
+    direct = digits_pipe(x, num_inversion_steps=5, inversion_strength=0.5, num_iterations=2, output_type="pt")
+    via = purifiers.purify(digits_pipe, x, "dirp", {"num_iterations": 2}, num_inversion_steps=5)
+    torch.testing.assert_close(via, direct.images * 2 - 1)
+    jpeg = purifiers.purify(digits_pipe, x, "jpeg", {"quality": 50})
+    torch.testing.assert_close(jpeg, purifiers.jpeg(x, quality=50))
+    with pytest.raises(ValueError, match="name"):
+        purifiers.purify(digits_pipe, x, "bm3d")
+
+
 def test_jpeg_keeps_a_flat_image():
     flat = torch.full((1, 3, 16, 16), 0.2)
     torch.testing.assert_close(purifiers.jpeg(flat, quality=95), flat, atol=2 / 255, rtol=0)
@@ -292,27 +316,44 @@ def test_benchmark_runs_on_a_pipeline_folder_with_a_vae(tmp_path):
         PIL.Image.fromarray(array).save(tmp_path / "images" / f"{i}.png")
     _benchmark_module().main([
         "--pretrained_model_name_or_path", str(tmp_path / "tiny-sd"), "--image_dir", str(tmp_path / "images"),
-        "--resolution", "32", "--protections", "advdm", "photoguard", "--budgets", "8", "--pgd_steps", "2",
-        "--num_iterations", "2", "--output_dir", str(tmp_path / "results"), "--run_name", "tiny",
+        "--resolution", "32", "--protections", "advdm", "photoguard", "--validation_protections", "advdm",
+        "--budgets", "8", "--pgd_steps", "2", "--max_iterations", "2", "--output_dir", str(tmp_path / "results"),
+        "--run_name", "tiny",
     ])  # fmt: skip
     results = json.loads((tmp_path / "results" / "tiny.json").read_text())
-    assert set(results["grid"]) == {"advdm@8", "photoguard@8"}
-    assert set(results["grid"]["advdm@8"]) == {"none", "jpeg", "noise", "diffpure", "gridpure", "impress", "dirp"}
-    assert "downstream_frechet" not in results["summary"]
+    assert set(results["test"]) == {"advdm@8", "photoguard@8"}
+    assert set(results["test"]["advdm@8"]) >= {"none", "jpeg", "noise", "diffpure", "gridpure", "impress", "dirp"}
+    assert set(results["validation"]["choice"]) == set(purifiers.TUNING_GRIDS)
+    assert {len(g) for g in results["validation"]["grids"].values()} == {4}
+    assert "downstream_headroom" not in results["summary"]["sanity"]
+    assert [t["name"].split(":")[0] for t in results["summary"]["targets"]][-1].startswith("peak memory")
     assert (tmp_path / "results" / "tiny.md").exists() and (tmp_path / "results" / "tiny.png").exists()
 
 
-def test_results_file_has_the_summary_the_issue_asks_for():
+def test_results_file_follows_the_measurement_protocol():
     import json
+
+    from diffusers_ext.evaluation.protocol import targets_met
 
     with open(os.path.join(REPO, "benchmarks", "results", "dirp.json"), encoding="utf-8") as f:
         results = json.load(f)
-    summary = results["summary"]
+    summary, validation = results["summary"], results["validation"]
     assert results["command"].startswith("python benchmarks/dirp.py")
-    assert {"jpeg", "noise", "diffpure", "gridpure", "impress", "dirp"} <= summary["psnr_to_clean"].keys()
-    assert {"clean", "protected", "dirp"} <= summary["recon_error"].keys()
-    assert {"clean", "protected", "dirp"} <= summary["downstream_frechet"].keys()
-    assert summary["peak_memory_ratio"] > 0
-    budgets = {key.split("@")[1] for key in results["grid"]}
-    protections = {key.split("@")[0] for key in results["grid"]}
-    assert budgets == {"8", "16"} and protections == set(PROTECTIONS)
+    settings = results["settings"]
+    assert settings["validation_class"] != settings["target_class"]
+    # every purifier was tuned with the same number of settings and its frozen choice is one of them
+    assert {len(grid) for grid in validation["grids"].values()} == {len(purifiers.TUNING_GRIDS["dirp"])}
+    for name, grid in validation["grids"].items():
+        best = max(grid, key=lambda row: row["psnr"])
+        assert validation["choice"][name] == best["setting"] == summary["choice"][name]
+    # the test split: every protection at every budget, every purifier
+    assert {key.split("@")[0] for key in results["test"]} == set(PROTECTIONS)
+    assert {key.split("@")[1] for key in results["test"]} == {str(b) for b in settings["budgets"]}
+    # computed targets; none judges DIRP by its own objective (the reconstruction error)
+    met, total = targets_met(summary["targets"])
+    assert total >= 4 and all(t["met"] == (t["value"] <= t["threshold"] if t["comparison"] == "<=" else t["value"] >= t["threshold"]) for t in summary["targets"])  # fmt: skip
+    assert not any("recon" in t["name"].lower() for t in summary["targets"])
+    headroom = summary["sanity"]["downstream_headroom"]["protected_fd_over_clean"]
+    assert headroom["n"] >= 3 and len(settings["downstream_seeds"]) >= 3
+    for d in results["downstream"].values():
+        assert d["frechet"]["n"] == len(settings["downstream_seeds"]) and d["frechet"]["sem"] >= 0

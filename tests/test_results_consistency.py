@@ -19,10 +19,11 @@ from diffusers_ext.evaluation.protocol import targets_met
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ADOPTED = {
     "consistency",
+    "dirp",
     "discrete_flow",
+    "divide_and_denoise",
     "e2po",
     "latent_world",
-    "divide_and_denoise",
     "lomdm",
     "mosaic",
     "semantic_nvs",

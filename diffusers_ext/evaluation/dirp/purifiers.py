@@ -13,6 +13,9 @@ of the same shape and range.
 IMPRESS needs a VAE. For pixel-space models, where `D(E(x)) = x`, the documented variant replaces the VAE round trip
 by the denoiser's own one-step consistency: a single DDIM inversion step to a low noise level and back
 (`num_inversion_steps=1`, `inversion_strength=impress_strength`); this is DIRP's objective with `K = 1` and a shallow inversion.
+
+`TUNING_GRIDS` gives every purifier, DIRP included, the same number of settings to be tuned over on a validation set
+(the published default among them where there is one), and [`purify`] runs any purifier at one of its settings.
 """
 
 import io
@@ -25,6 +28,21 @@ from ...pipelines.dirp.ddim_inversion import ddim_reconstruct, noise_levels
 
 
 PURIFIERS = ("jpeg", "noise", "diffpure", "gridpure", "impress")
+
+# DIRP and IMPRESS share one optimiser grid (learning rate, Adam iterations, perceptual hinge budget).
+OPTIMISER_GRID = tuple(
+    {"learning_rate": lr, "num_iterations": 40, "perceptual_budget": budget}
+    for lr in (0.003, 0.01)
+    for budget in (0.02, 0.05)
+)
+TUNING_GRIDS = {
+    "jpeg": tuple({"quality": q} for q in (95, 75, 50, 25)),  # published: 75 and 25
+    "noise": tuple({"sigma": s} for s in (0.01, 0.025, 0.05, 0.1)),  # published: 0.05 to 0.1
+    "diffpure": tuple({"t_star": t} for t in (50, 100, 150, 250)),  # published: 0.1 T = 100
+    "gridpure": tuple({"t_star": t} for t in (50, 100, 150, 250)),  # published: 0.1 T = 100
+    "impress": OPTIMISER_GRID,
+    "dirp": OPTIMISER_GRID,
+}
 
 
 def jpeg(images: torch.Tensor, quality: int = 75) -> torch.Tensor:
@@ -154,5 +172,50 @@ def impress(
         generator=generator,
         output_type="pt",
         **schedule,
+    )
+    return out.images.to(images.device) * 2 - 1
+
+
+def purify(
+    pipe,
+    images: torch.Tensor,
+    name: str,
+    setting: dict | None = None,
+    generator: torch.Generator | None = None,
+    num_inversion_steps: int = 5,
+    inversion_strength: float = 0.5,
+    perceptual: str = "ssim",
+    prompt: str = "",
+) -> torch.Tensor:
+    r"""
+    Purify `images` `(B, C, H, W)` in [-1, 1] with the purifier `name` (one of `TUNING_GRIDS`) at `setting` (one
+    entry of its grid, or any keyword arguments of the purifier; default: the function's own defaults).
+
+    `num_inversion_steps`, `inversion_strength` and `perceptual` fix DIRP's schedule and the perceptual distance of
+    DIRP and IMPRESS; they are not tuned. `prompt` is DIRP's condition on a text-conditioned denoiser. Returns purified images of the shape of `images`, in [-1, 1].
+    """
+    if name not in TUNING_GRIDS:
+        raise ValueError(f"`name` must be one of {tuple(TUNING_GRIDS)}, got {name!r}.")
+    setting = dict(setting or {})
+    if name == "jpeg":
+        return jpeg(images, **setting)
+    if name == "noise":
+        return gaussian_noise(images, generator=generator, **setting)
+    if name == "diffpure":
+        return diffpure(pipe, images, generator=generator, **setting)
+    if name == "gridpure":
+        return gridpure(pipe, images, generator=generator, **setting)
+    if name == "impress":
+        return impress(pipe, images, perceptual=perceptual, generator=generator, **setting)
+    out = pipe(
+        images,
+        prompt=prompt,
+        num_inversion_steps=num_inversion_steps,
+        inversion_strength=inversion_strength,
+        perceptual=perceptual,
+        gradient_checkpointing=False,  # the same result, faster on a CPU; memory is measured separately
+        generator=generator,
+        output_type="pt",
+        **setting,
     )
     return out.images.to(images.device) * 2 - 1
