@@ -279,7 +279,7 @@ class SISSObjective(UnlearningObjective):
     r"""
     SISS (baseline, data): x_t from the defensive mixture `(1-s) q(.|x) + s q(.|a)` of a data point x (same class)
     and a forget point a, importance-weighted: `n/(n-k) E[w_x l_x] - k/(n-k) E[w_a l_a]` (its keep term replaces the
-    retain part).
+    retain part). `siss_retain_weight` > 0 adds the retain term the other data methods use.
     """
 
     name = "siss"
@@ -287,7 +287,7 @@ class SISSObjective(UnlearningObjective):
     primal_dual = False
 
     def wants_retain(self):
-        return False
+        return self.args.siss_retain_weight > 0
 
     def forget_parts(self, generator):
         trainer = self.trainer
@@ -333,7 +333,8 @@ class SISSObjective(UnlearningObjective):
         sq_a = ((preds["siss"] - p["target_a"]) ** 2).flatten(1).mean(1)
         keep = (p["weight_x"] * sq_x).mean() * n / n_retain
         neg = (p["weight_a"] * sq_a).mean() * n_forget / n_retain
-        return keep - neg, -neg, (p["weight_a"] * sq_a).mean().detach()
+        loss = keep - neg + self.args.siss_retain_weight * retain
+        return loss, -neg, (p["weight_a"] * sq_a).mean().detach()
 
 
 OBJECTIVES: dict[str, type[UnlearningObjective]] = {
