@@ -82,7 +82,10 @@ def parse_args(argv=None):
     parser.add_argument("--judge_hidden", type=int, default=64, help="Hidden units of the pixel-MLP judge.")
     parser.add_argument("--parts", nargs="+", default=["concept", "data"], choices=["concept", "data"])
     parser.add_argument(
-        "--workers", type=int, default=3, help="Processes, one seed each (1 thread each; 1: all in this process)."
+        "--workers",
+        type=int,
+        default=6,
+        help="Processes (1 thread each), one job (seed x forgotten class or data part) at a time; 1: in this process.",
     )
     parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where unlearning.json/.md/.png go.")
     parser.add_argument(
@@ -167,9 +170,10 @@ def _with_unet(pipe, unet):
 
 
 class Bench:
-    """What one worker (one seed) shares: model, judges, real halves, and its cache file."""
+    """What one job (one seed and one part: a forgotten class, or the data part) shares: model, judges, real halves,
+    and its own cache file."""
 
-    def __init__(self, args, seed):
+    def __init__(self, args, seed, part):
         from diffusers_ext import zoo
         from diffusers_ext.data.digits import load_digits_images
         from diffusers_ext.evaluation.unlearning import heldout_halves, train_pixel_mlp_judge
@@ -182,7 +186,7 @@ class Bench:
         self.real = heldout_halves(resolution=8)
         self.key = run_cache_key(args)
         self.cache_folder = os.path.join(args.cache_dir, self.key[:20])
-        self.cache_file = os.path.join(self.cache_folder, f"runs-seed{seed}.json")
+        self.cache_file = os.path.join(self.cache_folder, f"runs-seed{seed}-{part}.json")
         self.cache = load_cache(self.cache_file)
         self.resumed = 0
 
@@ -430,8 +434,8 @@ def run_cache_key(args) -> str:
     return settings_code_hash(settings, code + weights)
 
 
-def cache_path(args, seed):
-    return os.path.join(args.cache_dir, run_cache_key(args)[:20], f"runs-seed{seed}.json")
+def cache_path(args, seed, part):
+    return os.path.join(args.cache_dir, run_cache_key(args)[:20], f"runs-seed{seed}-{part}.json")
 
 
 def load_cache(path):
@@ -743,33 +747,39 @@ def write_plot(results, cache, path):
     plt.close(fig)
 
 
-def worker(argv, seed, phase, choices=None):
-    """One seed's share of a phase ("train": every run on validation, and the data part; "test": the frozen
-    choices on the test split), in its own process; returns `(cache, resumed runs, judge sanity)`."""
+def worker(argv, seed, part, phase, choices=None):
+    """One job in its own process: one seed and one part (a forgotten class, or "data"). Phase "train": every run of
+    the part on validation (the data part is measured on its test half directly: it makes no choice); phase "test":
+    the class's frozen choices on the test split. Returns `(cache, resumed runs, judge sanity)`."""
     args = parse_args(argv)
     torch.set_num_threads(1)
-    bench = Bench(args, seed)
-    if phase == "train":
-        if "concept" in args.parts:
-            for forget_class in args.forget_classes:
-                train_concept(bench, forget_class, seed)
-        if "data" in args.parts:
-            run_data(bench, seed)
+    bench = Bench(args, seed, part)
+    if phase == "train" and part == "data":
+        run_data(bench, seed)
+    elif phase == "train":
+        train_concept(bench, int(part), seed)
     else:
-        test_concept(bench, test_keys(args, choices, seed), seed)
+        test_concept(bench, test_keys(args, {int(part): choices[int(part)]}, seed), seed)
     return bench.cache, bench.resumed, bench.sanity()
 
 
-def map_seeds(args, argv, phase, choices=None):
-    """Run `worker` for every seed, `--workers` processes at a time (in this process for one worker)."""
+def map_jobs(args, argv, phase, choices=None):
+    """Run `worker` for every (part, seed), `--workers` processes at a time (in this process for one worker); the
+    longest parts are submitted first."""
+    parts = [str(c) for c in sorted(args.forget_classes, key=lambda c: -len(concept_runs(args, c)))]
+    if phase == "train" and "data" in args.parts:
+        parts = (parts if "concept" in args.parts else []) + ["data"]
+    elif phase == "train" and "concept" not in args.parts:
+        parts = []
+    jobs = [(seed, part) for part in parts for seed in args.seeds]
     if args.workers == 1:
-        return [worker(argv, seed, phase, choices) for seed in args.seeds]
+        return [worker(argv, seed, part, phase, choices) for seed, part in jobs]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(args.workers, len(args.seeds)), mp_context=context) as pool:
-        futures = [pool.submit(worker, argv, seed, phase, choices) for seed in args.seeds]
+    with ProcessPoolExecutor(max_workers=min(args.workers, len(jobs)), mp_context=context) as pool:
+        futures = [pool.submit(worker, argv, seed, part, phase, choices) for seed, part in jobs]
         return [f.result() for f in futures]
 
 
@@ -779,13 +789,13 @@ def main(argv=None):
     start = time.perf_counter()
     cache_key = run_cache_key(args)  # of the code as it was when this invocation started
     resumed = 0
-    results = map_seeds(args, argv, "train")
+    results = map_jobs(args, argv, "train")
     cache = {k: v for r in results for k, v in r[0].items()}
     resumed += sum(r[1] for r in results)
     choices = {}
     if "concept" in args.parts:
         choices = {c: choices_of(args, cache, c) for c in args.forget_classes}
-        results = map_seeds(args, argv, "test", choices)
+        results = map_jobs(args, argv, "test", choices)
         cache = {k: v for r in results for k, v in r[0].items()} | {
             k: v for k, v in cache.items() if k.startswith("data/")
         }
