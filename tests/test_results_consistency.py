@@ -17,7 +17,7 @@ from diffusers_ext.evaluation.protocol import targets_met
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ADOPTED = {"divide_and_denoise", "lomdm", "consistency", "discrete_flow", "mosaic", "soar"}
+ADOPTED = {"divide_and_denoise", "unlearning", "lomdm", "consistency", "discrete_flow", "mosaic", "soar"}
 RESULTS_LINK = re.compile(r"benchmarks/results/([A-Za-z0-9_\-]+)\.md")
 STATUS = re.compile(r"(\d+) of (\d+) targets met")
 
