@@ -1,20 +1,30 @@
 #!/usr/bin/env python
-"""Constrained unlearning on the digits zoo DDPM: the three primal-dual constraints against ESD, SISS, NegGrad+.
+"""Constrained unlearning on the digits zoo DDPM: primal-dual reverse KL against ESD with the same retain term.
 
-    python benchmarks/unlearning.py --seeds 0 1 2
+    python benchmarks/unlearning.py
 
-Concept unlearning forgets one digit class (default 3): each method is judged by the zoo classifier on samples of
-every class (forgotten rate, accuracy of every retained class against the pretrained model, retained Fréchet
-distance to the held-out digits). Data unlearning forgets a fixed random subset of training images: the forgotten
-examples' denoising loss against held-out non-members (membership parity) and the Fréchet distance of all classes
-against the pretrained model's. Constraint levels are calibrated on the pretrained model (`calibrate_level`: the
-constraint read on the retained classes; the held-out loss for data unlearning) and scaled by `--level_factors`.
+The measurement protocol of docs/benchmarks.md, in one invocation:
 
-Every run of a seed happens in this one process on the same pretrained weights, seeds and evaluation noise.
-Writes `benchmarks/results/unlearning.json`, `unlearning.md` and `unlearning.png`; each finished run is also
-cached in `--cache_dir`, so an interrupted benchmark continues where it stopped. The cache file is keyed by a hash
-of every setting that changes a run and of the code and weights that produce it (`run_cache_key`), so a changed
-setting or file never reuses a stale run. `summary.targets` is the computed list of docs/benchmarks.md.
+- Concept unlearning forgets one digit class at a time (`--forget_classes`, default 3 and 8). Reverse KL is tried
+  at `--level_factors` times its calibrated level and ESD *with the same retain term* at as many negative-guidance
+  strengths (`--esd_guidance`): the same tuning budget. On the validation split (validation sampling noise, the
+  validation half of the held-out digits) each method's level is chosen by one rule: the lowest retained Fréchet
+  distance among the levels whose forgotten rate is at most `--forget_rate_threshold` (matched forgetting), else
+  the level that forgets most. The test split (fresh sampling noise, the other half of the held-out digits) is
+  then evaluated once, for the chosen levels only. ESD as published (no retain term) and the forward-KL and
+  likelihood formulations are reported beside them (`--formulation_classes`), not as targets.
+- Two judges: the zoo `ConvImageClassifier` and a pixel MLP trained here by scikit-learn (another architecture and
+  training procedure); each judge's accuracy on the real held-out halves is under `summary.sanity`.
+- Data unlearning forgets 64 fixed random training images: forward KL at the membership-parity level (the
+  pretrained model's denoising loss on the validation half of the held-out digits) against SISS as published,
+  SISS with the same retain term, NegGrad+ and a retain-only fine-tune; parity is measured on the test half.
+
+Every run of every seed happens in this process on the same pretrained weights. Mean ± sample std over seeds, the
+standard error of the mean (`sem`) and, for rates, the binomial standard error of the pooled samples are reported.
+Finished runs (weights and measurements) are cached under `--cache_dir`, keyed by a hash of every run setting and
+of the code and weights (`run_cache_key`), only so that an interrupted invocation can continue; the results file
+records how many runs came from the cache (`summary.resumed_runs`).
+Writes `benchmarks/results/unlearning.json`, `unlearning.md` and `unlearning.png`.
 """
 
 import argparse
@@ -29,77 +39,108 @@ import torch
 
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JUDGES = ("zoo", "mlp")
+JUDGE_NAMES = {"zoo": "zoo classifier", "mlp": "pixel-MLP judge"}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=str, default=None, help="Pipeline folder (default: the zoo digits-ddpm).")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Training and sampling seeds.")
-    parser.add_argument("--forget_class", type=int, default=3, help="The digit class forgotten (concept).")
-    parser.add_argument("--max_steps", type=int, default=150, help="Unlearning steps of every run.")
+    parser.add_argument(
+        "--forget_classes", type=int, nargs="+", default=[3, 8], help="Classes forgotten, one at a time."
+    )
+    parser.add_argument(
+        "--formulation_classes",
+        type=int,
+        nargs="*",
+        default=[3],
+        help="Forgotten classes that also get the forward-KL and likelihood runs and ESD as published (reported).",
+    )
+    parser.add_argument("--max_steps", type=int, default=80, help="Unlearning steps of every run.")
+    parser.add_argument("--batch_size", type=int, default=16, help="Forget (and retain) samples per step.")
     parser.add_argument("--learning_rate", type=float, default=1e-4, help="AdamW learning rate of every run.")
     parser.add_argument(
-        "--level_factors",
-        type=float,
-        nargs="+",
-        default=[1.0, 0.5],
-        help="Reverse-KL levels as multiples of the calibrated level (the first is the headline).",
+        "--level_factors", type=float, nargs="+", default=[1.0, 1.5], help="Reverse-KL levels (x calibrated)."
     )
     parser.add_argument(
-        "--retain_weight", type=float, default=10.0, help="Retain-term weight of the concept runs (not plain ESD)."
+        "--esd_guidance", type=float, nargs="+", default=[1.0, 2.0], help="ESD+retain negative guidance levels."
     )
-    parser.add_argument("--esd_guidance", type=float, nargs="+", default=[2.0], help="ESD negative guidance eta.")
+    parser.add_argument("--published_esd_guidance", type=float, default=2.0, help="ESD as published: its eta.")
+    parser.add_argument("--retain_weight", type=float, default=10.0, help="Retain-term weight of the concept runs.")
+    parser.add_argument("--dual_rate", type=float, default=0.02, help="Concept dual step, as a multiple of 1/|b|.")
     parser.add_argument(
-        "--dual_rate", type=float, default=0.02, help="Concept dual step size, as a multiple of 1 / |level|."
+        "--forget_rate_threshold", type=float, default=0.02, help="Matched forgetting: the forgotten-rate bound."
     )
     parser.add_argument("--forget_size", type=int, default=64, help="Training images forgotten (data unlearning).")
-    parser.add_argument("--samples_per_class", type=int, default=100, help="Evaluation samples per class.")
-    parser.add_argument("--num_inference_steps", type=int, default=25, help="DDIM steps of evaluation sampling.")
-    parser.add_argument("--membership_draws", type=int, default=32, help="(t, noise) draws per membership loss.")
+    parser.add_argument("--data_retain_weight", type=float, default=1.0, help="Retain weight of the data runs.")
+    parser.add_argument("--samples_per_class", type=int, default=40, help="Evaluation samples per retained class.")
+    parser.add_argument("--forget_samples", type=int, default=120, help="Evaluation samples of the forgotten class.")
+    parser.add_argument("--num_inference_steps", type=int, default=10, help="DDIM steps of evaluation sampling.")
+    parser.add_argument("--membership_draws", type=int, default=16, help="(t, noise) draws per membership loss.")
+    parser.add_argument("--judge_hidden", type=int, default=64, help="Hidden units of the pixel-MLP judge.")
     parser.add_argument("--parts", nargs="+", default=["concept", "data"], choices=["concept", "data"])
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=6,
+        help="Processes (1 thread each), one job (seed x forgotten class or data part) at a time; 1: in this process.",
+    )
     parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where unlearning.json/.md/.png go.")
     parser.add_argument(
         "--cache_dir",
         type=str,
         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "unlearning"),
-        help="Per-run cache keyed by a hash of every run setting, the code and the weights: finished runs are not "
-        "repeated (default: benchmarks/.cache/unlearning, ignored by git).",
-    )
-    parser.add_argument("--report_only", action="store_true", help="Only aggregate the cached runs.")
-    parser.add_argument(
-        "--only", nargs="+", default=None, help="Run only these run names (e.g. 'reverse_kl x1' siss); others wait."
+        help="Per-run cache keyed by a hash of every run setting, the code and the weights, so an interrupted run "
+        "continues (default: benchmarks/.cache/unlearning, ignored by git).",
     )
     args = parser.parse_args(argv)
-    if not 0 <= args.forget_class <= 9:
-        parser.error(f"--forget_class must be a digit 0-9, got {args.forget_class}.")
+    for c in args.forget_classes + args.formulation_classes:
+        if not 0 <= c <= 9:
+            parser.error(f"--forget_classes/--formulation_classes must be digits 0-9, got {c}.")
+    if not set(args.formulation_classes) <= set(args.forget_classes):
+        parser.error(f"--formulation_classes {args.formulation_classes} must be among --forget_classes.")
     if args.forget_size < 2:
         parser.error(f"--forget_size must be >= 2, got {args.forget_size}.")
+    if len(args.level_factors) != len(args.esd_guidance):
+        parser.error(
+            f"the baseline gets the same tuning budget: give as many --esd_guidance levels ({args.esd_guidance}) as "
+            f"--level_factors ({args.level_factors})."
+        )
     return args
 
 
-def concept_methods(args):
-    """(name, method key, config overrides, level factor) of every concept run."""
+# ----------------------------------------------------------------------------------------------------------------
+# Runs
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def concept_runs(args, forget_class):
+    """(name, family, config overrides, level factor) of every concept run of one forgotten class."""
     retain = {"retain_weight": args.retain_weight}
-    runs = [
-        (f"reverse_kl x{f:g}", "reverse_kl", {"constraint": "reverse_kl", "lambda_max": 0.75, **retain}, f)
-        for f in args.level_factors
-    ]
-    runs.append(("likelihood", "likelihood", {"constraint": "likelihood", "lambda_max": 3.0, **retain}, 1.0))
-    runs.append(("forward_kl", "forward_kl", {"constraint": "forward_kl", "lambda_max": 0.5, **retain}, 1.0))
-    for eta in args.esd_guidance:  # ESD as published (no retain term), and with our retain term
-        runs.append((f"esd eta={eta:g}", "esd", {"baseline": "esd", "esd_negative_guidance": eta,
-                                                 "retain_weight": 0.0}, None))  # fmt: skip
-        runs.append((f"esd+retain eta={eta:g}", "esd", {"baseline": "esd", "esd_negative_guidance": eta, **retain},
+    runs = [(f"reverse_kl x{f:g}", "reverse_kl", {"constraint": "reverse_kl", "lambda_max": 0.75, **retain}, f)
+            for f in args.level_factors]  # fmt: skip
+    runs += [(f"esd+retain eta={e:g}", "esd+retain", {"baseline": "esd", "esd_negative_guidance": e, **retain}, None)
+             for e in args.esd_guidance]  # fmt: skip
+    if forget_class in args.formulation_classes:
+        eta = args.published_esd_guidance
+        runs.append((f"esd eta={eta:g}", "esd", {"baseline": "esd", "esd_negative_guidance": eta, "retain_weight": 0.0},
                      None))  # fmt: skip
+        runs.append(("forward_kl", "forward_kl", {"constraint": "forward_kl", "lambda_max": 0.5, **retain}, 1.0))
+        runs.append(("likelihood", "likelihood", {"constraint": "likelihood", "lambda_max": 3.0, **retain}, 1.0))
     return runs
 
 
-DATA_METHODS = [
-    ("forward_kl", {"constraint": "forward_kl"}),
-    ("siss", {"baseline": "siss"}),
-    ("neggrad_plus", {"baseline": "neggrad_plus", "neggrad_weight": 0.5}),
-    ("retain_only", {"baseline": "retain_only"}),
-]
+def data_runs(args):
+    retain = {"retain_weight": args.data_retain_weight}
+    return [
+        ("forward_kl", {"constraint": "forward_kl", **retain}),
+        ("siss", {"baseline": "siss"}),
+        ("siss+retain", {"baseline": "siss", "siss_retain_weight": args.data_retain_weight}),
+        ("neggrad_plus", {"baseline": "neggrad_plus", "neggrad_weight": 0.5, **retain}),
+        ("retain_only", {"baseline": "retain_only", **retain}),
+    ]
 
 
 def load_model(args):
@@ -128,67 +169,184 @@ def _with_unet(pipe, unet):
     return clone
 
 
-def run_concept(args, pipe, classifier, seed, cache):
-    from diffusers_ext.evaluation.unlearning import evaluate_concept_unlearning
+class Bench:
+    """What one job (one seed and one part: a forgotten class, or the data part) shares: model, judges, real halves,
+    and its own cache file."""
 
-    def evaluate(p):
-        return evaluate_concept_unlearning(
-            p, classifier, [args.forget_class], args.samples_per_class, args.num_inference_steps, seed=seed
-        )
+    def __init__(self, args, seed, part):
+        from diffusers_ext import zoo
+        from diffusers_ext.data.digits import load_digits_images
+        from diffusers_ext.evaluation.unlearning import heldout_halves, train_pixel_mlp_judge
 
-    key = f"concept/pretrained/{seed}"
-    if key not in cache:
-        start = time.perf_counter()
-        report = evaluate(pipe)
-        cache[key] = {
-            "forgotten_rate": report.forgotten_rate,
-            "per_class_accuracy": report.per_class_accuracy,
-            "retained_frechet": report.retained_frechet,
-            "seconds": time.perf_counter() - start,
-        }
-        save_cache(args, cache)
-    pretrained = cache[key]
-    # stop_patience = max_steps: a run never stops early here; each reports where its constraint ended
-    base = {"forget_classes": [args.forget_class], "max_steps": args.max_steps, "seed": seed,
-            "learning_rate": args.learning_rate, "stop_patience": args.max_steps}  # fmt: skip
-    for name, method, overrides, factor in concept_methods(args):
-        key = f"concept/{name}/{seed}"
-        if key in cache or (args.only and name not in args.only):
-            continue
-        start = time.perf_counter()
-        trainer = _trainer(pipe, {**base, **overrides})
-        level = None
-        if factor is not None:
-            calibrated = trainer.calibrate_level()
-            level = calibrated * factor if method != "likelihood" else calibrated
-            trainer.args.constraint_level = level
-            trainer.args.dual_learning_rate = args.dual_rate / max(abs(level), 1e-3)
+        self.args = args
+        self.pipe = load_model(args)
+        train_images, train_labels = load_digits_images("train", resolution=8)
+        self.judges = {"zoo": zoo.load("digits-classifier"),
+                       "mlp": train_pixel_mlp_judge(train_images, train_labels, args.judge_hidden, seed=0)}  # fmt: skip
+        self.real = heldout_halves(resolution=8)
+        self.key = run_cache_key(args)
+        self.cache_folder = os.path.join(args.cache_dir, self.key[:20])
+        self.cache_file = os.path.join(self.cache_folder, f"runs-seed{seed}-{part}.json")
+        self.cache = load_cache(self.cache_file)
+        self.resumed = 0
+
+    def save(self):
+        save_cache(self.cache_file, self.cache)
+
+    def weights_path(self, key):
+        return os.path.join(self.cache_folder, key.replace("/", "__").replace(" ", "_") + ".safetensors")
+
+    def sanity(self):
+        from diffusers_ext.metrics import classifier_predictions
+
+        out = {}
+        for judge, model in self.judges.items():
+            for split, (images, labels) in self.real.items():
+                predictions, _ = classifier_predictions(model, images)
+                out[f"{judge} judge accuracy on real {split} digits"] = float(
+                    (predictions.cpu() == labels).double().mean()
+                )
+        return out
+
+    def evaluate(self, unet, forget, split, seed):
+        """Sample `samples_per_class` of every retained class and `forget_samples` of each forgotten class with the
+        split's sampling seed and judge them with both judges against the split's real half."""
+        from diffusers_ext.evaluation.unlearning import judge_samples, sample_labels
+
+        args = self.args
+        counts = [args.forget_samples if c in forget else args.samples_per_class for c in range(10)]
+        labels = torch.arange(10).repeat_interleave(torch.tensor(counts))
+        offset = {"validation": 100_003, "test": 200_003}[split]
+        images = sample_labels(_with_unet(self.pipe, unet), labels, args.num_inference_steps, offset + seed)
+        return {j: judge_samples(model, images, labels, self.real[split], forget) for j, model in self.judges.items()}
+
+    def load_unet(self, key):
+        from safetensors.torch import load_file
+
+        if "/pretrained/" in key:
+            return self.pipe.unet
+        unet = copy.deepcopy(self.pipe.unet)
+        unet.load_state_dict(load_file(self.weights_path(key)))
+        return unet
+
+    def run(self, key, make_trainer, configure=None):
+        """Train (or load from the cache) one run; return `(unet, record)`."""
+        from safetensors.torch import save_file
+
+        if key in self.cache and os.path.isfile(self.weights_path(key)):
+            self.resumed += 1
+            return self.load_unet(key), self.cache[key]
+        start, cpu = time.perf_counter(), time.process_time()
+        trainer = make_trainer()
+        record = configure(trainer) if configure else {}
         trainer.train()
-        train_seconds = time.perf_counter() - start
-        report = evaluate(_with_unet(pipe, trainer.unlearned_unet()))
-        drops = [pretrained["per_class_accuracy"][c] - a for c, a in enumerate(report.per_class_accuracy)
-                 if c != args.forget_class]  # fmt: skip
-        cache[key] = {
-            "name": name,
-            "method": method,
-            "seed": seed,
-            "level": level,
-            "forgotten_rate": report.forgotten_rate,
-            "per_class_accuracy": report.per_class_accuracy,
-            "max_retained_accuracy_drop": max(0.0, max(drops)),
-            "retained_frechet": report.retained_frechet,
-            "final_lambda": trainer.lambda_ if trainer.args.baseline is None else None,
-            "final_guidance_strength": trainer.guidance_strength() if method != "forward_kl" else None,
-            "stop_reason": trainer.stop_reason,
-            "steps": trainer.global_step,
-            "train_seconds": train_seconds,
-            "seconds": time.perf_counter() - start,
-            "lambda_trajectory": [h.get("lambda") for h in trainer.history],
-            "constraint_trajectory": [h["constraint_estimate"] for h in trainer.history],
+        unet = trainer.unlearned_unet()
+        record.update(
+            final_lambda=trainer.lambda_ if trainer.args.baseline is None else None,
+            final_guidance_strength=trainer.guidance_strength() if trainer.objective.guidance else None,
+            stop_reason=trainer.stop_reason,
+            steps=trainer.global_step,
+            train_seconds=time.perf_counter() - start,
+            train_cpu_seconds=time.process_time() - cpu,
+            lambda_trajectory=[h.get("lambda") for h in trainer.history],
+            constraint_trajectory=[h["constraint_estimate"] for h in trainer.history],
+        )
+        os.makedirs(self.cache_folder, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in unet.state_dict().items()}, self.weights_path(key))
+        self.cache[key] = record
+        self.save()
+        return unet, record
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Concept unlearning
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def train_concept(bench, forget_class, seed):
+    """One seed: the pretrained model and every level of every method on the validation split."""
+    args = bench.args
+    key = f"concept/{forget_class}/pretrained/{seed}"
+    if "validation" not in bench.cache.setdefault(key, {}):
+        bench.cache[key]["validation"] = bench.evaluate(bench.pipe.unet, [forget_class], "validation", seed)
+        bench.save()
+    base = {"forget_classes": [forget_class], "max_steps": args.max_steps, "seed": seed,
+            "learning_rate": args.learning_rate, "stop_patience": args.max_steps,
+            "per_device_train_batch_size": args.batch_size}  # fmt: skip
+    for name, family, overrides, factor in concept_runs(args, forget_class):
+        key = f"concept/{forget_class}/{name}/{seed}"
+
+        def configure(trainer, factor=factor, family=family, name=name):
+            record = {"name": name, "family": family, "seed": seed, "level": None}
+            if factor is not None:
+                calibrated = trainer.calibrate_level()
+                level = calibrated * factor if family != "likelihood" else calibrated
+                trainer.args.constraint_level = level
+                trainer.args.dual_learning_rate = args.dual_rate / max(abs(level), 1e-3)
+                record["level"] = level
+            return record
+
+        unet, record = bench.run(key, lambda c={**base, **overrides}: _trainer(bench.pipe, c), configure)
+        if "validation" not in record:
+            cpu = time.process_time()
+            record["validation"] = bench.evaluate(unet, [forget_class], "validation", seed)
+            record["cpu_seconds"] = record["train_cpu_seconds"] + time.process_time() - cpu
+            bench.save()
+        v = record["validation"]["zoo"]
+        print(f"[{key}] validation: forgotten {v['forgotten_rate']:.3f} retained FD {v['retained_frechet']:.3f}"
+              f" ({record['train_seconds']:.0f} s)", flush=True)  # fmt: skip
+
+
+def choices_of(args, cache, forget_class):
+    """The validation choice of every method family of one forgotten class (all seeds' validation runs)."""
+    families = {}
+    for name, family, _, _ in concept_runs(args, forget_class):
+        families.setdefault(family, []).append(name)
+    return {family: choose_level(args, cache, forget_class, names) for family, names in families.items()}
+
+
+def test_keys(args, choices, seed):
+    """The runs of one seed evaluated on the test split: the pretrained model and each family's chosen level."""
+    keys = []
+    for forget_class, class_choices in choices.items():
+        keys.append(f"concept/{forget_class}/pretrained/{seed}")
+        keys += [f"concept/{forget_class}/{c['chosen']}/{seed}" for c in class_choices.values()]
+    return keys
+
+
+def test_concept(bench, keys, seed):
+    """The test split, once, for the frozen choices."""
+    for key in keys:
+        record = bench.cache[key]
+        if "test" not in record:
+            forget_class = int(key.split("/")[1])
+            record["test"] = bench.evaluate(bench.load_unet(key), [forget_class], "test", seed)
+            bench.save()
+
+
+def choose_level(args, cache, forget_class, names):
+    """The validation choice of one method family: the lowest mean retained FD (zoo judge) among its levels whose
+    mean forgotten rate is <= the threshold; else the level with the lowest forgotten rate."""
+    table = {}
+    for name in names:
+        runs = [cache[f"concept/{forget_class}/{name}/{s}"]["validation"]["zoo"] for s in args.seeds]
+        table[name] = {
+            "forgotten_rate": float(np.mean([r["forgotten_rate"] for r in runs])),
+            "retained_frechet": float(np.mean([r["retained_frechet"] for r in runs])),
         }
-        save_cache(args, cache)
-        print(f"[{key}] forgotten {report.forgotten_rate:.3f} retained FD {report.retained_frechet:.3f} "
-              f"max drop {cache[key]['max_retained_accuracy_drop']:.3f} ({cache[key]['seconds']:.0f} s)", flush=True)  # fmt: skip
+    within = [n for n in names if table[n]["forgotten_rate"] <= args.forget_rate_threshold]
+    if within:
+        chosen = min(within, key=lambda n: table[n]["retained_frechet"])
+        rule = f"lowest validation retained FD among levels forgetting to <= {args.forget_rate_threshold:g}"
+    else:
+        chosen = min(names, key=lambda n: (table[n]["forgotten_rate"], table[n]["retained_frechet"]))
+        rule = f"no level forgot to <= {args.forget_rate_threshold:g} on validation: the level forgetting most"
+    return {"chosen": chosen, "rule": rule, "validation": table}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data unlearning
+# ----------------------------------------------------------------------------------------------------------------
 
 
 def data_split(args):
@@ -197,70 +355,62 @@ def data_split(args):
     images, labels = load_digits_images("train", resolution=8)
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(1234))
     forget, retain = order[: args.forget_size], order[args.forget_size :]
-    heldout = load_digits_images("heldout", resolution=8)
-    return (images[forget], labels[forget]), (images[retain], labels[retain]), heldout
+    return (images[forget], labels[forget]), (images[retain], labels[retain])
 
 
-def run_data(args, pipe, classifier, seed, cache):
-    from diffusers_ext.evaluation.digits import evaluate_digits_generator
+def run_data(bench, seed):
+    """One seed: the pretrained model's membership losses (validation half: the forward-KL level; test half:
+    parity), then each method once, measured on the test half."""
     from diffusers_ext.evaluation.unlearning import denoising_losses, membership_summary
 
-    forget, retain, heldout = data_split(args)
+    args = bench.args
+    forget, retain = data_split(args)
 
-    def measure(p, start):
-        losses = {
-            name: denoising_losses(p.unet, p.scheduler, *data, num_draws=args.membership_draws, seed=seed)
-            for name, data in (("forget", forget), ("heldout", heldout))
-        }
-        report = evaluate_digits_generator(p, classifier, args.samples_per_class, args.num_inference_steps, seed=seed)
-        return {
-            **membership_summary(losses["forget"], losses["heldout"]),
-            "frechet": report.frechet_distance,
-            "per_class_accuracy": report.per_class_accuracy.tolist(),
-            "seconds": time.perf_counter() - start,
-        }
+    def losses(unet, data, seed):
+        return denoising_losses(unet, bench.pipe.scheduler, *data, num_draws=args.membership_draws, seed=seed)
+
+    def measure(unet, seed):
+        out = membership_summary(losses(unet, forget, seed), losses(unet, bench.real["test"], seed))
+        out["test"] = bench.evaluate(unet, [], "test", seed)
+        return out
 
     key = f"data/pretrained/{seed}"
-    if key not in cache:
-        cache[key] = measure(pipe, time.perf_counter())
-        save_cache(args, cache)
-    pretrained = cache[key]
+    if "test" not in bench.cache.setdefault(key, {}):
+        bench.cache[key] = {"validation_heldout_loss": float(losses(bench.pipe.unet, bench.real["validation"],
+                                                                    seed).mean()), **measure(bench.pipe.unet, seed)}  # fmt: skip
+        bench.save()
+    pretrained = bench.cache[key]
     base = {"max_steps": args.max_steps, "seed": seed, "learning_rate": args.learning_rate,
-            "stop_patience": args.max_steps}  # fmt: skip
-    for name, overrides in DATA_METHODS:
+            "stop_patience": args.max_steps, "per_device_train_batch_size": args.batch_size}  # fmt: skip
+    for name, overrides in data_runs(args):
         key = f"data/{name}/{seed}"
-        if key in cache or (args.only and name not in args.only):
-            continue
-        start = time.perf_counter()
         config = {**base, **overrides}
-        if name == "forward_kl":  # membership parity: the held-out non-members' loss under the pretrained model
-            config["constraint_level"] = pretrained["heldout_loss_mean"]
-            config["dual_learning_rate"] = 0.3 / pretrained["heldout_loss_mean"]
-        trainer = _trainer(pipe, config, forget_dataset=forget, retain_dataset=retain)
-        trainer.train()
-        train_seconds = time.perf_counter() - start
-        result = measure(_with_unet(pipe, trainer.unlearned_unet()), start)
-        cache[key] = {
-            "name": name,
-            "seed": seed,
-            **result,
-            "retained_frechet_ratio": result["frechet"] / pretrained["frechet"],
-            "level": config.get("constraint_level"),
-            "final_lambda": trainer.lambda_ if trainer.args.baseline is None else None,
-            "stop_reason": trainer.stop_reason,
-            "train_seconds": train_seconds,
-            "lambda_trajectory": [h.get("lambda") for h in trainer.history],
-            "constraint_trajectory": [h["constraint_estimate"] for h in trainer.history],
-        }
-        save_cache(args, cache)
-        print(f"[{key}] forget loss {result['forget_loss']:.4f} held-out {result['heldout_loss_mean']:.4f} "
-              f"± {result['heldout_loss_std']:.4f} FD ratio {cache[key]['retained_frechet_ratio']:.3f} "
-              f"({result['seconds']:.0f} s)", flush=True)  # fmt: skip
+        if name == "forward_kl":  # membership parity, calibrated on the validation half only
+            config["constraint_level"] = pretrained["validation_heldout_loss"]
+            config["dual_learning_rate"] = 0.3 / pretrained["validation_heldout_loss"]
+        unet, record = bench.run(
+            key,
+            lambda c=config: _trainer(bench.pipe, c, forget_dataset=forget, retain_dataset=retain),
+            lambda trainer, c=config, name=name, seed=seed: {"name": name, "seed": seed,
+                                                             "level": c.get("constraint_level")},
+        )  # fmt: skip
+        if "test" not in record:
+            cpu = time.process_time()
+            record.update(measure(unet, seed))
+            record["cpu_seconds"] = record["train_cpu_seconds"] + time.process_time() - cpu
+            bench.save()
+        print(f"[{key}] forget loss {record['forget_loss']:.4f} held-out {record['heldout_loss_mean']:.4f} "
+              f"± {record['heldout_loss_std']:.4f} FD {record['test']['zoo']['retained_frechet']:.3f}",
+              flush=True)  # fmt: skip
 
 
-# Arguments that only select which runs happen or where files go; every other argument changes what a run computes.
-NOT_RUN_SETTINGS = ("seeds", "parts", "only", "report_only", "output_dir", "cache_dir")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# ----------------------------------------------------------------------------------------------------------------
+# Cache
+# ----------------------------------------------------------------------------------------------------------------
+
+# Arguments that only select which runs happen (each is cached under its seed) or where files go; every other
+# argument changes what a run computes.
+NOT_RUN_SETTINGS = ("seeds", "parts", "workers", "output_dir", "cache_dir")
 
 
 def run_cache_key(args) -> str:
@@ -270,7 +420,8 @@ def run_cache_key(args) -> str:
 
     package = os.path.join(ROOT, "diffusers_ext")
     code = [os.path.abspath(__file__), os.path.join(package, "trainers"), os.path.join(package, "evaluation"),
-            os.path.join(package, "pipelines"), os.path.join(package, "models"), os.path.join(package, "metrics")]  # fmt: skip
+            os.path.join(package, "pipelines"), os.path.join(package, "models"), os.path.join(package, "metrics"),
+            os.path.join(package, "data")]  # fmt: skip
     weights = []
     for folder in (
         args.model or os.path.join(package, "zoo", "digits-ddpm"),
@@ -283,202 +434,264 @@ def run_cache_key(args) -> str:
     return settings_code_hash(settings, code + weights)
 
 
-def cache_path(args):
-    return os.path.join(args.cache_dir, f"runs-{run_cache_key(args)[:20]}.json")
+def cache_path(args, seed, part):
+    return os.path.join(args.cache_dir, run_cache_key(args)[:20], f"runs-seed{seed}-{part}.json")
 
 
-def load_cache(args):
-    path = cache_path(args)
+def load_cache(path):
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     return {}
 
 
-def save_cache(args, cache):
-    path = cache_path(args)
+def save_cache(path, cache):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(cache, f)
     os.replace(path + ".tmp", path)
 
 
-def _mean_std(values):
+# ----------------------------------------------------------------------------------------------------------------
+# Summary
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def spread(values):
+    from diffusers_ext.evaluation.protocol import mean_spread
+
     values = [v for v in values if v is not None]
-    if not values:
-        return None, None
-    return float(np.mean(values)), float(np.std(values))
+    return mean_spread(values) if values else None
 
 
-def aggregate(args, cache):
-    """Mean and spread over seeds of every method; the summary the issue asks for."""
-    results = {"concept": {}, "data": {}}
-    for key, run in cache.items():
-        part, name, seed = key.split("/")
-        results[part].setdefault(name, []).append(run)
-    concept, data = {}, {}
-    for name, runs in results["concept"].items():
-        entry = {"seeds": sorted(r.get("seed", -1) for r in runs), "num_seeds": len(runs)}
-        for metric in ("forgotten_rate", "max_retained_accuracy_drop", "retained_frechet", "final_lambda",
-                       "final_guidance_strength", "level", "train_seconds", "seconds"):  # fmt: skip
-            mean, std = _mean_std([r.get(metric) for r in runs])
-            if mean is not None:
-                entry[metric], entry[f"{metric}_std"] = mean, std
-        entry["stopped"] = sum(r.get("stop_reason") is not None for r in runs)
-        concept[name] = entry
-    for name, runs in results["data"].items():
-        entry = {"num_seeds": len(runs)}
-        for metric in ("forget_loss", "heldout_loss_mean", "heldout_loss_std", "frechet", "retained_frechet_ratio",
-                       "forget_mean_z", "final_lambda", "level", "train_seconds", "seconds"):  # fmt: skip
-            mean, std = _mean_std([r.get(metric) for r in runs])
-            if mean is not None:
-                entry[metric], entry[f"{metric}_std"] = mean, std
-        entry["forget_within_spread"] = [bool(r["forget_within_spread"]) for r in runs]
-        data[name] = entry
+def rate_entry(records, split, judge):
+    """Forgotten rate over seeds: mean ± spread and the binomial standard error of the pooled samples."""
+    from diffusers_ext.evaluation.protocol import binomial_standard_error
 
-    summary = {"concept": {}, "data": {}}
-    headline = f"reverse_kl x{args.level_factors[0]:g}"
-    esd_name = f"esd eta={args.esd_guidance[0]:g}"
-    for name, key in ((headline, "reverse_kl"), ("likelihood", "likelihood"), ("forward_kl", "forward_kl"),
-                      (esd_name, "esd"), ("pretrained", "pretrained")):  # fmt: skip
-        if name in concept:
-            entry = concept[name]
-            summary["concept"][key] = {
-                "forgotten_rate": entry["forgotten_rate"],
-                "max_retained_accuracy_drop": entry.get("max_retained_accuracy_drop", 0.0),
-                "retained_frechet": entry["retained_frechet"],
-                "num_seeds": entry["num_seeds"],
+    rates = [r[split][judge]["forgotten_rate"] for r in records]
+    counts = [r[split][judge]["forgotten_count"] for r in records]
+    entry = spread(rates)
+    pooled = float(np.dot(rates, counts) / sum(counts))
+    entry["binomial_se"] = binomial_standard_error(pooled, int(sum(counts)))
+    return entry
+
+
+def accuracy_drop(records, pretrained, split, judge, forget_class):
+    """The largest drop of a retained class's accuracy (pooled over seeds) below the pretrained model's, with the
+    binomial standard error of that difference, and the mean drop over retained classes."""
+    mine = np.mean([r[split][judge]["per_class_accuracy"] for r in records], axis=0)
+    theirs = np.mean([r[split][judge]["per_class_accuracy"] for r in pretrained], axis=0)
+    retained = [c for c in range(10) if c != forget_class]
+    drops = {c: float(theirs[c] - mine[c]) for c in retained}
+    worst = max(drops, key=drops.get)
+    n = sum(r[split][judge]["per_class_count"][worst] for r in records)
+    se = float(np.sqrt(mine[worst] * (1 - mine[worst]) / n + theirs[worst] * (1 - theirs[worst]) / n))
+    return {"max": max(0.0, drops[worst]), "class": worst, "se": se, "mean": float(np.mean(list(drops.values())))}
+
+
+def concept_summary(args, cache, forget_class, choices):
+    pretrained = [cache[f"concept/{forget_class}/pretrained/{s}"] for s in args.seeds]
+    validation = {}
+    for family, choice in choices.items():
+        for name in choice["validation"]:
+            records = [cache[f"concept/{forget_class}/{name}/{s}"] for s in args.seeds]
+            validation[name] = {
+                "family": family,
+                "chosen": name == choice["chosen"],
+                "level": spread([r["level"] for r in records]),
+                "final_lambda": spread([r["final_lambda"] for r in records]),
+                "final_guidance_strength": spread([r["final_guidance_strength"] for r in records]),
+                "train_seconds": spread([r["train_seconds"] for r in records]),
+                **{
+                    j: {
+                        "forgotten_rate": rate_entry(records, "validation", j),
+                        "retained_frechet": spread([r["validation"][j]["retained_frechet"] for r in records]),
+                    }
+                    for j in JUDGES
+                },  # fmt: skip
             }
-    for esd_key, name in (("esd", esd_name), ("esd_retain", f"esd+retain eta={args.esd_guidance[0]:g}")):
-        if name not in concept:
-            continue
-        esd = concept[name]
-        if esd_key == "esd_retain":
-            summary["concept"]["esd_retain"] = {k: esd[k] for k in ("forgotten_rate", "retained_frechet", "num_seeds")}
-            summary["concept"]["esd_retain"]["max_retained_accuracy_drop"] = esd["max_retained_accuracy_drop"]
-        # matched forgetting: the reverse-KL levels that forget at least as well as ESD (or reach the 2% target)
-        matched = [
-            (concept[n]["retained_frechet"], n)
-            for n in concept
-            if n.startswith("reverse_kl") and concept[n]["forgotten_rate"] <= max(esd["forgotten_rate"], 0.02)
+    test = {}
+    for family, choice in [("pretrained", {"chosen": "pretrained"}), *choices.items()]:
+        records = pretrained if family == "pretrained" else [
+            cache[f"concept/{forget_class}/{choice['chosen']}/{s}"] for s in args.seeds]  # fmt: skip
+        test[family] = {"run": choice["chosen"], **{j: {
+            "forgotten_rate": rate_entry(records, "test", j),
+            "retained_frechet": spread([r["test"][j]["retained_frechet"] for r in records]),
+            "max_retained_accuracy_drop": accuracy_drop(records, pretrained, "test", j, forget_class),
+        } for j in JUDGES}}  # fmt: skip
+    ratios = {}
+    for j in JUDGES:
+        per_seed = [
+            cache[f"concept/{forget_class}/{choices['reverse_kl']['chosen']}/{s}"]["test"][j]["retained_frechet"]
+            / cache[f"concept/{forget_class}/{choices['esd+retain']['chosen']}/{s}"]["test"][j]["retained_frechet"]
+            for s in args.seeds
         ]
-        suffix = "" if esd_key == "esd" else "_retain"
-        if matched:
-            fd, chosen = min(matched)
-            summary[f"reverse_kl_over_esd{suffix}_frechet"] = fd / esd["retained_frechet"]
-            summary[f"reverse_kl_matched_run{suffix}"] = chosen
-        else:
-            summary[f"reverse_kl_over_esd{suffix}_frechet"] = None
-            summary[f"reverse_kl_matched_run{suffix}"] = (
-                f"no reverse_kl level reached {name}'s forgotten rate {esd['forgotten_rate']:.3f} (or 0.02)"
-            )
-    if "forward_kl" in data:
-        fu = data["forward_kl"]
-        summary["data"] = {
-            "method": "forward_kl",
-            "forget_loss": fu["forget_loss"],
-            "heldout_loss_mean": fu["heldout_loss_mean"],
-            "heldout_loss_std": fu["heldout_loss_std"],
-            "retained_frechet_ratio": fu["retained_frechet_ratio"],
-            "forget_within_spread": fu["forget_within_spread"],
-            "num_seeds": fu["num_seeds"],
-        }
-        if "pretrained" in data:
-            summary["data"]["pretrained_forget_loss"] = data["pretrained"]["forget_loss"]
-        summary["data_baselines"] = {
-            name: {
-                k: data[name][k]
-                for k in ("forget_loss", "heldout_loss_mean", "heldout_loss_std", "retained_frechet_ratio")
-            }  # fmt: skip
-            for name in data
-            if name not in ("forward_kl", "pretrained")
-        }
-    summary["seeds"] = sorted({int(k.split("/")[2]) for k in cache})
-    summary["targets"] = compute_targets(summary, concept, data)
-    summary["protocol_notes"] = (
-        "The matched reverse-KL level is the best of the levels tried, chosen on the evaluation samples themselves "
-        "(no validation split yet); the headline ratio is against ESD with the same retain term; the ratio against "
-        "ESD as published (no retain term) is reported beside it, not as a target."
-    )
-    return summary, concept, data
+        ratios[j] = spread(per_seed)
+    return {"validation": validation, "choices": {f: {k: c[k] for k in ("chosen", "rule")} for f, c in
+                                                  choices.items()}, "test": test,
+            "reverse_kl_over_esd_retain_frechet": ratios}  # fmt: skip
 
 
-def compute_targets(summary: dict, concept: dict, data: dict) -> list[dict]:
-    """The computed `summary.targets` rows; a missing measurement gives `nan`, which is never met."""
+def data_summary(args, cache):
+    pretrained = {s: cache[f"data/pretrained/{s}"] for s in args.seeds}
+    out = {}
+    for name in ["pretrained"] + [n for n, _ in data_runs(args)]:
+        records = [cache[f"data/{name}/{s}"] for s in args.seeds]
+        gaps = [abs(r["forget_loss"] - r["heldout_loss_mean"]) / r["heldout_loss_std"] for r in records]
+        out[name] = {
+            "forget_loss": spread([r["forget_loss"] for r in records]),
+            "heldout_loss_mean": spread([r["heldout_loss_mean"] for r in records]),
+            "heldout_loss_std": spread([r["heldout_loss_std"] for r in records]),
+            "gap_in_heldout_spreads": spread(gaps),
+            "forget_mean_z": spread([r["forget_mean_z"] for r in records]),
+            "forget_within_spread": [bool(r["forget_within_spread"]) for r in records],
+            "level": spread([r.get("level") for r in records]),
+            "final_lambda": spread([r.get("final_lambda") for r in records]),
+            **{
+                j: {
+                    "frechet": spread([r["test"][j]["retained_frechet"] for r in records]),
+                    "frechet_ratio": spread(
+                        [
+                            r["test"][j]["retained_frechet"] / pretrained[s]["test"][j]["retained_frechet"]
+                            for s, r in zip(args.seeds, records)
+                        ]
+                    ),
+                }
+                for j in JUDGES
+            },  # fmt: skip
+        }
+    return out
+
+
+def compute_targets(summary: dict) -> list[dict]:
+    """The computed `summary.targets` rows (test split, means over seeds); a missing measurement gives `nan`, which is
+    never met."""
     from diffusers_ext.evaluation.protocol import target
 
     nan = float("nan")
-    rkl = summary["concept"].get("reverse_kl", {})
-    ratio = summary.get("reverse_kl_over_esd_retain_frechet")
-    rows = [
-        target("concept: reverse-KL forgotten rate", rkl.get("forgotten_rate", nan), 0.02, "<="),
-        target(
-            "concept: reverse-KL max retained accuracy drop", rkl.get("max_retained_accuracy_drop", nan), 0.03, "<="
-        ),
-        target(
-            "concept: reverse-KL over ESD with the same retain term, retained Fréchet at matched forgetting",
-            nan if ratio is None else ratio,
-            0.85,
-            "<=",
-        ),
-    ]
-    fu = summary.get("data", {})
-    if fu:
-        gap = abs(fu["forget_loss"] - fu["heldout_loss_mean"]) / max(fu["heldout_loss_std"], 1e-12)
-        rows.append(target("data: |forget loss - held-out mean| in held-out spreads", gap, 1.0, "<="))
-        ratio = fu["retained_frechet_ratio"]
-        rows.append(target("data: retained Fréchet ratio to the pretrained model", ratio, 1.10, "<="))
-    else:
-        rows.append(target("data: |forget loss - held-out mean| in held-out spreads", nan, 1.0, "<="))
-        rows.append(target("data: retained Fréchet ratio to the pretrained model", nan, 1.10, "<="))
-    slowest = max([e.get("seconds", nan) for e in list(concept.values()) + list(data.values())] or [nan])
-    rows.append(target("slowest single run, seconds", slowest, 600.0, "<="))
+    threshold = summary.get("forget_rate_threshold", 0.02)
+    rows = []
+    for forget_class, part in summary.get("concept", {}).items():
+        rkl = part.get("test", {}).get("reverse_kl", {})
+        for j in JUDGES:
+            value = rkl.get(j, {}).get("forgotten_rate", {}).get("mean", nan)
+            rows.append(target(f"concept {forget_class}: reverse-KL forgotten rate ({JUDGE_NAMES[j]})", value,
+                               threshold, "<="))  # fmt: skip
+        value = rkl.get("zoo", {}).get("max_retained_accuracy_drop", {}).get("max", nan)
+        rows.append(target(f"concept {forget_class}: reverse-KL max retained accuracy drop (zoo classifier)", value,
+                           0.03, "<="))  # fmt: skip
+        for j in JUDGES:
+            ratio = part.get("reverse_kl_over_esd_retain_frechet", {}).get(j) or {}
+            rows.append(target(
+                f"concept {forget_class}: reverse-KL over ESD+retain retained Fréchet at matched forgetting "
+                f"({JUDGE_NAMES[j]})", ratio.get("mean", nan), 0.85, "<="))  # fmt: skip
+    fu = summary.get("data", {}).get("forward_kl")
+    rows.append(target("data: forward-KL |forget loss - held-out mean| in held-out spreads",
+                       fu["gap_in_heldout_spreads"]["mean"] if fu else nan, 1.0, "<="))  # fmt: skip
+    for j in JUDGES:
+        rows.append(target(f"data: forward-KL retained Fréchet ratio to the pretrained model ({JUDGE_NAMES[j]})",
+                           fu[j]["frechet_ratio"]["mean"] if fu else nan, 1.10, "<="))  # fmt: skip
+    rows.append(target("slowest single run (training + its evaluation), CPU seconds",
+                       summary.get("slowest_run_cpu_seconds", nan), 600.0, "<="))  # fmt: skip
     return rows
 
 
-def write_markdown(results, path):
-    s = results["summary"]
-    lines = ["# Constrained unlearning on the digits DDPM", "", f"Command: `{results['command']}`", "",
-             f"Seeds: {s['seeds']}. Forgotten class: {results['settings']['forget_class']}.", "",
-             "## Concept unlearning", "",
-             "| method | level | final lambda | eta | forgotten rate | max retained acc. drop | retained FD | seeds | train s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-
-    def fmt(entry, key, spec=".3f"):
-        if key not in entry or entry[key] is None:
-            return "—"
-        std = entry.get(f"{key}_std")
-        return f"{entry[key]:{spec}}" + (f" ± {std:{spec}}" if std else "")
-
-    for name, entry in results["concept"].items():
-        lines.append(
-            f"| {name} | {fmt(entry, 'level', '.3g')} | {fmt(entry, 'final_lambda')} | "
-            f"{fmt(entry, 'final_guidance_strength', '.2f')} | {fmt(entry, 'forgotten_rate')} | "
-            f"{fmt(entry, 'max_retained_accuracy_drop')} | {fmt(entry, 'retained_frechet')} | {entry['num_seeds']} | "
-            f"{fmt(entry, 'train_seconds', '.0f')} |"
-        )
-    ratio, ratio_retain = s.get("reverse_kl_over_esd_frechet"), s.get("reverse_kl_over_esd_retain_frechet")
-    lines += ["", f"Reverse-KL over ESD retained Fréchet distance at matched forgetting: "
-              f"{'—' if ratio is None else f'{ratio:.3f}'} ({s.get('reverse_kl_matched_run')}; target <= 0.85); "
-              f"over ESD with the same retain term: {'—' if ratio_retain is None else f'{ratio_retain:.3f}'} "
-              f"({s.get('reverse_kl_matched_run_retain')}).",
-              "", "## Data unlearning", "",
-              "| method | forget loss | held-out loss | z of forget mean | FD ratio to pretrained | final lambda | seeds |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    for name, entry in results["data"].items():
-        lines.append(
-            f"| {name} | {fmt(entry, 'forget_loss', '.4f')} | {fmt(entry, 'heldout_loss_mean', '.4f')} "
-            f"(spread {entry.get('heldout_loss_std', float('nan')):.4f}) | {fmt(entry, 'forget_mean_z', '.1f')} | "
-            f"{fmt(entry, 'retained_frechet_ratio')} | {fmt(entry, 'final_lambda')} | {entry['num_seeds']} |"
-        )
+def summarise(args, cache, choices, bench_sanity, resumed):
     from diffusers_ext.evaluation.protocol import targets_status
 
-    lines += ["", f"## Targets: {targets_status(s['targets'])}", "", "| target | value | threshold | met |",
-              "| --- | --- | --- | --- |"]  # fmt: skip
+    summary = {"seeds": args.seeds, "forget_rate_threshold": args.forget_rate_threshold, "concept": {}}
+    for forget_class, class_choices in choices.items():
+        summary["concept"][str(forget_class)] = concept_summary(args, cache, forget_class, class_choices)
+    if "data" in args.parts:
+        summary["data"] = data_summary(args, cache)
+    cpu = [r["cpu_seconds"] for r in cache.values() if "cpu_seconds" in r]
+    summary["slowest_run_cpu_seconds"] = max(cpu) if cpu else None
+    sanity = dict(bench_sanity)
+    for forget_class, part in summary["concept"].items():
+        pre = part["test"]["pretrained"]
+        for j in JUDGES:  # headroom: the pretrained model does draw the class that is to be forgotten
+            sanity[f"concept {forget_class}: pretrained forgotten-class rate, test ({JUDGE_NAMES[j]})"] = pre[j][
+                "forgotten_rate"]["mean"]  # fmt: skip
+    if "data" in summary:
+        pre = summary["data"]["pretrained"]
+        sanity["data: pretrained |forget loss - held-out mean| in held-out spreads (memorisation to undo)"] = pre[
+            "gap_in_heldout_spreads"]["mean"]  # fmt: skip
+    summary["sanity"] = sanity
+    summary["resumed_runs"] = resumed
+    summary["targets"] = compute_targets(summary)
+    summary["status"] = targets_status(summary["targets"])
+    return summary
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def fmt(entry, spec=".3f", key="mean"):
+    if entry is None:
+        return "—"
+    value = entry[key]
+    std = entry.get("std")
+    return f"{value:{spec}}" + (f" ± {std:{spec}}" if std else "")
+
+
+def write_markdown(results, path):
+    from diffusers_ext.evaluation.protocol import targets_status
+
+    s, settings = results["summary"], results["settings"]
+    lines = ["# Constrained unlearning on the digits DDPM", "", f"Command: `{results['command']}`", "",
+             f"Seeds {s['seeds']}; {settings['max_steps']} steps per run (batch {settings['batch_size']} + "
+             f"{settings['batch_size']}); evaluation: {settings['samples_per_class']} samples per retained class and "
+             f"{settings['forget_samples']} of the forgotten class per seed, {settings['num_inference_steps']} DDIM "
+             "steps; mean ± std over seeds. Runs resumed from the cache: "
+             f"{s['resumed_runs']}.", "", f"## Targets: {targets_status(s['targets'])}", "",
+             "| target | value | threshold | met |", "| --- | --- | --- | --- |"]  # fmt: skip
     for row in s["targets"]:
         lines.append(f"| {row['name']} | {row['value']:.3f} | {row['comparison']} {row['threshold']:g} | "
                      f"{'yes' if row['met'] else 'no'} |")  # fmt: skip
-    lines += ["", s["protocol_notes"]]
+    lines += ["", "## Sanity", "", "| check | value |", "| --- | --- |"]
+    lines += [f"| {k} | {v:.3f} |" for k, v in s["sanity"].items()]
+    for forget_class, part in s["concept"].items():
+        lines += ["", f"## Concept unlearning: class {forget_class}", "", "### Validation (every level; the choice)", "",
+                  "| run | level | final λ | η | forgotten (zoo) | retained FD (zoo) | forgotten (MLP) | "
+                  "retained FD (MLP) | chosen |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for name, row in part["validation"].items():
+            lines.append(
+                f"| {name} | {fmt(row['level'], '.3g')} | {fmt(row['final_lambda'])} | "
+                f"{fmt(row['final_guidance_strength'], '.2f')} | {fmt(row['zoo']['forgotten_rate'])} | "
+                f"{fmt(row['zoo']['retained_frechet'])} | {fmt(row['mlp']['forgotten_rate'])} | "
+                f"{fmt(row['mlp']['retained_frechet'])} | {'**yes**' if row['chosen'] else ''} |"
+            )
+        lines += [""] + [f"- {family}: {c['chosen']} ({c['rule']})" for family, c in part["choices"].items()]
+        lines += ["", "### Test (once, chosen levels)", "",
+                  "| method | run | forgotten (zoo) ± binomial SE | max retained acc. drop (zoo) | retained FD (zoo) | "
+                  "forgotten (MLP) | max retained acc. drop (MLP) | retained FD (MLP) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for family, row in part["test"].items():
+            cells = []
+            for j in JUDGES:
+                rate = row[j]["forgotten_rate"]
+                drop = row[j]["max_retained_accuracy_drop"]
+                cells += [f"{rate['mean']:.3f} ± {rate['binomial_se']:.3f}" if j == "zoo" else fmt(rate),
+                          f"{drop['max']:.3f} (class {drop['class']}, SE {drop['se']:.3f})",
+                          fmt(row[j]["retained_frechet"])]  # fmt: skip
+            lines.append(f"| {family} | {row['run']} | " + " | ".join(cells) + " |")
+        for j in JUDGES:
+            ratio = part["reverse_kl_over_esd_retain_frechet"][j]
+            lines.append(f"\nReverse KL over ESD+retain, retained FD at matched forgetting ({JUDGE_NAMES[j]}): "
+                         f"{fmt(ratio)} (SE {ratio['sem']:.3f}; per seed {[round(v, 3) for v in ratio['values']]}).")  # fmt: skip
+    if "data" in s:
+        lines += ["", "## Data unlearning (test half of the held-out digits)", "",
+                  "| method | forget loss | held-out loss (spread) | gap in spreads | z of forget mean | "
+                  "FD ratio (zoo) | FD ratio (MLP) | final λ |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for name, row in s["data"].items():
+            lines.append(
+                f"| {name} | {fmt(row['forget_loss'], '.4f')} | {fmt(row['heldout_loss_mean'], '.4f')} "
+                f"({row['heldout_loss_std']['mean']:.4f}) | {fmt(row['gap_in_heldout_spreads'], '.2f')} | "
+                f"{fmt(row['forget_mean_z'], '.1f')} | {fmt(row['zoo']['frechet_ratio'])} | "
+                f"{fmt(row['mlp']['frechet_ratio'])} | {fmt(row['final_lambda'])} |"
+            )
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -489,77 +702,118 @@ def write_plot(results, cache, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4), dpi=100)
-    colors = {"reverse_kl": "#1f77b4", "likelihood": "#2ca02c", "forward_kl": "#9467bd", "esd": "#d62728", "esd+retain": "#ff7f0e",
-              "pretrained": "#555"}  # fmt: skip
-    for name, entry in results["concept"].items():
-        method = name.split()[0]
-        left.errorbar(entry["forgotten_rate"], entry["retained_frechet"], xerr=entry.get("forgotten_rate_std"),
-                      yerr=entry.get("retained_frechet_std"), fmt="o", color=colors.get(method, "k"), label=name)  # fmt: skip
-    left.axvline(0.02, color="#c33", linestyle="--", linewidth=1)
-    left.set_xlabel("forgotten rate (samples of the forgotten class still classified as it)")
+    s = results["summary"]
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.5), dpi=100)
+    colors = {"reverse_kl": "#1f77b4", "likelihood": "#2ca02c", "forward_kl": "#9467bd", "esd": "#d62728",
+              "esd+retain": "#ff7f0e", "pretrained": "#555"}  # fmt: skip
+    markers = ["o", "s", "^", "D"]
+    for i, (forget_class, part) in enumerate(s["concept"].items()):
+        for name, row in part["validation"].items():
+            rate, fd = row["zoo"]["forgotten_rate"], row["zoo"]["retained_frechet"]
+            left.errorbar(rate["mean"], fd["mean"], xerr=rate["std"], yerr=fd["std"], fmt=markers[i % 4],
+                          color=colors.get(row["family"], "k"), mfc="none" if not row["chosen"] else None,
+                          label=f"{forget_class}: {name}")  # fmt: skip
+    left.axvline(s["forget_rate_threshold"], color="#c33", linestyle="--", linewidth=1)
+    left.set_xlabel("validation forgotten rate (zoo classifier)")
     left.set_yscale("log")
-    left.set_ylabel("retained Fréchet distance (log scale)")
-    left.set_title("Concept unlearning: retention vs forgetting")
-    left.legend(fontsize=7)
+    left.set_ylabel("validation retained Fréchet distance (log)")
+    left.set_title("Concept: every level on validation (filled: chosen)")
+    left.legend(fontsize=6, ncol=2)
     for key, run in sorted(cache.items()):
-        lam = run.get("lambda_trajectory") if isinstance(run, dict) else None
+        lam = run.get("lambda_trajectory")
         if not lam or lam[0] is None:
             continue
-        part, name, seed = key.split("/")
-        method = "forward_kl" if part == "data" else name.split()[0]
-        middle.plot(lam, color=colors.get(method, "k"), alpha=0.6, linestyle="-" if part == "concept" else ":",
-                    label=f"{part}: {name}" if seed == "0" else None)  # fmt: skip
+        parts = key.split("/")
+        family = run.get("family", "forward_kl")
+        middle.plot(lam, color=colors.get(family, "k"), alpha=0.5, linestyle="-" if parts[0] == "concept" else ":",
+                    label="/".join(parts[:-1]) if parts[-1] == str(s["seeds"][0]) else None)  # fmt: skip
     middle.set_xlabel("step")
-    middle.set_ylabel("lambda")
+    middle.set_ylabel("λ")
     middle.set_title("Dual variable (dotted: data unlearning)")
-    middle.legend(fontsize=7)
-    names = list(results["data"])
-    forget = [results["data"][n]["forget_loss"] for n in names]
-    held = [results["data"][n]["heldout_loss_mean"] for n in names]
-    spread = [results["data"][n]["heldout_loss_std"] for n in names]
-    xs = np.arange(len(names))
-    right.bar(xs - 0.2, forget, 0.4, label="forgotten examples")
-    right.bar(xs + 0.2, held, 0.4, yerr=spread, label="held-out non-members (± spread)", color="#aaa")
-    right.set_xticks(xs, names, fontsize=8)
-    right.set_ylabel("denoising loss")
-    right.set_title("Data unlearning: membership parity")
-    right.legend(fontsize=7)
+    middle.legend(fontsize=6)
+    if "data" in s:
+        names = list(s["data"])
+        xs = np.arange(len(names))
+        right.bar(xs - 0.2, [s["data"][n]["forget_loss"]["mean"] for n in names], 0.4, label="forgotten examples")
+        right.bar(xs + 0.2, [s["data"][n]["heldout_loss_mean"]["mean"] for n in names], 0.4, color="#aaa",
+                  yerr=[s["data"][n]["heldout_loss_std"]["mean"] for n in names],
+                  label="held-out non-members, test half (± spread)")  # fmt: skip
+        right.set_xticks(xs, names, fontsize=7)
+        right.set_ylabel("denoising loss")
+        right.set_title("Data: membership parity")
+        right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
-def main(argv=None):
+def worker(argv, seed, part, phase, choices=None):
+    """One job in its own process: one seed and one part (a forgotten class, or "data"). Phase "train": every run of
+    the part on validation (the data part is measured on its test half directly: it makes no choice); phase "test":
+    the class's frozen choices on the test split. Returns `(cache, resumed runs, judge sanity)`."""
     args = parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    cache = load_cache(args)
-    if not args.report_only:
-        from diffusers_ext import zoo
+    torch.set_num_threads(1)
+    bench = Bench(args, seed, part)
+    if phase == "train" and part == "data":
+        run_data(bench, seed)
+    elif phase == "train":
+        train_concept(bench, int(part), seed)
+    else:
+        test_concept(bench, test_keys(args, {int(part): choices[int(part)]}, seed), seed)
+    return bench.cache, bench.resumed, bench.sanity()
 
-        pipe = load_model(args)
-        classifier = zoo.load("digits-classifier")
-        for seed in args.seeds:
-            if "concept" in args.parts:
-                run_concept(args, pipe, classifier, seed, cache)
-            if "data" in args.parts:
-                run_data(args, pipe, classifier, seed, cache)
-    cache = {key: run for key, run in cache.items() if int(key.split("/")[2]) in args.seeds}
-    summary, concept, data = aggregate(args, cache)
+
+def map_jobs(args, argv, phase, choices=None):
+    """Run `worker` for every (part, seed), `--workers` processes at a time (in this process for one worker); the
+    longest parts are submitted first."""
+    parts = [str(c) for c in sorted(args.forget_classes, key=lambda c: -len(concept_runs(args, c)))]
+    if phase == "train" and "data" in args.parts:
+        parts = (parts if "concept" in args.parts else []) + ["data"]
+    elif phase == "train" and "concept" not in args.parts:
+        parts = []
+    jobs = [(seed, part) for part in parts for seed in args.seeds]
+    if args.workers == 1:
+        return [worker(argv, seed, part, phase, choices) for seed, part in jobs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(args.workers, len(jobs)), mp_context=context) as pool:
+        futures = [pool.submit(worker, argv, seed, part, phase, choices) for seed, part in jobs]
+        return [f.result() for f in futures]
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    start = time.perf_counter()
+    cache_key = run_cache_key(args)  # of the code as it was when this invocation started
+    resumed = 0
+    results = map_jobs(args, argv, "train")
+    cache = {k: v for r in results for k, v in r[0].items()}
+    resumed += sum(r[1] for r in results)
+    choices = {}
+    if "concept" in args.parts:
+        choices = {c: choices_of(args, cache, c) for c in args.forget_classes}
+        results = map_jobs(args, argv, "test", choices)
+        cache = {k: v for r in results for k, v in r[0].items()} | {
+            k: v for k, v in cache.items() if k.startswith("data/")
+        }
+    summary = summarise(args, cache, choices, results[0][2], resumed)
     results = {
         "summary": summary,
-        "command": " ".join(["python", "benchmarks/unlearning.py", *(argv if argv is not None else sys.argv[1:])]),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("output_dir", "cache_dir")},
-        "concept": concept,
-        "data": data,
-        "cache_key": run_cache_key(args),
+        "command": " ".join(["python", "benchmarks/unlearning.py", *argv]),
+        "settings": {k: v for k, v in vars(args).items() if k not in NOT_RUN_SETTINGS},
+        "cache_key": cache_key,
+        "wall_seconds": time.perf_counter() - start,
+        "runs": cache,
     }
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "unlearning.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
+        json.dump(results, f, indent=1)
     write_markdown(results, os.path.join(args.output_dir, "unlearning.md"))
     write_plot(results, cache, os.path.join(args.output_dir, "unlearning.png"))
-    print(json.dumps(summary, indent=2))
+    print(json.dumps({k: summary[k] for k in ("targets", "sanity", "status")}, indent=2))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ ADOPTED = {
     "mosaic",
     "semantic_nvs",
     "soar",
+    "unlearning",
     "zoo",
 }
 RESULTS_LINK = re.compile(r"benchmarks/results/([A-Za-z0-9_\-]+)\.md")

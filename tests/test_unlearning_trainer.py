@@ -151,6 +151,20 @@ def test_siss_importance_weights_undo_the_defensive_mixture():
     assert (siss["weight_x"] >= 0).all() and (siss["weight_x"] <= 1 / 0.7 + 1e-6).all()
 
 
+def test_siss_retain_weight_adds_the_retain_term_of_the_other_data_methods():
+    published, with_retain = _data_trainer(baseline="siss"), _data_trainer(baseline="siss", siss_retain_weight=2.0)
+    assert not published.objective.wants_retain() and with_retain.objective.wants_retain()
+    parts = with_retain.sample_batch()
+    assert [p["name"] for p in parts] == ["siss", "retain"]
+    with_retain.compute_targets(parts)
+    loss, metrics = with_retain.compute_loss(parts)
+    without, _ = with_retain.compute_loss([parts[0]])  # the same draws without the retain part
+    torch.testing.assert_close(loss, without + 2.0 * metrics["retain_loss"])
+    assert metrics["retain_loss"] > 0
+    with pytest.raises(ValueError, match="siss_retain_weight"):
+        ConstrainedUnlearningConfig(baseline="siss", siss_retain_weight=-1.0)
+
+
 @pytest.mark.parametrize("baseline", ["neggrad_plus", "retain_only", "siss"])
 def test_data_baselines_train_and_change_the_model(baseline):
     trainer = _data_trainer(baseline=baseline)

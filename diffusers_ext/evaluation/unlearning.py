@@ -126,3 +126,106 @@ def membership_summary(forget_losses: torch.Tensor, heldout_losses: torch.Tensor
         "forget_within_spread": bool(abs(float(f.mean()) - float(h.mean())) <= std),
         "forget_mean_z": z,
     }
+
+
+class PixelMLPJudge(torch.nn.Module):
+    r"""
+    A second digits judge, independent of the zoo `ConvImageClassifier`: a one-hidden-layer perceptron on the raw
+    pixels (no convolutions, no shift augmentation), fitted by scikit-learn's L2-regularised `MLPClassifier`
+    ([`train_pixel_mlp_judge`]). Called on images `(N, 1, H, W)` in [-1, 1] it returns `(logits, features)` with
+    `logits` of shape `(N, num_classes)` and `features` the hidden ReLU activations `(N, hidden_size)`, the pair
+    [`classifier_predictions`] reads.
+    """
+
+    def __init__(self, num_pixels: int, hidden_size: int, num_classes: int = NUM_CLASSES):
+        super().__init__()
+        self.hidden = torch.nn.Linear(num_pixels, hidden_size)
+        self.out = torch.nn.Linear(hidden_size, num_classes)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = torch.relu(self.hidden(images.flatten(1)))
+        return self.out(features), features
+
+
+def train_pixel_mlp_judge(
+    images: torch.Tensor, labels: torch.Tensor, hidden_size: int = 64, seed: int = 0, max_iter: int = 400
+) -> PixelMLPJudge:
+    """Fit [`PixelMLPJudge`] on `images` `(N, 1, H, W)` in [-1, 1] and `labels` `(N,)` with scikit-learn (Adam,
+    L2 penalty 1e-2, at most `max_iter` epochs) and copy the fitted weights into the torch module."""
+    if images.ndim != 4 or len(images) != len(labels):
+        raise ValueError(
+            f"`images` must be (N, C, H, W) with one label each; got {tuple(images.shape)} and {len(labels)} labels."
+        )
+    if not isinstance(hidden_size, int) or hidden_size < 1:
+        raise ValueError(f"`hidden_size` must be an int >= 1, got {hidden_size!r}.")
+    from sklearn.neural_network import MLPClassifier
+
+    x = images.flatten(1).double().numpy()
+    mlp = MLPClassifier(hidden_layer_sizes=(hidden_size,), alpha=1e-2, max_iter=max_iter, random_state=seed)
+    mlp.fit(x, labels.numpy())
+    if list(mlp.classes_) != list(range(NUM_CLASSES)):
+        raise ValueError(f"`labels` must cover the classes 0..{NUM_CLASSES - 1}, got {list(mlp.classes_)}.")
+    judge = PixelMLPJudge(x.shape[1], hidden_size)
+    with torch.no_grad():
+        judge.hidden.weight.copy_(torch.from_numpy(mlp.coefs_[0].T))
+        judge.hidden.bias.copy_(torch.from_numpy(mlp.intercepts_[0]))
+        judge.out.weight.copy_(torch.from_numpy(mlp.coefs_[1].T))
+        judge.out.bias.copy_(torch.from_numpy(mlp.intercepts_[1]))
+    return judge.eval()
+
+
+def heldout_halves(resolution: int = 8, seed: int = 0) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The held-out digits split in two class-stratified halves, `{"validation": ..., "test": ...}`, each
+    `(images (N, 1, r, r) in [-1, 1], labels (N,))`: choices are made against one, the other is used once."""
+    from sklearn.model_selection import train_test_split
+
+    images, labels = load_digits_images("heldout", resolution=resolution)
+    val, test = train_test_split(np.arange(len(labels)), test_size=0.5, stratify=labels.numpy(), random_state=seed)
+    val, test = torch.from_numpy(np.sort(val)), torch.from_numpy(np.sort(test))
+    return {"validation": (images[val], labels[val]), "test": (images[test], labels[test])}
+
+
+@torch.no_grad()
+def sample_labels(pipe, labels: torch.Tensor, num_inference_steps: int, seed: int, batch_size: int = 500):
+    """Samples of `pipe` in [-1, 1], one per entry of `labels` `(N,)`, from one generator seeded with `seed`."""
+    generator = torch.Generator("cpu").manual_seed(seed)
+    chunks = []
+    for start in range(0, len(labels), batch_size):
+        out = pipe(
+            class_labels=labels[start : start + batch_size],
+            num_inference_steps=num_inference_steps,
+            generator=generator,
+            output_type="pt",
+        ).images
+        chunks.append(out.cpu() * 2 - 1)
+    return torch.cat(chunks)
+
+
+@torch.no_grad()
+def judge_samples(
+    judge, images: torch.Tensor, labels: torch.Tensor, real: tuple, forget_classes: Sequence[int] = ()
+) -> dict:
+    """What one judge says about generated `images` `(N, 1, H, W)` conditioned on `labels` `(N,)`.
+
+    Returns `{"forgotten_rate", "forgotten_count", "per_class_accuracy", "per_class_count", "retained_frechet"}`:
+    the share of the forgotten classes' samples the judge still assigns to their class (None without forgotten
+    classes), per conditioning class the share classified as that class, and the Fréchet distance in the judge's
+    features between the retained classes' samples and the real images `real = (images, labels)` of those classes.
+    """
+    forget = torch.tensor([int(c) for c in forget_classes], dtype=torch.long)
+    predictions, features = classifier_predictions(judge, images)
+    predictions = predictions.cpu()
+    if features is None:
+        raise ValueError(f"`judge` {type(judge).__name__} returns no features; a Fréchet distance needs them.")
+    forgotten = torch.isin(labels, forget)
+    counts = torch.bincount(labels, minlength=NUM_CLASSES)
+    rate = float((predictions[forgotten] == labels[forgotten]).double().mean()) if forgotten.any() else None
+    real_images, real_labels = real
+    _, real_features = classifier_predictions(judge, real_images[~torch.isin(real_labels, forget)])
+    return {
+        "forgotten_rate": rate,
+        "forgotten_count": int(forgotten.sum()),
+        "per_class_accuracy": per_class_accuracy(predictions, labels, NUM_CLASSES).tolist(),
+        "per_class_count": counts.tolist(),
+        "retained_frechet": frechet_distance(features[~forgotten.to(features.device)], real_features),
+    }

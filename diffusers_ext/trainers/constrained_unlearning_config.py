@@ -132,6 +132,13 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
         default=0.5,
         metadata={"help": "SISS: probability of noising the forget example in the defensive importance mixture."},
     )
+    siss_retain_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "SISS: weight of an added retain term (the denoising loss on retain samples, as NegGrad+ and "
+            "forward_kl draw it); 0 is SISS as published, whose own keep term is its only retention."
+        },
+    )
 
     # Optimisation (the shared fields of DiffusionTrainerConfig, with this trainer's defaults)
     output_dir: str = field(
@@ -226,7 +233,7 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
         if self.stop_patience < 1:
             raise ValueError(f"`stop_patience` must be >= 1, got {self.stop_patience}.")
-        for name in ("dual_learning_rate", "retain_weight", "neggrad_weight"):
+        for name in ("dual_learning_rate", "retain_weight", "neggrad_weight", "siss_retain_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}.")
         if not 0.0 <= self.constraint_ema < 1.0:

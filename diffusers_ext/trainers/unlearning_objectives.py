@@ -287,7 +287,8 @@ class SISSObjective(UnlearningObjective):
     `neggrad_weight` (1 is SISS as published; the repository rescales this term with its `scaling_norm`).
 
     Data unlearning draws x from the whole training set (k forget of n examples) and its keep term replaces the
-    retain part. Concept unlearning takes the pretrained model's samples: the forget points are samples at the forget
+    retain part; `siss_retain_weight` > 0 adds the retain term the other data methods use (0, as published, by
+    default). Concept unlearning takes the pretrained model's samples: the forget points are samples at the forget
     prompts/classes (`u_pool`), the data are those and as many samples of the reference (`ref_pool`), all denoised
     under the forget condition, so the subtracted mixture is the reference; the retain term is the other methods'.
     """
@@ -300,7 +301,10 @@ class SISSObjective(UnlearningObjective):
         _reference_and_forget_pools(self.trainer)
 
     def wants_retain(self):
-        return self.trainer.mode == "concept" and self.args.retain_weight > 0
+        return self._retain_weight() > 0
+
+    def _retain_weight(self) -> float:
+        return self.args.retain_weight if self.trainer.mode == "concept" else self.args.siss_retain_weight
 
     def _sizes(self) -> tuple[int, int, int]:
         trainer = self.trainer
@@ -368,7 +372,8 @@ class SISSObjective(UnlearningObjective):
         sq_a = ((preds["siss"] - p["target_a"]) ** 2).flatten(1).mean(1)
         keep = (p["weight_x"] * sq_x).mean() * n / n_retain
         neg = self.args.neggrad_weight * (p["weight_a"] * sq_a).mean() * n_forget / n_retain
-        return keep - neg + self.args.retain_weight * retain, -neg, (p["weight_a"] * sq_a).mean().detach()
+        loss = keep - neg + self._retain_weight() * retain
+        return loss, -neg, (p["weight_a"] * sq_a).mean().detach()
 
 
 OBJECTIVES: dict[str, type[UnlearningObjective]] = {
