@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser(
-        "demo", help="run each method on the zoo and write an HTML report (about a minute on 2 cores)"
+        "demo", help="run each method on the zoo and write an HTML report (under a minute and a half on 2 cores)"
     )
     demo.add_argument("--output_dir", default="demo_output", help="report folder (default: demo_output)")
     size = demo.add_mutually_exclusive_group()

@@ -61,7 +61,7 @@ def run_demo(
     Args:
         output_dir (`str`): the report folder.
         mode (`str`, defaults to `"default"`): `"quick"`, `"default"` or `"full"` (the first releases' defaults).
-            `python benchmarks/demo_timing.py` measures the first two (62 s and 28 s on 2 idle CPU cores).
+            `python benchmarks/demo_timing.py` measures the first two (82 s and 37 s on 2 CPU cores).
         seed (`int`): seed of every sample.
         device (`str`): torch device.
         progress (`bool`): show a progress bar over the sections.
