@@ -13,23 +13,24 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from ..data.mosaic import images_to_tensor
+
 
 LORA_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 
 
 def _images_to_tensor(images) -> torch.Tensor:
-    """PIL images, an `(N, H, W, 3)` uint8 array or an `(N, 3, H, W)` tensor in [-1, 1] -> float `(N, 3, H, W)`."""
+    """PIL images, `(H, W, 3)` uint8 arrays or an `(N, 3, H, W)` tensor in [-1, 1] -> float `(N, 3, H, W)`."""
     if isinstance(images, torch.Tensor):
         if images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"`images` must be a (N, 3, H, W) tensor in [-1, 1], got shape {tuple(images.shape)}.")
         return images.float()
-    import numpy as np
-
-    arrays = [np.asarray(image.convert("RGB") if hasattr(image, "convert") else image) for image in images]
-    if not arrays or any(a.ndim != 3 or a.shape[2] != 3 for a in arrays):
+    if len(images) == 0:
         raise ValueError("`images` must be a non-empty list of RGB images (PIL or (H, W, 3) arrays).")
-    stacked = torch.from_numpy(np.stack(arrays)).float() / 127.5 - 1.0
-    return stacked.permute(0, 3, 1, 2).contiguous()
+    tensor = images_to_tensor(images)
+    if tensor.shape[1] != 3:
+        raise ValueError(f"`images` must be RGB images (PIL or (H, W, 3) arrays), got {tensor.shape[1]} channels.")
+    return tensor
 
 
 @torch.no_grad()
