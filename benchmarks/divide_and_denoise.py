@@ -105,26 +105,18 @@ def disc_scheduler():
 
 def calibrate(args, classifier) -> dict:
     """Thresholds from real objects only (no composition method involved), plus the judge's accuracy."""
-    from diffusers_ext import AverageAllocator, DivideAndDenoisePipeline, MultiDenoiserModel
     from diffusers_ext.data.digits import load_digits_images
     from diffusers_ext.evaluation.divide_and_denoise.placements import (
         COLOURS,
         colour_expert,
-        colour_object_scores,
         random_layout,
+        solo_disc_scores,
     )
     from diffusers_ext.evaluation.protocol import calibrate_threshold
 
-    disc_scores = {}
-    for k, colour in enumerate(COLOURS):
-        expert = colour_expert(random_layout(1, CALIBRATION_SEED + k)[0], colour, seed=CALIBRATION_SEED + k)
-        pipe = DivideAndDenoisePipeline(MultiDenoiserModel([expert]), disc_scheduler())
-        pipe.set_progress_bar_config(disable=True)
-        out = pipe(num_inference_steps=args.disc_steps, num_images_per_prompt=args.calibration_images,
-                   generator=torch.Generator().manual_seed(CALIBRATION_SEED + k), output_type="pt",
-                   allocator=AverageAllocator())  # fmt: skip
-        disc_scores[colour] = colour_object_scores(out.images, colour).tolist()
-    all_disc = [s for scores in disc_scores.values() for s in scores]
+    seeds = [CALIBRATION_SEED + k for k in range(len(COLOURS))]
+    experts = [colour_expert(random_layout(1, seed)[0], colour, seed=seed) for seed, colour in zip(seeds, COLOURS)]
+    all_disc = solo_disc_scores(experts, disc_scheduler(), args.calibration_images, args.disc_steps, seeds)
     disc_threshold = calibrate_threshold(all_disc, args.detect_fraction)
 
     images, labels = load_digits_images("heldout", resolution=8)

@@ -115,3 +115,18 @@ def test_colour_detector_counts_each_colour():
     assert scores.tolist() == [0.9, 0.4]
     with pytest.raises(ValueError, match="colours"):
         count_colour_blobs(images, ["purple"])
+
+
+def test_solo_disc_scores_score_each_expert_alone():
+    from diffusers import DDIMScheduler
+
+    from diffusers_ext.evaluation.divide_and_denoise.placements import solo_disc_scores
+
+    experts = layout_experts(random_layout(2, 0), num_templates=20, seed=0)
+    scheduler = DDIMScheduler(num_train_timesteps=1000, beta_schedule="linear", clip_sample=False)
+    scores = solo_disc_scores(experts, scheduler, num_images=2, num_inference_steps=10, seeds=[1, 2])
+    # Sampled alone, an exact expert paints a full-strength disc of its own colour.
+    assert len(scores) == 4 and min(scores) >= 0.9
+    assert scores == solo_disc_scores(experts, scheduler, num_images=2, num_inference_steps=10, seeds=[1, 2])
+    with pytest.raises(ValueError, match="one seed each"):
+        solo_disc_scores(experts, scheduler, num_images=2, num_inference_steps=10, seeds=[1])

@@ -51,18 +51,11 @@ def method_kwargs(method: str, regions: torch.Tensor) -> dict:
 def calibrated_disc_threshold(experts, scheduler, settings, seed: int, device: str) -> float:
     """The detector threshold that finds 95% of the discs each expert paints when sampled alone (real objects,
     no composition method involved), as in `benchmarks/divide_and_denoise.py`."""
-    from .. import AverageAllocator, DivideAndDenoisePipeline, MultiDenoiserModel
-    from ..evaluation.divide_and_denoise.placements import COLOURS, colour_object_scores
+    from ..evaluation.divide_and_denoise.placements import solo_disc_scores
     from ..evaluation.protocol import calibrate_threshold
 
-    scores = []
-    for k, (expert, colour) in enumerate(zip(experts, COLOURS)):
-        alone = DivideAndDenoisePipeline(MultiDenoiserModel([expert]), scheduler).to(device)
-        alone.set_progress_bar_config(disable=True)
-        out = alone(num_inference_steps=settings.disc_steps, num_images_per_prompt=settings.disc_images,
-                    generator=torch.Generator().manual_seed(seed + 100 + k), output_type="pt",
-                    allocator=AverageAllocator())  # fmt: skip
-        scores.extend(colour_object_scores(out.images.cpu(), colour).tolist())
+    seeds = [seed + 100 + k for k in range(len(experts))]
+    scores = solo_disc_scores(experts, scheduler, settings.disc_images, settings.disc_steps, seeds, device)
     return calibrate_threshold(scores, 0.95)
 
 

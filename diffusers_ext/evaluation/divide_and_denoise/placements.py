@@ -117,3 +117,25 @@ def colour_object_scores(images, colour: str, min_area: int = 8, grid: np.ndarra
         found = count_colour_blobs(images, [colour], min_area, float(t))[:, 0] >= 1
         scores[found] = t
     return scores
+
+
+def solo_disc_scores(
+    experts, scheduler, num_images: int, num_inference_steps: int, seeds: list[int], device: str = "cpu"
+) -> list[float]:
+    """The detector's calibration statistic on real objects: each disc expert `k` (colours in `COLOURS` order)
+    sampled alone, `num_images` images from seed `seeds[k]`, scored by [`colour_object_scores`]. No composition
+    method is involved; [`diffusers_ext.evaluation.protocol.calibrate_threshold`] turns the scores into a
+    threshold."""
+    from ... import AverageAllocator, DivideAndDenoisePipeline, MultiDenoiserModel
+
+    if not 1 <= len(experts) <= len(COLOURS) or len(seeds) != len(experts):
+        raise ValueError(f"need 1 to {len(COLOURS)} experts and one seed each, got {len(experts)} and {len(seeds)}.")
+    scores = []
+    for expert, colour, seed in zip(experts, COLOURS, seeds):
+        alone = DivideAndDenoisePipeline(MultiDenoiserModel([expert]), scheduler).to(device)
+        alone.set_progress_bar_config(disable=True)
+        out = alone(num_inference_steps=num_inference_steps, num_images_per_prompt=num_images,
+                    generator=torch.Generator().manual_seed(seed), output_type="pt",
+                    allocator=AverageAllocator())  # fmt: skip
+        scores.extend(colour_object_scores(out.images.cpu(), colour).tolist())
+    return scores
