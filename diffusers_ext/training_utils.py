@@ -280,3 +280,23 @@ def build_optimizer(params, args, num_processes: int = 1):
         num_training_steps=args.max_train_steps * num_processes,
     )
     return optimizer, lr_scheduler
+
+
+def start_run(args, logger):
+    """The opening every training script shares; returns the `Accelerator`.
+
+    Builds it with [`build_accelerator`] from the flags of [`add_accelerate_arguments`] (plus `output_dir` and
+    `gradient_accumulation_steps`), formats log lines with a timestamp, logs the accelerate state from every process
+    through `logger` (an `accelerate.logging.get_logger` logger) and seeds everything with `args.seed`.
+    """
+    import logging
+
+    from accelerate.utils import set_seed
+
+    accelerator = build_accelerator(
+        args.output_dir, args.logging_dir, args.mixed_precision, args.report_to, args.gradient_accumulation_steps
+    )
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
+    logger.info(accelerator.state, main_process_only=False)
+    set_seed(args.seed)
+    return accelerator

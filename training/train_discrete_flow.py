@@ -14,7 +14,6 @@ latest` continues exactly where the last one stopped. The coupling is solved on 
 
 import argparse
 import json
-import logging
 import math
 import os
 import sys
@@ -22,7 +21,6 @@ import time
 
 import torch
 from accelerate.logging import get_logger
-from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from diffusers_ext.training_utils import add_accelerate_arguments, add_optimizer_arguments, build_optimizer
@@ -116,20 +114,15 @@ def main(argv=None):
     from diffusers_ext.pipelines.discrete_flow.losses import discrete_flow_loss, estimate_nll_bounds
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
-        build_accelerator,
         command_line,
         maybe_resume,
         save_checkpoint,
+        start_run,
         step_generator,
         write_model_card,
     )
 
-    accelerator = build_accelerator(
-        args.output_dir, args.logging_dir, args.mixed_precision, args.report_to, args.gradient_accumulation_steps
-    )
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
-    logger.info(accelerator.state, main_process_only=False)
-    set_seed(args.seed)
+    accelerator = start_run(args, logger)
 
     train, validation, judge = build_data(args)
     scheduler = DiscreteFlowMatchingScheduler(

@@ -16,13 +16,11 @@ exactly where the last one stopped.
 """
 
 import argparse
-import logging
 import math
 import sys
 
 import torch
 from accelerate.logging import get_logger
-from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from diffusers_ext.training_utils import add_accelerate_arguments, add_optimizer_arguments, build_optimizer
@@ -136,20 +134,15 @@ def main(argv=None):
     from diffusers_ext.models.bidirectional_llama import build_bidirectional_llama
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
-        build_accelerator,
         command_line,
         maybe_resume,
         save_checkpoint,
+        start_run,
         step_generator,
         write_model_card,
     )
 
-    accelerator = build_accelerator(
-        args.output_dir, args.logging_dir, args.mixed_precision, args.report_to, args.gradient_accumulation_steps
-    )
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
-    logger.info(accelerator.state, main_process_only=False)
-    set_seed(args.seed)
+    accelerator = start_run(args, logger)
 
     tokenizer, train_ids, val_ids, description = load_corpus(args)
     length = train_ids.shape[1]

@@ -20,14 +20,10 @@ stopped.
 """
 
 import argparse
-import logging
-import os
 import sys
 
 import torch
-from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import ProjectConfiguration, set_seed
 from tqdm.auto import tqdm
 
 from diffusers_ext.losses.masked_diffusion import (
@@ -189,21 +185,12 @@ def main(argv=None):
         command_line,
         resolve_resume_checkpoint,
         save_checkpoint,
+        start_run,
         step_generator,
         write_model_card,
     )
 
-    accelerator = Accelerator(
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        mixed_precision=args.mixed_precision,
-        log_with=None if args.report_to == "none" else args.report_to,
-        project_config=ProjectConfiguration(
-            project_dir=args.output_dir, logging_dir=os.path.join(args.output_dir, args.logging_dir)
-        ),
-    )
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
-    logger.info(accelerator.state, main_process_only=False)
-    set_seed(args.seed)
+    accelerator = start_run(args, logger)
 
     tokenizer = get_tiny_lm_tokenizer()
     task = (SudokuTask if args.task == "sudoku" else AdditionTask)(args, tokenizer)

@@ -21,7 +21,6 @@ exactly where the last one stopped, in either phase. With `--eval_num_prompts` >
 
 import argparse
 import json
-import logging
 import math
 import os
 import sys
@@ -30,7 +29,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate.logging import get_logger
-from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from diffusers_ext.training_utils import add_accelerate_arguments
@@ -312,20 +310,15 @@ def main(argv=None):
     from diffusers_ext.data.mosaic import mosaic_tokenizer
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
-        build_accelerator,
         command_line,
         maybe_resume,
         save_checkpoint,
+        start_run,
         step_generator,
         write_model_card,
     )
 
-    accelerator = build_accelerator(
-        args.output_dir, args.logging_dir, args.mixed_precision, args.report_to, args.gradient_accumulation_steps
-    )
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
-    logger.info(accelerator.state, main_process_only=False)
-    set_seed(args.seed)
+    accelerator = start_run(args, logger)
 
     images, captions = load_training_data(args)
     tokenizer = mosaic_tokenizer(args.max_length)
