@@ -391,6 +391,7 @@ def main(argv=None) -> dict:
     add_arguments(parser)
     args = parser.parse_args(argv)
     results = run(args)
+    results["command"] = " ".join(["python benchmarks/latent_world_dirp.py", *(sys.argv[1:] if argv is None else argv)])
     grids = LAST_GRIDS
     os.makedirs(args.dirp_output_dir, exist_ok=True)
     stem = os.path.join(args.dirp_output_dir, "latent_world_dirp")
