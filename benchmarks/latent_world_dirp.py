@@ -8,7 +8,9 @@ is a mosaic "subject" (a fixed arrangement of shapes, drawn at random positions 
 word the model never trained on (`diffusers_ext.data.mosaic_subjects`): `tower` ("a cyan square") is the validation
 concept, `rocket` ("a magenta triangle") the test concept. The mimic fine-tunes the UNet on `--num_images` pictures
 of the subject with its caption and samples the caption; its samples are scored by the Fréchet distance (FD) to
-held-out renders of the subject in the features of a small CNN this script trains on ordinary mosaic renders.
+held-out renders of the subject in the features of the mosaic world's independent feature network
+(`diffusers_ext.evaluation.mosaic.MosaicFeatureNet`, trained here on ordinary mosaic renders with the same settings
+and seed as in `benchmarks/latent_world_unlearning.py`, so both benchmarks judge with the same network).
 
 Protocol:
 1. Validation concept: every protection at every budget (prompt-conditioned PGD); a mimic (seed 0) on the clean and
@@ -75,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dirp_iterations", type=int, default=20, help="DIRP's and IMPRESS's Adam iterations.")
     group.add_argument("--dirp_learning_rate", type=float, default=0.01, help="DIRP's and IMPRESS's learning rate.")
     group.add_argument("--dirp_inversion_steps", type=int, default=2, help="DIRP's K.")
-    group.add_argument("--dirp_feature_steps", type=int, default=500, help="Training steps of the FD's CNN.")
+    group.add_argument("--dirp_feature_steps", type=int, default=800, help="Training steps of the FD's CNN.")
     group.add_argument("--dirp_output_dir", default=RESULTS, help="Where the results files go (main() only).")
 
 
@@ -111,9 +113,11 @@ def run(args: argparse.Namespace) -> dict:
     from diffusers import StableDiffusionPipeline
 
     from diffusers_ext import DIRPPipeline, zoo
+    from diffusers_ext.data.mosaic import MosaicConfig
     from diffusers_ext.data.mosaic_subjects import SUBJECTS, subject_images
-    from diffusers_ext.evaluation.dirp.latent_mimicry import mimic_frechet, sample_mimic, train_feature_network
+    from diffusers_ext.evaluation.dirp.latent_mimicry import mimic_frechet, sample_mimic
     from diffusers_ext.evaluation.dirp.latent_protections import inversion_amplification, protect_for_prompt
+    from diffusers_ext.evaluation.mosaic import train_feature_net
     from diffusers_ext.evaluation.protocol import mean_spread, target
     from diffusers_ext.metrics import frechet_distance
 
@@ -129,7 +133,8 @@ def run(args: argparse.Namespace) -> dict:
     pipe = DIRPPipeline(unet=sd.unet, scheduler=sd.scheduler, vae=sd.vae, text_encoder=sd.text_encoder,
                         tokenizer=sd.tokenizer)  # fmt: skip
     pipe.set_progress_bar_config(disable=True)
-    feature_net, feature_accuracy, label_accuracy = train_feature_network(num_steps=args.dirp_feature_steps)
+    feature_net, feature_report = train_feature_net(MosaicConfig(), steps=args.dirp_feature_steps)
+    feature_accuracy, label_accuracy = feature_report.exact_accuracy, feature_report.label_accuracy
     budgets = sorted(args.dirp_budgets)
     top = budgets[-1]
     rank = args.dirp_mimic_rank or None
@@ -386,6 +391,7 @@ def main(argv=None) -> dict:
     add_arguments(parser)
     args = parser.parse_args(argv)
     results = run(args)
+    results["command"] = " ".join(["python benchmarks/latent_world_dirp.py", *(sys.argv[1:] if argv is None else argv)])
     grids = LAST_GRIDS
     os.makedirs(args.dirp_output_dir, exist_ok=True)
     stem = os.path.join(args.dirp_output_dir, "latent_world_dirp")

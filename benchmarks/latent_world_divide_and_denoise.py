@@ -157,7 +157,7 @@ def load_or_train_expert(base, shape: str, seed: int, args, log) -> tuple:
     start = time.perf_counter()
     config = MosaicConfig(shapes=(shape,), tasks=("single", "pair", "count"))
     data = mosaic_dataset(config, args.dnd_finetune_samples, seed=100 + seed, split="train")
-    unet, lora_state, losses = mosaic_finetune.finetune_unet_lora(
+    unet, lora_state, losses = mosaic_finetune.finetune_unet(
         base,
         list(data["image"]),
         list(data["caption"]),

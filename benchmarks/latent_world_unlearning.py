@@ -153,8 +153,8 @@ class Bench:
 
         from diffusers_ext import zoo
         from diffusers_ext.data.mosaic import MosaicConfig
-        from diffusers_ext.evaluation.mosaic import MosaicEvaluator
-        from diffusers_ext.evaluation.mosaic_unlearning import concept_prompt_sets, train_feature_net
+        from diffusers_ext.evaluation.mosaic import MosaicEvaluator, train_feature_net
+        from diffusers_ext.evaluation.mosaic_unlearning import concept_prompt_sets
 
         self.args = args
         self.config = MosaicConfig()
@@ -172,12 +172,8 @@ class Bench:
 
     def outputs(self, unet, split: str) -> dict:
         """Images and judge verdicts of `unet` on `split`'s forget and retain prompts (eval noise seed 1234)."""
-        from diffusers_ext.evaluation.mosaic_unlearning import (
-            concept_presence,
-            image_features,
-            judge_accuracy,
-            sample_prompts,
-        )
+        from diffusers_ext.evaluation.mosaic import image_features
+        from diffusers_ext.evaluation.mosaic_unlearning import concept_presence, judge_accuracy, sample_prompts
 
         args, pipe = self.args, copy.copy(self.pipe)
         pipe.register_modules(unet=unet.eval())
@@ -312,12 +308,8 @@ def base_report(bench, split):
 
 def sanity_checks(bench) -> dict:
     """Judge and feature-space checks on real renders, and the FD noise floor."""
-    from diffusers_ext.evaluation.mosaic_unlearning import (
-        concept_presence,
-        image_features,
-        judge_accuracy,
-        sample_prompts,
-    )
+    from diffusers_ext.evaluation.mosaic import image_features
+    from diffusers_ext.evaluation.mosaic_unlearning import concept_presence, judge_accuracy, sample_prompts
     from diffusers_ext.metrics.frechet import frechet_distance
 
     args, test = bench.args, bench.prompts["test"]

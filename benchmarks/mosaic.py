@@ -36,7 +36,6 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
-sys.path.insert(0, os.path.join(REPO, "training"))
 
 GUIDANCE_GRID = (2.0, 4.0, 7.0)
 PERTURBATIONS = ("noise 0.03", "dim x0.9", "shift 1px", "blur 0.5")
@@ -179,10 +178,10 @@ def vae_round_trip(vae, config, num: int) -> dict:
 
 def zoo_section(args):
     from diffusers import StableDiffusionPipeline
-    from train_text_to_image import evaluate_pipeline
 
     from diffusers_ext import zoo
     from diffusers_ext.data.mosaic import MosaicConfig
+    from diffusers_ext.evaluation.mosaic import evaluate_text_to_image
 
     path = args.model_path or zoo.path("mosaic-t2i")
     pipe = StableDiffusionPipeline.from_pretrained(path, torch_dtype=torch.float32)
@@ -190,10 +189,10 @@ def zoo_section(args):
     config = MosaicConfig()
     validation = {}
     for scale in GUIDANCE_GRID:
-        validation[str(scale)] = evaluate_pipeline(pipe, config, args.val_prompts, 9001, scale, args.steps)
+        validation[str(scale)] = evaluate_text_to_image(pipe, config, args.val_prompts, 9001, scale, args.steps)
         print(f"zoo validation guidance {scale}: {validation[str(scale)]['overall']:.3f}", flush=True)
     best = max(GUIDANCE_GRID, key=lambda s: validation[str(s)]["overall"])
-    test = evaluate_pipeline(pipe, config, args.test_prompts, 9002, best, args.steps)
+    test = evaluate_text_to_image(pipe, config, args.test_prompts, 9002, best, args.steps)
     test["standard_error"] = math.sqrt(test["overall"] * (1 - test["overall"]) / test["n"])
     print(f"zoo test (guidance {best}): {test['overall']:.3f}", flush=True)
     size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs if "checkpoint" not in r)
@@ -215,22 +214,6 @@ PROXY = {"unet_channels": [16, 32], "attention_head_dim": 8, "text_hidden_size":
          "max_length": 24}  # fmt: skip
 
 
-def _proxy_args(extra: dict):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(
-        resolution=32,
-        latent_channels=4,
-        vae_channels=PROXY["vae_channels"],
-        unet_channels=PROXY["unet_channels"],
-        attention_head_dim=PROXY["attention_head_dim"],
-        text_hidden_size=PROXY["text_hidden_size"],
-        text_layers=PROXY["text_layers"],
-        max_length=PROXY["max_length"],
-        **extra,
-    )
-
-
 def load_proxy_vae(path: str):
     """The frozen VAE every proxy shares (default: the zoo model's), in float32, and a hash of its weights."""
     from diffusers import AutoencoderKL
@@ -247,16 +230,14 @@ def train_proxy(vae, config, num_samples: int, steps: int, seed: int = 0):
     """A small UNet + text encoder trained on `num_samples` train scenes of `config` in the frozen `vae`'s latents;
     returns the assembled `StableDiffusionPipeline`."""
     import torch.nn.functional as F
-    from train_text_to_image import (
-        TextConditionedDenoiser,
-        build_components,
-        build_pipeline,
-        encode_all,
-        noise_schedulers,
-        set_lr,
-    )
 
     from diffusers_ext.data.mosaic import mosaic_records, mosaic_tokenizer
+    from diffusers_ext.models.stable_diffusion_components import (
+        assemble_stable_diffusion_pipeline,
+        build_stable_diffusion_components,
+        stable_diffusion_schedulers,
+    )
+    from diffusers_ext.training_utils import TextConditionedDenoiser, cosine_with_warmup, encode_posteriors
 
     rows = list(mosaic_records(config, num_samples, seed=seed, split="train"))
     images = torch.from_numpy(np.stack([np.asarray(r["image"]) for r in rows])).permute(0, 3, 1, 2)
@@ -264,16 +245,26 @@ def train_proxy(vae, config, num_samples: int, steps: int, seed: int = 0):
     ids = tokenizer([r["caption"] for r in rows], padding="max_length", max_length=PROXY["max_length"],
                     return_tensors="pt").input_ids  # fmt: skip
     empty = tokenizer([""], padding="max_length", max_length=PROXY["max_length"], return_tensors="pt").input_ids
-    means, stds = encode_all(vae, images, "cpu")
+    means, stds = encode_posteriors(vae, images, "cpu")
     scaling = float(1 / means.std())
     torch.manual_seed(seed + 1)
-    _, text_encoder, unet = build_components(_proxy_args({}), tokenizer)
+    _, text_encoder, unet = build_stable_diffusion_components(
+        tokenizer,
+        resolution=32,
+        latent_channels=4,
+        vae_channels=PROXY["vae_channels"],
+        unet_channels=PROXY["unet_channels"],
+        attention_head_dim=PROXY["attention_head_dim"],
+        text_hidden_size=PROXY["text_hidden_size"],
+        text_layers=PROXY["text_layers"],
+        max_length=PROXY["max_length"],
+    )
     denoiser = TextConditionedDenoiser(unet, text_encoder)
     optimizer = torch.optim.AdamW(denoiser.parameters(), lr=PROXY["lr"], weight_decay=1e-4)
-    scheduler, _ = noise_schedulers()
+    scheduler, _ = stable_diffusion_schedulers()
     generator = torch.Generator().manual_seed(seed + 2)
     for step in range(steps):
-        set_lr(optimizer, step, steps, PROXY["lr"], 50)
+        cosine_with_warmup(optimizer, step, steps, PROXY["lr"], 50)
         index = torch.randint(0, num_samples, (PROXY["batch_size"],), generator=generator)
         latents = (means[index] + stds[index] * torch.randn(means[index].shape, generator=generator)) * scaling
         noise = torch.randn(latents.shape, generator=generator)
@@ -289,21 +280,20 @@ def train_proxy(vae, config, num_samples: int, steps: int, seed: int = 0):
 
     proxy_vae = copy.deepcopy(vae)
     proxy_vae.register_to_config(scaling_factor=scaling)
-    pipe = build_pipeline(proxy_vae, text_encoder.eval(), tokenizer, unet.eval())
+    pipe = assemble_stable_diffusion_pipeline(proxy_vae, text_encoder.eval(), tokenizer, unet.eval())
     pipe.set_progress_bar_config(disable=True)
     return pipe, float(loss.detach())
 
 
 def _source_key(settings: dict) -> str:
-    import train_text_to_image
-
+    from diffusers_ext import training_utils
     from diffusers_ext.data import mosaic as data_module
     from diffusers_ext.evaluation import mosaic as evaluation_module
+    from diffusers_ext.models import stable_diffusion_components as components
 
     parts = [json.dumps(settings, sort_keys=True), json.dumps(PROXY, sort_keys=True)]
-    script = train_text_to_image
-    used = (script.AutoencoderStep, script.TextConditionedDenoiser, script.build_components, script.build_pipeline,
-            script.encode_all, script.evaluate_pipeline, script.noise_schedulers, script.set_lr)  # fmt: skip
+    used = (components, training_utils.TextConditionedDenoiser, training_utils.cosine_with_warmup,
+            training_utils.encode_posteriors)  # fmt: skip
     for obj in (data_module, evaluation_module, *used, load_proxy_vae, train_proxy, proxy_result, vae_round_trip):
         parts.append(inspect.getsource(obj))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
@@ -328,9 +318,8 @@ def proxy_plan(args) -> dict:
 def proxy_result(args, vae, name: str, config, size: int, train: bool) -> dict | None:
     """Train and judge one proxy: test prompts of the default world, and for held-out configs the in-distribution
     test prompts and the held-out prompts of that world (a fixed guidance scale for every proxy)."""
-    from train_text_to_image import evaluate_pipeline
-
     from diffusers_ext.data.mosaic import MosaicConfig
+    from diffusers_ext.evaluation.mosaic import evaluate_text_to_image
 
     if not train:
         return None
@@ -338,11 +327,11 @@ def proxy_result(args, vae, name: str, config, size: int, train: bool) -> dict |
     t0 = time.perf_counter()
     pipe, loss = train_proxy(vae, config, size, args.proxy_steps)
     result = {"final_loss": loss, "train_seconds": time.perf_counter() - t0, "num_train_scenes": size}
-    result["test"] = evaluate_pipeline(pipe, MosaicConfig(), n, 8001, g, args.steps)
+    result["test"] = evaluate_text_to_image(pipe, MosaicConfig(), n, 8001, g, args.steps)
     if config.heldout_fraction > 0:
         eval_config = MosaicConfig(heldout_fraction=config.heldout_fraction)
-        result["test_in_distribution"] = evaluate_pipeline(pipe, eval_config, n, 8001, g, args.steps)
-        result["heldout"] = evaluate_pipeline(pipe, eval_config, n, 8002, g, args.steps, split="heldout")
+        result["test_in_distribution"] = evaluate_text_to_image(pipe, eval_config, n, 8001, g, args.steps)
+        result["heldout"] = evaluate_text_to_image(pipe, eval_config, n, 8002, g, args.steps, split="heldout")
     print(f"proxy {name}: test overall {result['test']['overall']:.3f} ({result['train_seconds']:.0f}s)", flush=True)
     return result
 

@@ -1,5 +1,7 @@
-"""Helpers shared by the `training/` scripts: exact-resume batch sampling, safe checkpoints, model cards."""
+"""Helpers shared by the `training/` scripts: exact-resume batch sampling, safe checkpoints, model cards, learning-rate
+schedules and the one-forward training modules of a latent text-to-image model."""
 
+import math
 import os
 import re
 import shutil
@@ -300,3 +302,55 @@ def start_run(args, logger):
     logger.info(accelerator.state, main_process_only=False)
     set_seed(args.seed)
     return accelerator
+
+
+def cosine_with_warmup(optimizer, step: int, total: int, peak: float, warmup: int) -> None:
+    """Set every group's learning rate for `step`: linear warm-up over `warmup` steps to `peak`, then cosine decay
+    to 0 at `total`. A function of the step alone, so a resumed run continues the schedule exactly."""
+    lr = peak * min(1.0, (step + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * step / max(1, total)))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+@torch.no_grad()
+def encode_posteriors(vae, images: torch.Tensor, device, batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Posterior means and standard deviations `(N, C, h, w)` each (float32, on the CPU) of uint8 images
+    `(N, 3, H, W)`, encoded `batch_size` at a time on `device`; training draws latents `mean + std * noise` from them
+    without running the encoder every step."""
+    means, stds = [], []
+    for start in range(0, len(images), batch_size):
+        x = images[start : start + batch_size].to(device).float() / 127.5 - 1
+        posterior = vae.encode(x).latent_dist
+        means.append(posterior.mean.float().cpu())
+        stds.append(posterior.std.float().cpu())
+    return torch.cat(means), torch.cat(stds)
+
+
+class AutoencoderStep(torch.nn.Module):
+    """An `AutoencoderKL`'s training forward as one module (one forward, so that data-parallel training syncs all
+    of its gradients)."""
+
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, images: torch.Tensor, eps: torch.Tensor):
+        """`images` `(B, 3, H, W)` in [-1, 1], `eps` `(B, C, h, w)` -> reconstructions `(B, 3, H, W)` of the
+        reparameterised latents and the per-sample KL `(B,)` to the standard normal."""
+        posterior = self.vae.encode(images).latent_dist
+        reconstruction = self.vae.decode(posterior.mean + posterior.std * eps).sample
+        return reconstruction, posterior.kl()
+
+
+class TextConditionedDenoiser(torch.nn.Module):
+    """A text encoder and a `UNet2DConditionModel` trained together, as one module (one forward for data-parallel
+    training)."""
+
+    def __init__(self, unet, text_encoder):
+        super().__init__()
+        self.unet = unet
+        self.text_encoder = text_encoder
+
+    def forward(self, noisy: torch.Tensor, timesteps: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """`noisy` `(B, C, h, w)`, `timesteps` `(B,)`, `input_ids` `(B, L)` -> the UNet's prediction `(B, C, h, w)`."""
+        return self.unet(noisy, timesteps, self.text_encoder(input_ids)[0]).sample

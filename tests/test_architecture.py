@@ -7,7 +7,7 @@
 - A method room ``diffusers_ext/pipelines/<method>/`` imports no other method room. A family room (``SHARED_ROOMS``:
   the generic pipeline a family of methods builds on, e.g. ``diffusion_lm``) is not a method room: any room may
   import it, and it imports no method room.
-- No file under ``diffusers_ext/`` is longer than 600 lines.
+- Nothing under ``benchmarks/`` imports a ``training/`` script (what both need lives in the library).
 
 Each rule is a function returning the violations it finds, so a test can also show that it catches one.
 """
@@ -20,7 +20,6 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "diffusers_ext"
-MAX_LINES = 600
 # Family rooms: generic pipelines several methods build on (every masked diffusion LM runs on DiffusionLMPipeline).
 SHARED_ROOMS = {"diffusion_lm"}
 # Top-level entries of diffusers_ext and their layer: a module may import its own layer or a lower one.
@@ -173,14 +172,21 @@ def layer_violations(root: str) -> list[str]:
     return violations
 
 
-def long_file_violations(root: str) -> list[str]:
-    """Files under `diffusers_ext/` longer than `MAX_LINES` lines."""
+def training_script_violations(root: str) -> list[str]:
+    """Benchmark files that import a `training/` script: by name (`import train_x`, `from train_x import ...`) or by
+    putting the `training/` folder on `sys.path`."""
+    training = os.path.join(root, "training")
+    scripts = {n[: -len(".py")] for n in os.listdir(training) if n.endswith(".py")} if os.path.isdir(training) else set()
     violations = []
-    for path in python_files(root, (PACKAGE,)):
+    for path in python_files(root, ("benchmarks",)):
+        for line, modules in import_statements(root, path):
+            found = [m for m in modules if m.split(".")[0] in scripts or m.split(".")[0] == "training"]
+            if found:
+                violations.append(f"{path}:{line} imports the training script {found[0]}")
         with open(os.path.join(root, path), encoding="utf-8") as f:
-            lines = sum(1 for _ in f)
-        if lines > MAX_LINES:
-            violations.append(f"{path} has {lines} lines (at most {MAX_LINES})")
+            for number, text in enumerate(f, start=1):
+                if "sys.path" in text and "training" in text:
+                    violations.append(f"{path}:{number} puts training/ on sys.path")
     return violations
 
 
@@ -192,8 +198,8 @@ def test_layers_import_only_downwards_and_rooms_stay_apart():
     assert layer_violations(REPO) == []
 
 
-def test_no_library_file_is_over_the_line_limit():
-    assert long_file_violations(REPO) == []
+def test_benchmarks_import_no_training_script():
+    assert training_script_violations(REPO) == []
 
 
 def test_the_checks_read_the_real_tree():
@@ -220,13 +226,15 @@ def fake_repo(tmp_path):
     _write(tmp_path, "diffusers_ext/pipelines/pipeline_utils.py", "x = 1\n")
     _write(tmp_path, "diffusers_ext/evaluation/a.py", "from ..pipelines.a.pipeline_a import torch\n")
     _write(tmp_path, "tests/test_a.py", "from diffusers_ext.testing import PipelineConformanceTests\n")
+    _write(tmp_path, "training/train_a.py", "import diffusers_ext\n")
+    _write(tmp_path, "benchmarks/a.py", "from diffusers_ext.evaluation.a import torch\n")
     return tmp_path
 
 
 def test_a_tree_that_follows_the_rules_passes(fake_repo):
     assert kit_violations(fake_repo) == []
     assert layer_violations(fake_repo) == []
-    assert long_file_violations(fake_repo) == []
+    assert training_script_violations(fake_repo) == []
 
 
 @pytest.mark.parametrize(
@@ -241,10 +249,11 @@ def test_a_tree_that_follows_the_rules_passes(fake_repo):
         ("diffusers_ext/models/x.py", "def f():\n    from diffusers_ext.demo import run\n", "layers", "layer 4"),
         ("diffusers_ext/models/y.py", "from .. import APipeline\n", "layers", "pipelines.a.pipeline_a"),
         ("diffusers_ext/newthing/x.py", "x = 1\n", "layers", "has no layer"),
-        ("diffusers_ext/pipelines/a/long.py", "x = 1\n" * (MAX_LINES + 1), "lines", "601 lines"),
+        ("benchmarks/b.py", "def f():\n    from train_a import main\n", "training", "train_a"),
+        ("benchmarks/c.py", "import os, sys\nsys.path.insert(0, os.path.join('..', 'training'))\n", "training", "sys.path"),
     ],
 )
 def test_each_rule_catches_a_violation(fake_repo, path, text, check, expected):
     _write(fake_repo, path, text)
-    violations = {"kit": kit_violations, "layers": layer_violations, "lines": long_file_violations}[check](fake_repo)
+    violations = {"kit": kit_violations, "layers": layer_violations, "training": training_script_violations}[check](fake_repo)
     assert len(violations) == 1 and expected in violations[0], violations

@@ -7,13 +7,10 @@ from diffusers import StableDiffusionPipeline
 
 from diffusers_ext import DIRPPipeline
 from diffusers_ext.data.mosaic_subjects import SUBJECTS, MosaicSubject, subject_images
-from diffusers_ext.evaluation.dirp.latent_mimicry import (
-    MosaicFeatureNet,
-    lora_finetune,
-    mimic_frechet,
-    train_feature_network,
-)
+from diffusers_ext.evaluation.dirp.latent_mimicry import mimic_frechet
 from diffusers_ext.evaluation.dirp.latent_protections import inversion_amplification, protect_for_prompt
+from diffusers_ext.evaluation.mosaic import MosaicFeatureNet
+from diffusers_ext.evaluation.mosaic_finetune import finetune_unet
 from diffusers_ext.models.tiny_components import get_tiny_sd_components
 
 
@@ -85,20 +82,20 @@ def test_inversion_amplification_compares_with_same_norm_noise(dirp_pipe):
         inversion_amplification(dirp_pipe, clean, clean[:1])
 
 
-def test_lora_mimic_trains_adapters_only_and_full_mimic_changes_weights(sd_pipe):
+def test_full_mimic_changes_a_copy_of_every_weight(sd_pipe):
     images = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1
     before = {k: v.clone() for k, v in sd_pipe.unet.state_dict().items()}
-    lora = lora_finetune(sd_pipe, images, "a photo", num_steps=2, batch_size=2, rank=2, learning_rate=1e-2)
-    lora_state = lora.state_dict()
-    assert any("lora" in k for k in lora_state)
-    changed = [k for k, v in lora_state.items() if "lora" not in k and not torch.equal(v, before[k.replace(
-        ".base_layer", "")])]  # fmt: skip
-    assert not changed  # base weights frozen
-    full = lora_finetune(sd_pipe, images, "a photo", num_steps=2, batch_size=2, rank=None, learning_rate=1e-2)
+    full, lora_state, losses = finetune_unet(
+        sd_pipe, images, ["a photo"] * 4, num_steps=2, batch_size=2, rank=None, learning_rate=1e-2,
+        caption_dropout=0.0,
+    )  # fmt: skip
+    assert lora_state is None and len(losses) == 2
+    assert not any("lora" in k for k in full.state_dict())
     assert any(not torch.equal(v, before[k]) for k, v in full.state_dict().items())
+    assert not any(p.requires_grad for p in full.parameters())
     assert all(torch.equal(v, before[k]) for k, v in sd_pipe.unet.state_dict().items())  # the pipeline's own UNet
-    with pytest.raises(ValueError, match="images"):
-        lora_finetune(sd_pipe, images[:, :1], "a photo")
+    with pytest.raises(ValueError, match="rank"):
+        finetune_unet(sd_pipe, images, ["a photo"] * 4, num_steps=1, rank=0)
 
 
 def test_mimic_frechet_scores_samples_in_an_independent_feature_space(sd_pipe):
@@ -109,10 +106,3 @@ def test_mimic_frechet_scores_samples_in_an_independent_feature_space(sd_pipe):
         sample_kwargs={"num_inference_steps": 2},
     )  # fmt: skip
     assert samples.shape == (4, 3, 32, 32) and distance >= 0
-
-
-def test_feature_network_trains_and_reports_accuracies():
-    net, exact, label = train_feature_network(num_train=32, num_test=16, num_steps=3, batch_size=8)
-    assert 0 <= exact <= label <= 1
-    assert net.features(torch.zeros(2, 3, 32, 32)).shape == (2, 32)
-    assert not any(p.requires_grad for p in net.parameters())

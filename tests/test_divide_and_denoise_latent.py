@@ -13,7 +13,7 @@ from diffusers import (
 )
 
 from diffusers_ext import AverageAllocator, DivideAndDenoisePipeline, MultiDenoiserModel
-from diffusers_ext.evaluation.mosaic_finetune import finetune_unet_lora, unet_with_lora
+from diffusers_ext.evaluation.mosaic_finetune import finetune_unet, unet_with_lora
 from diffusers_ext.pipelines.divide_and_denoise.agent_predictions import is_flow_matching, noise_levels
 from diffusers_ext.pipelines.divide_and_denoise.utilities import ConceptAttentionStore, record_cross_attention
 from diffusers_ext.testing import PipelineConformanceTests, get_tiny_sd3_components, get_tiny_sd_components
@@ -153,7 +153,7 @@ def test_lora_finetune_changes_a_copy_and_its_adapters_reload():
     before = {k: v.clone() for k, v in base.unet.state_dict().items()}
     images = torch.rand(6, 3, 32, 32) * 2 - 1
     captions = ["a cat"] * 3 + ["a dog"] * 3
-    unet, lora_state, losses = finetune_unet_lora(base, images, captions, num_steps=3, rank=2, learning_rate=1e-2,
+    unet, lora_state, losses = finetune_unet(base, images, captions, num_steps=3, rank=2, learning_rate=1e-2,
                                                   seed=0, batch_size=4)  # fmt: skip
     assert type(unet) is UNet2DConditionModel and len(losses) == 3 and np.isfinite(losses).all()
     assert all(torch.equal(before[k], v) for k, v in base.unet.state_dict().items())  # the pipeline is untouched
@@ -163,7 +163,7 @@ def test_lora_finetune_changes_a_copy_and_its_adapters_reload():
     reloaded = unet_with_lora(base, lora_state, rank=2)
     for k, v in unet.state_dict().items():
         torch.testing.assert_close(reloaded.state_dict()[k], v)
-    again, _, _ = finetune_unet_lora(base, images, captions, num_steps=3, rank=2, learning_rate=1e-2, seed=0,
+    again, _, _ = finetune_unet(base, images, captions, num_steps=3, rank=2, learning_rate=1e-2, seed=0,
                                      batch_size=4)  # fmt: skip
     for k, v in unet.state_dict().items():  # seeded: the same fine-tune twice
         torch.testing.assert_close(again.state_dict()[k], v)
@@ -173,10 +173,10 @@ def test_lora_finetune_rejects_bad_inputs():
     base = StableDiffusionPipeline(**get_tiny_sd_components(seed=0))
     images = torch.zeros(2, 3, 32, 32)
     with pytest.raises(ValueError, match="captions"):
-        finetune_unet_lora(base, images, ["a cat"], num_steps=1)
+        finetune_unet(base, images, ["a cat"], num_steps=1)
     with pytest.raises(ValueError, match="rank"):
-        finetune_unet_lora(base, images, ["a", "b"], num_steps=1, rank=0)
+        finetune_unet(base, images, ["a", "b"], num_steps=1, rank=0)
     with pytest.raises(ValueError, match="caption_dropout"):
-        finetune_unet_lora(base, images, ["a", "b"], num_steps=1, caption_dropout=1.0)
+        finetune_unet(base, images, ["a", "b"], num_steps=1, caption_dropout=1.0)
     with pytest.raises(ValueError, match="images"):
-        finetune_unet_lora(base, torch.zeros(2, 1, 32, 32), ["a", "b"], num_steps=1)
+        finetune_unet(base, torch.zeros(2, 1, 32, 32), ["a", "b"], num_steps=1)

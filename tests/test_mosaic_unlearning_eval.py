@@ -5,17 +5,14 @@ import pytest
 import torch
 
 from diffusers_ext.data.mosaic import MosaicConfig
-from diffusers_ext.evaluation.mosaic import MosaicEvaluator
+from diffusers_ext.evaluation.mosaic import MosaicEvaluator, MosaicFeatureNet, image_features, train_feature_net
 from diffusers_ext.evaluation.mosaic_unlearning import (
-    MosaicFeatureNet,
     asks_for,
     concept_kind,
     concept_presence,
     concept_prompt_sets,
-    image_features,
     judge_accuracy,
     sample_prompts,
-    train_feature_net,
 )
 
 

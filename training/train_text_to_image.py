@@ -21,7 +21,6 @@ exactly where the last one stopped, in either phase. With `--eval_num_prompts` >
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -165,152 +164,22 @@ def load_training_data(args):
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(), list(captions)
 
 
-def build_components(args, tokenizer):
-    """`(vae, text_encoder, unet)`, freshly initialised from `args` (seeded by the caller)."""
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    vae = AutoencoderKL(
-        sample_size=args.resolution,
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 3,
-        up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=tuple(args.vae_channels),
-        layers_per_block=1,
-        latent_channels=args.latent_channels,
-        norm_num_groups=8,
-        mid_block_add_attention=False,
-    )
-    text_encoder = CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=args.text_hidden_size,
-            intermediate_size=2 * args.text_hidden_size,
-            projection_dim=args.text_hidden_size,
-            num_hidden_layers=args.text_layers,
-            num_attention_heads=4,
-            max_position_embeddings=args.max_length,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
-    levels = len(args.unet_channels)
-    unet = UNet2DConditionModel(
-        sample_size=args.resolution // 4,
-        in_channels=args.latent_channels,
-        out_channels=args.latent_channels,
-        layers_per_block=1,
-        block_out_channels=tuple(args.unet_channels),
-        down_block_types=("CrossAttnDownBlock2D",) * levels,
-        up_block_types=("CrossAttnUpBlock2D",) * levels,
-        cross_attention_dim=args.text_hidden_size,
-        attention_head_dim=args.attention_head_dim,
-        norm_num_groups=8,
-    )
-    return vae, text_encoder, unet
-
-
-class AutoencoderStep(torch.nn.Module):
-    """Phase 1's trained module (one forward, so that data-parallel training syncs its gradients)."""
-
-    def __init__(self, vae):
-        super().__init__()
-        self.vae = vae
-
-    def forward(self, images: torch.Tensor, eps: torch.Tensor):
-        """`images` `(B, 3, R, R)` in [-1, 1], `eps` `(B, C, R/4, R/4)` -> reconstructions and per-sample KL."""
-        posterior = self.vae.encode(images).latent_dist
-        reconstruction = self.vae.decode(posterior.mean + posterior.std * eps).sample
-        return reconstruction, posterior.kl()
-
-
-class TextConditionedDenoiser(torch.nn.Module):
-    """Phase 2's trained module: the text encoder and the UNet, trained together."""
-
-    def __init__(self, unet, text_encoder):
-        super().__init__()
-        self.unet = unet
-        self.text_encoder = text_encoder
-
-    def forward(self, noisy: torch.Tensor, timesteps: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """`noisy` `(B, C, r, r)`, `timesteps` `(B,)`, `input_ids` `(B, L)` -> predicted noise `(B, C, r, r)`."""
-        return self.unet(noisy, timesteps, self.text_encoder(input_ids)[0]).sample
-
-
-def noise_schedulers():
-    """The training `DDPMScheduler` and the sampling `DDIMScheduler` (Stable Diffusion's schedule)."""
-    from diffusers import DDIMScheduler, DDPMScheduler
-
-    config = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear", "clip_sample": False}
-    return DDPMScheduler(**config), DDIMScheduler(**config, set_alpha_to_one=False, steps_offset=1)
-
-
-def set_lr(optimizer, step: int, total: int, peak: float, warmup: int) -> None:
-    """Linear warm-up then cosine decay; a function of the step alone (exact resume)."""
-    lr = peak * min(1.0, (step + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * step / max(1, total)))
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-
-
-@torch.no_grad()
-def encode_all(vae, images: torch.Tensor, device, batch: int = 256):
-    """Posterior means and standard deviations of every image, `(N, C, R/4, R/4)` each."""
-    means, stds = [], []
-    for start in range(0, len(images), batch):
-        x = images[start : start + batch].to(device).float() / 127.5 - 1
-        posterior = vae.encode(x).latent_dist
-        means.append(posterior.mean.float().cpu())
-        stds.append(posterior.std.float().cpu())
-    return torch.cat(means), torch.cat(stds)
-
-
-def build_pipeline(vae, text_encoder, tokenizer, unet):
-    from diffusers import StableDiffusionPipeline
-
-    return StableDiffusionPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        unet=unet,
-        scheduler=noise_schedulers()[1],
-        safety_checker=None,
-        feature_extractor=None,
-        image_encoder=None,
-        requires_safety_checker=False,
-    )
-
-
-def evaluate_pipeline(pipe, config, num_prompts: int, seed: int, guidance_scale: float, steps: int, split="test"):
-    """Per-skill judge accuracy of `pipe` on `num_prompts` mosaic prompts of `split` (seed `seed`)."""
-    from diffusers_ext.data.mosaic import mosaic_records
-    from diffusers_ext.evaluation.mosaic import MosaicEvaluator, summarize
-
-    rows = list(mosaic_records(config, num_prompts, seed, split))
-    judge = MosaicEvaluator(config)
-    results = []
-    for start in range(0, len(rows), 50):
-        chunk = rows[start : start + 50]
-        images = pipe(
-            [r["caption"] for r in chunk],
-            height=config.resolution,
-            width=config.resolution,
-            num_inference_steps=steps,
-            guidance_scale=guidance_scale,
-            generator=torch.Generator().manual_seed(seed * 1000 + start),
-            output_type="np",
-        ).images
-        results += [judge.evaluate(image, row) for image, row in zip(images, chunk)]
-    return summarize(results, rows)
-
-
 def main(argv=None):
     args = parse_args(argv)
     from diffusers_ext.data.mosaic import mosaic_tokenizer
+    from diffusers_ext.evaluation.mosaic import evaluate_text_to_image
+    from diffusers_ext.models.stable_diffusion_components import (
+        assemble_stable_diffusion_pipeline,
+        build_stable_diffusion_components,
+        stable_diffusion_schedulers,
+    )
     from diffusers_ext.training_utils import (
+        AutoencoderStep,
         ResumableBatchSampler,
+        TextConditionedDenoiser,
         command_line,
+        cosine_with_warmup,
+        encode_posteriors,
         maybe_resume,
         save_checkpoint,
         start_run,
@@ -332,8 +201,18 @@ def main(argv=None):
     empty_ids = tokenizer([""], padding="max_length", max_length=args.max_length, return_tensors="pt").input_ids
 
     torch.manual_seed(args.seed)
-    vae, text_encoder, unet = build_components(args, tokenizer)
-    noise_scheduler, _ = noise_schedulers()
+    vae, text_encoder, unet = build_stable_diffusion_components(
+        tokenizer,
+        resolution=args.resolution,
+        latent_channels=args.latent_channels,
+        vae_channels=args.vae_channels,
+        unet_channels=args.unet_channels,
+        attention_head_dim=args.attention_head_dim,
+        text_hidden_size=args.text_hidden_size,
+        text_layers=args.text_layers,
+        max_length=args.max_length,
+    )
+    noise_scheduler, _ = stable_diffusion_schedulers()
     vae_optimizer = torch.optim.AdamW(vae.parameters(), lr=args.vae_learning_rate, weight_decay=0.0)
     unet_optimizer = torch.optim.AdamW(
         [*unet.parameters(), *text_encoder.parameters()], lr=args.learning_rate, weight_decay=args.adam_weight_decay
@@ -365,15 +244,15 @@ def main(argv=None):
         in_vae_phase = global_step < args.vae_steps
         if not in_vae_phase and latent_stats is None:
             vae.eval()
-            means, stds = encode_all(vae, images, accelerator.device)
+            means, stds = encode_posteriors(vae, images, accelerator.device)
             scaling = float(1.0 / means.std())
             latent_stats = (means, stds, scaling)
             logger.info(f"latents {tuple(means.shape[1:])}, scaling factor {scaling:.4f}")
         if in_vae_phase:
-            set_lr(vae_optimizer, global_step, args.vae_steps, args.vae_learning_rate, args.lr_warmup_steps)
+            cosine_with_warmup(vae_optimizer, global_step, args.vae_steps, args.vae_learning_rate, args.lr_warmup_steps)
         else:
             phase_step = global_step - args.vae_steps
-            set_lr(unet_optimizer, phase_step, args.max_train_steps, args.learning_rate, args.lr_warmup_steps)
+            cosine_with_warmup(unet_optimizer, phase_step, args.max_train_steps, args.learning_rate, args.lr_warmup_steps)
         logs = {}
         for micro in range(args.gradient_accumulation_steps):
             index = torch.tensor(next(batches))
@@ -427,14 +306,14 @@ def main(argv=None):
     if accelerator.is_main_process:
         vae.eval()
         if latent_stats is None:  # the UNet phase did not run in this invocation (resumed at the last step)
-            means, _ = encode_all(vae, images, accelerator.device)
+            means, _ = encode_posteriors(vae, images, accelerator.device)
             latent_stats = (means, None, float(1.0 / means.std()))
         vae.register_to_config(scaling_factor=latent_stats[2])
-        pipe = build_pipeline(vae, text_encoder.eval(), tokenizer, unet.eval())
+        pipe = assemble_stable_diffusion_pipeline(vae, text_encoder.eval(), tokenizer, unet.eval())
         pipe.set_progress_bar_config(disable=True)
         metrics = {}
         if args.eval_num_prompts:
-            summary = evaluate_pipeline(
+            summary = evaluate_text_to_image(
                 pipe,
                 mosaic_config(args),
                 args.eval_num_prompts,

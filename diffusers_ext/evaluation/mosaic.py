@@ -27,14 +27,23 @@ A prompt's structure (`task`, `groups`, `relation`, as in `diffusers_ext.data.mo
     >>> judge = MosaicEvaluator(config)
     >>> judge.evaluate(image, row)  # row: a mosaic dataset row (or any dict with task/groups/relation)
     {'object': True, 'colour': True, 'count': True, 'overall': True}
+
+[`evaluate_text_to_image`] applies the judge to a text-to-image pipeline's samples of mosaic prompts.
+
+The world's one independent feature network, [`MosaicFeatureNet`] (trained by [`train_feature_net`] on real renders
+only), gives the feature space of every Fréchet distance measured on mosaic images (mimicry, unlearning): it never
+sees a generated image, the UNet, the VAE or the text encoder that the methods work through.
 """
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 from scipy import ndimage
 
-from ..data.mosaic import PALETTE, SIZES, MosaicConfig, relation_holds
+from ..data.mosaic import PALETTE, SIZES, MosaicConfig, images_to_tensor, mosaic_records, relation_holds
 
 
 SKILLS = ("object", "colour", "count", "relation")
@@ -302,3 +311,144 @@ def corrupt_prompt(prompt: dict, skill: str, config: MosaicConfig, rng) -> dict 
     else:
         raise ValueError(f"`skill` must be one of {SKILLS}, got {skill!r}.")
     return out
+
+
+@torch.no_grad()
+def evaluate_text_to_image(
+    pipe,
+    config: MosaicConfig,
+    num_prompts: int,
+    seed: int,
+    guidance_scale: float,
+    num_inference_steps: int,
+    split: str = "test",
+    batch_size: int = 50,
+) -> dict:
+    r"""
+    Per-skill judge accuracy ([`summarize`]) of a text-to-image pipeline on `num_prompts` mosaic prompts.
+
+    Args:
+        pipe: a `StableDiffusionPipeline`-like pipeline that takes a list of prompts, `height`, `width`,
+            `num_inference_steps`, `guidance_scale`, `generator` and `output_type="np"`.
+        config (`MosaicConfig`): the world; its `resolution` is the sampled size.
+        num_prompts (`int`): prompts drawn from the mosaic stream of `split` with seed `seed`.
+        seed (`int`): the prompt stream's seed; batch `k` (starting at prompt `start`) samples with
+            `torch.Generator().manual_seed(seed * 1000 + start)`.
+        guidance_scale (`float`), num_inference_steps (`int`): passed to `pipe`.
+        split (`str`, defaults to `"test"`): the mosaic split the prompts come from.
+        batch_size (`int`, defaults to 50): prompts per pipeline call.
+    """
+    rows = list(mosaic_records(config, num_prompts, seed, split))
+    judge = MosaicEvaluator(config)
+    results = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        images = pipe(
+            [r["caption"] for r in chunk],
+            height=config.resolution,
+            width=config.resolution,
+            num_inference_steps=num_inference_steps,
+            guidance_scale=guidance_scale,
+            generator=torch.Generator().manual_seed(seed * 1000 + start),
+            output_type="np",
+        ).images
+        results += [judge.evaluate(image, row) for image, row in zip(images, chunk)]
+    return summarize(results, rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The independent feature network
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class MosaicFeatureNet(torch.nn.Module):
+    r"""A small CNN on `(N, 3, H, W)` images in [-1, 1] (any size: the last pooling is global): `features` gives
+    `(N, feature_dim)`, `forward` the logits of which colour x shape pairs the scene holds
+    (`(N, len(colours) * len(shapes))`, multi-label)."""
+
+    def __init__(self, num_labels: int, feature_dim: int = 16, width: int = 16):
+        super().__init__()
+        # max-pooling reads "is there an object like this anywhere", which is what the labels ask
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(3, width, 3, padding=1),
+            torch.nn.SiLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(width, width * 2, 3, padding=1),
+            torch.nn.SiLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(width * 2, width * 4, 3, padding=1),
+            torch.nn.SiLU(),
+            torch.nn.AdaptiveMaxPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(width * 4, feature_dim),
+            torch.nn.SiLU(),
+        )
+        self.head = torch.nn.Linear(feature_dim, num_labels)
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        return self.body(images)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(images))
+
+
+@dataclass
+class FeatureNetReport:
+    """What the feature network learned: exact-set accuracy and per-label accuracy on held-out real renders."""
+
+    exact_accuracy: float
+    label_accuracy: float
+    num_heldout: int
+    seconds: float
+
+
+def _labels(rows: list[dict], config: MosaicConfig) -> torch.Tensor:
+    pairs = [(c, s) for c in config.colours for s in config.shapes]
+    labels = torch.zeros(len(rows), len(pairs))
+    for i, row in enumerate(rows):
+        for obj in row["objects"]:
+            labels[i, pairs.index((obj["colour"], obj["shape"]))] = 1.0
+    return labels
+
+
+def train_feature_net(
+    config: MosaicConfig, num_train: int = 2000, num_heldout: int = 500, steps: int = 800, seed: int = 0
+) -> tuple[MosaicFeatureNet, FeatureNetReport]:
+    """Train [`MosaicFeatureNet`] on real renders of `config` (train split, its own seed) to name the colour x shape
+    pairs of each scene; report its accuracy on held-out renders (test split)."""
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    train_rows = list(mosaic_records(config, num_train, seed=seed + 7_000, split="train"))
+    heldout_rows = list(mosaic_records(config, num_heldout, seed=seed + 7_001, split="test"))
+    x_train, y_train = images_to_tensor([r["image"] for r in train_rows]), _labels(train_rows, config)
+    x_held, y_held = images_to_tensor([r["image"] for r in heldout_rows]), _labels(heldout_rows, config)
+    net = MosaicFeatureNet(y_train.shape[1])
+    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        index = torch.randint(0, len(x_train), (64,), generator=generator)
+        loss = F.binary_cross_entropy_with_logits(net(x_train[index]), y_train[index])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    net.eval().requires_grad_(False)
+    with torch.no_grad():
+        predicted = net(x_held) > 0
+    correct = predicted == y_held.bool()
+    report = FeatureNetReport(
+        exact_accuracy=float(correct.all(1).float().mean()),
+        label_accuracy=float(correct.float().mean()),
+        num_heldout=num_heldout,
+        seconds=time.perf_counter() - start,
+    )
+    return net, report
+
+
+@torch.no_grad()
+def image_features(net: MosaicFeatureNet, images) -> torch.Tensor:
+    """`(N, feature_dim)` features of `(N, H, W, 3)` images in [0, 1] (arrays) or PIL images."""
+    if isinstance(images, np.ndarray):
+        tensor = torch.from_numpy(np.asarray(images, dtype=np.float32)).permute(0, 3, 1, 2) * 2 - 1
+    else:
+        tensor = images_to_tensor(images)
+    return net.features(tensor)

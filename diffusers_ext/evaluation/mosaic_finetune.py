@@ -1,11 +1,12 @@
-"""A small LoRA fine-tune of a text-to-image UNet on (image, caption) pairs, for benchmarks on the mosaic world.
+"""A small fine-tune of a text-to-image UNet on (image, caption) pairs, for benchmarks on the mosaic world.
 
-[`finetune_unet_lora`] trains `peft` LoRA adapters on the attention projections (`to_q`, `to_k`, `to_v`,
-`to_out.0`) of a copy of a `StableDiffusionPipeline`'s `UNet2DConditionModel` with the usual noise-prediction loss,
-the VAE and text encoder frozen, and returns the fine-tuned copy (adapters fused into the weights, so the result is a
-plain `UNet2DConditionModel`) together with the adapters' own weights. Benchmarks use it to make experts (models
-that saw only part of a world) and mimics; it is an evaluation tool, not a training script (see
-`training/train_text_to_image.py` for the full `accelerate` script).
+[`finetune_unet`] trains `peft` LoRA adapters on the attention projections (`to_q`, `to_k`, `to_v`, `to_out.0`) of a
+copy of a `StableDiffusionPipeline`'s `UNet2DConditionModel` (or, with `rank=None`, every weight of the copy,
+DreamBooth-style) with the usual noise-prediction loss, the VAE and text encoder frozen, and returns the fine-tuned
+copy (adapters fused into the weights, so the result is a plain `UNet2DConditionModel`) together with the adapters'
+own weights. Benchmarks use it to make experts (models that saw only part of a world) and mimics (a model that learns
+one subject from a few images, the use anti-mimicry protections attack); it is an evaluation tool, not a training
+script (see `training/train_text_to_image.py` for the full `accelerate` script).
 """
 
 import copy
@@ -58,12 +59,12 @@ def encode_captions(tokenizer, text_encoder, captions: list[str]) -> torch.Tenso
     return text_encoder(tokens.input_ids.to(text_encoder.device))[0]
 
 
-def finetune_unet_lora(
+def finetune_unet(
     pipeline,
     images,
     captions: list[str],
     num_steps: int = 300,
-    rank: int = 4,
+    rank: int | None = 4,
     learning_rate: float = 1e-3,
     seed: int = 0,
     batch_size: int = 32,
@@ -72,12 +73,14 @@ def finetune_unet_lora(
     target_modules: tuple[str, ...] = LORA_TARGET_MODULES,
 ):
     r"""
-    Fine-tune LoRA adapters on a copy of `pipeline.unet`; the pipeline itself is left untouched.
+    Fine-tune LoRA adapters (or, with `rank=None`, every weight) of a copy of `pipeline.unet`; the pipeline itself is
+    left untouched.
 
     Each step draws `batch_size` pairs (with replacement), noises their latents at uniform random timesteps of
     `pipeline.scheduler`'s training schedule and regresses the scheduler's prediction target (`epsilon` or
     `v_prediction`); a `caption_dropout` share of the captions is replaced by the empty prompt, so that
-    classifier-free guidance keeps working. Latents and caption embeddings are computed once.
+    classifier-free guidance keeps working (with `caption_dropout=0` no draw is made for it). Latents and caption
+    embeddings are computed once.
 
     Args:
         pipeline: a `StableDiffusionPipeline`-like object with `unet`, `vae`, `text_encoder`, `tokenizer` and a
@@ -85,7 +88,7 @@ def finetune_unet_lora(
         images: `N` training images (PIL images, `(H, W, 3)` arrays, or a `(N, 3, H, W)` tensor in [-1, 1]).
         captions (`list[str]`): their `N` captions.
         num_steps (`int`, defaults to 300): optimisation steps.
-        rank (`int`, defaults to 4): LoRA rank.
+        rank (`int` or `None`, defaults to 4): LoRA rank; `None` fine-tunes every UNet weight instead (no adapters).
         learning_rate (`float`, defaults to 1e-3): AdamW learning rate (constant).
         seed (`int`, defaults to 0): seeds the adapter initialisation, batches, noise and timesteps.
         batch_size (`int`, defaults to 32): pairs per step.
@@ -96,7 +99,8 @@ def finetune_unet_lora(
 
     Returns:
         `(unet, lora_state_dict, losses)`: the fine-tuned `UNet2DConditionModel` (a copy, adapters fused, eval
-        mode), the adapters' weights (`peft` names, on the CPU) and the per-step losses.
+        mode, no gradients), the adapters' weights (`peft` names, on the CPU; `None` when `rank=None`) and the
+        per-step losses.
     """
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
@@ -105,9 +109,9 @@ def finetune_unet_lora(
     images = _images_to_tensor(images)
     if len(images) != len(captions) or not captions:
         raise ValueError(f"`images` ({len(images)}) and `captions` ({len(captions)}) must be equally long, not empty.")
-    for name, value in (("num_steps", num_steps), ("rank", rank), ("batch_size", batch_size)):
+    for name, value in (("num_steps", num_steps), ("rank", 1 if rank is None else rank), ("batch_size", batch_size)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+            raise ValueError(f"`{name}` must be a positive int{' or None' if name == 'rank' else ''}, got {value!r}.")
     if not learning_rate > 0:
         raise ValueError(f"`learning_rate` must be > 0, got {learning_rate!r}.")
     if not 0 <= caption_dropout < 1:
@@ -128,17 +132,18 @@ def finetune_unet_lora(
 
     generator = torch.Generator().manual_seed(seed)
     unet = copy.deepcopy(pipeline.unet).to(device)
-    unet.requires_grad_(False)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        unet.add_adapter(
-            LoraConfig(
-                r=rank,
-                lora_alpha=rank if lora_alpha is None else lora_alpha,
-                init_lora_weights="gaussian",
-                target_modules=list(target_modules),
+    unet.requires_grad_(rank is None)
+    if rank is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            unet.add_adapter(
+                LoraConfig(
+                    r=rank,
+                    lora_alpha=rank if lora_alpha is None else lora_alpha,
+                    init_lora_weights="gaussian",
+                    target_modules=list(target_modules),
+                )
             )
-        )
     parameters = [p for p in unet.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=0.0)
     unet.train()
@@ -151,8 +156,10 @@ def finetune_unet_lora(
         a = alphas_cumprod[timesteps].view(-1, 1, 1, 1)
         noisy = a.sqrt() * clean + (1 - a).sqrt() * noise
         target = noise if prediction_type == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * clean
-        drop = (torch.rand(batch_size, generator=generator) < caption_dropout).to(device).view(-1, 1, 1)
-        condition = torch.where(drop, empty_embed.expand(batch_size, -1, -1), caption_embeds[index])
+        condition = caption_embeds[index]
+        if caption_dropout > 0:
+            drop = (torch.rand(batch_size, generator=generator) < caption_dropout).to(device).view(-1, 1, 1)
+            condition = torch.where(drop, empty_embed.expand(batch_size, -1, -1), condition)
         prediction = unet(noisy, timesteps, encoder_hidden_states=condition).sample
         loss = F.mse_loss(prediction.float(), target.float())
         optimizer.zero_grad(set_to_none=True)
@@ -160,16 +167,18 @@ def finetune_unet_lora(
         optimizer.step()
         losses.append(float(loss.detach()))
     unet.eval()
-    lora_state = {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(unet).items()}
-    unet.fuse_lora()
-    unet.unload_lora()
+    lora_state = None
+    if rank is not None:
+        lora_state = {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(unet).items()}
+        unet.fuse_lora()
+        unet.unload_lora()
     unet.requires_grad_(False)
     return unet, lora_state, losses
 
 
 def unet_with_lora(pipeline, lora_state: dict, rank: int, lora_alpha: float | None = None,
                    target_modules: tuple[str, ...] = LORA_TARGET_MODULES):  # fmt: skip
-    """A copy of `pipeline.unet` with saved adapter weights (from [`finetune_unet_lora`]) fused in, in eval mode."""
+    """A copy of `pipeline.unet` with saved adapter weights (from [`finetune_unet`]) fused in, in eval mode."""
     from peft import LoraConfig
     from peft.utils import set_peft_model_state_dict
 

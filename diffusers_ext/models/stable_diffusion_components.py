@@ -1,0 +1,124 @@
+r"""
+Small Stable-Diffusion-format components built from a handful of sizes: the real diffusers and transformers classes
+(`AutoencoderKL`, `CLIPTextModel`, `UNet2DConditionModel`, `DDPMScheduler` / `DDIMScheduler`,
+`StableDiffusionPipeline`), freshly initialised, so that a model trained from them loads anywhere a Stable Diffusion
+checkpoint does.
+
+`training/train_text_to_image.py` trains the mosaic zoo model from these, and the mosaic benchmark trains its proxy
+models from the same builders (one definition of the architecture):
+
+    >>> from diffusers_ext.data.mosaic import mosaic_tokenizer
+    >>> tokenizer = mosaic_tokenizer(16)
+    >>> vae, text_encoder, unet = build_stable_diffusion_components(tokenizer, resolution=32, max_length=16)
+    >>> pipe = assemble_stable_diffusion_pipeline(vae, text_encoder, tokenizer, unet)
+"""
+
+from collections.abc import Sequence
+
+
+# Stable Diffusion's noise schedule (scaled-linear betas from 0.00085 to 0.012 over 1000 steps).
+STABLE_DIFFUSION_SCHEDULE = {
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "clip_sample": False,
+}
+
+
+def build_stable_diffusion_components(
+    tokenizer,
+    resolution: int = 32,
+    latent_channels: int = 4,
+    vae_channels: Sequence[int] = (16, 32, 32),
+    unet_channels: Sequence[int] = (32, 64),
+    attention_head_dim: int = 8,
+    text_hidden_size: int = 64,
+    text_layers: int = 2,
+    max_length: int = 16,
+):
+    r"""
+    `(vae, text_encoder, unet)`, freshly initialised (seed the global RNG before calling for a reproducible draw).
+
+    Args:
+        tokenizer: the text encoder's tokenizer; its vocabulary size and `bos` / `eos` / `pad` ids size the encoder.
+        resolution (`int`): image side in pixels; the VAE downsamples by `2 ** (len(vae_channels) - 1)`, so latents
+            are `(latent_channels, resolution / 4, resolution / 4)` with the default three levels.
+        latent_channels (`int`): channels of the VAE latent.
+        vae_channels (`Sequence[int]`): `block_out_channels` of the VAE (one `DownEncoderBlock2D` per entry).
+        unet_channels (`Sequence[int]`): `block_out_channels` of the UNet (one cross-attention block per entry).
+        attention_head_dim (`int`): the UNet's attention head dimension.
+        text_hidden_size (`int`): width of the `CLIPTextModel` (its projection and the UNet's cross-attention width).
+        text_layers (`int`): transformer layers of the text encoder.
+        max_length (`int`): the text encoder's `max_position_embeddings` (the prompt length it reads).
+    """
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    vae_levels = len(vae_channels)
+    vae = AutoencoderKL(
+        sample_size=resolution,
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * vae_levels,
+        up_block_types=("UpDecoderBlock2D",) * vae_levels,
+        block_out_channels=tuple(vae_channels),
+        layers_per_block=1,
+        latent_channels=latent_channels,
+        norm_num_groups=8,
+        mid_block_add_attention=False,
+    )
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=text_hidden_size,
+            intermediate_size=2 * text_hidden_size,
+            projection_dim=text_hidden_size,
+            num_hidden_layers=text_layers,
+            num_attention_heads=4,
+            max_position_embeddings=max_length,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    unet_levels = len(unet_channels)
+    unet = UNet2DConditionModel(
+        sample_size=resolution // 2 ** (vae_levels - 1),
+        in_channels=latent_channels,
+        out_channels=latent_channels,
+        layers_per_block=1,
+        block_out_channels=tuple(unet_channels),
+        down_block_types=("CrossAttnDownBlock2D",) * unet_levels,
+        up_block_types=("CrossAttnUpBlock2D",) * unet_levels,
+        cross_attention_dim=text_hidden_size,
+        attention_head_dim=attention_head_dim,
+        norm_num_groups=8,
+    )
+    return vae, text_encoder, unet
+
+
+def stable_diffusion_schedulers():
+    """The training `DDPMScheduler` and the sampling `DDIMScheduler` on Stable Diffusion's noise schedule."""
+    from diffusers import DDIMScheduler, DDPMScheduler
+
+    return (
+        DDPMScheduler(**STABLE_DIFFUSION_SCHEDULE),
+        DDIMScheduler(**STABLE_DIFFUSION_SCHEDULE, set_alpha_to_one=False, steps_offset=1),
+    )
+
+
+def assemble_stable_diffusion_pipeline(vae, text_encoder, tokenizer, unet):
+    """A `StableDiffusionPipeline` of these components with the DDIM sampler (no safety checker, no image encoder)."""
+    from diffusers import StableDiffusionPipeline
+
+    return StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=stable_diffusion_schedulers()[1],
+        safety_checker=None,
+        feature_extractor=None,
+        image_encoder=None,
+        requires_safety_checker=False,
+    )
