@@ -1,5 +1,5 @@
 """The per-step model work of a [`DivideAndDenoisePipeline`]: every agent's guided prediction, its clean-sample
-estimate under the scheduler's noise level, and the decoding of the final latents.
+estimate's noise level under the scheduler.
 
 Denoisers are called the way their class expects: a `UNet2DModel`/`UNet2DConditionModel` as
 `model(sample, timestep, class_labels=..., encoder_hidden_states=...)`, an `SD3Transformer2DModel` as
@@ -122,10 +122,3 @@ def predict_agents(
         guided = uncond_out + scales.view(1, -1, 1, 1, 1) * (cond_out - uncond_out)
     attention = torch.stack(attention, dim=1) if record_attention else None
     return guided, cond_out, uncond_out, attention
-
-
-def decode_latents(vae, latents: torch.Tensor) -> torch.Tensor:
-    """Images in [-1, 1] from scaled latents: `vae.decode(latents / scaling_factor + shift_factor)` (SD3's VAE has a
-    shift factor; SD 1.x's has none)."""
-    shift = getattr(vae.config, "shift_factor", None) or 0.0
-    return vae.decode(latents / vae.config.scaling_factor + shift, return_dict=False)[0]

@@ -4,20 +4,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ...utils import check_positive_int, is_int, is_number
 from .baseline_allocators import FixedAllocator
 from .fair_division import FairDivisionAllocator
 from .utilities import UTILITIES
 
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
-
-
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def is_positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def agent_guidance_scales(guidance_scale, num_agents: int) -> list[float]:
@@ -62,12 +55,10 @@ def _check_scalars(
     num_inference_steps, output_type, num_images_per_prompt, allocator, utility_momentum, alignment_scale,
     max_iter_to_align,
 ) -> None:  # fmt: skip
-    if not is_positive_int(num_inference_steps):
-        raise ValueError(f"`num_inference_steps` must be a positive int, got {num_inference_steps!r}.")
+    check_positive_int("num_inference_steps", num_inference_steps)
     if output_type not in OUTPUT_TYPES:
         raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
-    if not is_positive_int(num_images_per_prompt):
-        raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
+    check_positive_int("num_images_per_prompt", num_images_per_prompt)
     if allocator is not None and not isinstance(allocator, (FairDivisionAllocator, FixedAllocator)):
         raise TypeError(
             "`allocator` must be a FairDivisionAllocator or a baseline (AverageAllocator, RegionAllocator), got "
@@ -77,8 +68,7 @@ def _check_scalars(
         raise ValueError(f"`utility_momentum` must be a number in [0, 1), got {utility_momentum!r}.")
     if not is_number(alignment_scale) or alignment_scale < 0:
         raise ValueError(f"`alignment_scale` must be a number >= 0, got {alignment_scale!r}.")
-    if not isinstance(max_iter_to_align, int) or isinstance(max_iter_to_align, bool) or max_iter_to_align < 0:
-        raise ValueError(f"`max_iter_to_align` must be an int >= 0, got {max_iter_to_align!r}.")
+    check_positive_int("max_iter_to_align", max_iter_to_align, minimum=0)
 
 
 def _text_prompts(prompt, class_labels, negative_prompt, num_agents: int) -> list[str]:
@@ -97,8 +87,7 @@ def _text_prompts(prompt, class_labels, negative_prompt, num_agents: int) -> lis
 def _class_labels(class_labels, num_agents: int, num_classes: int) -> torch.Tensor:
     if class_labels is None:
         raise ValueError("`class_labels` are required: the denoisers are class-conditional.")
-    single = isinstance(class_labels, int) and not isinstance(class_labels, bool)
-    labels = torch.as_tensor([class_labels] if single else class_labels)
+    labels = torch.as_tensor([class_labels] if is_int(class_labels) else class_labels)
     if labels.ndim != 1 or labels.dtype.is_floating_point or labels.dtype == torch.bool:
         raise ValueError(f"`class_labels` must be a list of ints (one per model), got {class_labels!r}.")
     if labels.numel() != num_agents:

@@ -17,10 +17,10 @@ from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
-from ...utils import public
-from ..pipeline_utils import check_callback_tensor_inputs
-from .agent_predictions import decode_latents, is_flow_matching, noise_levels, predict_agents, prediction_type
-from .alignment import alignment_step, predict_x0
+from ...utils import is_int, public
+from ..pipeline_utils import check_callback_tensor_inputs, decode_vae_latents, prediction_to_x0
+from .agent_predictions import is_flow_matching, noise_levels, predict_agents, prediction_type
+from .alignment import alignment_step
 from .baseline_allocators import FixedAllocator
 from .call_settings import DivideAndDenoiseCallSettings, agent_guidance_scales
 from .denoisers import (
@@ -240,9 +240,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
     def _latent_size(self, height: int | None, width: int | None) -> tuple[int, int]:
         """The latent `(height, width)` of the requested image size (the denoisers' native size by default)."""
         for name, value in (("height", height), ("width", width)):
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 1 or value % self.vae_scale_factor
-            ):
+            if value is not None and (not is_int(value) or value < 1 or value % self.vae_scale_factor):
                 raise ValueError(f"`{name}` must be a positive multiple of {self.vae_scale_factor}, got {value!r}.")
         latent_height, latent_width = self.sample_size
         if height is not None:
@@ -508,7 +506,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             if settings.fair:
                 start = time.perf_counter()
                 signal, noise = noise_levels(self.scheduler, t, i, guided)
-                x0 = predict_x0(guided, scaled, signal, noise, pred_type)
+                x0 = prediction_to_x0(guided, scaled.unsqueeze(1), signal, noise, pred_type)  # (B, K, C, H, W)
                 new = agent_utility_maps(
                     settings.utility, x0, cond_out, uncond_out, attention, cond.get("token_indices")
                 )
@@ -542,7 +540,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         if output_type == "latent":
             images = latents
         elif self.vae is not None:
-            decoded = decode_latents(self.vae, latents)
+            decoded = decode_vae_latents(self.vae, latents)
             images = self.image_processor.postprocess(decoded, output_type=output_type)
         else:  # pixel-space models: samples in [-1, 1]
             images = self.image_processor.postprocess(latents, output_type=output_type)
