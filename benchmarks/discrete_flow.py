@@ -74,7 +74,7 @@ def make_scheduler(source, num_mask_tokens, vocab_size):
 def train_flow(train, scheduler, coupling, seed, steps, batch_size, hidden_size=64, num_layers=2, lr=1e-3):
     """The training loop of `training/train_discrete_flow.py` without accelerate: AdamW, warm-up + cosine."""
     from diffusers_ext import DiscreteFlowTransformerModel
-    from diffusers_ext.pipelines.discrete_flow.losses import discrete_flow_loss
+    from diffusers_ext.losses.discrete_flow import discrete_flow_loss
 
     torch.manual_seed(seed)
     model = DiscreteFlowTransformerModel(
@@ -120,7 +120,7 @@ def sample(model, scheduler, num, nfe, seed, chunk=1000):
 def ot_overhead(model, scheduler, train, coupling, batch_size, repeats=12, seed=0):
     """Fraction of a training step's CPU time spent on the coupling: coupled and independent steps interleaved on
     the same batches; overhead = (t_coupled - t_independent) / t_coupled, and the directly timed coupling share."""
-    from diffusers_ext.pipelines.discrete_flow.losses import discrete_flow_loss
+    from diffusers_ext.losses.discrete_flow import discrete_flow_loss
 
     model = model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # a full step that leaves the model unchanged
@@ -192,7 +192,7 @@ def exact_bound_check():
 def hmm_testbed(args, log):
     from diffusers_ext.data.random_hmm import RandomHMM
     from diffusers_ext.evaluation.discrete_flow import HMMJudge, generative_perplexity, sample_diversity
-    from diffusers_ext.pipelines.discrete_flow.losses import estimate_nll_bounds
+    from diffusers_ext.losses.discrete_flow import estimate_nll_bounds
 
     H, V, L = 4, 6, 8
     hmm = RandomHMM.random(H, V, L, seed=0, transition_concentration=0.1, emission_concentration=0.1)
@@ -273,7 +273,7 @@ def sample_exact(fn, scheduler, num, length, nfe, seed):
 def digits_testbed(args, log):
     from diffusers_ext.data.binarized_digits import load_binarized_digits
     from diffusers_ext.evaluation.discrete_flow import BernoulliMixtureJudge, generative_perplexity, sample_diversity
-    from diffusers_ext.pipelines.discrete_flow.losses import estimate_nll_bounds
+    from diffusers_ext.losses.discrete_flow import estimate_nll_bounds
 
     train, validation, test = (load_binarized_digits(s) for s in ("train", "validation", "test"))
     L = train.shape[1]

@@ -16,3 +16,22 @@ def public(cls: T) -> T:
     """
     cls.__module__ = PUBLIC_MODULE
     return cls
+
+
+def is_int(value) -> bool:
+    """Whether `value` is an `int` and not a `bool` (`True` is an `int` in Python, never a count here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    """Whether `value` is an `int` or a `float` and not a `bool`."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_positive_int(name: str, value, minimum: int = 1, error: type[Exception] = ValueError) -> None:
+    """Raise `error` (a `ValueError` by default) naming the argument `name` unless `value` is an int (not a bool)
+    of at least `minimum`: "`name` must be a positive int, got value." (or "an int >= minimum" for another
+    minimum)."""
+    if not is_int(value) or value < minimum:
+        expected = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise error(f"`{name}` must be {expected}, got {value!r}.")

@@ -8,8 +8,8 @@ import torch
 from diffusers_ext import DiscreteFlowMatchingScheduler, DiscreteFlowTransformerModel
 from diffusers_ext.data.random_hmm import RandomHMM
 from diffusers_ext.evaluation.discrete_flow import HMMJudge, exact_nll_bounds
-from diffusers_ext.pipelines.discrete_flow.couplings import couple, coupling_cost
-from diffusers_ext.pipelines.discrete_flow.losses import discrete_flow_loss, estimate_nll_bounds
+from diffusers_ext.losses.discrete_flow import discrete_flow_loss, estimate_nll_bounds
+from diffusers_ext.losses.discrete_flow_couplings import couple, coupling_cost
 
 
 SOURCES = [("mask", None), ("multimask", 2), ("uniform", None)]

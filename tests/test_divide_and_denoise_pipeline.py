@@ -437,3 +437,19 @@ def test_stable_diffusion_composition_saves_and_loads_a_variant(tmp_path, safe_s
                                    atol=1e-5)  # fmt: skip
     with pytest.raises(ValueError, match="'bf16'.*fp16"):
         DivideAndDenoisePipeline.from_pretrained(tmp_path, variant="bf16")
+
+
+def test_call_settings_are_resolved_once_from_the_call():
+    from diffusers_ext.pipelines.divide_and_denoise.call_settings import DivideAndDenoiseCallSettings
+
+    pipe = _pixel_pipeline()
+    settings = pipe.check_inputs(
+        None, [0, 1], None, None, 12, 2, [1.0, 3.0], 1, None, None, "np", ["latents"], None, "auto", 0.5, None, 0.1, 10
+    )
+    assert isinstance(settings, DivideAndDenoiseCallSettings)
+    assert settings.num_agents == 2 and settings.class_labels.tolist() == [0, 1]
+    assert settings.utility == "x0_saliency" and settings.needs_unconditional and settings.fair and settings.aligns
+    assert settings.latent_shape == (1, 1, 8, 12)
+    with pytest.raises(ValueError, match="guidance_scale"):
+        pipe.check_inputs(None, [0, 1], None, None, 12, 2, [1.0], 1, None, None, "np", None, None, "auto", 0.5,
+                          None, 0.1, 10)  # fmt: skip

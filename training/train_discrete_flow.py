@@ -111,7 +111,7 @@ def main(argv=None):
     resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint)  # a missing checkpoint fails first
 
     from diffusers_ext import DiscreteFlowMatchingScheduler, DiscreteFlowPipeline, DiscreteFlowTransformerModel
-    from diffusers_ext.pipelines.discrete_flow.losses import discrete_flow_loss, estimate_nll_bounds
+    from diffusers_ext.losses.discrete_flow import discrete_flow_loss, estimate_nll_bounds
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,

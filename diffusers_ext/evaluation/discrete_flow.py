@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..data.random_hmm import RandomHMM
-from ..pipelines.discrete_flow.losses import BOUNDS, bound_integrand
+from ..losses.discrete_flow import BOUNDS, bound_integrand
 from ..schedulers.scheduling_discrete_flow_matching import DiscreteFlowMatchingScheduler
 
 

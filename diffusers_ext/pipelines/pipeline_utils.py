@@ -1,4 +1,11 @@
-"""Checks shared by every pipeline of the package."""
+"""What every pipeline of the package shares: input checks, the VAE's latent scaling, prediction conversions and
+CLIP-style prompt encoding."""
+
+import torch
+
+
+X0_PREDICTION_TYPES = ("epsilon", "v_prediction", "sample", "flow")
+EPSILON_PREDICTION_TYPES = ("epsilon", "v_prediction")
 
 
 def check_callback_tensor_inputs(pipeline, names) -> None:
@@ -9,3 +16,82 @@ def check_callback_tensor_inputs(pipeline, names) -> None:
             f"`callback_on_step_end_tensor_inputs` must be a subset of {pipeline._callback_tensor_inputs}, got "
             f"{names!r}."
         )
+
+
+# VAE latents ---------------------------------------------------------------------------------------------------------
+
+
+def vae_shift_factor(vae) -> float:
+    """The VAE's `shift_factor` (SD3 and Flux have one; SD 1.x's VAE has none: 0)."""
+    return getattr(vae.config, "shift_factor", None) or 0.0
+
+
+def encode_vae_latents(vae, images: torch.Tensor) -> torch.Tensor:
+    """Scaled latents `(B, c, h, w)` of images `(B, C, H, W)` in [-1, 1]: `(mode - shift_factor) * scaling_factor`
+    of the VAE's posterior (diffusers' convention, the denoiser's space)."""
+    latents = vae.encode(images.to(vae.dtype)).latent_dist.mode()
+    return (latents - vae_shift_factor(vae)) * vae.config.scaling_factor
+
+
+def decode_vae_latents(vae, latents: torch.Tensor) -> torch.Tensor:
+    """Images `(B, C, H, W)` in (about) [-1, 1] from scaled latents `(B, c, h, w)`: the inverse of
+    [`encode_vae_latents`], `vae.decode(latents / scaling_factor + shift_factor)` in the VAE's dtype."""
+    latents = latents / vae.config.scaling_factor + vae_shift_factor(vae)
+    return vae.decode(latents.to(vae.dtype), return_dict=False)[0]
+
+
+# predictions ---------------------------------------------------------------------------------------------------------
+
+
+def prediction_to_x0(
+    model_output: torch.Tensor,
+    sample: torch.Tensor,
+    signal,
+    noise,
+    prediction_type: str,
+    supported: tuple[str, ...] = X0_PREDICTION_TYPES,
+) -> torch.Tensor:
+    """The clean-sample estimate `x_0` from a denoiser output, for a noisy sample `x_t = signal * x_0 + noise * e`
+    (DDPM family: `signal = sqrt(alpha_bar)`, `noise = sqrt(1 - alpha_bar)`; flow matching: `1 - sigma`, `sigma`).
+
+    Args:
+        model_output (`torch.Tensor`): the prediction, of the shape of `sample` (or broadcasting against it).
+        sample (`torch.Tensor`): `x_t`.
+        signal, noise (`float` or `torch.Tensor` broadcasting against `sample`): the scales of `x_0` and `e`.
+        prediction_type (`str`): `"epsilon"`, `"v_prediction"`, `"sample"` or `"flow"` (the velocity `e - x_0`).
+        supported (`tuple[str]`): the prediction types the caller accepts; another raises a `ValueError`.
+    """
+    if prediction_type not in supported:
+        raise ValueError(f"the scheduler's `prediction_type` {prediction_type!r} is not one of {supported}.")
+    if prediction_type == "epsilon":
+        return (sample - noise * model_output) / signal
+    if prediction_type == "v_prediction":
+        return signal * sample - noise * model_output
+    if prediction_type == "sample":
+        return model_output
+    return sample - noise * model_output  # flow: x_0 = x_t - sigma v
+
+
+def prediction_to_epsilon(model_output: torch.Tensor, sample: torch.Tensor, signal, noise, prediction_type: str):
+    """The noise estimate `e` from a denoiser output (`"epsilon"` or `"v_prediction"`), for a noisy sample
+    `x_t = signal * x_0 + noise * e` (see [`prediction_to_x0`]); another type raises a `ValueError`."""
+    if prediction_type == "epsilon":
+        return model_output
+    if prediction_type == "v_prediction":
+        return signal * model_output + noise * sample
+    raise ValueError(
+        f"a noise estimate needs `prediction_type` in {EPSILON_PREDICTION_TYPES}, got {prediction_type!r}."
+    )
+
+
+# prompts -------------------------------------------------------------------------------------------------------------
+
+
+def encode_text(tokenizer, text_encoder, texts: list[str], device) -> tuple[torch.Tensor, torch.LongTensor]:
+    """CLIP-style prompt encoding (diffusers' `StableDiffusionPipeline`): `texts` padded to the tokenizer's
+    `model_max_length` and truncated; returns the text encoder's last hidden states `(N, L, D)` and the attention
+    mask `(N, L)` (to count each prompt's tokens)."""
+    tokens = tokenizer(
+        list(texts), padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
+    )
+    return text_encoder(tokens.input_ids.to(device))[0], tokens.attention_mask

@@ -24,6 +24,7 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 
 from ..utils import public
+from .scheduling_utils import draw_uniform, timestep_indices
 
 
 SOURCES = ("mask", "multimask", "uniform")
@@ -62,10 +63,8 @@ def _as_generators(generator, batch_size: int) -> list | None:
 def _rand(shape: tuple[int, ...], generator, device) -> torch.Tensor:
     """Uniform [0, 1) draws of `shape`; with a list of generators, row `b` comes from `generator[b]` alone."""
     generators = _as_generators(generator, shape[0])
-    if generators is None:
-        gen_device = generator.device if generator is not None else device
-        return torch.rand(shape, generator=generator, device=gen_device).to(device)
-    return torch.cat([torch.rand((1, *shape[1:]), generator=g, device=g.device).to(device) for g in generators])
+    source = generator if generators is None else generators
+    return draw_uniform(shape[1:], source, torch.arange(shape[0]), device, one_draw=True)
 
 
 def _randint(high: int, shape: tuple[int, ...], generator, device) -> torch.LongTensor:
@@ -228,11 +227,7 @@ class DiscreteFlowMatchingScheduler(SchedulerMixin, ConfigMixin):
         return self._step_index
 
     def index_for_timestep(self, timestep) -> int:
-        t = float(timestep)
-        matches = (self.timesteps - t).abs() < 1e-6
-        if not matches.any():
-            raise ValueError(f"`timestep` {t} is not one of the scheduler's timesteps; call `set_timesteps` first.")
-        return int(matches.nonzero()[0])
+        return int(timestep_indices(float(timestep), self.timesteps, atol=1e-6)[0])
 
     def step(
         self,

@@ -13,8 +13,8 @@ Going from time `t` to `s < t`, a still-masked position is unmasked with probabi
 | `"learned"` | `1 - t^(w_i)`, `w_i` from LoMDM's reverse scheduler on the current sequence | LoMDM |
 
 `i` counts the positions the pipeline lets the scheduler fill (its `transfer_mask`), `G` is their number. With
-`"learned"` the model output carries one extra channel: `model_output[..., :-1]` are the logits and
-`model_output[..., -1]` the exponents `w` ([`LoMDMPipeline`] appends it from its reverse scheduler).
+`"learned"` the step takes the exponents `w` `(N, L)` as its `exponents` keyword ([`LoMDMPipeline`] computes them
+with its reverse scheduler on the current sequence).
 """
 
 import math
@@ -25,7 +25,8 @@ from diffusers import ConfigMixin, SchedulerMixin
 from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 
-from ..utils import public
+from ..utils import check_positive_int, public
+from .scheduling_utils import DiffusionLMSchedulerMixin, draw_uniform, timestep_indices
 
 
 SCHEDULES = ("mdm", "ar", "block", "learned")
@@ -59,7 +60,7 @@ class OeMDMSchedulerOutput(BaseOutput):
 
 
 @public
-class OeMDMScheduler(SchedulerMixin, ConfigMixin):
+class OeMDMScheduler(SchedulerMixin, ConfigMixin, DiffusionLMSchedulerMixin):
     """Per-position-schedule ancestral sampler for masked diffusion LMs (MDLM, AR, block diffusion, LoMDM).
 
     Each step moves from time `t` to the next time `s` on `linspace(1, 0, num_inference_steps + 1)`; the last step
@@ -74,6 +75,8 @@ class OeMDMScheduler(SchedulerMixin, ConfigMixin):
     """
 
     order = 1
+    # the diffusion-LM contract (`scheduling_utils.DiffusionLMSchedulerMixin`): the optional keywords implemented
+    step_options = ("exponents",)
 
     @register_to_config
     def __init__(self, schedule: str = "mdm", order_block_length: int = 4, block_length: int = 1024):
@@ -96,25 +99,13 @@ class OeMDMScheduler(SchedulerMixin, ConfigMixin):
 
     def set_timesteps(self, num_inference_steps: int, device: str | torch.device | None = None) -> None:
         """Set the times `linspace(1, 0, n + 1)[:-1]` of one block's `n` steps."""
-        if (
-            not isinstance(num_inference_steps, int)
-            or isinstance(num_inference_steps, bool)
-            or num_inference_steps < 1
-        ):
-            raise ValueError(f"`num_inference_steps` must be a positive integer, got {num_inference_steps!r}.")
+        check_positive_int("num_inference_steps", num_inference_steps)
         self.num_inference_steps = num_inference_steps
         self._times = torch.linspace(1, 0, num_inference_steps + 1, dtype=torch.float64)
         self.timesteps = self._times[:-1].to(device)
 
     def _next_times(self, timestep) -> tuple[torch.Tensor, torch.Tensor]:
-        values = torch.as_tensor(timestep, dtype=torch.float64).reshape(-1).cpu()
-        matches = values.unsqueeze(1) == self._times[:-1].unsqueeze(0)
-        if not bool(matches.any(1).all()):
-            raise ValueError(
-                f"`timestep` {values.tolist()} is not among the scheduler's timesteps {self.timesteps.tolist()}; "
-                "call `set_timesteps` first and pass its values."
-            )
-        index = matches.to(torch.int8).argmax(1)
+        index = timestep_indices(timestep, self._times[:-1])
         return self._times[index], self._times[index + 1]
 
     def alpha(self, t: torch.Tensor, rank: torch.Tensor, count: torch.Tensor, exponents=None) -> torch.Tensor:
@@ -154,6 +145,7 @@ class OeMDMScheduler(SchedulerMixin, ConfigMixin):
         beam_groups: torch.LongTensor | None = None,
         temperature: float = 1.0,
         generator: torch.Generator | list[torch.Generator] | None = None,
+        exponents: torch.Tensor | None = None,
         return_dict: bool = True,
     ) -> OeMDMSchedulerOutput | tuple:
         """Unmask positions from time `timestep` to the next time and draw their tokens.
@@ -162,8 +154,7 @@ class OeMDMScheduler(SchedulerMixin, ConfigMixin):
         unmasking decision; with a list of generators, row `r` draws from `generator[beam_groups[r]]`.
 
         Args:
-            model_output (`torch.Tensor` of shape `(N, L, V)`, or `(N, L, V + 1)` for `"learned"`): logits aligned
-                with `sample`, plus the exponent channel for `"learned"`.
+            model_output (`torch.Tensor` of shape `(N, L, V)`): logits aligned with `sample`.
             timestep (`float` or `torch.Tensor` of shape `(N,)`): the current time(s), among `timesteps`.
             sample (`torch.LongTensor` of shape `(N, L)`): the current sequences.
             mask_token_id (`int`): the mask token.
@@ -173,6 +164,8 @@ class OeMDMScheduler(SchedulerMixin, ConfigMixin):
             temperature (`float`, defaults to 1): 0 takes the argmax token; above 0 samples from
                 `softmax(logits / temperature)`.
             generator (`torch.Generator` or a list with one per prompt, *optional*): randomness.
+            exponents (`torch.Tensor` of shape `(N, L)`, *optional*): LoMDM's positive exponents `w` of every
+                position; required by (and only used with) `schedule="learned"`.
             return_dict (`bool`, defaults to `True`): return an [`OeMDMSchedulerOutput`] or a tuple.
         """
         if mask_token_id is None:
@@ -193,12 +186,19 @@ class OeMDMScheduler(SchedulerMixin, ConfigMixin):
                 f"`transfer_mask` must have the shape of `sample` {tuple(sample.shape)}, got "
                 f"{tuple(transfer_mask.shape)}."
             )
-        if self.config.schedule == "learned":
-            logits, exponents = model_output[..., :-1], model_output[..., -1].double()
-            if bool((exponents <= 0).any()):
-                raise ValueError("the exponent channel of `model_output` must be positive (LoMDM's `w`).")
+        t, s = self._next_times(timestep)
+        logits = model_output
+        if self.config.schedule != "learned":
+            exponents = None
+        elif exponents is None or tuple(exponents.shape) != tuple(sample.shape):
+            raise ValueError(
+                f"`exponents` of shape {tuple(sample.shape)} are required by schedule='learned' (LoMDM's `w`), got "
+                f"{tuple(exponents.shape) if isinstance(exponents, torch.Tensor) else exponents!r}."
+            )
         else:
-            logits, exponents = model_output, None
+            exponents = exponents.double()
+            if bool((exponents <= 0).any()):
+                raise ValueError("`exponents` must be positive (LoMDM's `w`).")
         groups = torch.arange(num_rows, device=device) if beam_groups is None else beam_groups
         if beam_scores is None:
             beam_scores = torch.zeros(num_rows, dtype=torch.float64, device=device)
@@ -210,13 +210,12 @@ class OeMDMScheduler(SchedulerMixin, ConfigMixin):
         logits[..., mask_token_id] = float("-inf")
         log_probs = torch.log_softmax(logits, dim=-1)
         if temperature > 0:
-            gumbel = -torch.log(-torch.log(self._uniform(logits.shape, generator, groups, device).clamp_min(1e-20)))
+            gumbel = -torch.log(-torch.log(draw_uniform(logits.shape[1:], generator, groups, device, torch.float64, one_draw=True).clamp_min(1e-20)))
             tokens = torch.argmax(log_probs.double() / temperature + gumbel, dim=-1)
         else:
             tokens = torch.argmax(log_probs, dim=-1)
         token_log_probs = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
-        t, s = self._next_times(timestep)
         t = t.to(device).expand(num_rows).unsqueeze(1)
         s = s.to(device).expand(num_rows).unsqueeze(1)
         rank = (torch.cumsum(transfer_mask.long(), 1) - 1).double()
@@ -229,7 +228,7 @@ class OeMDMScheduler(SchedulerMixin, ConfigMixin):
         prob = torch.where(eligible, prob.clamp(0, 1), 0.0)
         if bool((s == 0).any()):
             prob = torch.where(eligible & (s == 0), 1.0, prob)
-        commit = eligible & (self._uniform(sample.shape, generator, groups, device) < prob)
+        commit = eligible & (draw_uniform(sample.shape[1:], generator, groups, device, torch.float64, one_draw=True) < prob)
 
         output = OeMDMSchedulerOutput(
             prev_sample=torch.where(commit, tokens, sample),
@@ -242,14 +241,3 @@ class OeMDMScheduler(SchedulerMixin, ConfigMixin):
             parent_index=torch.arange(num_rows, device=device),
         )
         return output if return_dict else output.to_tuple()
-
-    @staticmethod
-    def _uniform(shape, generator, groups, device) -> torch.Tensor:
-        if isinstance(generator, (list, tuple)):
-            return torch.stack(
-                [
-                    torch.rand(shape[1:], generator=generator[g], dtype=torch.float64, device=device)
-                    for g in groups.tolist()
-                ]
-            )
-        return torch.rand(shape, generator=generator, dtype=torch.float64, device=device)

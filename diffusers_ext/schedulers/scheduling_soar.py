@@ -22,7 +22,8 @@ from diffusers import ConfigMixin, SchedulerMixin
 from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 
-from ..utils import public
+from ..utils import check_positive_int, is_int, public
+from .scheduling_utils import DiffusionLMSchedulerMixin, timestep_indices
 from .token_proposal import propose_tokens
 
 
@@ -100,7 +101,7 @@ PRESETS = {
 
 
 @public
-class SOARScheduler(SchedulerMixin, ConfigMixin):
+class SOARScheduler(SchedulerMixin, ConfigMixin, DiffusionLMSchedulerMixin):
     """Confidence-switched position beam search ("Search Or AcceleRate") for masked diffusion language models.
 
     At every step, for every row (a beam of a prompt) the scheduler proposes a token at each masked position, scores
@@ -167,6 +168,16 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
     """
 
     order = 1
+    # the diffusion-LM contract (`scheduling_utils.DiffusionLMSchedulerMixin`): the optional keywords implemented
+    step_options = (
+        "top_p",
+        "top_k",
+        "suppress_token_ids",
+        "confidence_suppress_token_ids",
+        "num_transfer_tokens",
+        "sample_offset",
+    )
+    set_timesteps_options = ("block_length",)
 
     @register_to_config
     def __init__(
@@ -269,30 +280,17 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
             block_length (`int`, *optional*): the block length the `"block"` transfer schedule splits (defaults to
                 the config's).
         """
-        if block_length is not None and (not isinstance(block_length, int) or block_length < 1):
-            raise ValueError(f"`block_length` must be a positive integer, got {block_length!r}.")
+        if block_length is not None:
+            check_positive_int("block_length", block_length)
         self._schedule_block_length = block_length if block_length is not None else self.config.block_length
-        if (
-            not isinstance(num_inference_steps, int)
-            or isinstance(num_inference_steps, bool)
-            or num_inference_steps < 1
-        ):
-            raise ValueError(f"`num_inference_steps` must be a positive integer, got {num_inference_steps!r}.")
+        check_positive_int("num_inference_steps", num_inference_steps)
         self.num_inference_steps = num_inference_steps
         self._times = torch.linspace(1, self.config.final_eps, num_inference_steps + 1)
         self.timesteps = self._times[:-1].to(device)
 
     def _step_indices(self, timestep) -> torch.LongTensor:
         """Index in `timesteps` of a timestep, or of each element of a 1-D tensor of timesteps."""
-        values = torch.as_tensor(timestep, dtype=self._times.dtype).reshape(-1).cpu()
-        matches = values.unsqueeze(1) == self._times[:-1].unsqueeze(0)
-        unknown = ~matches.any(1)
-        if bool(unknown.any()):
-            raise ValueError(
-                f"`timestep` {values[unknown].tolist()} is not among the scheduler's timesteps "
-                f"{self.timesteps.tolist()}; call `set_timesteps` first and pass its values."
-            )
-        return matches.to(torch.int8).argmax(1)
+        return timestep_indices(timestep, self._times[:-1])
 
     def num_transfer_tokens(self, num_masked: torch.LongTensor, timestep) -> torch.LongTensor:
         """The per-row quota for rows with `num_masked` eligible masked positions.
@@ -339,7 +337,7 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
         top_k: int | None = None,
         suppress_token_ids: tuple[int, ...] = (),
         confidence_suppress_token_ids: tuple[int, ...] = (),
-        num_transfer_tokens: torch.LongTensor | None = None,
+        num_transfer_tokens: int | torch.LongTensor | None = None,
         sample_offset: int = 0,
         return_dict: bool = True,
     ) -> SOARSchedulerOutput | tuple:
@@ -370,8 +368,9 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
             confidence_suppress_token_ids (`tuple[int]`): tokens removed from the softmax that gives the
                 confidences, after the tokens are chosen (LLaDA's `confidence_eos_eot_inf`, which in the reference
                 code removes the EoT token only).
-            num_transfer_tokens (`torch.LongTensor` of shape `(N,)`, *optional*): the per-row quota, overriding
-                the schedule (`timestep` is then unused); the reference SOAR loop's global step budget uses 1.
+            num_transfer_tokens (`int` or `torch.LongTensor` of shape `(N,)`, *optional*): the quota of every row
+                (an int) or of each row, overriding the schedule (`timestep` is then unused); the reference SOAR
+                loop's global step budget uses 1.
             sample_offset (`int`, defaults to 0): the first position of the generated region (see `generator`).
             return_dict (`bool`, defaults to `True`): return a [`SOARSchedulerOutput`] or a plain tuple.
         """
@@ -434,10 +433,13 @@ class SOARScheduler(SchedulerMixin, ConfigMixin):
                 timestep, sample, eligible, tokens, token_probs, confidence, beam_scores, beam_lengths, beam_groups,
                 generator, sample_offset, return_dict,
             )  # fmt: skip
+        if is_int(num_transfer_tokens):
+            num_transfer_tokens = torch.full((num_rows,), num_transfer_tokens, dtype=torch.long, device=device)
         if num_transfer_tokens is not None:
-            if num_transfer_tokens.shape != (num_rows,):
+            if not isinstance(num_transfer_tokens, torch.Tensor) or num_transfer_tokens.shape != (num_rows,):
                 raise ValueError(
-                    f"`num_transfer_tokens` must have shape ({num_rows},), got {tuple(num_transfer_tokens.shape)}."
+                    f"`num_transfer_tokens` must be an int or a tensor of shape ({num_rows},), got "
+                    f"{tuple(getattr(num_transfer_tokens, 'shape', ())) or num_transfer_tokens!r}."
                 )
             quota = num_transfer_tokens.to(device=device, dtype=torch.long).clamp(min=0)
             quota = torch.minimum(quota, num_masked)

@@ -3,24 +3,11 @@ decoders), and the per-row uniform noise it draws."""
 
 import torch
 
+from .scheduling_utils import draw_uniform
+
 
 # keeps log(p) finite for the entropy confidence
 _ENTROPY_EPS = 1e-10
-
-
-def draw_uniform(shape, generator, groups: torch.Tensor, device, dtype=torch.float32, offset: int = 0):
-    """Uniform noise of shape `(N, *shape)`, drawn row by row over the positions from `offset` on (the generated
-    region; earlier positions get 0.5 and are never used). Row `r` draws from `generator[groups[r]]` when
-    `generator` is a list, else from the one generator (or the global RNG), rows in order. A prompt with its own
-    generator therefore gets the same noise alone or in any batch, unlike the references, which draw one tensor
-    over the whole padded batch."""
-    rows = []
-    for g in groups.tolist():
-        row = torch.full(shape, 0.5, dtype=dtype, device=device)
-        source = generator[g] if isinstance(generator, (list, tuple)) else generator
-        row[offset:] = torch.rand((shape[0] - offset, *shape[1:]), generator=source, dtype=dtype, device=device)
-        rows.append(row)
-    return torch.stack(rows) if rows else torch.empty((0, *shape), dtype=dtype, device=device)
 
 
 def propose_tokens(

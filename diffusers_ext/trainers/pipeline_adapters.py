@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
+from ..pipelines.pipeline_utils import decode_vae_latents
+
 
 class FlowPipelineAdapter(ABC):
     """Base class; see [`SD3Adapter`] and [`FluxAdapter`]."""
@@ -114,9 +116,7 @@ class SD3Adapter(FlowPipelineAdapter):
         return unconditional + guidance_scale * (conditional - unconditional)
 
     def decode(self, latents, height, width):
-        vae = self.pipeline.vae
-        latents = latents / vae.config.scaling_factor + vae.config.shift_factor
-        image = vae.decode(latents.to(vae.dtype), return_dict=False)[0]
+        image = decode_vae_latents(self.pipeline.vae, latents)
         return (image.float() / 2 + 0.5).clamp(0, 1)
 
 
@@ -172,10 +172,9 @@ class FluxAdapter(FlowPipelineAdapter):
         )[0]
 
     def decode(self, latents, height, width):
-        pipe, vae = self.pipeline, self.pipeline.vae
+        pipe = self.pipeline
         latents = pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
-        latents = latents / vae.config.scaling_factor + vae.config.shift_factor
-        image = vae.decode(latents.to(vae.dtype), return_dict=False)[0]
+        image = decode_vae_latents(pipe.vae, latents)
         return (image.float() / 2 + 0.5).clamp(0, 1)
 
 

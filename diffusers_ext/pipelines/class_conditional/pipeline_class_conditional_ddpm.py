@@ -10,7 +10,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import logging
 from diffusers.utils.torch_utils import randn_tensor
 
-from ...utils import public
+from ...utils import check_positive_int, is_int, is_number, public
 from ..pipeline_utils import check_callback_tensor_inputs
 
 
@@ -86,13 +86,8 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
         num_images_per_prompt=1,
     ) -> torch.Tensor | None:
         """Validate the call's arguments before any model work; return the labels as a `(batch,)` LongTensor."""
-        if (
-            not isinstance(num_inference_steps, int)
-            or isinstance(num_inference_steps, bool)
-            or num_inference_steps < 1
-        ):
-            raise ValueError(f"`num_inference_steps` must be a positive int, got {num_inference_steps!r}.")
-        if not isinstance(guidance_scale, (int, float)) or isinstance(guidance_scale, bool):
+        check_positive_int("num_inference_steps", num_inference_steps)
+        if not is_number(guidance_scale):
             raise TypeError(f"`guidance_scale` must be a number, got {type(guidance_scale).__name__}.")
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
@@ -110,7 +105,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
                 raise ValueError(
                     "`class_labels` were given, but the UNet has no class embedding (`num_class_embeds`)."
                 )
-            if isinstance(class_labels, int) and not isinstance(class_labels, bool):
+            if is_int(class_labels):
                 class_labels = [class_labels]
             labels = torch.as_tensor(class_labels)
             if labels.ndim != 1 or labels.numel() == 0 or labels.dtype.is_floating_point or labels.dtype == torch.bool:
@@ -135,12 +130,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
                 "unconditionally; pass `class_labels`."
             )
 
-        if (
-            not isinstance(num_images_per_prompt, int)
-            or isinstance(num_images_per_prompt, bool)
-            or num_images_per_prompt < 1
-        ):
-            raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
+        check_positive_int("num_images_per_prompt", num_images_per_prompt)
         n = (labels.numel() if labels is not None else (batch_size or 1)) * num_images_per_prompt
         if isinstance(generator, list) and len(generator) != n:
             raise ValueError(f"`generator` is a list of {len(generator)} generators, but the batch has {n} images.")

@@ -24,7 +24,8 @@ class DiffusionLMAdapter(ABC):
 
     Subclasses implement `forward_logits`. Calling the adapter adds classifier-free guidance (LLaDA's
     unsupervised form: the unconditional branch replaces the prompt by mask tokens, both branches run in one
-    batched forward, and `logits = u + (w + 1) * (c - u)` for `guidance_scale` w > 0).
+    batched forward, and `logits = u + g * (c - u)` for `guidance_scale` g > 1, diffusers' convention; LLaDA's
+    `cfg_scale` w is `g = w + 1`).
 
     Args:
         mask_token_id (`int`, *optional*): the mask token; by default the model config's `mask_token_id`, then the
@@ -68,7 +69,7 @@ class DiffusionLMAdapter(ABC):
         *,
         prompt_mask: torch.BoolTensor | None = None,
         block_end: int | None = None,
-        guidance_scale: float = 0.0,
+        guidance_scale: float = 1.0,
         mask_token_id: int | None = None,
     ) -> torch.Tensor:
         """Logits of shape `(N, L, V)` aligned with `input_ids` `(N, L)`.
@@ -79,10 +80,11 @@ class DiffusionLMAdapter(ABC):
             attention_mask (`torch.LongTensor` of shape `(N, L)`): 1 for real tokens, 0 for (left) padding.
             prompt_mask (`torch.BoolTensor` of shape `(N, L)`, *optional*): prompt positions (for guidance).
             block_end (`int`, *optional*): the end of the furthest current block (block-causal models).
-            guidance_scale (`float`, defaults to 0): classifier-free guidance weight; 0 disables it.
+            guidance_scale (`float`, defaults to 1): classifier-free guidance scale, diffusers' convention: 1 (or
+                less) disables it.
             mask_token_id (`int`, *optional*): the mask token for the unconditional branch.
         """
-        if guidance_scale > 0:
+        if guidance_scale > 1:
             if prompt_mask is None or mask_token_id is None:
                 raise ValueError("classifier-free guidance needs `prompt_mask` and `mask_token_id`.")
             unconditional = input_ids.masked_fill(prompt_mask, mask_token_id)
@@ -93,7 +95,7 @@ class DiffusionLMAdapter(ABC):
                 block_end,
             )
             conditional, unconditional = both.chunk(2)
-            logits = unconditional + (guidance_scale + 1) * (conditional - unconditional)
+            logits = unconditional + guidance_scale * (conditional - unconditional)
         else:
             logits = self.forward_logits(model, input_ids, attention_mask, block_end)
         return self._align(logits)

@@ -11,10 +11,10 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput, logging
 
 from ...schedulers.scheduling_soar import SOARScheduler
-from ...utils import public
+from ...utils import check_positive_int, is_int, is_number, public
 from .adapters import ADAPTERS, DiffusionLMAdapter, HFLogitsAdapter, get_diffusion_lm_adapter
 from .pll_rescoring import rescore_by_pll
-from .prompt_inputs import prepare_input_ids, supported_options
+from .prompt_inputs import declared_options, prepare_input_ids
 
 
 logger = logging.get_logger(__name__)
@@ -127,6 +127,27 @@ class DiffusionLMPipeline(DiffusionPipeline):
     # inputs
     # ---------------------------------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _sequences_per_prompt(num_return_sequences, num_images_per_prompt) -> int:
+        """The per-prompt count: `num_return_sequences`, or its alias `num_images_per_prompt` when given; a
+        `ValueError` names the argument when the value is not a positive int or the two disagree."""
+        name, count = "num_return_sequences", num_return_sequences
+        if num_images_per_prompt is not None:
+            if num_return_sequences not in (1, num_images_per_prompt):
+                raise ValueError(
+                    f"`num_return_sequences` {num_return_sequences!r} and its alias `num_images_per_prompt` "
+                    f"{num_images_per_prompt!r} disagree; pass one of them."
+                )
+            name, count = "num_images_per_prompt", num_images_per_prompt
+        check_positive_int(name, count)
+        return count
+
+    def step_inputs(self, sequences: torch.LongTensor, prompt_mask: torch.BoolTensor) -> dict:
+        """Extra keyword inputs of the scheduler's `step` computed from the current sequences `(N, L)` (with the
+        prompt positions `prompt_mask` `(N, L)`), each one of the scheduler's declared `step_options`. None here;
+        [`LoMDMPipeline`] passes its learned `exponents`."""
+        return {}
+
     def resolve_mask_token_id(self, mask_token_id: int | None = None) -> int:
         """The mask token: the argument, else the adapter's, the model config's, the tokenizer's, the family default.
 
@@ -171,16 +192,14 @@ class DiffusionLMPipeline(DiffusionPipeline):
         """Check the call's arguments before any model forward. `prompt_length` is given for adapters whose blocks
         are aligned to absolute positions (LLaDA2): the first block then ends at the next multiple of
         `block_length` and `gen_length` need not be a multiple of it."""
-        if not isinstance(gen_length, int) or isinstance(gen_length, bool) or gen_length < 1:
-            raise ValueError(f"`gen_length` must be a positive integer, got {gen_length!r}.")
-        if not isinstance(block_length, int) or isinstance(block_length, bool) or block_length < 1:
-            raise ValueError(f"`block_length` must be a positive integer, got {block_length!r}.")
+        check_positive_int("gen_length", gen_length)
+        check_positive_int("block_length", block_length)
         if step_budget not in STEP_BUDGETS:
             raise ValueError(f"`step_budget` must be one of {STEP_BUDGETS}, got {step_budget!r}.")
         if top_p is not None and (not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
             raise ValueError(f"`top_p` must be a number in (0, 1], got {top_p!r}.")
-        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
-            raise ValueError(f"`top_k` must be a positive integer, got {top_k!r}.")
+        if top_k is not None:
+            check_positive_int("top_k", top_k)
         if prompt_length is not None:
             first = prompt_length // block_length
             num_blocks = -(-(prompt_length + gen_length) // block_length) - first
@@ -191,7 +210,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
                     "(semi-autoregressive blocks of equal length)."
                 )
             num_blocks = gen_length // block_length
-        if not isinstance(num_inference_steps, int) or isinstance(num_inference_steps, bool):
+        if not is_int(num_inference_steps):
             raise ValueError(f"`num_inference_steps` must be an integer, got {num_inference_steps!r}.")
         if step_budget == "global":
             if num_inference_steps < 1:
@@ -204,7 +223,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
             )
         if not isinstance(temperature, (int, float)) or temperature < 0:
             raise ValueError(f"`temperature` must be a number >= 0, got {temperature!r}.")
-        if not isinstance(guidance_scale, (int, float)) or isinstance(guidance_scale, bool) or guidance_scale < 1:
+        if not is_number(guidance_scale) or guidance_scale < 1:
             raise ValueError(
                 f"`guidance_scale` must be a number >= 1 (diffusers convention: 1 disables guidance), got "
                 f"{guidance_scale!r}. LLaDA's cfg_scale w corresponds to guidance_scale = w + 1."
@@ -212,7 +231,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
         if isinstance(generator, (list, tuple)) and len(generator) != batch_size:
             raise ValueError(
                 f"`generator` is a list of {len(generator)}, but the batch has {batch_size} sequences (prompts x "
-                "`num_images_per_prompt`)."
+                "`num_return_sequences`)."
             )
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
@@ -243,7 +262,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
         top_p: float | None = None,
         top_k: int | None = None,
         guidance_scale: float = 1.0,
-        num_images_per_prompt: int = 1,
+        num_return_sequences: int = 1,
         latents: torch.LongTensor | None = None,
         step_budget: str = "per_block",
         logits_eos_inf: bool = False,
@@ -257,6 +276,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
         return_dict: bool = True,
         callback_on_step_end: Callable[..., dict[str, Any]] | None = None,
         callback_on_step_end_tensor_inputs: list[str] | None = None,
+        num_images_per_prompt: int | None = None,
     ) -> DiffusionLMPipelineOutput | tuple:
         """Generate `gen_length` tokens after each prompt.
 
@@ -282,9 +302,9 @@ class DiffusionLMPipeline(DiffusionPipeline):
             guidance_scale (`float`, defaults to 1): classifier-free guidance in the diffusers convention: 1 disables
                 it, `g > 1` gives LLaDA's guided logits `u + g (c - u)` (LLaDA's `cfg_scale` w is `g = w + 1`);
                 values below 1 raise. A callback may change it through `pipe._guidance_scale`.
-            num_images_per_prompt (`int`, defaults to 1): sequences generated per prompt, one after the other in the
-                output (`batch * num_images_per_prompt` rows; a generator list has one generator per row).
-            latents (`torch.LongTensor` of shape `(batch * num_images_per_prompt, gen_length)`, *optional*): the
+            num_return_sequences (`int`, defaults to 1): sequences generated per prompt, one after the other in the
+                output (`batch * num_return_sequences` rows; a generator list has one generator per row).
+            latents (`torch.LongTensor` of shape `(batch * num_return_sequences, gen_length)`, *optional*): the
                 initial generated region: the mask token where the model decodes, fixed tokens elsewhere (kept as
                 given, e.g. to infill). All masks by default.
             step_budget (`str`, defaults to `"per_block"`): how `num_inference_steps` bounds the decoding.
@@ -316,6 +336,8 @@ class DiffusionLMPipeline(DiffusionPipeline):
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): tensors passed to the callback, among
                 `sequences` (all rows, `(N, prompt + gen_length)`), `transfer_index`, `confidence` and
                 `beam_scores`.
+            num_images_per_prompt (`int`, *optional*): the diffusers name of `num_return_sequences`, accepted as an
+                alias (the conformance suites of image pipelines pass it).
 
         Returns:
             [`DiffusionLMPipelineOutput`], or its fields as a tuple (`texts` left out for `output_type="seq"`).
@@ -323,11 +345,8 @@ class DiffusionLMPipeline(DiffusionPipeline):
         ids, mask = prepare_input_ids(
             self.tokenizer, prompt, messages, input_ids, attention_mask, add_generation_prompt
         )
-        if not isinstance(num_images_per_prompt, int) or isinstance(num_images_per_prompt, bool):
-            raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
-        if num_images_per_prompt < 1:
-            raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
-        ids, mask = ids.repeat_interleave(num_images_per_prompt, 0), mask.repeat_interleave(num_images_per_prompt, 0)
+        count = self._sequences_per_prompt(num_return_sequences, num_images_per_prompt)
+        ids, mask = ids.repeat_interleave(count, 0), mask.repeat_interleave(count, 0)
         batch_size, prompt_length = ids.shape
         absolute = bool(getattr(self.adapter, "absolute_blocks", False))
         if block_length is None:
@@ -398,19 +417,20 @@ class DiffusionLMPipeline(DiffusionPipeline):
         block_of = torch.where(positions >= prompt_length, block_of, -1)
         num_blocks = int(block_of.max()) + 1
         global_budget = step_budget == "global"
-        # the decoding options only some schedulers implement (SOAR's); asking another scheduler for one raises
-        step_options = supported_options(
-            self.scheduler.step,
+        # the decoding options only some schedulers declare (SOAR's); asking another scheduler for one raises
+        step_options = declared_options(
+            self.scheduler,
+            "step_options",
             top_p=top_p,
             top_k=top_k,
             suppress_token_ids=suppress,
             confidence_suppress_token_ids=confidence_suppress,
-            num_transfer_tokens=True if global_budget else None,
+            # the reference SOAR loop's global budget: every step commits one token per row (more when it accelerates)
+            num_transfer_tokens=1 if global_budget else None,
             sample_offset=prompt_length,
         )
-        step_options.pop("num_transfer_tokens", None)
         steps_per_block = num_inference_steps if global_budget else num_inference_steps // num_blocks
-        set_timesteps_options = supported_options(self.scheduler.set_timesteps, block_length=block_length)
+        set_timesteps_options = declared_options(self.scheduler, "set_timesteps_options", block_length=block_length)
         self.scheduler.set_timesteps(steps_per_block, device=device, **set_timesteps_options)
         timesteps = self.scheduler.timesteps
 
@@ -463,8 +483,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 prompt_attention[groups],
                 prompt_mask=is_prompt.expand_as(x),
                 block_end=block_end,
-                # the adapter takes LLaDA's cfg_scale w = g - 1 (0 = off)
-                guidance_scale=self.guidance_scale - 1.0 if self.do_classifier_free_guidance else 0.0,
+                guidance_scale=self.guidance_scale,
                 mask_token_id=mask_id,
             )
             active = torch.unique_consecutive(groups).cpu()
@@ -486,7 +505,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 temperature=temperature,
                 generator=generator,
                 **step_options,
-                **({"num_transfer_tokens": torch.ones_like(groups)} if global_budget else {}),
+                **self.step_inputs(x, is_prompt.expand_as(x)),
             )
             parents = out.parent_index
             x, scores, lengths, groups = out.prev_sample, out.beam_scores, out.beam_lengths, out.beam_groups

@@ -1,7 +1,5 @@
 """Input preparation of [`DiffusionLMPipeline`]: prompts (text, chat messages or ids) to left-padded ids, and the
-decoding options a scheduler supports."""
-
-import inspect
+decoding options a scheduler declares (see `schedulers.scheduling_utils.DiffusionLMSchedulerMixin`)."""
 
 import torch
 
@@ -11,19 +9,20 @@ import torch
 IGNORABLE_OPTIONS = ("sample_offset", "block_length")
 
 
-def supported_options(method, **options) -> dict:
-    """The `options` that `method` (a scheduler's `step` or `set_timesteps`) accepts. An option it does not accept
-    raises a `ValueError` naming it when the caller set it (not `None`, empty or `False`), so a decoding option is
-    never dropped silently; `IGNORABLE_OPTIONS` are dropped."""
-    accepted = inspect.signature(method).parameters
+def declared_options(scheduler, declared: str, **options) -> dict:
+    """The `options` the scheduler declares in its class attribute `declared` (`"step_options"` or
+    `"set_timesteps_options"`). An option it does not declare raises a `ValueError` naming it when the caller set it
+    (not `None`, empty or `False`), so a decoding option is never dropped silently; `IGNORABLE_OPTIONS` are dropped."""
+    accepted = getattr(scheduler, declared, ())
     unsupported = [
         name
         for name, value in options.items()
         if name not in accepted and name not in IGNORABLE_OPTIONS and value not in (None, (), False)
     ]
     if unsupported:
-        owner = type(getattr(method, "__self__", None)).__name__
-        raise ValueError(f"{owner} does not support the decoding option(s) {unsupported}; use a SOARScheduler.")
+        raise ValueError(
+            f"{type(scheduler).__name__} does not support the decoding option(s) {unsupported}; use a SOARScheduler."
+        )
     return {name: value for name, value in options.items() if name in accepted}
 
 

@@ -17,11 +17,13 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..pipeline_utils import EPSILON_PREDICTION_TYPES
+
 
 NoiseFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """`noise_fn(z, t) -> eps`: the denoiser's noise estimate for `z` of shape `(B, C, H, W)` at integer timestep `t`."""
 
-SUPPORTED_PREDICTION_TYPES = ("epsilon", "v_prediction")
+SUPPORTED_PREDICTION_TYPES = EPSILON_PREDICTION_TYPES
 
 
 def inversion_timesteps(scheduler, num_inversion_steps: int, strength: float = 1.0) -> torch.Tensor:
@@ -54,19 +56,6 @@ def noise_levels(scheduler, timesteps: torch.Tensor) -> torch.Tensor:
     """
     alphas = scheduler.alphas_cumprod.double().cpu()[timesteps]
     return torch.cat([torch.ones(1, dtype=torch.float64), alphas])
-
-
-def model_output_to_epsilon(model_output: torch.Tensor, sample: torch.Tensor, alpha, prediction_type: str):
-    """Convert a denoiser output at cumulative alpha `alpha` (a float or a tensor broadcasting against `sample`) to a
-    noise estimate (`epsilon` or `v_prediction`)."""
-    if prediction_type == "epsilon":
-        return model_output
-    if prediction_type == "v_prediction":
-        return alpha**0.5 * model_output + (1 - alpha) ** 0.5 * sample
-    raise ValueError(
-        f"DDIM inversion needs a noise estimate; `prediction_type` {prediction_type!r} is not supported, expected "
-        f"one of {SUPPORTED_PREDICTION_TYPES}."
-    )
 
 
 def ddim_move(z: torch.Tensor, eps: torch.Tensor, alpha_from: float, alpha_to: float) -> torch.Tensor:

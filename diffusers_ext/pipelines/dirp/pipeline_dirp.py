@@ -16,13 +16,18 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
 
-from ...utils import public
-from ..pipeline_utils import check_callback_tensor_inputs
+from ...utils import check_positive_int, is_int, is_number, public
+from ..pipeline_utils import (
+    check_callback_tensor_inputs,
+    decode_vae_latents,
+    encode_text,
+    encode_vae_latents,
+    prediction_to_epsilon,
+)
 from .ddim_inversion import (
     SUPPORTED_PREDICTION_TYPES,
     ddim_round_trip,
     inversion_timesteps,
-    model_output_to_epsilon,
     noise_levels,
 )
 from .perceptual import PerceptualDistance, get_perceptual_distance
@@ -152,16 +157,13 @@ class DIRPPipeline(DiffusionPipeline):
         """Images `(B, C, H, W)` in [-1, 1] to the denoiser's space (scaled VAE latents, or the images themselves)."""
         if getattr(self, "vae", None) is None:
             return images
-        latents = self.vae.encode(images.to(self.vae.dtype)).latent_dist.mode()
-        shift = getattr(self.vae.config, "shift_factor", None) or 0.0
-        return (latents - shift) * self.vae.config.scaling_factor
+        return encode_vae_latents(self.vae, images)
 
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """The inverse of [`encode_images`]: denoiser-space samples to images in (about) [-1, 1]."""
         if getattr(self, "vae", None) is None:
             return latents
-        shift = getattr(self.vae.config, "shift_factor", None) or 0.0
-        return self.vae.decode(latents / self.vae.config.scaling_factor + shift).sample
+        return decode_vae_latents(self.vae, latents)
 
     def encode_prompt(
         self,
@@ -198,11 +200,7 @@ class DIRPPipeline(DiffusionPipeline):
                     "text-conditioned); build the pipeline with both, or pass `prompt_embeds`."
                 )
             texts = [text] if isinstance(text, str) else list(text)
-            tokens = self.tokenizer(
-                texts, padding="max_length", max_length=self.tokenizer.model_max_length, truncation=True,
-                return_tensors="pt",
-            )  # fmt: skip
-            return self.text_encoder(tokens.input_ids.to(device))[0]
+            return encode_text(self.tokenizer, self.text_encoder, texts, device)[0]
 
         if prompt_embeds is None:
             prompt_embeds = encode(prompt)
@@ -250,7 +248,7 @@ class DIRPPipeline(DiffusionPipeline):
             output = unet(z.to(unet.dtype), t, **condition).sample.to(z.dtype)
             alpha = self.scheduler.alphas_cumprod.to(z.device, z.dtype)[t]
             alpha = alpha.view(-1, *[1] * (z.ndim - 1)) if alpha.ndim else alpha
-            return model_output_to_epsilon(output, z, alpha, prediction_type)
+            return prediction_to_epsilon(output, z, alpha**0.5, (1 - alpha) ** 0.5, prediction_type)
 
         return noise_fn
 
@@ -355,12 +353,7 @@ class DIRPPipeline(DiffusionPipeline):
         return images
 
     def _check_schedule(self, num_inversion_steps, inversion_strength) -> None:
-        if (
-            not isinstance(num_inversion_steps, int)
-            or isinstance(num_inversion_steps, bool)
-            or num_inversion_steps < 0
-        ):
-            raise ValueError(f"`num_inversion_steps` must be an int >= 0, got {num_inversion_steps!r}.")
+        check_positive_int("num_inversion_steps", num_inversion_steps, minimum=0)
         if num_inversion_steps == 0 and getattr(self, "vae", None) is None:
             raise ValueError(
                 "`num_inversion_steps` 0 leaves only the VAE round trip, but this pipeline has no `vae`; use >= 1."
@@ -400,15 +393,14 @@ class DIRPPipeline(DiffusionPipeline):
     ) -> None:
         """Validate the scalar arguments before any model work (the images are checked by [`preprocess`])."""
         self._check_schedule(num_inversion_steps, inversion_strength)
-        if not isinstance(num_iterations, int) or isinstance(num_iterations, bool) or num_iterations < 1:
-            raise ValueError(f"`num_iterations` must be a positive int, got {num_iterations!r}.")
+        check_positive_int("num_iterations", num_iterations)
         for name, value, allow_zero in (
             ("learning_rate", learning_rate, False),
             ("perceptual_budget", perceptual_budget, False),
             ("perceptual_weight", perceptual_weight, True),
             ("init_noise_std", init_noise_std, True),
         ):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            if not is_number(value) or not math.isfinite(value):
                 raise TypeError(f"`{name}` must be a finite number, got {value!r}.")
             if value < 0 or (value == 0 and not allow_zero):
                 raise ValueError(f"`{name}` must be {'>= 0' if allow_zero else '> 0'}, got {value!r}.")
@@ -509,10 +501,9 @@ class DIRPPipeline(DiffusionPipeline):
             output_type,
             callback_on_step_end_tensor_inputs,
         )
-        if not isinstance(num_images_per_prompt, int) or isinstance(num_images_per_prompt, bool):
+        if not is_int(num_images_per_prompt):  # a wrong type is a TypeError, a wrong value a ValueError
             raise TypeError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
-        if num_images_per_prompt < 1:
-            raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
+        check_positive_int("num_images_per_prompt", num_images_per_prompt)
         distance = get_perceptual_distance(perceptual)
         device = self._execution_device
         source = self.preprocess(image).to(device)

@@ -10,7 +10,7 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import BaseOutput, logging
 
 from ...schedulers.scheduling_discrete_flow_matching import DiscreteFlowMatchingScheduler
-from ...utils import public
+from ...utils import check_positive_int, public
 from ..pipeline_utils import check_callback_tensor_inputs
 
 
@@ -69,12 +69,7 @@ class DiscreteFlowPipeline(DiffusionPipeline):
 
     def check_inputs(self, batch_size, num_inference_steps, generator, latents, output_type, tensor_inputs) -> int:
         """Validate the call before any model work; return the batch size."""
-        if (
-            not isinstance(num_inference_steps, int)
-            or isinstance(num_inference_steps, bool)
-            or num_inference_steps < 1
-        ):
-            raise ValueError(f"`num_inference_steps` must be a positive int, got {num_inference_steps!r}.")
+        check_positive_int("num_inference_steps", num_inference_steps)
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         check_callback_tensor_inputs(self, tensor_inputs)
@@ -93,8 +88,7 @@ class DiscreteFlowPipeline(DiffusionPipeline):
                     f"`latents` ids must lie in [0, {self.scheduler.num_embeddings}) (data and mask tokens)."
                 )
             batch_size = latents.shape[0]
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"`batch_size` must be a positive int, got {batch_size!r}.")
+        check_positive_int("batch_size", batch_size)
         if isinstance(generator, list) and len(generator) != batch_size:
             raise ValueError(f"`generator` is a list of {len(generator)}, but `batch_size` is {batch_size}.")
         vocab = getattr(self.model.config, "vocab_size", None)

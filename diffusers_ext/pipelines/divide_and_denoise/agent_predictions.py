@@ -1,5 +1,5 @@
 """The per-step model work of a [`DivideAndDenoisePipeline`]: every agent's guided prediction, its clean-sample
-estimate under the scheduler's noise level, and the decoding of the final latents.
+estimate's noise level under the scheduler.
 
 Denoisers are called the way their class expects: a `UNet2DModel`/`UNet2DConditionModel` as
 `model(sample, timestep, class_labels=..., encoder_hidden_states=...)`, an `SD3Transformer2DModel` as
@@ -49,31 +49,43 @@ def _call_denoiser(denoisers, index: int, model, model_input, timestep, kwargs) 
     return denoisers(index, model_input, timestep, **kwargs).sample
 
 
-def predict_agents(pipe, sample: torch.Tensor, t, settings, cond: dict, record_attention: bool, branches: int):
+def predict_agents(
+    denoisers,
+    conditioning: str,
+    sample: torch.Tensor,
+    t,
+    cond: dict,
+    guidance_scales: list[float],
+    branches: int,
+    null_class_label: int | None = None,
+    record_attention: bool = False,
+):
     """Every agent's guided prediction `(B, K, C, H, W)`, its conditional and unconditional predictions (the latter
     `None` with one branch) and, with `record_attention`, its conditional concept attention maps
     `(B, K, H, W, tokens)`.
 
     Args:
-        pipe ([`DivideAndDenoisePipeline`]): the running pipeline (its denoisers, conditioning and guidance).
+        denoisers ([`MultiDenoiserModel`]): one denoiser shared by every agent, or one per agent.
+        conditioning (`str`): `"text"`, `"class"` or `"none"`.
         sample (`torch.Tensor` of shape `(B, C, H, W)`): the scaled model input.
         t: the timestep.
-        settings ([`DivideAndDenoiseCallSettings`]): the call's resolved settings.
         cond (`dict`): `prompt_embeds` `(K, L, D)`, `negative_embeds` `(1, L, D)` (and for SD3 `pooled`
             `(K, P)`, `negative_pooled` `(1, P)`), or `labels` `(K,)`.
-        record_attention (`bool`): record the concept-token attention (the cross-attention utility).
+        guidance_scales (`list[float]`): the `K` agents' guidance scales (used with two branches).
         branches (`int`): 2 to run the unconditional branch too, else 1.
+        null_class_label (`int`, *optional*): the unconditional class of class-conditional denoisers.
+        record_attention (`bool`): record the concept-token attention (the cross-attention utility).
     """
-    batch, num_agents = sample.shape[0], settings.num_agents
-    groups = [list(range(num_agents))] if len(pipe.denoisers) == 1 else [[k] for k in range(num_agents)]
+    batch, num_agents = sample.shape[0], len(guidance_scales)
+    groups = [list(range(num_agents))] if len(denoisers) == 1 else [[k] for k in range(num_agents)]
     cond_out, uncond_out, attention = [None] * num_agents, [None] * num_agents, [None] * num_agents
     for agents in groups:
-        index = 0 if len(pipe.denoisers) == 1 else agents[0]
-        model = pipe.denoisers[index]
+        index = 0 if len(denoisers) == 1 else agents[0]
+        model = denoisers[index]
         n = len(agents)
         model_input = sample.repeat(branches * n, 1, 1, 1)
         kwargs = {}
-        if pipe.conditioning == "text":
+        if conditioning == "text":
             embeds = cond["prompt_embeds"][agents].repeat_interleave(batch, dim=0)
             if branches == 2:
                 embeds = torch.cat([cond["negative_embeds"].expand(n * batch, -1, -1), embeds])
@@ -83,19 +95,19 @@ def predict_agents(pipe, sample: torch.Tensor, t, settings, cond: dict, record_a
                 if branches == 2:
                     pooled = torch.cat([cond["negative_pooled"].expand(n * batch, -1), pooled])
                 kwargs["pooled_projections"] = pooled
-        elif pipe.conditioning == "class":
+        elif conditioning == "class":
             labels = cond["labels"][agents].repeat_interleave(batch)
             if branches == 2:
-                labels = torch.cat([torch.full_like(labels, pipe.config.null_class_label), labels])
+                labels = torch.cat([torch.full_like(labels, null_class_label), labels])
             kwargs["class_labels"] = labels
         timestep = t.expand(model_input.shape[0]) if isinstance(t, torch.Tensor) and t.ndim == 0 else t
         store = None
         if record_attention:
             store = ConceptAttentionStore(sample.shape[-2:])
             with record_cross_attention(model, store):
-                out = _call_denoiser(pipe.denoisers, index, model, model_input, timestep, kwargs)
+                out = _call_denoiser(denoisers, index, model, model_input, timestep, kwargs)
         else:
-            out = _call_denoiser(pipe.denoisers, index, model, model_input, timestep, kwargs)
+            out = _call_denoiser(denoisers, index, model, model_input, timestep, kwargs)
         out = out.view(branches, n, batch, *out.shape[1:])
         maps = store.maps.view(branches, n, batch, *store.maps.shape[1:]) if store is not None else None
         for j, k in enumerate(agents):
@@ -106,14 +118,7 @@ def predict_agents(pipe, sample: torch.Tensor, t, settings, cond: dict, record_a
     uncond_out = torch.stack(uncond_out, dim=1) if branches == 2 else None
     guided = cond_out
     if uncond_out is not None:
-        scales = torch.tensor(pipe._agent_guidance_scales(), dtype=cond_out.dtype, device=cond_out.device)
+        scales = torch.tensor(guidance_scales, dtype=cond_out.dtype, device=cond_out.device)
         guided = uncond_out + scales.view(1, -1, 1, 1, 1) * (cond_out - uncond_out)
     attention = torch.stack(attention, dim=1) if record_attention else None
     return guided, cond_out, uncond_out, attention
-
-
-def decode_latents(vae, latents: torch.Tensor) -> torch.Tensor:
-    """Images in [-1, 1] from scaled latents: `vae.decode(latents / scaling_factor + shift_factor)` (SD3's VAE has a
-    shift factor; SD 1.x's has none)."""
-    shift = getattr(vae.config, "shift_factor", None) or 0.0
-    return vae.decode(latents / vae.config.scaling_factor + shift, return_dict=False)[0]

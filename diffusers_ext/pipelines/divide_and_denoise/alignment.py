@@ -1,35 +1,11 @@
-"""The clean-sample prediction and the alignment step of Divide-and-Denoise (closed form, no backpropagation).
+"""The alignment step of Divide-and-Denoise (closed form, no backpropagation); the clean-sample prediction it reads
+is `pipeline_utils.prediction_to_x0`.
 
 The sample at a step is `x_t = signal * x_0 + noise * e` (`signal = sqrt(alpha_bar)`, `noise = sqrt(1 - alpha_bar)`
 for DDPM-family schedulers; `signal = 1 - sigma`, `noise = sigma` for flow matching).
 """
 
 import torch
-
-
-PREDICTION_TYPES = ("epsilon", "v_prediction", "sample", "flow")
-
-
-def predict_x0(
-    model_output: torch.Tensor, scaled_sample: torch.Tensor, signal: torch.Tensor, noise: torch.Tensor,
-    prediction_type: str,
-) -> torch.Tensor:  # fmt: skip
-    """Every agent's clean-sample prediction `(B, K, C, H, W)` from its model output `(B, K, C, H, W)`, the scaled
-    model input `(B, C, H, W)` and the step's `signal` and `noise` scales (0-d tensors).
-
-    `prediction_type`: `"epsilon"`, `"v_prediction"`, `"sample"` or `"flow"` (the velocity `e - x_0` of flow
-    matching, `x_0 = x_t - sigma v`).
-    """
-    x_t = scaled_sample.unsqueeze(1)
-    if prediction_type == "epsilon":
-        return (x_t - noise * model_output) / signal
-    if prediction_type == "v_prediction":
-        return signal * x_t - noise * model_output
-    if prediction_type == "sample":
-        return model_output
-    if prediction_type == "flow":
-        return x_t - noise * model_output
-    raise ValueError(f"the scheduler's `prediction_type` {prediction_type!r} is not one of {PREDICTION_TYPES}.")
 
 
 def alignment_step(

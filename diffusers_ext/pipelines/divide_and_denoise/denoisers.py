@@ -22,7 +22,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import logging
 
 from ...loading import resolve_model_class
-from ...utils import public
+from ...utils import is_int, public
 
 
 logger = logging.get_logger(__name__)
@@ -34,7 +34,7 @@ _SCHEDULE_KEYS = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedul
 
 def as_pair(value, name: str) -> tuple[int, int]:
     """`value` (an int or a pair of ints) as `(height, width)`; a `ValueError` names the argument `name` otherwise."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         return (value, value)
     if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
         return (int(value[0]), int(value[1]))

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...utils import public
+from ...utils import check_positive_int, is_number, public
 
 
 SOLVERS = ("proportional_response", "sinkhorn", "lp", "argmax")
@@ -346,16 +346,15 @@ class FairDivisionAllocator:
     ):
         if solver not in SOLVERS:
             raise ValueError(f"`solver` must be one of {SOLVERS}, got {solver!r}.")
-        if not isinstance(tau, (int, float)) or isinstance(tau, bool) or not tau > 0:
+        if not is_number(tau) or not tau > 0:
             raise ValueError(f"`tau` must be a positive number, got {tau!r}.")
-        if not isinstance(num_iterations, int) or isinstance(num_iterations, bool) or num_iterations < 1:
-            raise ValueError(f"`num_iterations` must be a positive int, got {num_iterations!r}.")
-        if not isinstance(tol, (int, float)) or isinstance(tol, bool) or tol < 0:
+        check_positive_int("num_iterations", num_iterations)
+        if not is_number(tol) or tol < 0:
             raise ValueError(f"`tol` must be a number >= 0, got {tol!r}.")
-        if not isinstance(spatial_sigma, (int, float)) or isinstance(spatial_sigma, bool) or spatial_sigma < 0:
+        if not is_number(spatial_sigma) or spatial_sigma < 0:
             raise ValueError(f"`spatial_sigma` must be a number >= 0, got {spatial_sigma!r}.")
         if anneal_start is not None and (
-            not isinstance(anneal_start, (int, float)) or isinstance(anneal_start, bool) or not 0 <= anneal_start < 1
+            not is_number(anneal_start) or not 0 <= anneal_start < 1
         ):
             raise ValueError(f"`anneal_start` must be None or a number in [0, 1), got {anneal_start!r}.")
         for name, value in (("budgets", budgets), ("capacities", capacities)):

@@ -17,18 +17,12 @@ from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
-from ...utils import public
-from ..pipeline_utils import check_callback_tensor_inputs
-from .agent_predictions import decode_latents, is_flow_matching, noise_levels, predict_agents, prediction_type
-from .alignment import alignment_step, predict_x0
+from ...utils import is_int, public
+from ..pipeline_utils import check_callback_tensor_inputs, decode_vae_latents, prediction_to_x0
+from .agent_predictions import is_flow_matching, noise_levels, predict_agents, prediction_type
+from .alignment import alignment_step
 from .baseline_allocators import FixedAllocator
-from .call_settings import (
-    DivideAndDenoiseCallSettings,
-    check_call_scalars,
-    check_conditioning,
-    check_guidance,
-    resolve_call_settings,
-)
+from .call_settings import DivideAndDenoiseCallSettings, agent_guidance_scales
 from .denoisers import (
     MultiDenoiserModel,
     check_pipelines_share_a_space,
@@ -225,8 +219,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         return any(g > 1 for g in self._agent_guidance_scales())
 
     def _agent_guidance_scales(self) -> list[float]:
-        scale, num_agents = self._guidance_scale, self._num_agents_running
-        return [float(g) for g in scale] if isinstance(scale, (list, tuple)) else [float(scale)] * num_agents
+        """The running call's guidance scale, one per agent (read at every step)."""
+        return agent_guidance_scales(self._guidance_scale, self._num_agents_running)
 
     @property
     def num_timesteps(self) -> int:
@@ -243,22 +237,27 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
 
     # inputs ---------------------------------------------------------------------------------------------------------
 
-    def _num_agents(self, prompt, class_labels) -> int:
-        if len(self.denoisers) > 1:
-            return len(self.denoisers)
-        if self.conditioning == "text" and isinstance(prompt, (list, tuple)):
-            return len(prompt)
-        if self.conditioning == "class" and isinstance(class_labels, (list, tuple, torch.Tensor)):
-            return len(class_labels)
-        return 1
-
     def _latent_size(self, height: int | None, width: int | None) -> tuple[int, int]:
         """The latent `(height, width)` of the requested image size (the denoisers' native size by default)."""
+        for name, value in (("height", height), ("width", width)):
+            if value is not None and (not is_int(value) or value < 1 or value % self.vae_scale_factor):
+                raise ValueError(f"`{name}` must be a positive multiple of {self.vae_scale_factor}, got {value!r}.")
         latent_height, latent_width = self.sample_size
         if height is not None:
             latent_height = height // self.vae_scale_factor
         if width is not None:
             latent_width = width // self.vae_scale_factor
+        multiple, fixed = denoiser_latent_constraint(self.denoisers[0])
+        if fixed and (latent_height, latent_width) != self.sample_size:
+            raise ValueError(
+                f"`height`/`width` give latents of {latent_height}x{latent_width}, but {type(self.denoisers[0]).__name__} "
+                f"only denoises its own size {self.sample_size[0]}x{self.sample_size[1]}."
+            )
+        if latent_height % multiple or latent_width % multiple:
+            raise ValueError(
+                f"`height`/`width` give latents of {latent_height}x{latent_width}; the denoisers need multiples of "
+                f"{multiple} (in pixels, multiples of {multiple * self.vae_scale_factor})."
+            )
         return latent_height, latent_width
 
     def check_inputs(
@@ -281,77 +280,63 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         token_indices,
         alignment_scale,
         max_iter_to_align,
-    ) -> None:
-        """Raise a `ValueError`/`TypeError` naming the first bad argument, before any model work."""
-        check_call_scalars(
-            num_inference_steps, output_type, num_images_per_prompt, allocator, utility_momentum, alignment_scale,
-            max_iter_to_align,
-        )  # fmt: skip
+        prompt_from_embeds: bool = False,
+    ) -> DivideAndDenoiseCallSettings:
+        """Check the arguments of a call and resolve them into the settings the loop reads: raise a
+        `ValueError`/`TypeError` naming the first bad argument, before any model work (see
+        [`DivideAndDenoiseCallSettings.from_call`])."""
         check_callback_tensor_inputs(self, callback_on_step_end_tensor_inputs)
-
         kind = self.conditioning
-        num_agents = self._num_agents(prompt, class_labels)
-        num_classes = min(denoiser_num_class_embeds(m) for m in self.denoisers) if kind == "class" else None
-        check_conditioning(kind, prompt, class_labels, negative_prompt, num_agents, num_classes)
-        check_guidance(
-            kind, guidance_scale, utility, allocator, token_indices, num_agents, self.config.null_class_label
+        channels = denoiser_in_channels(self.denoisers[0])
+        settings = DivideAndDenoiseCallSettings.from_call(
+            conditioning=kind,
+            num_denoisers=len(self.denoisers),
+            num_classes=min(denoiser_num_class_embeds(m) for m in self.denoisers) if kind == "class" else None,
+            null_class_label=self.config.null_class_label,
+            latent_shape=(num_images_per_prompt, channels, *self._latent_size(height, width)),
+            default_allocator=self.default_allocator(),
+            prompt=prompt,
+            class_labels=class_labels,
+            negative_prompt=negative_prompt,
+            num_inference_steps=num_inference_steps,
+            guidance_scale=guidance_scale,
+            num_images_per_prompt=num_images_per_prompt,
+            output_type=output_type,
+            allocator=allocator,
+            utility=utility,
+            utility_momentum=utility_momentum,
+            token_indices=token_indices,
+            alignment_scale=alignment_scale,
+            max_iter_to_align=max_iter_to_align,
+            prompt_from_embeds=prompt_from_embeds,
         )
-
-        for name, value in (("height", height), ("width", width)):
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 1 or value % self.vae_scale_factor
-            ):
-                raise ValueError(f"`{name}` must be a positive multiple of {self.vae_scale_factor}, got {value!r}.")
-        latent_height, latent_width = self._latent_size(height, width)
-        multiple, fixed = denoiser_latent_constraint(self.denoisers[0])
-        if fixed and (latent_height, latent_width) != self.sample_size:
-            raise ValueError(
-                f"`height`/`width` give latents of {latent_height}x{latent_width}, but {type(self.denoisers[0]).__name__} "
-                f"only denoises its own size {self.sample_size[0]}x{self.sample_size[1]}."
-            )
-        if latent_height % multiple or latent_width % multiple:
-            raise ValueError(
-                f"`height`/`width` give latents of {latent_height}x{latent_width}; the denoisers need multiples of "
-                f"{multiple} (in pixels, multiples of {multiple * self.vae_scale_factor})."
-            )
-        shape = (num_images_per_prompt, denoiser_in_channels(self.denoisers[0]), latent_height, latent_width)
         if isinstance(generator, list) and len(generator) != num_images_per_prompt:
             raise ValueError(
                 f"`generator` is a list of {len(generator)} generators, but `num_images_per_prompt` is "
                 f"{num_images_per_prompt}."
             )
-        if latents is not None and tuple(latents.shape) != shape:
-            raise ValueError(f"`latents` has shape {tuple(latents.shape)}; expected {shape}.")
-        if output_type != "latent" and self.conditioning == "text" and self.vae is None:
+        if latents is not None and tuple(latents.shape) != settings.latent_shape:
+            raise ValueError(f"`latents` has shape {tuple(latents.shape)}; expected {settings.latent_shape}.")
+        if output_type != "latent" and kind == "text" and self.vae is None:
             raise ValueError("text-conditioned denoisers need a `vae` to decode; use output_type='latent'.")
-        if isinstance(allocator, FixedAllocator):
-            allocator.check(num_agents, latent_height, latent_width)
+        if not settings.fair:
+            settings.allocator.check(settings.num_agents, *settings.latent_shape[2:])
+        return settings
 
-    def prepare_call_settings(
-        self, prompt, class_labels, height, width, guidance_scale, num_images_per_prompt, allocator, utility
-    ) -> DivideAndDenoiseCallSettings:
-        """Resolve the arguments of a call that passed [`~DivideAndDenoisePipeline.check_inputs`]."""
-        channels = denoiser_in_channels(self.denoisers[0])
-        return resolve_call_settings(
+    def _predict(self, sample: torch.Tensor, t, settings: DivideAndDenoiseCallSettings, cond: dict):
+        """Every agent's guided, conditional and unconditional predictions `(B, K, C, H, W)` and, for the
+        cross-attention utility, its concept attention maps `(B, K, H, W, tokens)` (see `agent_predictions`)."""
+        return predict_agents(
+            self.denoisers,
             self.conditioning,
-            self._num_agents(prompt, class_labels),
-            prompt,
-            class_labels,
-            guidance_scale,
-            utility,
-            self.default_allocator() if allocator is None else allocator,
-            (num_images_per_prompt, channels, *self._latent_size(height, width)),
+            sample,
+            t,
+            cond,
+            self._agent_guidance_scales(),
+            branches=2 if settings.needs_unconditional or self.do_classifier_free_guidance else 1,
+            null_class_label=self.config.null_class_label,
+            record_attention=settings.fair and settings.utility == "cross_attention",
         )
-
-    # model calls ----------------------------------------------------------------------------------------------------
-
-    def _predict(
-        self, sample: torch.Tensor, t, settings: DivideAndDenoiseCallSettings, cond: dict, record_attention: bool
-    ):
-        """Every agent's guided, conditional and unconditional predictions `(B, K, C, H, W)` and, with
-        `record_attention`, its concept attention maps `(B, K, H, W, tokens)` (see `agent_predictions`)."""
-        branches = 2 if settings.needs_unconditional or self.do_classifier_free_guidance else 1
-        return predict_agents(self, sample, t, settings, cond, record_attention, branches)
 
     # call -----------------------------------------------------------------------------------------------------------
 
@@ -449,87 +434,93 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         """
         if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+
+        # 1. Check inputs and resolve them into the call's settings. Raise error if not correct
         joint = any(is_joint_transformer(m) for m in self.denoisers)
         check_pooled_embeds(
             joint, prompt_embeds, pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds
         )
         if prompt_embeds is not None:
-            check_prompt_embeds(
-                self.conditioning, prompt, prompt_embeds, negative_prompt_embeds, token_indices, utility
-            )
+            check_prompt_embeds(self.conditioning, prompt, prompt_embeds, negative_prompt_embeds)
             prompt = [""] * len(prompt_embeds)  # one placeholder per model for the checks; the embeddings are used
-        self.check_inputs(
+        settings = self.check_inputs(
             prompt, class_labels, negative_prompt, height, width, num_inference_steps, guidance_scale,
             num_images_per_prompt, generator, latents, output_type, callback_on_step_end_tensor_inputs, allocator,
             utility, utility_momentum, token_indices, alignment_scale, max_iter_to_align,
+            prompt_from_embeds=prompt_embeds is not None,
         )  # fmt: skip
-        settings = self.prepare_call_settings(
-            prompt, class_labels, height, width, guidance_scale, num_images_per_prompt, allocator, utility
-        )
         self._guidance_scale, self._num_agents_running = guidance_scale, settings.num_agents
         self._interrupt = False
         timings = dict.fromkeys(TIMING_KEYS, 0.0)
+        num_agents, allocator = settings.num_agents, settings.allocator
+
+        # 2. Define call parameters
         device = self._execution_device
         dtype = self.denoisers.dtype
-        num_agents, allocator, fair = settings.num_agents, settings.allocator, settings.fair
 
+        # 3. Encode the agents' conditions
         cond = {}
         if self.conditioning == "text":
             cond = agent_text_condition(
-                self, settings.prompts, negative_prompt, prompt_embeds, negative_prompt_embeds, pooled_prompt_embeds,
-                negative_pooled_prompt_embeds, token_indices, device, dtype,
+                self.tokenizer, self.text_encoder, settings.prompts, negative_prompt, prompt_embeds,
+                negative_prompt_embeds, pooled_prompt_embeds, negative_pooled_prompt_embeds, token_indices, device,
+                dtype,
             )  # fmt: skip
         elif self.conditioning == "class":
             cond["labels"] = settings.class_labels.to(device)
 
+        # 4. Prepare latent variables
         shape = settings.latent_shape
         if latents is None:
             latents = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
         else:
             latents = latents.to(device=device, dtype=dtype)
         latents = latents * getattr(self.scheduler, "init_noise_sigma", 1.0)
+
+        # 5. Prepare timesteps
         self.scheduler.set_timesteps(num_inference_steps, device=device)
         timesteps = self.scheduler.timesteps
         self._num_timesteps = len(timesteps)
-        # stochastic schedulers take the generator; others (PNDM, ...) have no such argument
+
+        # 6. Prepare extra step kwargs: stochastic schedulers take the generator; others (PNDM, ...) have no such argument
         step_kwargs = (
             {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
         )
-
         batch, height_l, width_l = shape[0], shape[2], shape[3]
-        if not fair:
+        if not settings.fair:
             fixed = allocator.allocation(batch, num_agents, height_l, width_l, device)
-        record_attention = fair and settings.utility == "cross_attention"
         pred_type = prediction_type(self.scheduler)
         scale_input = getattr(self.scheduler, "scale_model_input", lambda sample, t: sample)  # flow matching: none
+        momentum = settings.utility_momentum
 
+        # 7. Denoising loop: predict, divide, align, compose, step
         allocations, utility_maps, allocation = [], None, None
         for i, t in enumerate(self.progress_bar(timesteps)):
             if self.interrupt:
                 continue
             scaled = scale_input(latents, t)
             start = time.perf_counter()
-            guided, cond_out, uncond_out, attention = self._predict(scaled, t, settings, cond, record_attention)
+            guided, cond_out, uncond_out, attention = self._predict(scaled, t, settings, cond)
             timings["model_forwards"] += time.perf_counter() - start
 
-            if fair:
+            if settings.fair:
                 start = time.perf_counter()
                 signal, noise = noise_levels(self.scheduler, t, i, guided)
-                x0 = predict_x0(guided, scaled, signal, noise, pred_type)
+                x0 = prediction_to_x0(guided, scaled.unsqueeze(1), signal, noise, pred_type)  # (B, K, C, H, W)
                 new = agent_utility_maps(
                     settings.utility, x0, cond_out, uncond_out, attention, cond.get("token_indices")
                 )
-                utility_maps = (
-                    new if utility_maps is None else utility_momentum * utility_maps + (1 - utility_momentum) * new
-                )
+                utility_maps = new if utility_maps is None else momentum * utility_maps + (1 - momentum) * new
                 timings["utility"] += time.perf_counter() - start
                 start = time.perf_counter()
                 progress = i / max(1, len(timesteps) - 1)
                 allocation = allocator(utility_maps, warm_start=allocation, progress=progress)
                 timings["allocation"] += time.perf_counter() - start
-                if i < max_iter_to_align and alignment_scale > 0:
+                if i < settings.max_iter_to_align and settings.aligns:
                     start = time.perf_counter()
-                    latents = alignment_step(latents, scaled, x0, allocation.to(x0.dtype), noise, alignment_scale)
+                    latents = alignment_step(
+                        latents, scaled, x0, allocation.to(x0.dtype), noise, settings.alignment_scale
+                    )
                     timings["alignment"] += time.perf_counter() - start
             else:
                 allocation = fixed
@@ -545,14 +536,16 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                 callback_outputs = callback_on_step_end(self, i, t, callback_kwargs) or {}
                 latents = callback_outputs.pop("latents", latents)
 
+        # 8. Decode and post-process
         if output_type == "latent":
             images = latents
         elif self.vae is not None:
-            decoded = decode_latents(self.vae, latents)
+            decoded = decode_vae_latents(self.vae, latents)
             images = self.image_processor.postprocess(decoded, output_type=output_type)
         else:  # pixel-space models: samples in [-1, 1]
             images = self.image_processor.postprocess(latents, output_type=output_type)
 
+        # 9. Offload all models
         self.maybe_free_model_hooks()
         stacked = torch.stack(allocations) if allocations else torch.zeros(0, batch, num_agents, height_l, width_l)
         if not return_dict:

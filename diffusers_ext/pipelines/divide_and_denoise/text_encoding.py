@@ -2,16 +2,14 @@
 
 import torch
 
+from ..pipeline_utils import encode_text
+
 
 def encode_agent_prompts(tokenizer, text_encoder, prompts: list[str], negative_prompt: str | None, device) -> tuple:
     """Embeddings `(K, L, D)` of the `K` agents' prompts and `(1, L, D)` of the negative prompt (`""` if None), plus
     each prompt's token count (without start and end tokens), for the cross-attention utility's token positions."""
-    texts = prompts + [negative_prompt or ""]
-    tokens = tokenizer(
-        texts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
-    )
-    embeds = text_encoder(tokens.input_ids.to(device))[0]
-    lengths = tokens.attention_mask.sum(dim=1)[:-1] - 2
+    embeds, attention_mask = encode_text(tokenizer, text_encoder, prompts + [negative_prompt or ""], device)
+    lengths = attention_mask.sum(dim=1)[:-1] - 2
     return embeds[:-1], embeds[-1:], lengths.tolist()
 
 
@@ -37,10 +35,10 @@ def encode_prompt(
     return embeds.repeat_interleave(num_images_per_prompt, 0), negative
 
 
-def check_prompt_embeds(kind: str, prompt, prompt_embeds, negative_prompt_embeds, token_indices, utility) -> None:
+def check_prompt_embeds(kind: str, prompt, prompt_embeds, negative_prompt_embeds) -> None:
     """Raise a `ValueError` naming the argument when precomputed embeddings cannot condition the denoisers: not
-    text-conditioned, given with `prompt`, not `(K, L, D)` / `(1, L, D)`, or without the `token_indices` the
-    cross-attention utility needs (the tokens are unknown without the prompt)."""
+    text-conditioned, given with `prompt`, or not `(K, L, D)` / `(1, L, D)`. (The `token_indices` the cross-attention
+    utility then needs are checked with the other settings, `DivideAndDenoiseCallSettings.from_call`.)"""
     if kind != "text":
         raise ValueError(f"`prompt_embeds` was given, but the denoisers are not text-conditioned ({kind}).")
     if prompt is not None:
@@ -55,11 +53,6 @@ def check_prompt_embeds(kind: str, prompt, prompt_embeds, negative_prompt_embeds
     ):
         raise ValueError(
             f"`negative_prompt_embeds` must be a (1, L, D) tensor matching `prompt_embeds` {tuple(prompt_embeds.shape)}."
-        )
-    if token_indices is None and utility in ("auto", "cross_attention"):
-        raise ValueError(
-            "`prompt_embeds` with the cross-attention utility needs `token_indices` (the concept token positions of "
-            "each model's prompt), or another `utility`."
         )
 
 
@@ -97,8 +90,19 @@ def check_pooled_embeds(joint: bool, prompt_embeds, pooled_prompt_embeds, negati
         )
 
 
-def agent_text_condition(pipe, prompts, negative_prompt, prompt_embeds, negative_prompt_embeds, pooled_prompt_embeds,
-                         negative_pooled_prompt_embeds, token_indices, device, dtype) -> dict:  # fmt: skip
+def agent_text_condition(
+    tokenizer,
+    text_encoder,
+    prompts,
+    negative_prompt,
+    prompt_embeds,
+    negative_prompt_embeds,
+    pooled_prompt_embeds,
+    negative_pooled_prompt_embeds,
+    token_indices,
+    device,
+    dtype,
+) -> dict:
     """The text condition of every agent for [`agent_predictions.predict_agents`]: `prompt_embeds` `(K, L, D)`,
     `negative_embeds` `(1, L, D)`, `token_indices` and, for joint transformers, `pooled` `(K, P)` and
     `negative_pooled` `(1, P)`. Missing SD3 negatives default to zeros; SD3's own empty-prompt embeddings are not
@@ -117,7 +121,7 @@ def agent_text_condition(pipe, prompts, negative_prompt, prompt_embeds, negative
         lengths = None
     else:
         embeds, negative, lengths = encode_agent_prompts(
-            pipe.tokenizer, pipe.text_encoder, prompts if prompt_embeds is None else [], negative_prompt, device
+            tokenizer, text_encoder, prompts if prompt_embeds is None else [], negative_prompt, device
         )
         embeds = embeds if prompt_embeds is None else prompt_embeds.to(device)
         negative = negative if negative_prompt_embeds is None else negative_prompt_embeds.to(device)

@@ -5,24 +5,19 @@ import functools
 
 import torch
 
-from ... import DiffusionLMPipeline, OeMDMScheduler
 from ...models.lomdm_schedule_network import LoMDMScheduleNetwork
+from ...schedulers.scheduling_oemdm import OeMDMScheduler
 from ...utils import public
+from ..diffusion_lm.pipeline_diffusion_lm import DiffusionLMPipeline
 
 
 class LoMDMAdapter:
-    """Wrap a diffusion-LM adapter for a masked diffusion LM trained with MDLM or LoMDM.
+    """Wrap a diffusion-LM adapter for a masked diffusion LM trained with MDLM or LoMDM: the mask token's logit is
+    set to `-inf` (the denoiser never predicts a mask: MDLM's zero-masking parameterisation), so every scheduler,
+    sampling or greedy, commits real tokens."""
 
-    The mask token's logit is set to `-inf` (the denoiser never predicts a mask: MDLM's zero-masking
-    parameterisation), so every scheduler, sampling or greedy, commits real tokens. With a reverse scheduler the
-    output gets one more channel, `(N, L, V + 1)`: the exponents `w` of every position computed on the current
-    sequence (the prompt is excluded from the NormSig mean), the input [`OeMDMScheduler`] expects with
-    `schedule="learned"`.
-    """
-
-    def __init__(self, adapter, reverse_schedule: LoMDMScheduleNetwork | None = None):
+    def __init__(self, adapter):
         self.adapter = adapter
-        self.reverse_schedule = reverse_schedule
 
     def __getattr__(self, name):
         # everything else (mask token, defaults) is the wrapped adapter's
@@ -37,11 +32,7 @@ class LoMDMAdapter:
         if mask_token_id is not None:
             logits = logits.clone()
             logits[..., mask_token_id] = float("-inf")
-        if self.reverse_schedule is None:
-            return logits
-        schedule_mask = torch.ones_like(input_ids, dtype=torch.bool) if prompt_mask is None else ~prompt_mask
-        exponents = self.reverse_schedule(input_ids, schedule_mask).exponents
-        return torch.cat([logits, exponents.unsqueeze(-1).to(logits.dtype)], dim=-1)
+        return logits
 
 
 @public
@@ -77,18 +68,29 @@ class LoMDMPipeline(DiffusionLMPipeline):
         super().__init__(model=model, scheduler=scheduler, tokenizer=tokenizer, adapter=adapter)
         self.register_modules(reverse_schedule=reverse_schedule, forward_schedule=forward_schedule)
 
+    @property
+    def uses_learned_schedule(self) -> bool:
+        """Whether the scheduler unmasks by LoMDM's learned schedule (`OeMDMScheduler(schedule="learned")`)."""
+        return isinstance(self.scheduler, OeMDMScheduler) and self.scheduler.config.schedule == "learned"
+
+    def step_inputs(self, sequences: torch.LongTensor, prompt_mask: torch.BoolTensor) -> dict:
+        """With the learned schedule, `exponents` `(N, L)`: the reverse scheduler's `w` of every position computed on
+        the current sequences (the prompt is excluded from the NormSig mean); nothing otherwise."""
+        if not self.uses_learned_schedule:
+            return {}
+        return {"exponents": self.reverse_schedule(sequences, ~prompt_mask).exponents}
+
     # the signature (and so every argument check that reads it) is DiffusionLMPipeline's; the docstring is this one
     @functools.wraps(DiffusionLMPipeline.__call__, assigned=("__module__", "__name__", "__qualname__"))
     def __call__(self, *args, **kwargs):
         """Generate; see [`DiffusionLMPipeline.__call__`]. The mask token is never committed (its logit is `-inf`
-        for every scheduler); with `OeMDMScheduler(schedule="learned")` the reverse scheduler's exponents travel to
-        the scheduler beside the logits. For sampling from the model (rather than
-        greedy decoding) pass `temperature=1.0`."""
-        learned = isinstance(self.scheduler, OeMDMScheduler) and self.scheduler.config.schedule == "learned"
-        if learned and self.reverse_schedule is None:
+        for every scheduler); with `OeMDMScheduler(schedule="learned")` the reverse scheduler's exponents are passed
+        to the scheduler's step (`exponents`, see [`~LoMDMPipeline.step_inputs`]). For sampling from the model
+        (rather than greedy decoding) pass `temperature=1.0`."""
+        if self.uses_learned_schedule and self.reverse_schedule is None:
             raise ValueError("`OeMDMScheduler(schedule='learned')` needs the pipeline's `reverse_schedule`.")
         base = self.adapter
-        self.adapter = LoMDMAdapter(base, self.reverse_schedule if learned else None)
+        self.adapter = LoMDMAdapter(base)
         try:
             return super().__call__(*args, **kwargs)
         finally:

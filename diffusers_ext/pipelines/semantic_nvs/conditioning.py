@@ -7,6 +7,7 @@ call these functions.
 
 import torch
 
+from ..pipeline_utils import prediction_to_x0
 from .semantic_features import semantic_feature_map
 
 
@@ -38,15 +39,13 @@ def x0_estimate(scheduler, model_output: torch.Tensor, sample: torch.Tensor, tim
         )
     alpha_bar = scheduler.alphas_cumprod.to(sample.device)[timesteps].to(sample.dtype)
     alpha_bar = alpha_bar.reshape(-1, *([1] * (sample.ndim - 1))) if timesteps.ndim else alpha_bar
-    prediction = scheduler.config.prediction_type
-    if prediction == "epsilon":
-        return (sample - (1 - alpha_bar).sqrt() * model_output) / alpha_bar.sqrt()
-    if prediction == "v_prediction":
-        return alpha_bar.sqrt() * sample - (1 - alpha_bar).sqrt() * model_output
-    if prediction == "sample":
-        return model_output
-    raise ValueError(
-        f"the scheduler's `prediction_type` {prediction!r} is not one of 'epsilon', 'v_prediction', 'sample'."
+    return prediction_to_x0(
+        model_output,
+        sample,
+        alpha_bar.sqrt(),
+        (1 - alpha_bar).sqrt(),
+        scheduler.config.prediction_type,
+        supported=("epsilon", "v_prediction", "sample"),
     )
 
 

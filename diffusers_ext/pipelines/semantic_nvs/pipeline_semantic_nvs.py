@@ -14,7 +14,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from ...geometry.camera import check_intrinsics, check_rigid, scale_intrinsics, scene_plucker
 from ...models.semantic_multiview_unet import SemanticMultiViewUNetModel
-from ...utils import public
+from ...utils import check_positive_int, is_number, public
 from ..pipeline_utils import check_callback_tensor_inputs
 from .conditioning import (
     SEMANTIC_MODES,
@@ -210,18 +210,12 @@ class SemanticNVSPipeline(DiffusionPipeline):
                 raise ValueError(f"`depths` describes {tuple(depths.shape[:2])} views; `images` has {(b, v_in)}.")
             if (depths <= 0).any() or not torch.isfinite(depths).all():
                 raise ValueError("`depths` must be finite and positive.")
-        if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
-            raise ValueError(f"`num_inference_steps` must be a positive int, got {num_inference_steps!r}.")
-        if not isinstance(guidance_scale, (int, float)) or isinstance(guidance_scale, bool):
+        check_positive_int("num_inference_steps", num_inference_steps)
+        if not is_number(guidance_scale):
             raise TypeError(f"`guidance_scale` must be a number, got {type(guidance_scale).__name__}.")
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
-        if (
-            not isinstance(num_images_per_prompt, int)
-            or isinstance(num_images_per_prompt, bool)
-            or num_images_per_prompt < 1
-        ):
-            raise ValueError(f"`num_images_per_prompt` must be a positive int, got {num_images_per_prompt!r}.")
+        check_positive_int("num_images_per_prompt", num_images_per_prompt)
         if isinstance(generator, list) and len(generator) != b * num_images_per_prompt:
             raise ValueError(
                 f"`generator` is a list of {len(generator)} generators for {b} scenes x {num_images_per_prompt} "

@@ -23,8 +23,8 @@ import time
 
 import torch
 
-from ...schedulers.scheduling_discrete_flow_matching import DiscreteFlowMatchingScheduler
-from .couplings import couple
+from ..schedulers.scheduling_discrete_flow_matching import DiscreteFlowMatchingScheduler
+from .discrete_flow_couplings import couple
 
 
 BOUNDS = ("kl", "entropy")
