@@ -4,6 +4,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .base_config import with_default_targets
+
 
 def as_tensors(dataset, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`(images, labels)` from a tuple of tensors, a single image tensor or a `TensorDataset`."""
@@ -63,22 +65,15 @@ def encode_prompts(prompts: list[str], text_encoder, tokenizer, name: str) -> to
     return text_encoder(inputs.input_ids.to(device))[0].detach().float().cpu()
 
 
-def add_lora(unet, args, is_text: bool) -> None:
-    """Add peft LoRA adapters to `unet` (in place) and make only them trainable."""
-    from peft import LoraConfig
+ATTENTION_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 
-    config = args
-    targets = config.lora_target_modules
-    if targets is None:
-        targets = ["to_q", "to_k", "to_v", "to_out.0"]
-        if not is_text:
-            targets = ["conv1", "conv2", "time_emb_proj", *targets]
-    lora = LoraConfig(
-        r=config.lora_rank,
-        lora_alpha=config.lora_alpha or config.lora_rank,
-        init_lora_weights="gaussian",
-        target_modules=targets,
-    )
+
+def add_lora(unet, peft_config, is_text: bool) -> None:
+    """Add the LoRA adapters of `peft_config` to `unet` (in place) and make only them trainable; without
+    `target_modules` they go on the attention projections (and `conv1`, `conv2`, `time_emb_proj` of a UNet2DModel)."""
+    targets = ATTENTION_TARGETS if is_text else ["conv1", "conv2", "time_emb_proj", *ATTENTION_TARGETS]
+    lora = with_default_targets(peft_config, targets)
+    targets = sorted(lora.target_modules) if not isinstance(lora.target_modules, str) else lora.target_modules
     unet.requires_grad_(False)
     if is_text:
         unet.add_adapter(lora)
