@@ -23,8 +23,8 @@ class DiffusionTrainerConfig:
     for unlearning); each subclass's docstring says it. Every field has a `help` entry, so `trl.TrlParser` or
     `transformers.HfArgumentParser` builds a command line (and YAML) parser from a subclass.
 
-    Subclasses may list renamed fields in `_deprecated_aliases` (`{old name: new name}`): an old name passed as a
-    keyword still works for now, with a `FutureWarning` naming the new one.
+    LoRA is not a config option: as in TRL, a trainer takes `peft_config` (a `peft.LoraConfig`; None trains all
+    weights). The training scripts build it from [`LoraArguments`].
     """
 
     # Output, logging and checkpoints

@@ -10,7 +10,7 @@ from ..training_utils import step_generator
 from ..utils import public
 from .base_trainer import DiffusionTrainer
 from .constrained_unlearning_config import ConstrainedUnlearningConfig
-from .unlearning_inputs import add_lora, as_tensors, check_labels, encode_prompts, sample_size
+from .unlearning_inputs import add_lora, as_tensors, build_conditions, check_method
 from .unlearning_objectives import OBJECTIVES, NoisedBatch, UnlearningContext, mse
 
 
@@ -112,7 +112,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         self.retain_data = as_tensors(retain_dataset, "retain_dataset")
         self.mode = "data" if self.forget_data is not None else "concept"
         objective_class = OBJECTIVES[self.method]
-        self._check_method(objective_class)
+        check_method(args, self.mode, objective_class, self.retain_data)
         accelerator = self.create_accelerator(accelerator)
         self.noise_scheduler = DDPMScheduler.from_config(scheduler.config)
         noise_scheduler = self.noise_scheduler
@@ -126,7 +126,9 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         # Conditions are validated and encoded before any weights are copied or trained.
         null_class_label = getattr(pipeline.config, "null_class_label", None)
         text_encoder, tokenizer = getattr(pipeline, "text_encoder", None), getattr(pipeline, "tokenizer", None)
-        self._build_conditions(unet, text_encoder, tokenizer, null_class_label)
+        (self.sample_shape, self.forget_conds, self.retain_conds, self.reference_cond, self.forget_data,
+         self.retain_data) = build_conditions(args, unet, self.mode, self.forget_data, self.retain_data, text_encoder,
+                                              tokenizer, null_class_label)  # fmt: skip
         self._constraint_level = None if args.constraint_level == "auto" else args.constraint_level
         self._dual_learning_rate = None if args.dual_learning_rate == "auto" else args.dual_learning_rate
         self._check_auto_level(objective_class)
@@ -207,85 +209,6 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
                 "`constraint_level='auto'` calibrates on the retained classes or prompts, and there are none: give "
                 "`retain_classes` / `retain_prompts`, or a numeric `constraint_level`."
             )
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Validation and conditions
-    # ------------------------------------------------------------------------------------------------------------
-
-    def _check_method(self, objective_class):
-        args, method = self.args, self.method
-        if self.mode not in objective_class.modes:
-            if self.mode == "data":
-                raise ValueError(
-                    f"method {method!r} unlearns a concept (it needs the forget condition's own prediction eps_u); "
-                    "for a `forget_dataset` use constraint='forward_kl' or baseline 'siss', 'neggrad_plus' or "
-                    "'retain_only'."
-                )
-            raise ValueError(f"baseline {method!r} unlearns training data; pass a `forget_dataset`.")
-        if self.mode == "data":
-            if self.retain_data is None:
-                raise ValueError("data unlearning needs a `retain_dataset` (the training examples to keep).")
-            if args.forget_classes is not None or args.forget_prompts is not None:
-                raise ValueError("give either a `forget_dataset` or `forget_classes`/`forget_prompts`, not both.")
-        elif args.forget_classes is None and args.forget_prompts is None:
-            raise ValueError(
-                "nothing to forget: set `forget_classes` or `forget_prompts` in the config, or pass a non-empty "
-                "`forget_dataset`."
-            )
-
-    def _build_conditions(self, unet, text_encoder, tokenizer, null_class_label):
-        config = self.args
-        self.sample_shape = (unet.config.in_channels, *sample_size(unet))
-        if self.is_text:
-            if config.forget_classes is not None:
-                raise ValueError("`forget_classes` needs a class-conditional UNet2DModel; use `forget_prompts`.")
-            if self.mode == "data":
-                raise ValueError("data unlearning is supported for UNet2DModel (class-conditional or not).")
-            if text_encoder is None or tokenizer is None:
-                raise ValueError("a UNet2DConditionModel needs `text_encoder` and `tokenizer` to encode the prompts.")
-            self.forget_conds = encode_prompts(config.forget_prompts, text_encoder, tokenizer, "forget_prompts")
-            retain = config.retain_prompts or []
-            self.retain_conds = encode_prompts(retain, text_encoder, tokenizer, "retain_prompts") if retain else None
-            self.reference_cond = encode_prompts(
-                [config.reference_prompt], text_encoder, tokenizer, "reference_prompt"
-            )
-            return
-        if config.forget_prompts is not None or config.retain_prompts:
-            raise ValueError("prompts need a UNet2DConditionModel; this UNet2DModel is conditioned on class labels.")
-        num_classes = unet.config.num_class_embeds
-        if self.mode == "data":
-            self.forget_conds = self.retain_conds = self.reference_cond = None
-            if num_classes is None:  # an unconditional UNet: labels, if any, play no part
-                self.forget_data, self.retain_data = (self.forget_data[0], None), (self.retain_data[0], None)
-            labels = [d[1] for d in (self.forget_data, self.retain_data) if d[1] is not None]
-            if num_classes is not None and len(labels) < 2:
-                raise ValueError("the UNet is class-conditional: `forget_dataset` and `retain_dataset` need labels.")
-            for name, data in (("forget_dataset", self.forget_data), ("retain_dataset", self.retain_data)):
-                if tuple(data[0].shape[1:]) != self.sample_shape:
-                    raise ValueError(
-                        f"`{name}` images have shape {tuple(data[0].shape[1:])}; the UNet expects {self.sample_shape}."
-                    )
-                if num_classes is not None:
-                    check_labels(data[1].tolist(), num_classes, null_class_label, f"{name} labels")
-            return
-        if num_classes is None:
-            raise ValueError("`forget_classes` needs a class-conditional UNet2DModel (`num_class_embeds` is None).")
-        check_labels(config.forget_classes, num_classes, null_class_label, "forget_classes")
-        reference = config.reference_class if config.reference_class is not None else null_class_label
-        if reference is None:
-            raise ValueError("no reference: set `reference_class`, or pass the pipeline's `null_class_label`.")
-        if reference in config.forget_classes:
-            raise ValueError(f"`reference_class` {reference} is also a forget class.")
-        if not 0 <= reference < num_classes:
-            raise ValueError(f"`reference_class` {reference} is not a class of this UNet (0..{num_classes - 1}).")
-        retain = config.retain_classes
-        if retain is None:
-            retain = [c for c in range(num_classes) if c not in config.forget_classes and c != null_class_label]
-        else:
-            check_labels(retain, num_classes, null_class_label, "retain_classes")
-        self.forget_conds = torch.tensor(config.forget_classes, dtype=torch.long)
-        self.retain_conds = torch.tensor(retain, dtype=torch.long) if retain else None
-        self.reference_cond = torch.tensor([reference], dtype=torch.long)
 
     # ------------------------------------------------------------------------------------------------------------
     # Sampling
