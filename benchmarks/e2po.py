@@ -202,6 +202,8 @@ def evaluate(part: str, model, settings: dict, classifier) -> dict:
 
 
 def make_trainer(part: str, algorithm: str, seed: int, settings: dict, classifier, output_dir: str, max_steps: int):
+    from peft import LoraConfig
+
     from diffusers_ext import DiffusionGRPOConfig, DiffusionGRPOTrainer, E2POConfig, E2POTrainer, zoo
     from diffusers_ext.rewards import BrightnessReward
 
@@ -218,8 +220,6 @@ def make_trainer(part: str, algorithm: str, seed: int, settings: dict, classifie
         "width": 8,
         "max_sequence_length": 8,
         "learning_rate": settings["learning_rate"],
-        "lora_rank": settings["lora_rank"],
-        "lora_alpha": 2 * settings["lora_rank"],
         "epsilon": settings["epsilon"],
         "num_iterations": settings["num_iterations"],
         "noise_level": settings["noise_level"],
@@ -250,7 +250,8 @@ def make_trainer(part: str, algorithm: str, seed: int, settings: dict, classifie
             **common,
         )
         trainer_class = E2POTrainer
-    return trainer_class(zoo.load("digits-sd3"), [reward], config, train_dataset=rows)
+    lora = LoraConfig(r=settings["lora_rank"], lora_alpha=2 * settings["lora_rank"], init_lora_weights="gaussian")
+    return trainer_class(zoo.load("digits-sd3"), [reward], config, train_dataset=rows, peft_config=lora)
 
 
 def run(job) -> dict:

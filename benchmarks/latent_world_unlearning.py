@@ -222,8 +222,6 @@ class Bench:
 
 def train_run(bench, name, method, overrides, factor, seed):
     """Train one setting with one seed; return (unet, info)."""
-    from diffusers import DDPMScheduler
-
     from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer
 
     args, pipe = bench.args, bench.pipe
@@ -235,18 +233,14 @@ def train_run(bench, name, method, overrides, factor, seed):
         per_device_train_batch_size=args.unlearn_batch_size, pool_size=args.unlearn_pool_size,
         pool_sampling_steps=5, pool_refresh_steps=5, stop_patience=args.unlearn_steps,
         save_strategy="no", disable_tqdm=True, report_to="none", **overrides,
+        **({} if factor is None else {"constraint_level": "auto", "constraint_level_factor": factor,
+                                      "dual_learning_rate": "auto", "dual_learning_rate_scale": args.dual_rate}),
     )  # fmt: skip
     start = time.perf_counter()
-    trainer = ConstrainedUnlearningTrainer(
-        copy.deepcopy(pipe.unet), DDPMScheduler.from_config(pipe.scheduler.config), config,
-        text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer,
-    )  # fmt: skip
-    level = None
-    if factor is not None:
-        calibrated = trainer.calibrate_level()
-        level = calibrated * factor
-        trainer.args.constraint_level = level
-        trainer.args.dual_learning_rate = args.dual_rate / max(abs(level), 1e-3)
+    copied = copy.copy(pipe)
+    copied.register_modules(unet=copy.deepcopy(pipe.unet))
+    trainer = ConstrainedUnlearningTrainer(copied, config)
+    level = trainer.constraint_level if factor is not None else None  # "auto": calibrated x factor
     trainer.train()
     info = {
         "name": name,

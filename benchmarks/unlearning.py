@@ -152,15 +152,10 @@ def load_model(args):
 
 
 def _trainer(pipe, config_kwargs, **kwargs):
-    from diffusers import DDPMScheduler
-
     from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer
 
     config = ConstrainedUnlearningConfig(**config_kwargs, save_strategy="no", disable_tqdm=True)
-    scheduler = DDPMScheduler.from_config(pipe.scheduler.config)
-    return ConstrainedUnlearningTrainer(
-        copy.deepcopy(pipe.unet), scheduler, config, null_class_label=pipe.config.null_class_label, **kwargs
-    )
+    return ConstrainedUnlearningTrainer(_with_unet(pipe, copy.deepcopy(pipe.unet)), config, **kwargs)
 
 
 def _with_unet(pipe, unet):
@@ -276,17 +271,16 @@ def train_concept(bench, forget_class, seed):
     for name, family, overrides, factor in concept_runs(args, forget_class):
         key = f"concept/{forget_class}/{name}/{seed}"
 
-        def configure(trainer, factor=factor, family=family, name=name):
-            record = {"name": name, "family": family, "seed": seed, "level": None}
-            if factor is not None:
-                calibrated = trainer.calibrate_level()
-                level = calibrated * factor if family != "likelihood" else calibrated
-                trainer.args.constraint_level = level
-                trainer.args.dual_learning_rate = args.dual_rate / max(abs(level), 1e-3)
-                record["level"] = level
-            return record
+        auto = {} if factor is None else {
+            "constraint_level": "auto", "constraint_level_factor": factor if family != "likelihood" else 1.0,
+            "dual_learning_rate": "auto", "dual_learning_rate_scale": args.dual_rate,
+        }  # fmt: skip
 
-        unet, record = bench.run(key, lambda c={**base, **overrides}: _trainer(bench.pipe, c), configure)
+        def configure(trainer, factor=factor, family=family, name=name):
+            level = trainer.constraint_level if factor is not None else None  # "auto": calibrated x factor
+            return {"name": name, "family": family, "seed": seed, "level": level}
+
+        unet, record = bench.run(key, lambda c={**base, **overrides, **auto}: _trainer(bench.pipe, c), configure)
         if "validation" not in record:
             cpu = time.process_time()
             record["validation"] = bench.evaluate(unet, [forget_class], "validation", seed)

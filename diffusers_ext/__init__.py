@@ -53,7 +53,7 @@ _import_structure = {
     "trainers.e2po_trainer": ["E2POTrainer"],
     "trainers.constrained_unlearning_config": ["ConstrainedUnlearningConfig"],
     "trainers.constrained_unlearning_trainer": ["ConstrainedUnlearningTrainer"],
-    "trainers.base_config": ["DiffusionTrainerConfig"],
+    "trainers.base_config": ["DiffusionTrainerConfig", "LoraArguments"],
     "trainers.base_trainer": ["DiffusionTrainer"],
     "models.lomdm_schedule_network": ["LoMDMScheduleNetwork", "LoMDMScheduleOutput"],
     "pipelines.lomdm.pipeline_lomdm": ["LoMDMPipeline"],
@@ -98,7 +98,7 @@ if TYPE_CHECKING:
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
     from .schedulers.scheduling_oemdm import OeMDMScheduler, OeMDMSchedulerOutput
     from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
-    from .trainers.base_config import DiffusionTrainerConfig
+    from .trainers.base_config import DiffusionTrainerConfig, LoraArguments
     from .trainers.base_trainer import DiffusionTrainer
     from .trainers.constrained_unlearning_config import ConstrainedUnlearningConfig
     from .trainers.constrained_unlearning_trainer import ConstrainedUnlearningTrainer

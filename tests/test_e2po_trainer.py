@@ -3,6 +3,7 @@
 import pytest
 import torch
 from diffusers import StableDiffusion3Pipeline
+from test_grpo_trainer import tiny_lora
 
 from diffusers_ext import E2POConfig, E2POTrainer
 from diffusers_ext.rewards import BrightnessReward
@@ -17,7 +18,7 @@ def tiny_args(tmp_path, **overrides):
     settings = {
         "output_dir": str(tmp_path), "max_steps": 2, "num_generations": 6, "per_device_train_batch_size": 12,
         "num_inference_steps": 4, "guidance_scale": 1.0, "height": 16, "width": 16, "max_sequence_length": 8, "learning_rate": 3e-2,
-        "lora_rank": 4, "lora_alpha": 8, "epsilon": 0.2, "save_steps": 1000, "e2po_num_anchors": 2, "e2po_num_directions": 2,
+        "epsilon": 0.2, "save_steps": 1000, "e2po_num_anchors": 2, "e2po_num_directions": 2,
     }  # fmt: skip
     settings.update(overrides)
     return E2POConfig(**settings)
@@ -25,7 +26,9 @@ def tiny_args(tmp_path, **overrides):
 
 def tiny_trainer(tmp_path, **overrides):
     pipe = StableDiffusion3Pipeline(**get_tiny_sd3_components(0))
-    return E2POTrainer(pipe, [BrightnessReward(1.0)], tiny_args(tmp_path, **overrides), train_dataset=PROMPTS)
+    return E2POTrainer(
+        pipe, [BrightnessReward(1.0)], tiny_args(tmp_path, **overrides), train_dataset=PROMPTS, peft_config=tiny_lora()
+    )
 
 
 def test_directions_are_orthonormal_rms_matched_and_respect_padding():

@@ -4,6 +4,7 @@ import re
 
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+from test_grpo_trainer import tiny_lora
 from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
 from diffusers_ext import DiffusionGRPOConfig, DiffusionGRPOTrainer, E2POConfig, E2POTrainer
@@ -41,14 +42,15 @@ def tiny_flux(seed=0):
 
 SETTINGS = {
     "max_steps": 3, "num_generations": 4, "per_device_train_batch_size": 8, "num_inference_steps": 3, "guidance_scale": 3.5,
-    "height": 8, "width": 8, "max_sequence_length": 8, "learning_rate": 1e-2, "lora_rank": 4, "lora_alpha": 8, "epsilon": 0.2,
+    "height": 8, "width": 8, "max_sequence_length": 8, "learning_rate": 1e-2, "epsilon": 0.2,
     "save_steps": 1000, "beta": 0.1,
 }  # fmt: skip
 
 
 def test_grpo_on_flux_trains_rescores_and_saves_a_loadable_lora(tmp_path):
     trainer = DiffusionGRPOTrainer(
-        tiny_flux(), [BrightnessReward(1.0)], DiffusionGRPOConfig(output_dir=str(tmp_path), **SETTINGS), ["a", "b"]
+        tiny_flux(), [BrightnessReward(1.0)], DiffusionGRPOConfig(output_dir=str(tmp_path), **SETTINGS), ["a", "b"],
+        peft_config=tiny_lora(),
     )
     rollout = trainer.generate(trainer.prompt_indices(0), 0)
     assert rollout.images.shape == (8, 3, 8, 8) and rollout.uncond is None
@@ -75,7 +77,7 @@ def test_grpo_on_flux_trains_rescores_and_saves_a_loadable_lora(tmp_path):
 
 def test_e2po_on_flux_perturbs_t5_and_pooled_embeddings(tmp_path):
     config = E2POConfig(output_dir=str(tmp_path), e2po_num_anchors=2, e2po_num_directions=1, **SETTINGS)
-    trainer = E2POTrainer(tiny_flux(), [BrightnessReward(1.0)], config, ["a", "b"])
+    trainer = E2POTrainer(tiny_flux(), [BrightnessReward(1.0)], config, ["a", "b"], peft_config=tiny_lora())
     rollout = trainer.generate(trainer.prompt_indices(0), 0)
     for key in ("prompt_embeds", "pooled_prompt_embeds"):
         group = rollout.cond[key][:4]

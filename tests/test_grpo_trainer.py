@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from diffusers import StableDiffusion3Pipeline, StableDiffusionPipeline
+from peft import LoraConfig
 
 from diffusers_ext import DiffusionGRPOConfig, DiffusionGRPOTrainer
 from diffusers_ext.rewards import BrightnessReward
@@ -26,8 +27,6 @@ def tiny_args(tmp_path, **overrides):
         "width": 16,
         "max_sequence_length": 8,
         "learning_rate": 3e-2,
-        "lora_rank": 4,
-        "lora_alpha": 8,
         "epsilon": 0.2,
         "save_steps": 1000,
     }
@@ -35,10 +34,18 @@ def tiny_args(tmp_path, **overrides):
     return DiffusionGRPOConfig(**settings)
 
 
-def tiny_trainer(tmp_path, reward_funcs=None, dataset=PROMPTS, **overrides):
+def tiny_lora():
+    """The tiny tests' LoRA (rank 4, alpha 8, on the default SD3/Flux attention targets)."""
+    return LoraConfig(r=4, lora_alpha=8, init_lora_weights="gaussian")
+
+
+def tiny_trainer(tmp_path, reward_funcs=None, dataset=PROMPTS, peft_config="tiny", **overrides):
     pipe = StableDiffusion3Pipeline(**get_tiny_sd3_components(0))
     reward_funcs = reward_funcs if reward_funcs is not None else [BrightnessReward(1.0)]
-    return DiffusionGRPOTrainer(pipe, reward_funcs, tiny_args(tmp_path, **overrides), train_dataset=dataset)
+    peft_config = tiny_lora() if peft_config == "tiny" else peft_config
+    return DiffusionGRPOTrainer(
+        pipe, reward_funcs, tiny_args(tmp_path, **overrides), train_dataset=dataset, peft_config=peft_config
+    )
 
 
 def test_a_few_grpo_steps_raise_the_reward(tmp_path):
@@ -159,7 +166,9 @@ def test_bad_setups_are_clear_errors(tmp_path):
         tiny_trainer(tmp_path, reward_weights=[1.0, 2.0])
     sd = StableDiffusionPipeline(**get_tiny_sd_components(0))
     with pytest.raises(ValueError, match="flow-matching pipeline.*DDIMScheduler"):
-        DiffusionGRPOTrainer(sd, [BrightnessReward(1.0)], tiny_args(tmp_path), train_dataset=PROMPTS)
+        DiffusionGRPOTrainer(
+            sd, [BrightnessReward(1.0)], tiny_args(tmp_path), train_dataset=PROMPTS, peft_config=tiny_lora()
+        )
 
 
 def test_saved_lora_loads_with_load_lora_weights(tmp_path):

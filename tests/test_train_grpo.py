@@ -106,11 +106,14 @@ def test_yaml_config_and_algorithm(tmp_path):
     config.write_text(
         "algorithm: e2po\nnum_generations: 6\nper_device_train_batch_size: 12\ne2po_num_directions: 2\nbeta: 0.04\n"
     )
-    script_args, args = train_grpo.parse_args(["--config", str(config), "--pretrained_model_name_or_path", "x"])
+    script_args, args, lora = train_grpo.parse_args(["--config", str(config), "--pretrained_model_name_or_path", "x"])
     assert script_args.algorithm == "e2po" and type(args).__name__ == "E2POConfig"
     assert (args.num_generations, args.e2po_num_directions, args.beta) == (6, 2, 0.04)
-    _, grpo = train_grpo.parse_args(["--pretrained_model_name_or_path", "x", "--scale_rewards", "batch"])
+    assert (lora.use_lora, lora.lora_rank, lora.lora_alpha) == (True, 32, 64)  # this script's LoRA defaults
+    _, grpo, lora = train_grpo.parse_args(["--pretrained_model_name_or_path", "x", "--scale_rewards", "batch",
+                                           "--use_lora", "false"])  # fmt: skip
     assert type(grpo).__name__ == "DiffusionGRPOConfig" and grpo.scale_rewards == "batch"
+    assert lora.to_peft_config() is None
 
 
 def test_script_errors_are_one_line(tmp_path):

@@ -1,12 +1,10 @@
-"""Unlearning objectives: pinned losses of every method, the objective registry, renamed config fields."""
-
-import warnings
+"""Unlearning objectives: pinned losses of every method, the objective registry, the "auto" level and step size."""
 
 import pytest
 import torch
 from diffusers import DDPMScheduler
 
-from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer
+from diffusers_ext import ClassConditionalDDPMPipeline, ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer
 from diffusers_ext.testing import get_tiny_pixel_unet
 from diffusers_ext.trainers.unlearning_objectives import OBJECTIVES, UnlearningObjective
 
@@ -58,7 +56,7 @@ def test_every_objective_reproduces_its_pinned_losses(name):
         overrides = {**overrides, "forget_classes": [3]}
     config = ConstrainedUnlearningConfig(**TINY, **overrides)
     unet = get_tiny_pixel_unet(seed=1, num_class_embeds=11)
-    trainer = ConstrainedUnlearningTrainer(unet, _scheduler(), config, null_class_label=10, **data)
+    trainer = ConstrainedUnlearningTrainer(ClassConditionalDDPMPipeline(unet, _scheduler(), 10), config, **data)
     history = trainer.train(max_steps=3)
     torch.testing.assert_close([h["loss"] for h in history], losses, rtol=1e-4, atol=1e-7)
     assert trainer.lambda_ == pytest.approx(final_lambda)
@@ -74,25 +72,39 @@ def test_registry_covers_every_constraint_and_baseline():
     assert OBJECTIVES["likelihood"].sense == "<=" and OBJECTIVES["reverse_kl"].sense == ">="
 
 
-def test_renamed_config_fields_still_work_with_a_future_warning():
-    with pytest.warns(FutureWarning, match="use `per_device_train_batch_size`"):
-        config = ConstrainedUnlearningConfig(forget_classes=[3], train_batch_size=4)
-    assert config.per_device_train_batch_size == 4 and config.train_batch_size is None
-    with pytest.warns(FutureWarning, match="use `weight_decay`"):
-        assert ConstrainedUnlearningConfig(forget_classes=[3], adam_weight_decay=0.01).weight_decay == 0.01
-    assert "train_batch_size" not in config.to_dict()
-    with pytest.raises(ValueError, match="deprecated name of `per_device_train_batch_size`; got both"):
-        ConstrainedUnlearningConfig(forget_classes=[3], train_batch_size=4, per_device_train_batch_size=8)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ConstrainedUnlearningConfig(forget_classes=[3], per_device_train_batch_size=4)
-
-
-def test_the_earlier_constructor_order_still_works_with_a_future_warning():
-    config = ConstrainedUnlearningConfig(**TINY, forget_classes=[3])
+def _concept_trainer(**overrides):
+    config = ConstrainedUnlearningConfig(**TINY, forget_classes=[3], **overrides)
     unet = get_tiny_pixel_unet(seed=1, num_class_embeds=11)
-    with pytest.warns(FutureWarning, match=r"ConstrainedUnlearningTrainer\(unet, noise_scheduler, args\)"):
-        trainer = ConstrainedUnlearningTrainer(config, unet, _scheduler(), null_class_label=10)
-    assert trainer.args is config and trainer.accelerator.unwrap_model(trainer.unet) is unet
-    with pytest.warns(FutureWarning, match="use `trainer.args`"):
-        assert trainer.config is config
+    return ConstrainedUnlearningTrainer(ClassConditionalDDPMPipeline(unet, _scheduler(), 10), config), config
+
+
+def test_auto_level_and_dual_step_are_resolved_on_the_trainer_not_written_into_the_config():
+    trainer, config = _concept_trainer(constraint="reverse_kl", constraint_level="auto", constraint_level_factor=1.5,
+                                       dual_learning_rate="auto", dual_learning_rate_scale=0.05)  # fmt: skip
+    level = trainer.calibrate_level() * 1.5
+    history = trainer.train(max_steps=2)
+    assert trainer.constraint_level == level and trainer.dual_learning_rate == 0.05 / level
+    assert (config.constraint_level, config.dual_learning_rate) == ("auto", "auto")
+    # The same run with the resolved numbers given explicitly is the same run.
+    explicit, _ = _concept_trainer(constraint="reverse_kl", constraint_level=level, dual_learning_rate=0.05 / level)
+    assert [h["loss"] for h in explicit.train(max_steps=2)] == [h["loss"] for h in history]
+    assert explicit.lambda_ == trainer.lambda_
+    # Strings from a command line or YAML file are numbers or "auto".
+    assert ConstrainedUnlearningConfig(forget_classes=[3], constraint_level="12.5").constraint_level == 12.5
+    with pytest.raises(ValueError, match="`constraint_level` must be a number or 'auto', got 'high'"):
+        ConstrainedUnlearningConfig(forget_classes=[3], constraint_level="high")
+    with pytest.raises(ValueError, match="for data unlearning give the level"):
+        ConstrainedUnlearningTrainer(
+            ClassConditionalDDPMPipeline(get_tiny_pixel_unet(seed=1, num_class_embeds=11), _scheduler(), 10),
+            ConstrainedUnlearningConfig(**TINY, constraint="forward_kl", constraint_level="auto"),
+            forget_dataset=_digits_like(6, 0),
+            retain_dataset=_digits_like(20, 1),
+        )
+
+
+def test_removed_names_are_gone():
+    for name in ("train_batch_size", "adam_weight_decay", "use_lora", "lora_rank"):
+        with pytest.raises(TypeError, match=name):
+            ConstrainedUnlearningConfig(forget_classes=[3], **{name: 1})
+    trainer, _ = _concept_trainer()
+    assert not hasattr(trainer, "config") and not hasattr(trainer, "step")

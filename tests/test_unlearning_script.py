@@ -145,7 +145,7 @@ def _script():
         (["--forget_size", "0"], "--forget_size must be >= 1"),
         ([], "nothing to forget"),
         (["--forget_classes", "3", "--forget_size", "4"], "give a concept"),
-        (["--forget_classes", "3", "--lambda_max", "1.0"], "--lambda_max 1.0 must be < 1"),
+        (["--forget_classes", "3", "--lambda_max", "1.0"], "--lambda_max must be < 1 for constraint='reverse_kl', got 1.0"),
         (["--forget_classes", "3", "--constraint_level", "high"], "--constraint_level"),
     ],
 )
@@ -175,14 +175,20 @@ def test_bad_inputs_raise_before_training(tmp_path, base_pipeline, args, message
     assert not any(name.startswith("checkpoint-") for name in os.listdir(tmp_path))
 
 
-def test_deprecated_flags_map_to_the_config_names_with_a_warning(tmp_path):
-    old = ["--pretrained_model_name_or_path", "unused", "--output_dir", str(tmp_path), "--forget_classes", "3",
-           "--max_train_steps", "7", "--train_batch_size=5", "--adam_weight_decay", "0.1", "--checkpointing_steps", "3",
-           "--checkpoints_total_limit", "2", "--rank", "4"]  # fmt: skip
-    with pytest.warns(FutureWarning, match="--max_train_steps is deprecated; use --max_steps"):
-        args = _script().parse_args(old)
-    assert (args.max_steps, args.per_device_train_batch_size, args.weight_decay) == (7, 5, 0.1)
-    assert (args.save_steps, args.save_total_limit, args.lora_rank) == (3, 2, 4)
+def test_options_come_from_the_config_dataclasses_and_a_yaml_file(tmp_path):
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("forget_classes: [3]\nmax_steps: 7\nper_device_train_batch_size: 5\nlora_rank: 4\n")
+    argv = ["--pretrained_model_name_or_path", "unused", "--output_dir", str(tmp_path), "--config", str(config_file),
+            "--weight_decay", "0.1", "--use_lora", "--constraint_level_factor", "1.5"]  # fmt: skip
+    script_args, config, lora_args = _script().parse_args(argv)
+    assert script_args.pretrained_model_name_or_path == "unused" and config.forget_classes == [3]
+    assert (config.max_steps, config.per_device_train_batch_size, config.weight_decay) == (7, 5, 0.1)
+    assert (config.constraint_level, config.dual_learning_rate, config.constraint_level_factor) == ("auto", "auto", 1.5)
+    peft_config = lora_args.to_peft_config()
+    assert (peft_config.r, peft_config.lora_alpha, peft_config.init_lora_weights) == (4, 4, "gaussian")
+    for old in ("--max_train_steps", "--train_batch_size", "--level_factor"):
+        with pytest.raises(SystemExit):
+            _script().parse_args([*argv, old, "3"])
 
 
 def test_results_file_keys():

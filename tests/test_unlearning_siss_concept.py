@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from diffusers import DDPMScheduler
+from diffusers import DDPMScheduler, StableDiffusionPipeline
 
 from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer
 from diffusers_ext.testing import get_tiny_sd_components
@@ -17,24 +17,22 @@ def _siss(**overrides):
     config = ConstrainedUnlearningConfig(**{**TINY, "baseline": "siss", "forget_prompts": ["a photo of a cat"],
                                             "retain_prompts": ["a photo of a dog"], **overrides})  # fmt: skip
     scheduler = DDPMScheduler(beta_schedule="squaredcos_cap_v2", clip_sample=False)
-    return ConstrainedUnlearningTrainer(
-        components["unet"], scheduler, config, text_encoder=components["text_encoder"],
-        tokenizer=components["tokenizer"],
-    )  # fmt: skip
+    return ConstrainedUnlearningTrainer(StableDiffusionPipeline(**{**components, "scheduler": scheduler}), config)
 
 
 def test_concept_siss_draws_the_mixture_under_the_forget_prompt_and_adds_the_retain_part():
     trainer = _siss(siss_mixture_weight=0.3)
-    assert trainer.ref_pool.shape == trainer.u_pool.shape == (6, *trainer.sample_shape)
+    objective = trainer.objective
+    assert objective.ref_pool.shape == objective.u_pool.shape == (6, *trainer.sample_shape)
     parts = trainer.sample_batch()
-    assert [p["name"] for p in parts] == ["siss", "retain"]
+    assert [p.name for p in parts] == ["siss", "retain"]
     siss = parts[0]
-    torch.testing.assert_close(siss["cond"], trainer._repeat(trainer.forget_conds, 4))
-    pool = torch.cat([trainer.ref_pool, trainer.u_pool])
-    assert all(any(torch.equal(x, p) for p in pool) for x in siss["x"])  # data: reference and forget samples
-    assert all(any(torch.equal(a, p) for p in trainer.u_pool) for a in siss["a"])  # forget points: p_u only
+    torch.testing.assert_close(siss.cond, trainer._repeat(trainer.forget_conds, 4))
+    pool = torch.cat([objective.ref_pool, objective.u_pool])
+    assert all(any(torch.equal(x, p) for p in pool) for x in siss.x)  # data: reference and forget samples
+    assert all(any(torch.equal(a, p) for p in objective.u_pool) for a in siss.a)  # forget points: p_u only
     trainer.compute_targets(parts)
-    torch.testing.assert_close(0.7 * siss["weight_x"] + 0.3 * siss["weight_a"], torch.ones(4))
+    torch.testing.assert_close(0.7 * siss.weight_x + 0.3 * siss.weight_a, torch.ones(4))
 
 
 @pytest.mark.parametrize("neggrad_weight, retain_weight", [(1.0, 2.0), (0.5, 0.0)])
@@ -45,14 +43,14 @@ def test_concept_siss_loss_is_keep_minus_weighted_forget_plus_retain(neggrad_wei
     loss, metrics = trainer.compute_loss(parts)
     siss = parts[0]
     with torch.no_grad():
-        eps = trainer._eps(trainer.unet, siss["x_t"], siss["t"], siss["cond"])
-    sq_x = ((eps - siss["target_x"]) ** 2).flatten(1).mean(1)
-    sq_a = ((eps - siss["target_a"]) ** 2).flatten(1).mean(1)
+        eps = trainer._eps(trainer.unet, siss.x_t, siss.t, siss.cond)
+    sq_x = ((eps - siss.target_x) ** 2).flatten(1).mean(1)
+    sq_a = ((eps - siss.target_a) ** 2).flatten(1).mean(1)
     # n = 12 pooled samples of which k = 6 are forget points: n/(n-k) = 2, k/(n-k) = 1
-    expected = 2 * (siss["weight_x"] * sq_x).mean() - neggrad_weight * (siss["weight_a"] * sq_a).mean()
+    expected = 2 * (siss.weight_x * sq_x).mean() - neggrad_weight * (siss.weight_a * sq_a).mean()
     expected = expected + retain_weight * metrics["retain_loss"]
     torch.testing.assert_close(loss.detach(), expected, rtol=1e-4, atol=1e-6)
-    assert ("retain" in [p["name"] for p in parts]) == (retain_weight > 0)
+    assert ("retain" in [p.name for p in parts]) == (retain_weight > 0)
 
 
 def test_concept_siss_trains_and_changes_the_forget_prediction():

@@ -5,9 +5,10 @@ import logging
 
 import pytest
 import torch
-from diffusers import DDPMScheduler
+from diffusers import DDPMScheduler, StableDiffusionPipeline
+from peft import LoraConfig
 
-from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer
+from diffusers_ext import ClassConditionalDDPMPipeline, ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer
 from diffusers_ext.testing import get_tiny_pixel_unet, get_tiny_sd_components
 
 
@@ -19,11 +20,21 @@ def _scheduler():
     return DDPMScheduler(beta_schedule="squaredcos_cap_v2", clip_sample=False)
 
 
-def _trainer(unet=None, **overrides):
-    kwargs = {k: overrides.pop(k) for k in ("forget_dataset", "retain_dataset", "accelerator") if k in overrides}
-    config = ConstrainedUnlearningConfig(**{**TINY, "forget_classes": [3], **overrides})
+def _pipeline(unet=None, scheduler=None):
+    """A class-conditional pipeline of the tiny pixel UNet (null class 10) with the tests' DDPM schedule."""
     unet = unet if unet is not None else get_tiny_pixel_unet(seed=1, num_class_embeds=11)
-    return ConstrainedUnlearningTrainer(unet, _scheduler(), config, null_class_label=10, **kwargs)
+    return ClassConditionalDDPMPipeline(unet, scheduler or _scheduler(), null_class_label=10)
+
+
+def _lora(rank):
+    return LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian")
+
+
+def _trainer(unet=None, **overrides):
+    names = ("forget_dataset", "retain_dataset", "accelerator", "peft_config")
+    kwargs = {k: overrides.pop(k) for k in names if k in overrides}
+    config = ConstrainedUnlearningConfig(**{**TINY, "forget_classes": [3], **overrides})
+    return ConstrainedUnlearningTrainer(_pipeline(unet), config, **kwargs)
 
 
 def _digits_like(n, seed):
@@ -48,15 +59,15 @@ def test_forget_target_is_reference_guided_away_from_the_forget_class(overrides,
     trainer = _trainer(**overrides)
     parts = trainer.sample_batch()
     trainer.compute_targets(parts)
-    forget = next(p for p in parts if p["name"] == "forget")
-    assert forget["cond"].tolist() == [3] * 4
+    forget = next(p for p in parts if p.name == "forget")
+    assert forget.cond.tolist() == [3] * 4
     with torch.no_grad():
-        eps_ref = trainer.ref_unet(forget["x_t"], forget["t"], class_labels=torch.full((4,), 10)).sample
-        eps_u = trainer.ref_unet(forget["x_t"], forget["t"], class_labels=torch.full((4,), 3)).sample
-    torch.testing.assert_close(forget["target"], eps_ref + eta * (eps_ref - eps_u))
+        eps_ref = trainer.ref_unet(forget.x_t, forget.t, class_labels=torch.full((4,), 10)).sample
+        eps_u = trainer.ref_unet(forget.x_t, forget.t, class_labels=torch.full((4,), 3)).sample
+    torch.testing.assert_close(forget.target, eps_ref + eta * (eps_ref - eps_u))
     assert trainer.guidance_strength() == pytest.approx(eta)
-    retain = next(p for p in parts if p["name"] == "retain")
-    assert 3 not in retain["cond"].tolist() and 10 not in retain["cond"].tolist()
+    retain = next(p for p in parts if p.name == "retain")
+    assert 3 not in retain.cond.tolist() and 10 not in retain.cond.tolist()
 
 
 def test_dual_ascent_moves_lambda_toward_the_constraint_and_stays_in_bounds():
@@ -127,11 +138,11 @@ def test_forward_kl_data_loss_is_the_subtracted_mixture():
     parts = trainer.sample_batch()
     trainer.compute_targets(parts)
     loss, metrics = trainer.compute_loss(parts)
-    by_name = {p["name"]: p for p in parts}
+    by_name = {p.name: p for p in parts}
     with torch.no_grad():
         unet = trainer.accelerator.unwrap_model(trainer.unet)
         losses = {
-            name: torch.nn.functional.mse_loss(unet(p["x_t"], p["t"], class_labels=p["cond"]).sample, p["noise"])
+            name: torch.nn.functional.mse_loss(unet(p.x_t, p.t, class_labels=p.cond).sample, p.noise)
             for name, p in by_name.items()
         }
     k, n = 6, 26
@@ -145,17 +156,17 @@ def test_siss_importance_weights_undo_the_defensive_mixture():
     parts = trainer.sample_batch()
     trainer.compute_targets(parts)
     siss = parts[0]
-    assert [p["name"] for p in parts] == ["siss"]
+    assert [p.name for p in parts] == ["siss"]
     # w_x = 1 / ((1-s) + s r), w_a = r / ((1-s) + s r) with r = q(m|a) / q(m|x): (1-s) w_x + s w_a = 1
-    torch.testing.assert_close(0.7 * siss["weight_x"] + 0.3 * siss["weight_a"], torch.ones(4))
-    assert (siss["weight_x"] >= 0).all() and (siss["weight_x"] <= 1 / 0.7 + 1e-6).all()
+    torch.testing.assert_close(0.7 * siss.weight_x + 0.3 * siss.weight_a, torch.ones(4))
+    assert (siss.weight_x >= 0).all() and (siss.weight_x <= 1 / 0.7 + 1e-6).all()
 
 
 def test_siss_retain_weight_adds_the_retain_term_of_the_other_data_methods():
     published, with_retain = _data_trainer(baseline="siss"), _data_trainer(baseline="siss", siss_retain_weight=2.0)
     assert not published.objective.wants_retain() and with_retain.objective.wants_retain()
     parts = with_retain.sample_batch()
-    assert [p["name"] for p in parts] == ["siss", "retain"]
+    assert [p.name for p in parts] == ["siss", "retain"]
     with_retain.compute_targets(parts)
     loss, metrics = with_retain.compute_loss(parts)
     without, _ = with_retain.compute_loss([parts[0]])  # the same draws without the retain part
@@ -176,7 +187,7 @@ def test_data_baselines_train_and_change_the_model(baseline):
 
 
 def test_lora_on_a_unet2dmodel_merges_into_an_equivalent_plain_unet():
-    trainer = _trainer(constraint="reverse_kl", use_lora=True, lora_rank=2, learning_rate=1e-2, lambda_init=0.5)
+    trainer = _trainer(constraint="reverse_kl", peft_config=_lora(2), learning_rate=1e-2, lambda_init=0.5)
     trainer.train(max_steps=2)
     merged = trainer.unlearned_unet().eval()
     assert type(merged).__name__ == "UNet2DModel" and not any("lora" in k for k in merged.state_dict())
@@ -193,21 +204,16 @@ def test_lora_on_a_unet2dmodel_merges_into_an_equivalent_plain_unet():
     assert not torch.allclose(lora_out, base_out, atol=1e-6), "the LoRA run did not change the model"
 
 
-def _sd_trainer(**overrides):
+def _sd_trainer(peft_config=None, **overrides):
     components = get_tiny_sd_components(seed=0)
     config = ConstrainedUnlearningConfig(**{**TINY, "forget_prompts": ["a photo of a cat"],
                                             "retain_prompts": ["a photo of a dog"], **overrides})  # fmt: skip
-    trainer = ConstrainedUnlearningTrainer(
-        components["unet"], _scheduler(), config, text_encoder=components["text_encoder"],
-        tokenizer=components["tokenizer"],
-    )  # fmt: skip
-    return trainer, components
+    pipe = StableDiffusionPipeline(**{**components, "scheduler": _scheduler()})
+    return ConstrainedUnlearningTrainer(pipe, config, peft_config=peft_config), components
 
 
 def test_prompt_unlearning_with_lora_round_trips_through_load_lora_weights(tmp_path):
-    from diffusers import StableDiffusionPipeline
-
-    trainer, _ = _sd_trainer(constraint="reverse_kl", use_lora=True, lora_rank=2, learning_rate=1e-2, lambda_init=0.5)
+    trainer, _ = _sd_trainer(constraint="reverse_kl", peft_config=_lora(2), learning_rate=1e-2, lambda_init=0.5)
     logs = trainer.train(max_steps=2)[-1]
     assert {"lambda", "constraint_estimate", "slack"} <= logs.keys()
     StableDiffusionPipeline.save_lora_weights(tmp_path, unet_lora_layers=trainer.lora_state_dict())
@@ -234,9 +240,10 @@ def test_prompt_with_a_token_the_tokenizer_does_not_know_is_an_error():
                                       d_kv=16))  # fmt: skip
     components = get_tiny_sd_components(seed=0)
     config = ConstrainedUnlearningConfig(**TINY, forget_prompts=["a photo of a \u2603"])
+    pipe = StableDiffusionPipeline(**{**components, "scheduler": _scheduler(), "text_encoder": encoder,
+                                      "tokenizer": tokenizer})  # fmt: skip
     with pytest.raises(ValueError, match="does not know"):
-        ConstrainedUnlearningTrainer(components["unet"], _scheduler(), config, text_encoder=encoder,
-                                     tokenizer=tokenizer)  # fmt: skip
+        ConstrainedUnlearningTrainer(pipe, config)
 
 
 @pytest.mark.parametrize(
@@ -294,7 +301,7 @@ def test_v_prediction_scheduler_is_refused():
     config = ConstrainedUnlearningConfig(**TINY, forget_classes=[3])
     scheduler = DDPMScheduler(prediction_type="v_prediction")
     with pytest.raises(ValueError, match="prediction_type 'v_prediction'"):
-        ConstrainedUnlearningTrainer(get_tiny_pixel_unet(num_class_embeds=11), scheduler, config, null_class_label=10)
+        ConstrainedUnlearningTrainer(_pipeline(get_tiny_pixel_unet(num_class_embeds=11), scheduler), config)
 
 
 def test_calibrated_level_is_what_the_retained_classes_read():
@@ -336,12 +343,15 @@ def test_gradient_accumulation_takes_one_optimizer_and_one_dual_step_per_trainin
         _trainer(gradient_accumulation_steps=2, accelerator=Accelerator())
 
 
-def test_save_model_writes_the_unet_and_a_model_card(tmp_path):
+def test_save_model_writes_the_pipeline_with_the_unlearned_unet_and_a_model_card(tmp_path):
     trainer = _trainer(constraint="reverse_kl", constraint_level=50.0, dual_learning_rate=0.01)
     trainer.train(max_steps=1)
     trainer.save_model(str(tmp_path), base_model="tiny-digits")
-    from diffusers import UNet2DModel
+    from diffusers_ext import load_pipeline
 
-    UNet2DModel.from_pretrained(tmp_path / "unet")
+    loaded = load_pipeline(str(tmp_path))
+    assert isinstance(loaded, ClassConditionalDDPMPipeline) and loaded.config.null_class_label == 10
+    unlearned = trainer.unlearned_unet().state_dict()
+    assert all(torch.equal(v, unlearned[k]) for k, v in loaded.unet.state_dict().items())
     card = (tmp_path / "README.md").read_text()
     assert "tiny-digits with class 3 unlearned" in card and "KL(q || p_u) >= b" in card and "final lambda" in card

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Align a flow-matching text-to-image pipeline (SD3 or Flux) to reward functions with GRPO or E2PO.
 
-Options are the fields of `DiffusionGRPOConfig` / `E2POConfig` plus the script arguments below, parsed by TRL's
-`TrlParser` (so `--config run.yaml` works as in TRL's scripts). The result is a LoRA that `load_lora_weights`
-accepts, with a model card; `--resume_from_checkpoint latest` continues a run exactly.
+Options are the fields of `DiffusionGRPOConfig` / `E2POConfig`, of `LoraArguments` (here LoRA is on by default:
+`--use_lora`, rank 32, alpha 64; `--use_lora false` trains the whole transformer) and the script arguments below,
+parsed by TRL's `TrlParser` (so `--config run.yaml` works as in TRL's scripts). The result is a LoRA that
+`load_lora_weights` accepts, with a model card; `--resume_from_checkpoint latest` continues a run exactly.
 
     accelerate launch training/train_grpo.py --algorithm e2po \
         --pretrained_model_name_or_path diffusers_ext/zoo/digits-sd3 --dataset digits \
@@ -84,14 +85,19 @@ def build_reward(spec: str):
     raise ValueError(f"--reward_funcs {spec!r} unknown. {REWARD_HELP}")
 
 
+# This script's LoRA defaults (the shared `LoraArguments` default to no LoRA).
+LORA_DEFAULTS = {"use_lora": True, "lora_rank": 32, "lora_alpha": 64}
+
+
 def parse_args(argv=None):
-    """`(script_args, config)`: the config is an `E2POConfig` for `--algorithm e2po`, else a `DiffusionGRPOConfig`."""
+    """`(script_args, config, lora_args)`: the config is an `E2POConfig` for `--algorithm e2po`, else a
+    `DiffusionGRPOConfig`."""
     import argparse
 
     import yaml
     from trl import TrlParser
 
-    from diffusers_ext import DiffusionGRPOConfig, E2POConfig
+    from diffusers_ext import DiffusionGRPOConfig, E2POConfig, LoraArguments
 
     # The algorithm picks the config dataclass, so read it (from the command line or the YAML file) first.
     first = argparse.ArgumentParser(add_help=False)
@@ -105,8 +111,11 @@ def parse_args(argv=None):
     algorithm = algorithm or "grpo"
     if algorithm not in ALGORITHMS:
         raise ValueError(f"--algorithm {algorithm!r} unknown; expected one of {ALGORITHMS}.")
-    parser = TrlParser((ScriptArguments, E2POConfig if algorithm == "e2po" else DiffusionGRPOConfig))
-    script_args, config, remaining = parser.parse_args_and_config(args=argv, return_remaining_strings=True)
+    parser = TrlParser((ScriptArguments, E2POConfig if algorithm == "e2po" else DiffusionGRPOConfig, LoraArguments))
+    parser.set_defaults(**LORA_DEFAULTS)
+    script_args, config, lora_args, remaining = parser.parse_args_and_config(
+        args=argv, return_remaining_strings=True
+    )
     e2po_only = [arg for arg in remaining if arg.startswith("--e2po_")]
     if e2po_only:
         raise ValueError(f"{e2po_only[0]} is an E2PO option; pass --algorithm e2po to use it.")
@@ -114,7 +123,7 @@ def parse_args(argv=None):
         raise ValueError(f"unrecognized arguments: {' '.join(remaining)}")
     if script_args.pretrained_model_name_or_path is None:
         raise ValueError("--pretrained_model_name_or_path is required (a StableDiffusion3Pipeline or FluxPipeline).")
-    return script_args, config
+    return script_args, config, lora_args
 
 
 def load_pipeline(path: str):
@@ -124,7 +133,7 @@ def load_pipeline(path: str):
 
 
 def main(argv=None):
-    script_args, config = parse_args(argv)
+    script_args, config, lora_args = parse_args(argv)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     import diffusers
 
@@ -137,11 +146,13 @@ def main(argv=None):
     reward_funcs = [build_reward(spec) for spec in script_args.reward_funcs]
     pipeline = load_pipeline(script_args.pretrained_model_name_or_path)
     trainer_class = E2POTrainer if script_args.algorithm == "e2po" else DiffusionGRPOTrainer
-    trainer = trainer_class(pipeline, reward_funcs, config, train_dataset=prompts)
+    trainer = trainer_class(
+        pipeline, reward_funcs, config, train_dataset=prompts, peft_config=lora_args.to_peft_config()
+    )
     accelerator = trainer.accelerator
     logger.info(
-        f"{script_args.algorithm}: {config.max_steps} steps, {config.generation_batch_size} images per process per "
-        f"step, {accelerator.num_processes} processes"
+        f"{script_args.algorithm}: {config.max_steps} steps, {trainer.generation_batch_size} images per step "
+        f"({trainer.images_per_process} per process, {accelerator.num_processes} processes)"
     )
     history = trainer.train()
     if history and accelerator.is_main_process:
@@ -152,7 +163,7 @@ def main(argv=None):
         )
     trainer.save_model(base_model=script_args.pretrained_model_name_or_path)
     if accelerator.is_main_process:
-        logger.info(f"Saved the LoRA to {config.output_dir}")
+        logger.info(f"Saved the {'LoRA' if lora_args.use_lora else 'transformer'} to {config.output_dir}")
     accelerator.end_training()
 
 

@@ -59,6 +59,8 @@ def _samples(trainer, samples_per_digit: int, seed: int):
 
 def e2po_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     """Train an E2PO LoRA on digits-sd3 for a few steps; show samples and accuracy before and after."""
+    from peft import LoraConfig
+
     from .. import E2POConfig, E2POTrainer, zoo
     from ..rewards import ClassifierReward
 
@@ -69,12 +71,13 @@ def e2po_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
         config = E2POConfig(
             output_dir=scratch, max_steps=settings.steps, seed=seed, num_generations=8,
             per_device_train_batch_size=8 * settings.prompts_per_step, num_inference_steps=6, guidance_scale=1.0,
-            height=8, width=8, max_sequence_length=8, learning_rate=1e-3, lora_rank=8, lora_alpha=16, epsilon=0.2,
+            height=8, width=8, max_sequence_length=8, learning_rate=1e-3, epsilon=0.2,
             timestep_fraction=1.0, save_strategy="no", report_to="none", disable_tqdm=True,
         )  # fmt: skip
         trainer = E2POTrainer(
-            zoo.load("digits-sd3"), [ClassifierReward(classifier, mode="correct")], config, train_dataset=rows
-        )
+            zoo.load("digits-sd3"), [ClassifierReward(classifier, mode="correct")], config, train_dataset=rows,
+            peft_config=LoraConfig(r=8, lora_alpha=16, init_lora_weights="gaussian"),
+        )  # fmt: skip
         trainer.classifier = classifier
         before, accuracy_before = _samples(trainer, settings.samples_per_digit, seed)
         history = trainer.train()

@@ -46,7 +46,6 @@ def _save_trajectory(history, level, path):
 def unlearning_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     """Forget digit 3 from the zoo DDPM with the reverse-KL primal-dual trainer; show every class before and after."""
     from accelerate import Accelerator
-    from diffusers import DDPMScheduler
 
     from .. import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer, zoo
     from ..evaluation.unlearning import evaluate_concept_unlearning
@@ -60,6 +59,8 @@ def unlearning_section(output_dir: str, mode: str, seed: int, device: str) -> Se
         forget_classes=[FORGET_CLASS],
         retain_weight=10.0,
         lambda_max=0.75,
+        constraint_level="auto",  # b: how far the retained classes sit from p_u, calibrated at train start
+        dual_learning_rate="auto",  # 0.02 / b
         max_steps=settings.max_steps,
         per_device_train_batch_size=settings.per_device_train_batch_size,
         stop_patience=settings.max_steps,
@@ -67,18 +68,12 @@ def unlearning_section(output_dir: str, mode: str, seed: int, device: str) -> Se
         save_strategy="no",
         disable_tqdm=True,
     )
-    trainer = ConstrainedUnlearningTrainer(
-        copy.deepcopy(pipe.unet),
-        DDPMScheduler.from_config(pipe.scheduler.config),
-        config,
-        accelerator=Accelerator(cpu=device == "cpu"),
-        null_class_label=pipe.config.null_class_label,
-    )
-    config.constraint_level = trainer.calibrate_level()
-    config.dual_learning_rate = 0.02 / config.constraint_level
+    trained = copy.copy(pipe)  # the trainer trains its pipeline's UNet in place; `pipe` stays the pretrained one
+    trained.register_modules(unet=copy.deepcopy(pipe.unet))
+    trainer = ConstrainedUnlearningTrainer(trained, config, accelerator=Accelerator(cpu=device == "cpu"))
     trainer.train()
-    unlearned = copy.copy(pipe)
-    unlearned.register_modules(unet=trainer.unlearned_unet().eval())
+    unlearned = trainer.unlearned_pipeline()
+    unlearned.unet.eval()
 
     n = settings.samples_per_class
     reports = {
@@ -89,7 +84,7 @@ def unlearning_section(output_dir: str, mode: str, seed: int, device: str) -> Se
         shown = report.images.view(10, n, *report.images.shape[1:])[:, :SHOWN]
         grid = ((shown.reshape(-1, *report.images.shape[1:]) + 1) / 2).permute(0, 2, 3, 1).cpu().numpy()
         save_image_grid(grid, f"{output_dir}/unlearning_{name}.png", rows=10, row_labels=[str(c) for c in range(10)])
-    _save_trajectory(trainer.history, config.constraint_level, f"{output_dir}/unlearning_lambda.png")
+    _save_trajectory(trainer.history, trainer.constraint_level, f"{output_dir}/unlearning_lambda.png")
 
     before, after = reports["before"], reports["after"]
     table = [
@@ -100,7 +95,7 @@ def unlearning_section(output_dir: str, mode: str, seed: int, device: str) -> Se
         title=f"Constrained unlearning: forgetting the digit {FORGET_CLASS}",
         summary=(
             f"The zoo DDPM was trained for {trainer.global_step} primal-dual steps to keep KL(q || p_{FORGET_CLASS}) "
-            f">= {config.constraint_level:.3g} (the path KL at which the other digits sit from the {FORGET_CLASS}s) "
+            f">= {trainer.constraint_level:.3g} (the path KL at which the other digits sit from the {FORGET_CLASS}s) "
             f"while staying close to the unconditional model; lambda ended at {trainer.lambda_:.2f}. Samples "
             f"conditioned on {FORGET_CLASS} that the classifier still calls {FORGET_CLASS}: "
             f"{before.forgotten_rate:.0%} before, {after.forgotten_rate:.0%} after. Largest accuracy drop of a "

@@ -1,6 +1,5 @@
 """[`DiffusionTrainerConfig`]: the options every trainer of the pack shares, with `TrainingArguments`' names."""
 
-import warnings
 from dataclasses import dataclass, field, fields
 
 from ..utils import public
@@ -24,8 +23,8 @@ class DiffusionTrainerConfig:
     for unlearning); each subclass's docstring says it. Every field has a `help` entry, so `trl.TrlParser` or
     `transformers.HfArgumentParser` builds a command line (and YAML) parser from a subclass.
 
-    Subclasses may list renamed fields in `_deprecated_aliases` (`{old name: new name}`): an old name passed as a
-    keyword still works for now, with a `FutureWarning` naming the new one.
+    LoRA is not a config option: as in TRL, a trainer takes `peft_config` (a `peft.LoraConfig`; None trains all
+    weights). The training scripts build it from [`LoraArguments`].
     """
 
     # Output, logging and checkpoints
@@ -63,8 +62,6 @@ class DiffusionTrainerConfig:
         default=1, metadata={"help": "Micro-batches whose gradients make one optimizer step."}
     )
 
-    _deprecated_aliases = {}
-
     def __post_init__(self):
         for name in ("max_steps", "logging_steps", "save_steps", "per_device_train_batch_size",
                      "gradient_accumulation_steps"):  # fmt: skip
@@ -80,27 +77,54 @@ class DiffusionTrainerConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}.")
 
-    def _apply_deprecated_aliases(self):
-        """Move values given under an old field name to the new one (call first in a subclass's `__post_init__`)."""
-        defaults = {f.name: f.default for f in fields(self)}
-        for old, new in self._deprecated_aliases.items():
-            value = getattr(self, old)
-            if value is None:
-                continue
-            if getattr(self, new) != defaults[new] and getattr(self, new) != value:
-                raise ValueError(
-                    f"`{old}` is the deprecated name of `{new}`; got both ({old}={value!r}, "
-                    f"{new}={getattr(self, new)!r})."
-                )
-            warnings.warn(
-                f"`{type(self).__name__}({old}=...)` is deprecated and will be removed in a future release; use "
-                f"`{new}` (the name `transformers.TrainingArguments` uses).",
-                FutureWarning,
-                stacklevel=4,
-            )
-            setattr(self, new, value)
-            setattr(self, old, None)
-
     def to_dict(self) -> dict:
-        """The fields as a plain dict (for trackers and model cards), without deprecated aliases."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self._deprecated_aliases}
+        """The fields as a plain dict (for trackers and model cards)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@public
+@dataclass
+class LoraArguments:
+    r"""
+    The LoRA options of the training scripts, one set for every trainer: `to_peft_config()` turns them into the
+    `peft.LoraConfig` a trainer takes as `peft_config` (None without `use_lora`), as TRL's `ModelConfig` /
+    `get_peft_config` do for its scripts. Each script sets its own defaults on the parser.
+    """
+
+    use_lora: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
+    lora_rank: int = field(default=8, metadata={"help": "LoRA rank r."})
+    lora_alpha: float | None = field(default=None, metadata={"help": "LoRA alpha (default: the rank)."})
+    lora_target_modules: list[str] | None = field(
+        default=None, metadata={"help": "Module names that get LoRA layers; None: the trainer's default targets."}
+    )
+    lora_init: str = field(default="gaussian", metadata={"help": "peft `init_lora_weights` ('gaussian' or 'true')."})
+
+    def __post_init__(self):
+        if isinstance(self.lora_rank, bool) or self.lora_rank < 1:
+            raise ValueError(f"`lora_rank` must be a positive int, got {self.lora_rank!r}.")
+        if self.lora_init not in ("gaussian", "true"):
+            raise ValueError(f"`lora_init` must be 'gaussian' or 'true', got {self.lora_init!r}.")
+
+    def to_peft_config(self):
+        """The `peft.LoraConfig` of these options, or None without `use_lora` (train all weights)."""
+        if not self.use_lora:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.lora_rank,
+            lora_alpha=self.lora_alpha or self.lora_rank,
+            init_lora_weights=True if self.lora_init == "true" else self.lora_init,
+            target_modules=self.lora_target_modules,
+        )
+
+
+def with_default_targets(peft_config, targets: list[str]):
+    """A copy of `peft_config` whose `target_modules` are `targets` when it names none (the trainer's defaults)."""
+    import copy
+
+    if peft_config is None or peft_config.target_modules is not None:
+        return peft_config
+    peft_config = copy.deepcopy(peft_config)
+    peft_config.target_modules = set(targets)
+    return peft_config

@@ -32,7 +32,11 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
     [`DiffusionTrainerConfig`], named as in `transformers.TrainingArguments`. One training step draws
     `gradient_accumulation_steps` micro-batches of `per_device_train_batch_size` forget (and as many retain) samples
     per process, takes one AdamW step on their accumulated loss and one dual step on lambda from their mean
-    constraint estimate.
+    constraint estimate. LoRA comes from the trainer's `peft_config`, as in TRL.
+
+    `constraint_level="auto"` and `dual_learning_rate="auto"` are resolved by the trainer when training starts (the
+    config keeps what was given; the values in use are `trainer.constraint_level` and `trainer.dual_learning_rate`,
+    logged at the start of training and written into the model card).
     """
 
     # What to optimise
@@ -53,17 +57,34 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
             "None runs the primal-dual method for `constraint`."
         },
     )
-    constraint_level: float = field(
+    # `float | str | None`: TrlParser / HfArgumentParser then read the option as a string ("auto" or a number).
+    constraint_level: float | str | None = field(
         default=50.0,
         metadata={
             "help": "The level b of the constraint, in the units of its estimate: nats of path KL for reverse_kl, "
-            "nats of ELBO difference for likelihood, mean squared noise-prediction error for forward_kl."
+            "nats of ELBO difference for likelihood, mean squared noise-prediction error for forward_kl. 'auto' "
+            "(concept unlearning): `constraint_level_factor` times what the constraint reads on the retained "
+            "classes/prompts under the pretrained model (`trainer.calibrate_level()`), resolved at train start."
         },
+    )
+    constraint_level_factor: float = field(
+        default=1.0, metadata={"help": "Multiplies the calibrated level of constraint_level='auto'."}
     )
 
     # Dual variable
-    dual_learning_rate: float = field(
-        default=0.01, metadata={"help": "Step size of the projected dual ascent on lambda (per training step)."}
+    dual_learning_rate: float | str | None = field(
+        default=0.01,
+        metadata={
+            "help": "Step size of the projected dual ascent on lambda (per training step), or 'auto': "
+            "dual_learning_rate_scale / max(|b|, 1e-3), in the units of the constraint, resolved at train start."
+        },
+    )
+    dual_learning_rate_scale: float | None = field(
+        default=None,
+        metadata={
+            "help": "Numerator of dual_learning_rate='auto'. Default 0.02 for concept unlearning, 0.3 for data "
+            "unlearning."
+        },
     )
     lambda_init: float = field(default=0.0, metadata={"help": "Initial value of the dual variable lambda."})
     lambda_min: float = field(default=0.0, metadata={"help": "Lower bound of lambda (>= 0)."})
@@ -167,29 +188,14 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
         default=10, metadata={"help": "Redraw the on-policy forget pool from the current model every N steps."}
     )
 
-    # LoRA
-    use_lora: bool = field(default=False, metadata={"help": "Train LoRA adapters (peft) instead of all weights."})
-    lora_rank: int = field(default=8, metadata={"help": "LoRA rank."})
-    lora_alpha: float | None = field(default=None, metadata={"help": "LoRA alpha (default: the rank)."})
-    lora_target_modules: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Modules that get adapters. Default: attention projections (to_q, to_k, to_v, to_out.0) for a "
-            "UNet2DConditionModel; conv1, conv2, time_emb_proj and the attention projections for a UNet2DModel."
-        },
-    )
-
-    # Renamed fields, accepted with a FutureWarning (see DiffusionTrainerConfig)
-    train_batch_size: int | None = field(
-        default=None, metadata={"help": "Deprecated: use `per_device_train_batch_size`."}
-    )
-    adam_weight_decay: float | None = field(default=None, metadata={"help": "Deprecated: use `weight_decay`."})
-
-    _deprecated_aliases = {"train_batch_size": "per_device_train_batch_size", "adam_weight_decay": "weight_decay"}
-
     def __post_init__(self):
-        self._apply_deprecated_aliases()
         super().__post_init__()
+        self.constraint_level = _number_or_auto(self.constraint_level, "constraint_level")
+        self.dual_learning_rate = _number_or_auto(self.dual_learning_rate, "dual_learning_rate")
+        if not self.constraint_level_factor > 0:
+            raise ValueError(f"`constraint_level_factor` must be > 0, got {self.constraint_level_factor}.")
+        if self.dual_learning_rate_scale is not None and not self.dual_learning_rate_scale > 0:
+            raise ValueError(f"`dual_learning_rate_scale` must be None or > 0, got {self.dual_learning_rate_scale}.")
         if self.constraint not in CONSTRAINTS:
             raise ValueError(f"`constraint` must be one of {CONSTRAINTS}, got {self.constraint!r}.")
         if self.baseline is not None and self.baseline not in BASELINES:
@@ -228,12 +234,14 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
             overlap = sorted(set(self.retain_classes) & set(self.forget_classes))
             if overlap:
                 raise ValueError(f"classes {overlap} are in both `forget_classes` and `retain_classes`.")
-        for name in ("pool_size", "pool_sampling_steps", "pool_refresh_steps", "lora_rank"):
+        for name in ("pool_size", "pool_sampling_steps", "pool_refresh_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
         if self.stop_patience < 1:
             raise ValueError(f"`stop_patience` must be >= 1, got {self.stop_patience}.")
-        for name in ("dual_learning_rate", "retain_weight", "neggrad_weight", "siss_retain_weight"):
+        if self.dual_learning_rate != "auto" and self.dual_learning_rate < 0:
+            raise ValueError(f"`dual_learning_rate` must be >= 0 or 'auto', got {self.dual_learning_rate}.")
+        for name in ("retain_weight", "neggrad_weight", "siss_retain_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}.")
         if not 0.0 <= self.constraint_ema < 1.0:
@@ -247,3 +255,17 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
     def method(self) -> str:
         """The name of what is trained: the baseline, or the constraint of the primal-dual method."""
         return self.baseline or self.constraint
+
+
+def _number_or_auto(value, name: str) -> float | str:
+    """`value` as a float, or "auto"; a string from a command line or YAML file is converted."""
+    if value == "auto":
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"`{name}` must be a number or 'auto', got {value!r}.")

@@ -2,18 +2,16 @@
 
 import copy
 import os
-import warnings
 
 import torch
-import torch.nn.functional as F
 from diffusers.utils import logging
 
 from ..training_utils import step_generator
 from ..utils import public
 from .base_trainer import DiffusionTrainer
 from .constrained_unlearning_config import ConstrainedUnlearningConfig
-from .unlearning_inputs import add_lora, as_tensors, check_labels, encode_prompts, sample_size
-from .unlearning_objectives import OBJECTIVES
+from .unlearning_inputs import add_lora, as_tensors, build_conditions, check_method
+from .unlearning_objectives import OBJECTIVES, NoisedBatch, UnlearningContext, mse
 
 
 logger = logging.get_logger(__name__)
@@ -41,20 +39,29 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
     lambda from the Monte-Carlo constraint estimate (`dual_step`). What differs between the methods lives in one
     [`UnlearningObjective`] per method (`diffusers_ext.trainers.unlearning_objectives`), chosen by
     `args.constraint` or `args.baseline` (ESD, SISS, NegGrad+ or a retain-only fine-tune, trained by the same steps
-    with a fixed strength). The loop, checkpoints (`save_steps`, `resume_from_checkpoint`; lambda and the on-policy
-    pool go into `unlearning_state.safetensors`), logging and `save_model` come from [`DiffusionTrainer`].
+    with a fixed strength); it sees an [`UnlearningContext`], not the trainer. The loop, checkpoints (`save_steps`,
+    `resume_from_checkpoint`; lambda and the on-policy pool go into `unlearning_state.safetensors`), logging and
+    `save_model` come from [`DiffusionTrainer`].
 
     Args:
-        unet ([`UNet2DModel`] or [`UNet2DConditionModel`]): the pretrained denoiser (epsilon prediction). It is
-            trained in place (all weights, or LoRA adapters with `args.use_lora`).
-        noise_scheduler: a DDPM/DDIM-family diffusers scheduler (with `alphas_cumprod`) giving the noise schedule.
+        pipeline: a diffusers pipeline whose `unet` is the pretrained denoiser (epsilon prediction): a
+            [`ClassConditionalDDPMPipeline`] or `DDPMPipeline` ([`UNet2DModel`]; its `null_class_label` is the default
+            reference), or a `StableDiffusionPipeline`-like one ([`UNet2DConditionModel`]; its `text_encoder` and
+            `tokenizer` encode `forget_prompts`, `retain_prompts` and `reference_prompt`). Its scheduler's
+            configuration gives the DDPM noise schedule. `pipeline.unet` is trained in place (all weights, or the
+            LoRA adapters of `peft_config`); `save_model` saves the pipeline with the unlearned UNet.
         args ([`ConstrainedUnlearningConfig`], *optional*): what to forget, the constraint and the optimisation.
         forget_dataset (*optional*): training examples to forget, `(images, labels)` (data unlearning).
         retain_dataset (*optional*): the remaining training examples, `(images, labels)`.
-        text_encoder, tokenizer (*optional*): encode `forget_prompts`, `retain_prompts` and `reference_prompt` for a
-            `UNet2DConditionModel`.
-        null_class_label (`int`, *optional*): the null class of a class-conditional UNet (the default reference).
+        peft_config (`peft.LoraConfig`, *optional*): train these LoRA adapters instead of all weights; without
+            `target_modules` they go on the attention projections (`to_q`, `to_k`, `to_v`, `to_out.0`), and for a
+            `UNet2DModel` also on `conv1`, `conv2` and `time_emb_proj`.
         accelerator (`accelerate.Accelerator`, *optional*): built from `args` when omitted.
+
+    Attributes:
+        constraint_level (`float`): the level b in use; `constraint_level="auto"` is resolved (calibrated, times
+            `constraint_level_factor`) on first use, at the latest when training starts.
+        dual_learning_rate (`float`): the dual step size in use (`"auto"` resolved from b the same way).
 
     Metrics (every step in `history`, and to the trackers every `logging_steps`): `loss`, `forget_loss`,
     `retain_loss`, `constraint_estimate`, `constraint_ema`, `grad_norm`, and `lambda`, `slack` (primal-dual
@@ -67,51 +74,48 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
 
     def __init__(
         self,
-        unet,
-        noise_scheduler,
+        pipeline,
         args: ConstrainedUnlearningConfig | None = None,
         *,
         forget_dataset=None,
         retain_dataset=None,
-        text_encoder=None,
-        tokenizer=None,
-        null_class_label: int | None = None,
+        peft_config=None,
         accelerator=None,
     ):
-        from diffusers import UNet2DConditionModel, UNet2DModel
+        from diffusers import DDPMScheduler, UNet2DConditionModel, UNet2DModel
 
-        if isinstance(unet, ConstrainedUnlearningConfig):  # the earlier order: (config, unet, noise_scheduler)
-            warnings.warn(
-                "`ConstrainedUnlearningTrainer(config, unet, noise_scheduler)` is deprecated; pass "
-                "`ConstrainedUnlearningTrainer(unet, noise_scheduler, args)` (the model comes first, as in TRL).",
-                FutureWarning,
-                stacklevel=2,
-            )
-            unet, noise_scheduler, args = noise_scheduler, args, unet
         super().__init__(args)
         args = self.args
+        unet = getattr(pipeline, "unet", None)
         if not isinstance(unet, (UNet2DModel, UNet2DConditionModel)):
-            raise TypeError(f"`unet` must be a UNet2DModel or UNet2DConditionModel, got {type(unet).__name__}.")
-        if not hasattr(noise_scheduler, "alphas_cumprod") or not hasattr(noise_scheduler, "add_noise"):
             raise TypeError(
-                f"`noise_scheduler` must be a DDPM/DDIM-family scheduler with `alphas_cumprod` and `add_noise`, got "
-                f"{type(noise_scheduler).__name__}."
+                "`pipeline` must be a diffusers pipeline whose `unet` is a UNet2DModel or UNet2DConditionModel, got "
+                f"{type(pipeline).__name__} with unet {type(unet).__name__}."
             )
-        prediction_type = noise_scheduler.config.get("prediction_type", "epsilon")
+        scheduler = getattr(pipeline, "scheduler", None)
+        if not hasattr(scheduler, "alphas_cumprod") or not hasattr(scheduler, "add_noise"):
+            raise TypeError(
+                "`pipeline.scheduler` must be a DDPM/DDIM-family scheduler with `alphas_cumprod` and `add_noise`, got "
+                f"{type(scheduler).__name__}."
+            )
+        prediction_type = scheduler.config.get("prediction_type", "epsilon")
         if prediction_type != "epsilon":
             raise ValueError(
-                f"`noise_scheduler` has prediction_type {prediction_type!r}; the unlearning targets are defined for "
-                "'epsilon' prediction."
+                f"`pipeline.scheduler` has prediction_type {prediction_type!r}; the unlearning targets are defined "
+                "for 'epsilon' prediction."
             )
+        self.pipeline = pipeline
+        self.peft_config = peft_config
         self.is_text = isinstance(unet, UNet2DConditionModel)
         self.method = args.method
         self.forget_data = as_tensors(forget_dataset, "forget_dataset")
         self.retain_data = as_tensors(retain_dataset, "retain_dataset")
         self.mode = "data" if self.forget_data is not None else "concept"
-        self.objective = OBJECTIVES[self.method](self)
-        self._check_method()
+        objective_class = OBJECTIVES[self.method]
+        check_method(args, self.mode, objective_class, self.retain_data)
         accelerator = self.create_accelerator(accelerator)
-        self.noise_scheduler = noise_scheduler
+        self.noise_scheduler = DDPMScheduler.from_config(scheduler.config)
+        noise_scheduler = self.noise_scheduler
         self.num_train_timesteps = int(noise_scheduler.config.num_train_timesteps)
         alphas_cumprod = noise_scheduler.alphas_cumprod.to(torch.float64)
         betas = 1.0 - alphas_cumprod / torch.cat([torch.ones(1, dtype=torch.float64), alphas_cumprod[:-1]])
@@ -120,12 +124,19 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         self.elbo_weights = (betas / (2.0 * (1.0 - alphas_cumprod))).float()
 
         # Conditions are validated and encoded before any weights are copied or trained.
-        self._build_conditions(unet, text_encoder, tokenizer, null_class_label)
+        null_class_label = getattr(pipeline.config, "null_class_label", None)
+        text_encoder, tokenizer = getattr(pipeline, "text_encoder", None), getattr(pipeline, "tokenizer", None)
+        (self.sample_shape, self.forget_conds, self.retain_conds, self.reference_cond, self.forget_data,
+         self.retain_data) = build_conditions(args, unet, self.mode, self.forget_data, self.retain_data, text_encoder,
+                                              tokenizer, null_class_label)  # fmt: skip
+        self._constraint_level = None if args.constraint_level == "auto" else args.constraint_level
+        self._dual_learning_rate = None if args.dual_learning_rate == "auto" else args.dual_learning_rate
+        self._check_auto_level(objective_class)
 
         self.ref_unet = copy.deepcopy(unet).requires_grad_(False).eval()
         unet.train()
-        if args.use_lora:
-            add_lora(unet, args, self.is_text)
+        if peft_config is not None:
+            add_lora(unet, peft_config, self.is_text)
         else:
             unet.requires_grad_(True)
         self.trainable_parameters = [p for p in unet.parameters() if p.requires_grad]
@@ -139,92 +150,65 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         self.violation_steps = 0
         self.forget_pool: torch.Tensor | None = None
         self.forget_pool_conds: torch.Tensor | None = None
+        self.objective = objective_class(self._context())
         self._fixed_pools()
 
+    def _context(self) -> UnlearningContext:
+        """What the objective may read and draw."""
+        return UnlearningContext(
+            args=self.args,
+            mode=self.mode,
+            device=self.accelerator.device,
+            num_train_timesteps=self.num_train_timesteps,
+            noise_scheduler=self.noise_scheduler,
+            forget_conds=self.forget_conds,
+            reference_cond=self.reference_cond,
+            forget_data=self.forget_data,
+            retain_data=self.retain_data,
+            noised=self._noised,
+            pick=self._pick,
+            repeat=self._repeat,
+            pretrained_eps=lambda x, t, cond: self._eps(self.ref_unet, x, t, cond),
+            path_sum=self._path_sum,
+            sample_pretrained=lambda conds, tag: self.sample(self.ref_unet, conds, self._pool_generator(tag, 0)),
+            on_policy_pool=self.on_policy_pool,
+        )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The constraint level and dual step size in use
+    # ------------------------------------------------------------------------------------------------------------
+
     @property
-    def config(self) -> ConstrainedUnlearningConfig:
-        """Deprecated alias of `args` (the name TRL and `transformers.Trainer` use)."""
-        warnings.warn("`trainer.config` is deprecated; use `trainer.args`.", FutureWarning, stacklevel=2)
-        return self.args
+    def constraint_level(self) -> float:
+        """The level b in use: `args.constraint_level`, or for "auto" `calibrate_level()` times
+        `constraint_level_factor` (resolved once; calibration is deterministic, so a resumed run gets the same)."""
+        if self._constraint_level is None:
+            self._constraint_level = self.calibrate_level() * self.args.constraint_level_factor
+        return self._constraint_level
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Validation and conditions
-    # ------------------------------------------------------------------------------------------------------------
+    @property
+    def dual_learning_rate(self) -> float:
+        """The dual step size in use: `args.dual_learning_rate`, or for "auto" `dual_learning_rate_scale` (default
+        0.02 for concepts, 0.3 for data) divided by max(|b|, 1e-3)."""
+        if self._dual_learning_rate is None:
+            scale = self.args.dual_learning_rate_scale
+            scale = scale if scale is not None else (0.3 if self.mode == "data" else 0.02)
+            self._dual_learning_rate = scale / max(abs(self.constraint_level), 1e-3)
+        return self._dual_learning_rate
 
-    def _check_method(self):
-        args, method = self.args, self.method
-        if self.mode not in self.objective.modes:
-            if self.mode == "data":
-                raise ValueError(
-                    f"method {method!r} unlearns a concept (it needs the forget condition's own prediction eps_u); "
-                    "for a `forget_dataset` use constraint='forward_kl' or baseline 'siss', 'neggrad_plus' or "
-                    "'retain_only'."
-                )
-            raise ValueError(f"baseline {method!r} unlearns training data; pass a `forget_dataset`.")
+    def _check_auto_level(self, objective_class) -> None:
+        if self.args.constraint_level != "auto" or not objective_class.primal_dual:
+            return
         if self.mode == "data":
-            if self.retain_data is None:
-                raise ValueError("data unlearning needs a `retain_dataset` (the training examples to keep).")
-            if args.forget_classes is not None or args.forget_prompts is not None:
-                raise ValueError("give either a `forget_dataset` or `forget_classes`/`forget_prompts`, not both.")
-        elif args.forget_classes is None and args.forget_prompts is None:
             raise ValueError(
-                "nothing to forget: set `forget_classes` or `forget_prompts` in the config, or pass a non-empty "
-                "`forget_dataset`."
+                "`constraint_level='auto'` calibrates on the retained classes or prompts (concept unlearning); for "
+                "data unlearning give the level, e.g. the held-out non-members' denoising loss (membership parity)."
             )
-
-    def _build_conditions(self, unet, text_encoder, tokenizer, null_class_label):
-        config = self.args
-        self.sample_shape = (unet.config.in_channels, *sample_size(unet))
-        if self.is_text:
-            if config.forget_classes is not None:
-                raise ValueError("`forget_classes` needs a class-conditional UNet2DModel; use `forget_prompts`.")
-            if self.mode == "data":
-                raise ValueError("data unlearning is supported for UNet2DModel (class-conditional or not).")
-            if text_encoder is None or tokenizer is None:
-                raise ValueError("a UNet2DConditionModel needs `text_encoder` and `tokenizer` to encode the prompts.")
-            self.forget_conds = encode_prompts(config.forget_prompts, text_encoder, tokenizer, "forget_prompts")
-            retain = config.retain_prompts or []
-            self.retain_conds = encode_prompts(retain, text_encoder, tokenizer, "retain_prompts") if retain else None
-            self.reference_cond = encode_prompts(
-                [config.reference_prompt], text_encoder, tokenizer, "reference_prompt"
+        if self.retain_conds is None:
+            raise ValueError(
+                "`constraint_level='auto'` calibrates on the retained classes or prompts, and there are none: give "
+                "`retain_classes` / `retain_prompts`, or a numeric `constraint_level`."
             )
-            return
-        if config.forget_prompts is not None or config.retain_prompts:
-            raise ValueError("prompts need a UNet2DConditionModel; this UNet2DModel is conditioned on class labels.")
-        num_classes = unet.config.num_class_embeds
-        if self.mode == "data":
-            self.forget_conds = self.retain_conds = self.reference_cond = None
-            if num_classes is None:  # an unconditional UNet: labels, if any, play no part
-                self.forget_data, self.retain_data = (self.forget_data[0], None), (self.retain_data[0], None)
-            labels = [d[1] for d in (self.forget_data, self.retain_data) if d[1] is not None]
-            if num_classes is not None and len(labels) < 2:
-                raise ValueError("the UNet is class-conditional: `forget_dataset` and `retain_dataset` need labels.")
-            for name, data in (("forget_dataset", self.forget_data), ("retain_dataset", self.retain_data)):
-                if tuple(data[0].shape[1:]) != self.sample_shape:
-                    raise ValueError(
-                        f"`{name}` images have shape {tuple(data[0].shape[1:])}; the UNet expects {self.sample_shape}."
-                    )
-                if num_classes is not None:
-                    check_labels(data[1].tolist(), num_classes, null_class_label, f"{name} labels")
-            return
-        if num_classes is None:
-            raise ValueError("`forget_classes` needs a class-conditional UNet2DModel (`num_class_embeds` is None).")
-        check_labels(config.forget_classes, num_classes, null_class_label, "forget_classes")
-        reference = config.reference_class if config.reference_class is not None else null_class_label
-        if reference is None:
-            raise ValueError("no reference: set `reference_class`, or pass the pipeline's `null_class_label`.")
-        if reference in config.forget_classes:
-            raise ValueError(f"`reference_class` {reference} is also a forget class.")
-        if not 0 <= reference < num_classes:
-            raise ValueError(f"`reference_class` {reference} is not a class of this UNet (0..{num_classes - 1}).")
-        retain = config.retain_classes
-        if retain is None:
-            retain = [c for c in range(num_classes) if c not in config.forget_classes and c != null_class_label]
-        else:
-            check_labels(retain, num_classes, null_class_label, "retain_classes")
-        self.forget_conds = torch.tensor(config.forget_classes, dtype=torch.long)
-        self.retain_conds = torch.tensor(retain, dtype=torch.long) if retain else None
-        self.reference_cond = torch.tensor([reference], dtype=torch.long)
 
     # ------------------------------------------------------------------------------------------------------------
     # Sampling
@@ -279,34 +263,40 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         self.forget_pool = self.sample(unet, conds, self._pool_generator(4, self.global_step))
         self.forget_pool_conds = conds
 
+    def on_policy_pool(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(samples, conds)` of the on-policy pool at `step`, redrawn first every `pool_refresh_steps` steps."""
+        if self.forget_pool is None or step % self.args.pool_refresh_steps == 0:
+            self.refresh_forget_pool()
+        return self.forget_pool, self.forget_pool_conds
+
     # ------------------------------------------------------------------------------------------------------------
     # One step: batch, targets, loss, dual update
     # ------------------------------------------------------------------------------------------------------------
 
-    def _noised(self, x0, conds, generator, name: str) -> dict:
+    def _noised(self, x0, conds, generator, name: str) -> NoisedBatch:
         device = self.accelerator.device
         noise = torch.randn(x0.shape, generator=generator).to(device)
         t = torch.randint(0, self.num_train_timesteps, (x0.shape[0],), generator=generator).to(device)
         x0 = x0.to(device)
-        return {
-            "name": name,
-            "x0": x0,
-            "noise": noise,
-            "t": t,
-            "x_t": self.noise_scheduler.add_noise(x0, noise, t),
-            "cond": conds.to(device) if conds is not None else None,
-        }
+        return NoisedBatch(
+            name=name,
+            x_t=self.noise_scheduler.add_noise(x0, noise, t),
+            t=t,
+            cond=conds.to(device) if conds is not None else None,
+            noise=noise,
+            x0=x0,
+        )
 
     def _pick(self, pool: torch.Tensor, conds: torch.Tensor | None, generator: torch.Generator):
         index = torch.randint(0, pool.shape[0], (self.args.per_device_train_batch_size,), generator=generator)
         return pool[index.to(pool.device)], (conds[index.to(conds.device)] if conds is not None else None)
 
-    def sample_batch(self, micro_step: int = 0) -> list[dict]:
+    def sample_batch(self, micro_step: int = 0) -> list[NoisedBatch]:
         """The noised inputs of one micro-batch (each part one forward of the trained UNet): the objective's forget
         parts, then the retain part (from the retained conditions' pool or the retain set) when it wants one."""
         args = self.args
         if micro_step == 0:
-            self.objective.begin_step()
+            self.objective.begin_step(self.global_step)
         step = self.global_step * args.gradient_accumulation_steps + micro_step
         generator = step_generator(args.seed, step, self.accelerator.process_index)
         parts = self.objective.forget_parts(generator)
@@ -319,45 +309,41 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         return parts
 
     @torch.no_grad()
-    def compute_targets(self, parts: list[dict]) -> None:
-        """Add each part's regression target: the pretrained prediction (concept) or the noise (data) for the retain
+    def compute_targets(self, parts: list[NoisedBatch]) -> None:
+        """Set each part's regression target: the pretrained prediction (concept) or the noise (data) for the retain
         part, the objective's target for the others."""
         for part in parts:
-            if part["name"] != "retain":
-                self.objective.add_targets(part)
+            if part.name != "retain":
+                self.objective.add_targets(part, self.lambda_)
             elif self.mode == "data":
-                part["target"] = part["noise"]
+                part.target = part.noise
             else:
-                part["target"] = self._eps(self.ref_unet, part["x_t"], part["t"], part["cond"])
+                part.target = self._eps(self.ref_unet, part.x_t, part.t, part.cond)
 
     def guidance_strength(self) -> float:
         """eta of the target eps_ref + eta (eps_ref - eps_u): λ/(1-λ) (reverse KL), λ (likelihood), ESD's fixed eta."""
         if not self.objective.guidance:
             raise ValueError(f"{self.objective.name!r} has no guidance-style target, so no guidance strength.")
-        return self.objective.guidance_strength()
+        return self.objective.guidance_strength(self.lambda_)
 
     def _path_sum(self, per_sample_sq: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """Monte-Carlo estimate of sum_t w_t ||.||² over all T steps from uniformly drawn t: T * mean(w_t ||.||²)."""
         return self.num_train_timesteps * (self.elbo_weights[t] * per_sample_sq).mean()
 
-    def compute_loss(self, parts: list[dict]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute_loss(self, parts: list[NoisedBatch]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One forward of the trained UNet over all parts; return the loss and the micro-batch's (detached) metrics."""
-        x = torch.cat([p["x_t"] for p in parts])
-        t = torch.cat([p["t"] for p in parts])
-        conds = None if parts[0]["cond"] is None else torch.cat([p["cond"] for p in parts])
+        x = torch.cat([p.x_t for p in parts])
+        t = torch.cat([p.t for p in parts])
+        conds = None if parts[0].cond is None else torch.cat([p.cond for p in parts])
         with self.accelerator.autocast():
             eps = self._eps(self.unet, x, t, conds).float()
-        preds = dict(zip([p["name"] for p in parts], eps.split([len(p["t"]) for p in parts])))
-        by_name = {p["name"]: p for p in parts}
-
-        def mse(name):
-            return F.mse_loss(preds[name], by_name[name]["target"].float())
-
-        retain = mse("retain") if "retain" in preds else torch.zeros((), device=x.device)
-        loss, forget, estimate = self.objective.loss(preds, by_name, retain, mse)
-        metrics = {"retain_loss": retain.detach(), "constraint_estimate": estimate, "forget_loss": forget.detach(),
-                   "loss": loss.detach()}  # fmt: skip
-        return loss, metrics
+        preds = dict(zip([p.name for p in parts], eps.split([len(p.t) for p in parts])))
+        by_name = {p.name: p for p in parts}
+        retain = mse(preds["retain"], by_name["retain"]) if "retain" in preds else torch.zeros((), device=x.device)
+        out = self.objective.loss(preds, by_name, retain, self.lambda_)
+        metrics = {"retain_loss": retain.detach(), "constraint_estimate": out.constraint_estimate,
+                   "forget_loss": out.forget_loss.detach(), "loss": out.loss.detach()}  # fmt: skip
+        return out.loss, metrics
 
     @torch.no_grad()
     def calibrate_level(self, num_draws: int = 4) -> float:
@@ -378,17 +364,17 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         values = []
         for _ in range(num_draws):
             part = self._noised(self.retain_pool, self.retain_pool_conds, generator, "calibration")
-            u = self._repeat(self.forget_conds, len(part["t"])).to(device)
-            eps_u = self._eps(self.ref_unet, part["x_t"], part["t"], u)
+            u = self._repeat(self.forget_conds, len(part.t)).to(device)
+            eps_u = self._eps(self.ref_unet, part.x_t, part.t, u)
             values.append(self.objective.calibration_value(part, eps_u))
         return float(torch.stack(values).mean())
 
     def constraint_satisfied(self, value: float) -> bool:
-        return self.objective.satisfied(value, self.args.constraint_level)
+        return self.objective.satisfied(value, self.constraint_level)
 
     def slack(self, value: float) -> float:
         """How far the constraint holds (positive) or is violated (negative)."""
-        return self.objective.slack(value, self.args.constraint_level)
+        return self.objective.slack(value, self.constraint_level)
 
     def dual_step(self, estimate: float) -> None:
         """Projected dual ascent: λ grows while the constraint is violated, shrinks while it holds with slack."""
@@ -403,8 +389,9 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         )
         if not objective.primal_dual:
             return
-        violation = args.constraint_level - estimate if objective.sense == ">=" else estimate - args.constraint_level
-        self.lambda_ = min(max(self.lambda_ + args.dual_learning_rate * violation, args.lambda_min), args.lambda_max)
+        level = self.constraint_level
+        violation = level - estimate if objective.sense == ">=" else estimate - level
+        self.lambda_ = min(max(self.lambda_ + self.dual_learning_rate * violation, args.lambda_min), args.lambda_max)
         at_bound = self.lambda_ >= args.lambda_max
         if at_bound and not self.constraint_satisfied(self.constraint_ema):
             self.violation_steps += 1
@@ -412,7 +399,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
             self.violation_steps = 0
         if self.violation_steps >= args.stop_patience:
             self.stop_reason = (
-                f"constraint level {args.constraint_level:g} of {self.method} is not reachable within lambda <= "
+                f"constraint level {level:g} of {self.method} is not reachable within lambda <= "
                 f"{args.lambda_max:g}: lambda sat at its bound for {self.violation_steps} steps; the best smoothed "
                 f"constraint value reached is {self.best_constraint:.4g}. Lower the level or raise lambda_max."
             )
@@ -445,22 +432,21 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
             logs["slack"] = self.slack(metrics["constraint_estimate"])
         return logs
 
-    def step(self) -> dict[str, float]:
-        """Deprecated: one training step outside `train` (no checkpoint); use `train(max_steps=...)`."""
-        warnings.warn(
-            "`ConstrainedUnlearningTrainer.step()` is deprecated; use `train(max_steps=...)` (which also "
-            "checkpoints) or `training_step()`.",
-            FutureWarning,
-            stacklevel=2,
-        )
-        self._metrics.clear()
-        logs = self.training_step()
-        self.finish_step(logs, self.args.max_steps)
-        return logs
-
     def on_train_begin(self) -> None:
-        if self.global_step == 0 and self.objective.primal_dual:
-            level, method = self.args.constraint_level, self.method
+        """Resolve and log the constraint level and dual step size in use (primal-dual methods)."""
+        if not self.objective.primal_dual:
+            return
+        args, level, method = self.args, self.constraint_level, self.method
+        how = (
+            f"calibrated on the retained conditions x {args.constraint_level_factor:g}"
+            if args.constraint_level == "auto"
+            else "given"
+        )
+        logger.info(
+            f"{method}: constraint level b = {level:.4g} ({how}), dual learning rate {self.dual_learning_rate:.4g}"
+            + (" (auto)" if args.dual_learning_rate == "auto" else "")
+        )
+        if self.global_step == 0:
             if method in ("reverse_kl", "forward_kl") and level <= 0:
                 logger.warning(
                     f"constraint_level {level:g} <= 0: KL({'q || p_u' if method == 'reverse_kl' else 'p_u || q'}) "
@@ -498,7 +484,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
     def unlearned_unet(self):
         """The trained UNet, unwrapped; LoRA adapters of a UNet2DModel are merged into a plain UNet2DModel."""
         unet = self.accelerator.unwrap_model(self.unet)
-        if not self.args.use_lora or self.is_text:
+        if self.peft_config is None or self.is_text:
             return unet
         from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -513,8 +499,8 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
 
     def lora_state_dict(self) -> dict[str, torch.Tensor]:
         """The LoRA weights in diffusers' format (for `save_lora_weights`), for a UNet2DConditionModel with LoRA."""
-        if not (self.args.use_lora and self.is_text):
-            raise ValueError("`lora_state_dict` needs `use_lora=True` and a UNet2DConditionModel.")
+        if not self.saves_lora_only:
+            raise ValueError("`lora_state_dict` needs a `peft_config` and a UNet2DConditionModel.")
         from diffusers.utils import convert_state_dict_to_diffusers
         from peft.utils import get_peft_model_state_dict
 
@@ -523,32 +509,21 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
     @property
     def saves_lora_only(self) -> bool:
         """Whether `save_model` writes LoRA weights (LoRA on a UNet2DConditionModel) rather than a merged UNet."""
-        return self.args.use_lora and self.is_text
+        return self.peft_config is not None and self.is_text
 
-    def save_model(self, output_dir=None, base_model=None, metrics=None, pipeline=None) -> str:
-        """Save the result with a model card: `pipeline` (if given) with the unlearned UNet (`from_pretrained`), else
-        the UNet in `unet/`; for LoRA on a UNet2DConditionModel the LoRA weights (`pipe.load_lora_weights`). Call on
-        every process; only the main one writes."""
-        self._save_pipeline = pipeline
-        try:
-            return super().save_model(output_dir, base_model, metrics)
-        finally:
-            self._save_pipeline = None
+    def unlearned_pipeline(self):
+        """A shallow copy of the pipeline with the unlearned UNet (`unlearned_unet()`) in place of its own."""
+        pipeline = copy.copy(self.pipeline)
+        pipeline.register_modules(unet=self.unlearned_unet())
+        return pipeline
 
     def _save_weights(self, output_dir: str) -> None:
-        pipeline = self._save_pipeline
+        """The pipeline with the unlearned UNet (`from_pretrained` / `load_pipeline`), or for LoRA on a
+        UNet2DConditionModel the LoRA weights (`pipe.load_lora_weights(output_dir)`)."""
         if self.saves_lora_only:
-            if pipeline is not None:
-                saver = type(pipeline)
-            else:
-                from diffusers.loaders import StableDiffusionLoraLoaderMixin as saver
-            saver.save_lora_weights(output_dir, unet_lora_layers=self.lora_state_dict())
-        elif pipeline is not None:
-            pipeline = copy.copy(pipeline)
-            pipeline.register_modules(unet=self.unlearned_unet())
-            pipeline.save_pretrained(output_dir)
+            type(self.pipeline).save_lora_weights(output_dir, unet_lora_layers=self.lora_state_dict())
         else:
-            self.unlearned_unet().save_pretrained(os.path.join(output_dir, "unet"))
+            self.unlearned_pipeline().save_pretrained(output_dir)
 
     def unlearned_description(self) -> str:
         """What was unlearned, in words (for model cards and logs)."""
@@ -571,10 +546,10 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
             f"the **{args.baseline}** baseline"
             if args.baseline
             else f"primal-dual constrained unlearning with the constraint {self.objective.constraint_text}, b = "
-            f"{args.constraint_level:.4g}"
+            f"{self.constraint_level:.4g}"
         )
         lora = ""
-        if args.use_lora:
+        if self.peft_config is not None:
             lora = (
                 " of LoRA (load with `pipe.load_lora_weights(folder)`)"
                 if self.is_text
@@ -592,7 +567,8 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         if self.constraint_ema is not None:
             metrics["final constraint estimate (smoothed)"] = self.constraint_ema
             if self.objective.primal_dual:
-                metrics["constraint level"] = self.args.constraint_level
+                metrics["constraint level"] = self.constraint_level
+                metrics["dual learning rate"] = self.dual_learning_rate
                 metrics["final slack (smoothed)"] = self.slack(self.constraint_ema)
         return metrics
 

@@ -26,14 +26,23 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
     r"""
     Configuration of [`DiffusionGRPOTrainer`], GRPO for flow-matching text-to-image pipelines (Flow-GRPO).
 
-    Names follow TRL's `GRPOConfig` where the concept is the same (`num_generations`, `beta`, `epsilon`,
-    `scale_rewards`, `reward_weights`, `num_iterations`); the shared options (`output_dir`, `max_steps`,
-    `per_device_train_batch_size`, `gradient_accumulation_steps`, `learning_rate`, `weight_decay`, `logging_steps`,
-    `save_steps`, `report_to`, ...) are [`DiffusionTrainerConfig`]'s, named as in `transformers.TrainingArguments`;
-    the sampler's options are Flow-GRPO's. One training step generates
-    `per_device_train_batch_size * gradient_accumulation_steps` images per process (groups of `num_generations`
-    images of one prompt), scores them, and takes `num_iterations` optimizer steps on them, each accumulating the
-    loss of every micro-batch of `per_device_train_batch_size` images at every trained timestep.
+    Names follow TRL's `GRPOConfig` where the concept is the same, with its meanings (`num_generations`, `beta`,
+    `epsilon`, `scale_rewards`, `reward_weights`, `num_iterations`, `generation_batch_size`, `steps_per_generation`);
+    the shared options (`output_dir`, `max_steps`, `per_device_train_batch_size`, `gradient_accumulation_steps`,
+    `learning_rate`, `weight_decay`, `logging_steps`, `save_steps`, `report_to`, ...) are [`DiffusionTrainerConfig`]'s,
+    named as in `transformers.TrainingArguments`; the sampler's options are Flow-GRPO's. LoRA comes from the
+    trainer's `peft_config`, as in TRL.
+
+    One training step generates one generation batch: `generation_batch_size` images over all processes (default
+    `per_device_train_batch_size * num_processes * steps_per_generation`, as in TRL), in groups of
+    `num_generations` images of one prompt (each group on one process, so the images per process,
+    `per_device_train_batch_size * steps_per_generation`, must be a multiple of `num_generations`). It scores them
+    and makes `num_iterations` passes over them; a pass goes through the `steps_per_generation` micro-batches of
+    `per_device_train_batch_size` images per process, and every `gradient_accumulation_steps` micro-batches (their
+    losses at every trained timestep) make one optimizer step. `steps_per_generation` defaults to
+    `gradient_accumulation_steps` (one optimizer step per pass, TRL's default) and must be a multiple of it. The
+    trainer resolves the two at construction (`trainer.generation_batch_size`, `trainer.steps_per_generation`),
+    when the number of processes is known.
 
     Every field has a `help` entry, so `trl.TrlParser((DiffusionGRPOConfig,))` builds a command line (and YAML)
     parser from it.
@@ -52,8 +61,20 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
     )
     gradient_accumulation_steps: int = field(
         default=1,
+        metadata={"help": "Micro-batches whose losses (at every trained timestep) make one optimizer step."},
+    )
+    generation_batch_size: int | None = field(
+        default=None,
         metadata={
-            "help": "Micro-batches per generation round; their losses (at every trained timestep) make one step."
+            "help": "Images generated per step over all processes. None: per_device_train_batch_size * num_processes "
+            "* steps_per_generation. Mutually exclusive with steps_per_generation."
+        },
+    )
+    steps_per_generation: int | None = field(
+        default=None,
+        metadata={
+            "help": "Micro-batches of per_device_train_batch_size images per process in one generation batch. None: "
+            "gradient_accumulation_steps. Mutually exclusive with generation_batch_size."
         },
     )
 
@@ -144,15 +165,6 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
         },
     )
 
-    # LoRA
-    use_lora: bool = field(default=True, metadata={"help": "Train a LoRA adapter (else the whole transformer)."})
-    lora_rank: int = field(default=32, metadata={"help": "LoRA rank r."})
-    lora_alpha: int = field(default=64, metadata={"help": "LoRA alpha."})
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: list(SD3_LORA_TARGETS), metadata={"help": "Module names that get LoRA layers."}
-    )
-    lora_init: str = field(default="gaussian", metadata={"help": "peft `init_lora_weights` ('gaussian' or 'true')."})
-
     def __post_init__(self):
         super().__post_init__()
         if self.num_generations < 2:
@@ -160,14 +172,25 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
                 f"`num_generations` must be >= 2: group-relative advantages need at least two images per prompt, "
                 f"got {self.num_generations}."
             )
-        for name in ("num_iterations", "num_inference_steps", "max_sequence_length", "lora_rank", "ema_update_steps"):
+        for name in ("num_iterations", "num_inference_steps", "max_sequence_length", "ema_update_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
-        if self.generation_batch_size % self.num_generations:
+        if self.generation_batch_size is not None and self.steps_per_generation is not None:
             raise ValueError(
-                f"per_device_train_batch_size * gradient_accumulation_steps = {self.generation_batch_size} images per "
-                f"step must be a multiple of `num_generations` ({self.num_generations})."
+                "`generation_batch_size` and `steps_per_generation` cannot both be set (as in TRL's GRPOConfig), got "
+                f"{self.generation_batch_size} and {self.steps_per_generation}."
             )
+        for name in ("generation_batch_size", "steps_per_generation"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or value < 1):
+                raise ValueError(f"`{name}` must be None or a positive int, got {value!r}.")
+        if self.generation_batch_size is not None and self.generation_batch_size % self.num_generations:
+            raise ValueError(
+                f"`generation_batch_size` ({self.generation_batch_size}) must be a multiple of `num_generations` "
+                f"({self.num_generations})."
+            )
+        if self.generation_batch_size is None:
+            self.check_steps_per_generation(self.steps_per_generation or self.gradient_accumulation_steps)
         if self.scale_rewards not in SCALE_REWARDS:
             raise ValueError(f"`scale_rewards` must be one of {SCALE_REWARDS}, got {self.scale_rewards!r}.")
         if self.timestep_selection not in TIMESTEP_SELECTIONS:
@@ -195,7 +218,34 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
         if self.reward_weights is not None:
             self.reward_weights = [float(w) for w in self.reward_weights]
 
-    @property
-    def generation_batch_size(self) -> int:
-        """Images generated per process per step."""
-        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+    def check_steps_per_generation(self, steps_per_generation: int) -> None:
+        """Raise unless `steps_per_generation` micro-batches per process hold whole groups and whole optimizer steps."""
+        images = self.per_device_train_batch_size * steps_per_generation
+        if images % self.num_generations:
+            raise ValueError(
+                f"per_device_train_batch_size * steps_per_generation = {self.per_device_train_batch_size} * "
+                f"{steps_per_generation} = {images} images per process per step must be a multiple of "
+                f"`num_generations` ({self.num_generations}): each group is generated on one process."
+            )
+        if steps_per_generation % self.gradient_accumulation_steps:
+            raise ValueError(
+                f"`steps_per_generation` ({steps_per_generation}) must be a multiple of `gradient_accumulation_steps` "
+                f"({self.gradient_accumulation_steps}): a generation batch makes whole optimizer steps."
+            )
+
+    def resolve_generation_batch(self, num_processes: int) -> tuple[int, int]:
+        """`(generation_batch_size, steps_per_generation)` for `num_processes` processes, as TRL's `GRPOConfig`
+        resolves them (the config itself is left as given)."""
+        global_batch = self.per_device_train_batch_size * num_processes
+        if self.generation_batch_size is None:
+            steps = self.steps_per_generation or self.gradient_accumulation_steps
+            return global_batch * steps, steps
+        if self.generation_batch_size % global_batch:
+            raise ValueError(
+                f"`generation_batch_size` ({self.generation_batch_size}) must be divisible by the global batch size "
+                f"per_device_train_batch_size * num_processes = {self.per_device_train_batch_size} * {num_processes} "
+                f"= {global_batch}."
+            )
+        steps = self.generation_batch_size // global_batch
+        self.check_steps_per_generation(steps)
+        return self.generation_batch_size, steps

@@ -7,7 +7,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from diffusers.utils import logging
@@ -15,8 +15,9 @@ from diffusers.utils import logging
 from ..schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler
 from ..training_utils import ResumableBatchSampler, step_generator
 from ..utils import public
+from .base_config import with_default_targets
 from .base_trainer import DiffusionTrainer
-from .diffusion_grpo_config import DiffusionGRPOConfig
+from .diffusion_grpo_config import SD3_LORA_TARGETS, DiffusionGRPOConfig
 from .pipeline_adapters import get_adapter
 
 
@@ -38,7 +39,10 @@ class Rollout:
         log_probs: `(batch, num_steps)` log-probabilities of the sampled transitions (NaN on ODE steps).
         timesteps: `(num_steps,)` the scheduler's timesteps.
         images: `(batch, channels, height, width)` decoded images in [0, 1].
-        rewards / advantages: filled by scoring.
+        group_ids: `(batch,)` the index of each image's group in this rollout.
+        row_ids: the dataset row of each group (`batch // num_generations` entries).
+        rewards_per_func / rewards / advantages / group_std: filled by scoring: `(batch, num_funcs)`, `(batch,)`,
+            `(batch,)` and `(batch // num_generations,)` (the reward std of each group).
     """
 
     prompts: list[str]
@@ -49,10 +53,12 @@ class Rollout:
     log_probs: torch.Tensor
     timesteps: torch.Tensor
     images: torch.Tensor
+    group_ids: torch.Tensor
+    row_ids: list[int]
     rewards_per_func: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
-    extra: dict = field(default_factory=dict)
+    group_std: torch.Tensor | None = None
 
 
 def _reward_name(func) -> str:
@@ -97,7 +103,14 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
             name, one entry per image. See `diffusers_ext.rewards`.
         args ([`DiffusionGRPOConfig`], *optional*): the configuration.
         train_dataset: prompts (a list of strings, of dicts with a `"prompt"` key, or a `datasets.Dataset`).
-        peft_config (`peft.LoraConfig`, *optional*): overrides the LoRA settings of `args`.
+        peft_config (`peft.LoraConfig`, *optional*): train this LoRA adapter of the transformer (its
+            `target_modules` default to the attention projections of SD3/Flux, `SD3_LORA_TARGETS`); None trains the
+            whole transformer, as in TRL.
+
+    Attributes:
+        generation_batch_size (`int`): images generated per step over all processes (TRL's meaning).
+        steps_per_generation (`int`): micro-batches of `per_device_train_batch_size` images per process in it.
+        images_per_process (`int`): `per_device_train_batch_size * steps_per_generation`.
 
     Metrics (logged through the accelerate trackers every `logging_steps` and kept in `self.history`): `reward`,
     `reward_std`, `frac_reward_zero_std`, `rewards/{name}/mean|std`, `kl`, `clip_ratio/low_mean`,
@@ -143,10 +156,15 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         self.scheduler = pipeline.scheduler
         self.train_step_indices = self._stochastic_steps()
         self.num_train_timesteps = max(1, int(len(self.train_step_indices) * args.timestep_fraction))
-        # One optimizer step accumulates every micro-batch at every trained timestep.
+        self.peft_config = with_default_targets(peft_config, SD3_LORA_TARGETS)
+        # One optimizer step accumulates `gradient_accumulation_steps` micro-batches at every trained timestep.
         self.create_accelerator(
             gradient_accumulation_steps=args.gradient_accumulation_steps * self.num_train_timesteps
         )
+        self.generation_batch_size, self.steps_per_generation = args.resolve_generation_batch(
+            self.accelerator.num_processes
+        )
+        self.images_per_process = args.per_device_train_batch_size * self.steps_per_generation
         device = self.accelerator.device
         pipeline.to(device)
         pipeline.set_progress_bar_config(disable=True)
@@ -158,19 +176,11 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         transformer = pipeline.transformer
         transformer.requires_grad_(False)
         self.reference = None
-        if args.use_lora:
-            from peft import LoraConfig
-
-            lora = peft_config or LoraConfig(
-                r=args.lora_rank,
-                lora_alpha=args.lora_alpha,
-                init_lora_weights=args.lora_init if args.lora_init != "true" else True,
-                target_modules=args.lora_target_modules,
-            )
+        if self.peft_config is not None:
             # The adapter's random initialisation depends on `seed` alone (not on what ran before in the process).
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(args.seed)
-                transformer.add_adapter(lora)
+                transformer.add_adapter(self.peft_config)
             for parameter in transformer.parameters():
                 if parameter.requires_grad:
                     parameter.data = parameter.data.float()
@@ -245,7 +255,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
 
     def prompt_indices(self, step: int) -> list[int]:
         """Dataset rows of this process at `step` (each repeated `num_generations` times), resumable by step."""
-        per_process = self.args.generation_batch_size // self.args.num_generations
+        per_process = self.images_per_process // self.args.num_generations
         sampler = ResumableBatchSampler(
             len(self.rows),
             per_process,
@@ -315,7 +325,8 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
             log_probs=torch.stack(log_probs, dim=1).float(),
             timesteps=timesteps,
             images=images,
-            extra={"group_ids": group_ids, "row_ids": list(row_ids)},
+            group_ids=group_ids,
+            row_ids=list(row_ids),
         )
 
     # ------------------------------------------------------------------------------------------------------------
@@ -375,7 +386,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).sum(dim=1)
         advantages, group_std = self.compute_advantages(rewards)
         rollout.rewards_per_func, rollout.rewards, rollout.advantages = rewards_per_func, rewards, advantages
-        rollout.extra["group_std"] = group_std
+        rollout.group_std = group_std
 
         all_rewards = self.accelerator.gather(rewards)
         all_std = self.accelerator.gather(group_std)
@@ -461,7 +472,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         batch = rollout.latents.shape[0]
         keep = torch.ones(batch, dtype=torch.bool, device=rollout.latents.device)
         if args.drop_zero_advantage:
-            keep = rollout.extra["group_std"].repeat_interleave(args.num_generations) > args.reward_std_tolerance
+            keep = rollout.group_std.repeat_interleave(args.num_generations) > args.reward_std_tolerance
         self.log_metric("frac_samples_trained", keep.float().mean().item())
         for iteration in range(args.num_iterations):
             for start in range(0, batch, micro):
@@ -539,7 +550,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
 
     def _save_trained_weights(self, output_dir: str) -> None:
         transformer = self.unwrapped_transformer
-        if self.args.use_lora:
+        if self.peft_config is not None:
             from peft.utils import get_peft_model_state_dict
 
             layers = {k: v.detach().cpu() for k, v in get_peft_model_state_dict(transformer).items()}
@@ -565,24 +576,22 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         return metrics
 
     def _card_tags(self) -> list[str]:
-        return [*self._tag_names, "lora" if self.args.use_lora else "full-finetune"]
+        return [*self._tag_names, "lora" if self.peft_config is not None else "full-finetune"]
 
     def _card_description(self) -> str:
         args = self.args
         rewards = ", ".join(f"`{n}` (weight {w:g})" for n, w in zip(self.reward_names, self.reward_weights.tolist()))
-        what = (
-            f"A LoRA (rank {args.lora_rank}, alpha {args.lora_alpha}) of the transformer"
-            if args.use_lora
-            else "The full transformer"
-        )
+        lora = self.peft_config
+        what = f"A LoRA (rank {lora.r}, alpha {lora.lora_alpha:g}) of the transformer" if lora else "The full transformer"
         load = (
             "Load it with `pipe.load_lora_weights(folder)`."
-            if args.use_lora
+            if lora is not None
             else "Load it with `SD3Transformer2DModel.from_pretrained(folder, subfolder='transformer')`."
         )
         return (
             f"{what}, trained by `{type(self).__name__}` (diffusers-ext) for {self.global_step} steps of "
-            f"{args.generation_batch_size} images per process in groups of {args.num_generations}, "
+            f"{self.generation_batch_size} images ({self.images_per_process} per process) in groups of "
+            f"{args.num_generations}, "
             f"{args.num_inference_steps}-step `{args.sde_type}` sampling at noise level {args.noise_level}, "
             f"guidance {args.guidance_scale}, beta {args.beta}, epsilon {args.epsilon}, learning rate "
             f"{args.learning_rate}. Rewards: {rewards}. {load}"

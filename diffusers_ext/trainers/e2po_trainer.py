@@ -162,8 +162,8 @@ class E2POTrainer(DiffusionGRPOTrainer):
     def after_step(self, rollout: Rollout, step: int) -> None:
         # Every process applies every process's updates, in process order, so the scales stay identical everywhere.
         device = self.accelerator.device
-        rows = torch.tensor(rollout.extra["row_ids"], device=device, dtype=torch.long)
-        std = rollout.extra["group_std"].to(device=device, dtype=torch.float32)
+        rows = torch.tensor(rollout.row_ids, device=device, dtype=torch.long)
+        std = rollout.group_std.to(device=device, dtype=torch.float32)
         drop = self.reward_drop(rollout).to(device=device, dtype=torch.float32)
         all_rows, all_std, all_drop = (self.accelerator.gather(t) for t in (rows, std, drop))
         self.controller.update(all_rows.tolist(), all_std.tolist(), all_drop.tolist(), self.args.e2po_max_reward_drop)

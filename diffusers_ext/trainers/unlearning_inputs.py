@@ -1,8 +1,10 @@
-"""Input handling of [`ConstrainedUnlearningTrainer`]: datasets, class labels, prompts and LoRA adapters."""
+"""Input handling of [`ConstrainedUnlearningTrainer`]: datasets, labels, prompts, conditions and LoRA adapters."""
 
 from collections.abc import Sequence
 
 import torch
+
+from .base_config import with_default_targets
 
 
 def as_tensors(dataset, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -63,22 +65,94 @@ def encode_prompts(prompts: list[str], text_encoder, tokenizer, name: str) -> to
     return text_encoder(inputs.input_ids.to(device))[0].detach().float().cpu()
 
 
-def add_lora(unet, args, is_text: bool) -> None:
-    """Add peft LoRA adapters to `unet` (in place) and make only them trainable."""
-    from peft import LoraConfig
+def check_method(args, mode: str, objective_class, retain_data) -> None:
+    """Raise unless the objective unlearns this kind of input (`mode`) and what it needs was given."""
+    method = args.method
+    if mode not in objective_class.modes:
+        if mode == "data":
+            raise ValueError(
+                f"method {method!r} unlearns a concept (it needs the forget condition's own prediction eps_u); "
+                "for a `forget_dataset` use constraint='forward_kl' or baseline 'siss', 'neggrad_plus' or "
+                "'retain_only'."
+            )
+        raise ValueError(f"baseline {method!r} unlearns training data; pass a `forget_dataset`.")
+    if mode == "data":
+        if retain_data is None:
+            raise ValueError("data unlearning needs a `retain_dataset` (the training examples to keep).")
+        if args.forget_classes is not None or args.forget_prompts is not None:
+            raise ValueError("give either a `forget_dataset` or `forget_classes`/`forget_prompts`, not both.")
+    elif args.forget_classes is None and args.forget_prompts is None:
+        raise ValueError(
+            "nothing to forget: set `forget_classes` or `forget_prompts` in the config, or pass a non-empty "
+            "`forget_dataset`."
+        )
 
-    config = args
-    targets = config.lora_target_modules
-    if targets is None:
-        targets = ["to_q", "to_k", "to_v", "to_out.0"]
-        if not is_text:
-            targets = ["conv1", "conv2", "time_emb_proj", *targets]
-    lora = LoraConfig(
-        r=config.lora_rank,
-        lora_alpha=config.lora_alpha or config.lora_rank,
-        init_lora_weights="gaussian",
-        target_modules=targets,
-    )
+
+def build_conditions(config, unet, mode: str, forget_data, retain_data, text_encoder, tokenizer, null_class_label):
+    """Validate and encode what to forget, keep and fall back to. Returns `(sample_shape, forget_conds,
+    retain_conds, reference_cond, forget_data, retain_data)`: conditions are class labels `(n,)`, prompt states
+    `(n, seq, dim)` or None; the datasets lose their labels for an unconditional UNet."""
+    from diffusers import UNet2DConditionModel
+
+    sample_shape = (unet.config.in_channels, *sample_size(unet))
+    if isinstance(unet, UNet2DConditionModel):
+        if config.forget_classes is not None:
+            raise ValueError("`forget_classes` needs a class-conditional UNet2DModel; use `forget_prompts`.")
+        if mode == "data":
+            raise ValueError("data unlearning is supported for UNet2DModel (class-conditional or not).")
+        if text_encoder is None or tokenizer is None:
+            raise ValueError("a UNet2DConditionModel needs `text_encoder` and `tokenizer` to encode the prompts.")
+        forget = encode_prompts(config.forget_prompts, text_encoder, tokenizer, "forget_prompts")
+        retain = config.retain_prompts or []
+        retain = encode_prompts(retain, text_encoder, tokenizer, "retain_prompts") if retain else None
+        reference = encode_prompts([config.reference_prompt], text_encoder, tokenizer, "reference_prompt")
+        return sample_shape, forget, retain, reference, forget_data, retain_data
+    if config.forget_prompts is not None or config.retain_prompts:
+        raise ValueError("prompts need a UNet2DConditionModel; this UNet2DModel is conditioned on class labels.")
+    num_classes = unet.config.num_class_embeds
+    if mode == "data":
+        if num_classes is None:  # an unconditional UNet: labels, if any, play no part
+            forget_data, retain_data = (forget_data[0], None), (retain_data[0], None)
+        labels = [d[1] for d in (forget_data, retain_data) if d[1] is not None]
+        if num_classes is not None and len(labels) < 2:
+            raise ValueError("the UNet is class-conditional: `forget_dataset` and `retain_dataset` need labels.")
+        for name, data in (("forget_dataset", forget_data), ("retain_dataset", retain_data)):
+            if tuple(data[0].shape[1:]) != sample_shape:
+                raise ValueError(
+                    f"`{name}` images have shape {tuple(data[0].shape[1:])}; the UNet expects {sample_shape}."
+                )
+            if num_classes is not None:
+                check_labels(data[1].tolist(), num_classes, null_class_label, f"{name} labels")
+        return sample_shape, None, None, None, forget_data, retain_data
+    if num_classes is None:
+        raise ValueError("`forget_classes` needs a class-conditional UNet2DModel (`num_class_embeds` is None).")
+    check_labels(config.forget_classes, num_classes, null_class_label, "forget_classes")
+    reference = config.reference_class if config.reference_class is not None else null_class_label
+    if reference is None:
+        raise ValueError("no reference: set `reference_class`, or pass the pipeline's `null_class_label`.")
+    if reference in config.forget_classes:
+        raise ValueError(f"`reference_class` {reference} is also a forget class.")
+    if not 0 <= reference < num_classes:
+        raise ValueError(f"`reference_class` {reference} is not a class of this UNet (0..{num_classes - 1}).")
+    retain = config.retain_classes
+    if retain is None:
+        retain = [c for c in range(num_classes) if c not in config.forget_classes and c != null_class_label]
+    else:
+        check_labels(retain, num_classes, null_class_label, "retain_classes")
+    forget = torch.tensor(config.forget_classes, dtype=torch.long)
+    retain = torch.tensor(retain, dtype=torch.long) if retain else None
+    return sample_shape, forget, retain, torch.tensor([reference], dtype=torch.long), forget_data, retain_data
+
+
+ATTENTION_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
+
+
+def add_lora(unet, peft_config, is_text: bool) -> None:
+    """Add the LoRA adapters of `peft_config` to `unet` (in place) and make only them trainable; without
+    `target_modules` they go on the attention projections (and `conv1`, `conv2`, `time_emb_proj` of a UNet2DModel)."""
+    targets = ATTENTION_TARGETS if is_text else ["conv1", "conv2", "time_emb_proj", *ATTENTION_TARGETS]
+    lora = with_default_targets(peft_config, targets)
+    targets = sorted(lora.target_modules) if not isinstance(lora.target_modules, str) else lora.target_modules
     unet.requires_grad_(False)
     if is_text:
         unet.add_adapter(lora)
