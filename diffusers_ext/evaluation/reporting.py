@@ -88,11 +88,20 @@ def add_from_results_argument(parser: argparse.ArgumentParser, prefix: str = "")
     )
 
 
+def _same_number(a, b) -> bool:
+    """Whether a recorded number `a` and a rebuilt one `b` agree; a recorded `None` (no number) is a non-finite `b`."""
+    if a is None:
+        return not math.isfinite(float(b))
+    a, b = float(a), float(b)
+    return a == b or (math.isfinite(a) and math.isclose(a, b, rel_tol=1e-12))
+
+
 def rebuild_results(path: str, targets_of: Callable[[dict], list[dict]], rel_to: str | None = None) -> dict:
     """The results in `path` with `summary.targets` rebuilt by `targets_of(results)` from the recorded measurements.
 
-    The rebuilt rows must give the same `value` and `met` as the recorded ones (row by row, in order), so a rebuild
-    only adds what the old rows lacked (e.g. `comparison`); anything else raises a `ValueError`. The returned results
+    The rebuilt rows must give the same `value`, `threshold` and `met` as the recorded ones (row by row, in order), so a rebuild
+    only adds what the old rows lacked (e.g. `comparison`; a recorded `None` value becomes the non-finite value
+    `protocol.target` never meets); anything else raises a `ValueError`. The returned results
     keep their `command` and gain `rebuilt_from_results = {"file", "sha256"}`.
 
     Args:
@@ -110,10 +119,8 @@ def rebuild_results(path: str, targets_of: Callable[[dict], list[dict]], rel_to:
     if len(new) != len(old):
         raise ValueError(f"{path}: rebuilt {len(new)} target rows, the file records {len(old)}.")
     for before, after in zip(old, new):
-        same_value = before["value"] == after["value"] or (
-            math.isfinite(after["value"]) and math.isclose(before["value"], after["value"], rel_tol=1e-12)
-        )
-        if not same_value or bool(before["met"]) != after["met"]:
+        same = all(_same_number(before[k], after[k]) for k in ("value", "threshold"))
+        if not same or bool(before["met"]) != after["met"]:
             raise ValueError(f"{path}: rebuilt target {after} differs from the recorded {before}.")
     results["summary"]["targets"] = new
     file = os.path.relpath(path, rel_to) if rel_to is not None else path
