@@ -586,7 +586,7 @@ def main(argv=None):
     )
     result = {
         "command": command(__file__, argv),
-        "settings": {k: v for k, v in vars(args).items() if k != "output"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("output", "from_results")},
         "methods": {k: {"c1": v[0], "c2": v[1]} for k, v in METHODS.items()},
         "environment": {"python": platform.python_version(), "torch": torch.__version__, "threads": 1},
         "summary": summary,

@@ -583,7 +583,7 @@ def main(argv=None):
         start = time.perf_counter()
         results = {
             "command": command(__file__, argv),
-            "settings": vars(args) | {"output_dir": None},
+            "settings": {k: v for k, v in vars(args).items() if k != "from_results"} | {"output_dir": None},
             "torch_threads": torch.get_num_threads(),
         }
         results["sudoku"] = run_sudoku(args)

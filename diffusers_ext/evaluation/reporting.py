@@ -96,35 +96,55 @@ def _same_number(a, b) -> bool:
     return a == b or (math.isfinite(a) and math.isclose(a, b, rel_tol=1e-12))
 
 
-def rebuild_results(path: str, targets_of: Callable[[dict], list[dict]], rel_to: str | None = None) -> dict:
+def rebuild_results(
+    path: str,
+    targets_of: Callable[[dict], list[dict]],
+    rel_to: str | None = None,
+    replaced: Mapping[str, Sequence[str]] | None = None,
+) -> dict:
     """The results in `path` with `summary.targets` rebuilt by `targets_of(results)` from the recorded measurements.
 
-    The rebuilt rows must give the same `value`, `threshold` and `met` as the recorded ones (row by row, in order), so a rebuild
-    only adds what the old rows lacked (e.g. `comparison`; a recorded `None` value becomes the non-finite value
-    `protocol.target` never meets); anything else raises a `ValueError`. The returned results
+    The rebuilt rows must give the same `value`, `threshold` and `met` as the recorded ones (row by row, in order,
+    by name), so a rebuild only adds what the old rows lacked (e.g. `comparison`; a recorded `None` value becomes the non-finite value
+    `protocol.target` never meets; a threshold recorded as text, e.g. `">= 0.99"`, is not compared); anything else raises a `ValueError`. The returned results
     keep their `command` and gain `rebuilt_from_results = {"file", "sha256"}`.
 
     Args:
         path (`str`): the results JSON to rebuild from.
         targets_of (`Callable[[dict], list[dict]]`): the script's target rows as a function of its results.
         rel_to (`str`, *optional*): the file is recorded relative to this folder (default: as given).
+        replaced (`Mapping[str, Sequence[str]]`, *optional*): recorded rows that the script now writes differently
+            (e.g. a two-sided condition split into one row per comparison): recorded name to the new rows' names.
+            Those rows are not compared; the mapping is recorded in `rebuilt_from_results.replaced_rows`.
     """
     if not os.path.isfile(path):
         raise ValueError(f"`path` must be an existing results JSON, got {path!r}.")
     with open(path, "rb") as f:
         raw = f.read()
     results = json.loads(raw)
-    old = results.get("summary", {}).get("targets", [])
+    replaced = dict(replaced or {})
+    recorded = results.get("summary", {}).get("targets", [])
     new = targets_of(results)
-    if len(new) != len(old):
-        raise ValueError(f"{path}: rebuilt {len(new)} target rows, the file records {len(old)}.")
-    for before, after in zip(old, new):
-        same = all(_same_number(before[k], after[k]) for k in ("value", "threshold"))
+    added = {name for names in replaced.values() for name in names}
+    old = [row for row in recorded if row["name"] not in replaced]
+    kept = [row for row in new if row["name"] not in added]
+    missing = sorted(set(replaced) - {row["name"] for row in recorded}) + sorted(added - {row["name"] for row in new})
+    if missing:
+        raise ValueError(f"{path}: `replaced` names rows that are not there: {missing}.")
+    if [row["name"] for row in kept] != [row["name"] for row in old]:
+        raise ValueError(f"{path}: rebuilt rows {[r['name'] for r in kept]} differ from the recorded "
+                         f"{[r['name'] for r in old]}.")  # fmt: skip
+    for before, after in zip(old, kept):
+        same = _same_number(before["value"], after["value"]) and (
+            isinstance(before["threshold"], str) or _same_number(before["threshold"], after["threshold"])
+        )
         if not same or bool(before["met"]) != after["met"]:
             raise ValueError(f"{path}: rebuilt target {after} differs from the recorded {before}.")
     results["summary"]["targets"] = new
     file = os.path.relpath(path, rel_to) if rel_to is not None else path
     results["rebuilt_from_results"] = {"file": file, "sha256": hashlib.sha256(raw).hexdigest()}
+    if replaced:
+        results["rebuilt_from_results"]["replaced_rows"] = {name: list(names) for name, names in replaced.items()}
     return results
 
 
