@@ -29,7 +29,6 @@ import argparse
 import itertools
 import json
 import os
-import sys
 import time
 
 import torch
@@ -124,18 +123,18 @@ def load_or_train_judge(seed: int, args) -> tuple:
     from safetensors.torch import load_file, save_file
 
     from diffusers_ext.evaluation import semantic_nvs as judge_module
-    from diffusers_ext.evaluation.protocol import settings_code_hash
+    from diffusers_ext.evaluation.reporting import ResultCache
 
     settings = {"seed": seed, "views": args.evaluator_views, "steps": args.evaluator_steps, "size": 16}
     code = [judge_module.__file__, os.path.join(ROOT, "diffusers_ext", "data", "procedural_scenes.py"),
             os.path.join(ROOT, "diffusers_ext", "geometry", "camera.py")]  # fmt: skip
-    path = os.path.join(args.cache_dir, f"judge-{settings_code_hash(settings, code)[:16]}.safetensors")
-    if os.path.isfile(path):
+    cache = ResultCache(args.cache_dir, settings, code)
+    path = cache.path("judge.safetensors")
+    if cache.has("judge.safetensors"):
         model = judge_module.SceneEvaluator(16)
         model.load_state_dict(load_file(path))
         return model.eval(), True
     model = judge_module.train_scene_evaluator(seed, args.evaluator_views, args.evaluator_steps)
-    os.makedirs(args.cache_dir, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path + ".tmp")
     os.replace(path + ".tmp", path)
     return model, False
@@ -368,13 +367,11 @@ def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
     }
 
 
-def write_outputs(results, output_dir):
+def write_plot(results, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from diffusers_ext.evaluation.protocol import targets_status
 
     s = results["summary"]
     distances = [str(d) for d in results["settings"]["distances"]]
@@ -405,15 +402,15 @@ def write_outputs(results, output_dir):
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(output_dir, "semantic_nvs.png"))
+    fig.savefig(path)
     plt.close(fig)
 
-    lines = ["# SemanticNVS on procedural scenes (independent judge, validation then test)", "",
-             f"Command: `{results['command']}`", "", f"**{targets_status(s['targets'])}**", "",
-             "| target | value | threshold | met |", "| --- | --- | --- | --- |"]  # fmt: skip
-    lines += [f"| {t['name']} | {t['value']:.4g} | {t['comparison']} {t['threshold']:g} | {t['met']} |"
-              for t in s["targets"]]  # fmt: skip
-    lines += ["", "Frozen on validation: " + "; ".join(f"{k}: {v}" for k, v in s["choices"].items()), "",
+
+def report_sections(results) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
+    s = results["summary"]
+    distances = [str(d) for d in results["settings"]["distances"]]
+    lines = ["Frozen on validation: " + "; ".join(f"{k}: {v}" for k, v in s["choices"].items()), "",
               "Test, mean ± std over seeds (evaluation standard error: scene bootstrap for Fréchet, over scenes for "
               "PSNR):", "", "| model | distance | Fréchet (judge) | PSNR (dB) | SSIM | presence acc. vs truth (judge) | depth R² vs truth "
               "(judge) | Fréchet (conditioning encoder, not a judge) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
@@ -435,14 +432,23 @@ def write_outputs(results, output_dir):
         lines.append(f"| copy the input view | {float(d):g}° | "
                      f"{sum(r['copy_input_frechet']) / len(r['copy_input_frechet']):.4f} | {r['copy_input_psnr']:.2f} | | "
                      f"{copy['truth_presence_accuracy']:.3f} | {copy['truth_depth_r2']:.3f} | |")  # fmt: skip
-    with open(os.path.join(output_dir, "semantic_nvs.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    return lines
+
+
+def write_outputs(results, output_dir):
+    """`semantic_nvs.json`, `.md` and `.png` in `output_dir`, through the shared reporting module."""
+    from diffusers_ext.evaluation.reporting import write_results
+
+    write_results(os.path.join(output_dir, "semantic_nvs"), results,
+                  "SemanticNVS on procedural scenes (independent judge, validation then test)", report_sections(results),
+                  figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
 
 
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
     from diffusers_ext import SemanticNVSPipeline, zoo
+    from diffusers_ext.evaluation.reporting import command
     from diffusers_ext.evaluation.semantic_nvs import (
         EVALUATOR_HELDOUT_SEED,
         evaluator_accuracy,
@@ -489,8 +495,7 @@ def main(argv=None):
     warp = warp_milliseconds()
 
     results = {
-        "command": "python benchmarks/semantic_nvs.py"
-        + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
+        "command": command(__file__, argv),
         "settings": vars(args) | {"output_dir": None, "cache_dir": None},
         "seed_ranges": {
             "validation_scenes": VALIDATION_SCENE_SEED,
@@ -505,9 +510,6 @@ def main(argv=None):
         "references": references,
     }
     results["summary"] = summarise(runs, validation, references, judge_sanity, warp, args)
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "semantic_nvs.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
     write_outputs(results, args.output_dir)
     print(json.dumps({k: results["summary"][k] for k in ("targets", "choices")}, indent=2))
 
