@@ -45,6 +45,8 @@ JUDGE_NAMES = {"zoo": "zoo classifier", "mlp": "pixel-MLP judge"}
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=str, default=None, help="Pipeline folder (default: the zoo digits-ddpm).")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Training and sampling seeds.")
@@ -95,6 +97,7 @@ def parse_args(argv=None):
         help="Per-run cache keyed by a hash of every run setting, the code and the weights, so an interrupted run "
         "continues (default: benchmarks/.cache/unlearning, ignored by git).",
     )
+    add_from_results_argument(parser)
     args = parser.parse_args(argv)
     for c in args.forget_classes + args.formulation_classes:
         if not 0 <= c <= 9:
@@ -408,7 +411,7 @@ def run_data(bench, seed):
 
 # Arguments that only select which runs happen (each is cached under its seed) or where files go; every other
 # argument changes what a run computes.
-NOT_RUN_SETTINGS = ("seeds", "parts", "workers", "output_dir", "cache_dir")
+NOT_RUN_SETTINGS = ("seeds", "parts", "workers", "output_dir", "cache_dir", "from_results")
 
 
 def run_cache(args):
@@ -765,11 +768,23 @@ def map_jobs(args, argv, phase, choices=None):
     return run_jobs(worker, jobs, args.workers)
 
 
+def write_report(results, output_dir):
+    from diffusers_ext.evaluation.reporting import write_results
+
+    write_results(os.path.join(output_dir, "unlearning"), results, "Constrained unlearning on the digits DDPM",
+                  report_sections(results), settings_line(results),
+                  figures={".png": lambda path: write_plot(results, results["runs"], path)})  # fmt: skip
+
+
 def main(argv=None):
-    from diffusers_ext.evaluation.reporting import command, write_results
+    from diffusers_ext.evaluation.reporting import command, rebuild_results
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.from_results:
+        results = rebuild_results(args.from_results, lambda r: compute_targets(r["summary"]), rel_to=ROOT)
+        write_report(results, args.output_dir)
+        return
     start = time.perf_counter()
     cache_key = run_cache_key(args)  # of the code as it was when this invocation started
     resumed = 0
@@ -792,9 +807,7 @@ def main(argv=None):
         "wall_seconds": time.perf_counter() - start,
         "runs": cache,
     }
-    write_results(os.path.join(args.output_dir, "unlearning"), results, "Constrained unlearning on the digits DDPM",
-                  report_sections(results), settings_line(results),
-                  figures={".png": lambda path: write_plot(results, cache, path)})  # fmt: skip
+    write_report(results, args.output_dir)
     print(json.dumps({k: summary[k] for k in ("targets", "sanity", "status")}, indent=2))
 
 
