@@ -331,6 +331,7 @@ def run(args: argparse.Namespace) -> dict:
     from diffusers_ext.data.mosaic import MosaicConfig
     from diffusers_ext.evaluation.mosaic import MosaicEvaluator
     from diffusers_ext.evaluation.protocol import mean_spread, settings_code_hash, target
+    from diffusers_ext.evaluation.reporting import choose_on_validation
 
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -384,16 +385,16 @@ def run(args: argparse.Namespace) -> dict:
         sampler = Sampler(base, [experts_by_seed[first][s] for s in shapes], args)
         validation[setting], choices[setting] = {}, {}
         for method in methods_for(len(shapes)):
-            rows = []
-            for config in method_configs(method, args):
-                result = evaluate_method(
-                    sampler, judge, method, config, prompts[setting]["validation"], SPLIT_SEEDS["validation"], args
-                )
-                rows.append({"config": config, **result})
-            validation[setting][method] = rows
-            best = max(rows, key=lambda r: r["overall"])  # first of the grid on ties
-            choices[setting][method] = best["config"]
-            log(f"validation {setting} {method}: " + ", ".join(f"{r['config']} {r['overall']:.3f}" for r in rows))
+            # every method's frozen choice is measured on test below, per fine-tune seed
+            record = choose_on_validation(
+                method_configs(method, args),
+                lambda config, split, sampler=sampler, method=method, setting=setting: evaluate_method(
+                    sampler, judge, method, config, prompts[setting][split], SPLIT_SEEDS[split], args),
+                score=lambda result: result["overall"], names=json.dumps, test=False,
+            )  # fmt: skip
+            validation[setting][method] = record
+            choices[setting][method] = record["chosen"]["candidate"]
+            log(f"validation {setting} {method}: " + ", ".join(f"{r['name']} {r['score']:.3f}" for r in record["validation"]))
 
     test, overhead = {}, {}
     for setting, shapes in SETTINGS_EXPERTS.items():

@@ -206,7 +206,12 @@ def score(generated, real, judges, encoder, real_encoder_features) -> dict:
 
 
 def validate(models, scenes, judges, encoder, args) -> dict:
-    """Every option of each model on the validation scenes; the frozen choice is the lowest mean Fréchet distance."""
+    """Every option of each model on the validation scenes; the frozen choice is the lowest mean Fréchet distance.
+
+    Per model, a `reporting.choose_on_validation` record; the test split runs every model's choice together
+    (`test_once`, paired seeds and judges)."""
+    from diffusers_ext.evaluation.reporting import choose_on_validation
+
     grids = {
         "baseline": [{"guidance_scale": g, "iterative_start": 0.0} for g in args.baseline_guidance],
         METHOD: [{"guidance_scale": g, "iterative_start": s}
@@ -214,22 +219,23 @@ def validate(models, scenes, judges, encoder, args) -> dict:
     }  # fmt: skip
     real = {d: targets_of(s) for d, s in scenes.items()}
     real_enc = {d: semantic_descriptors(encoder, r) for d, r in real.items()}
-    result = {}
-    for name, grid in grids.items():
-        pipe, mode = models[name]
-        rows = []
-        for option in grid:
-            per_distance = {}
-            for d, split in scenes.items():
-                generated, seconds = generate(pipe, split, mode, option["guidance_scale"], option["iterative_start"],
-                                              VALIDATION_SAMPLING_SEED, args)  # fmt: skip
-                per_distance[str(d)] = score(generated, real[d], judges, encoder, real_enc[d]) | {"seconds": seconds}
-            mean_fd = sum(v["frechet"] for v in per_distance.values()) / len(per_distance)
-            rows.append({"option": option, "mean_frechet": mean_fd, "distances": per_distance})
-            print(f"validation {name} {option}: mean FD {mean_fd:.4f}", flush=True)
-        best = min(rows, key=lambda row: row["mean_frechet"])
-        result[name] = {"grid_size": len(grid), "options": rows, "chosen": best["option"]}
-    return result
+    def measure(option, split, pipe, mode, name):
+        per_distance = {}
+        for d, scene in scenes.items():
+            generated, seconds = generate(pipe, scene, mode, option["guidance_scale"], option["iterative_start"],
+                                          VALIDATION_SAMPLING_SEED, args)  # fmt: skip
+            per_distance[str(d)] = score(generated, real[d], judges, encoder, real_enc[d]) | {"seconds": seconds}
+        mean_fd = sum(v["frechet"] for v in per_distance.values()) / len(per_distance)
+        print(f"validation {name} {option}: mean FD {mean_fd:.4f}", flush=True)
+        return {"mean_frechet": mean_fd, "distances": per_distance}
+
+    return {
+        name: choose_on_validation(
+            grid, lambda option, split, name=name: measure(option, split, *models[name], name),
+            score=lambda m: m["mean_frechet"], maximize=False, names=json.dumps, test=False,
+        )
+        for name, grid in grids.items()
+    }
 
 
 def test_once(models, choices, scenes, judges, encoder, args) -> dict:
@@ -348,9 +354,9 @@ def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
     return {
         "targets": targets,
         "sanity": sanity,
-        "choices": {name: v["chosen"] for name, v in validation.items()},
+        "choices": {name: v["chosen"]["candidate"] for name, v in validation.items()},
         "validation_best_mean_frechet": {
-            name: min(r["mean_frechet"] for r in v["options"]) for name, v in validation.items()
+            name: min(r["score"] for r in v["validation"]) for name, v in validation.items()
         },  # fmt: skip
         "test": per_distance,
         "longest_distance": {
@@ -378,9 +384,9 @@ def write_plot(results, path):
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), dpi=100)
     for name, v in results["validation"].items():
         by_start = {}
-        for row in v["options"]:
-            by_start.setdefault(row["option"]["iterative_start"], []).append(
-                (row["option"]["guidance_scale"], row["mean_frechet"])
+        for row in v["validation"]:
+            by_start.setdefault(row["candidate"]["iterative_start"], []).append(
+                (row["candidate"]["guidance_scale"], row["score"])
             )
         for start, points in by_start.items():
             label = name if name == "baseline" else f"{name} (iterative_start {start:g})"
@@ -489,7 +495,7 @@ def main(argv=None):
         d: scene_split(VALIDATION_SCENE_SEED, d, args.validation_scenes, size) for d in args.distances
     }
     validation = validate(models, validation_scenes, judges, encoder, args)
-    choices = {name: v["chosen"] for name, v in validation.items()}
+    choices = {name: v["chosen"]["candidate"] for name, v in validation.items()}
     runs = test_once(models, choices, test_scenes, judges, encoder, args)
     references = reference_rows(test_scenes, judges, args)
     warp = warp_milliseconds()

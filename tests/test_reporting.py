@@ -97,6 +97,9 @@ def test_choose_on_validation_picks_validation_best_and_tests_once():
     assert [v["candidate"] for v in record["validation"]] == [1, 2, 3]
     lowest = choose_on_validation([1, 2, 3], measure, score=lambda m: m["accuracy"], maximize=False)
     assert lowest["chosen"]["candidate"] == 1
+    calls.clear()
+    frozen = choose_on_validation([1, 2, 3], measure, score=lambda m: m["accuracy"], test=False)
+    assert frozen["test"] is None and {split for _, split in calls} == {"validation"}
     with pytest.raises(ValueError, match="candidates"):
         choose_on_validation([], measure, score=len)
 

@@ -264,6 +264,7 @@ def choose_on_validation(
     score: Callable[[dict], float],
     maximize: bool = True,
     names: Callable[[T], str] = str,
+    test: bool = True,
 ) -> dict:
     """Measure every candidate on `"validation"`, freeze the best, and measure it once on `"test"`.
 
@@ -277,6 +278,9 @@ def choose_on_validation(
         score (`Callable[[dict], float]`): the validation measurement's score.
         maximize (`bool`, defaults to `True`): whether a higher score is better.
         names (`Callable[[candidate], str]`, defaults to `str`): each candidate's name in the record.
+        test (`bool`, defaults to `True`): measure the chosen candidate on `"test"` here; `False` when the script
+            measures every method's frozen choice on the test split together (paired seeds, a shared reference), in
+            which case `"test"` is `None` and `measure` is only called with `"validation"`.
     """
     candidates = list(candidates)
     if not candidates:
@@ -293,7 +297,7 @@ def choose_on_validation(
     return {
         "validation": validation,
         "chosen": {"name": chosen["name"], "candidate": chosen["candidate"], "score": chosen["score"]},
-        "test": measure(chosen["candidate"], "test"),
+        "test": measure(chosen["candidate"], "test") if test else None,
     }
 
 
