@@ -47,6 +47,8 @@ COLORS = {"pseudo_huber": "tab:blue", "l2": "tab:orange", "mfd": "tab:green", "l
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=400, help="Optimizer steps per run (the budget).")
     parser.add_argument("--batch", type=int, default=32, help="Batch size of the main comparison.")
@@ -72,11 +74,7 @@ def parse_args(argv=None):
         action="store_true",
         help="Only measure the zoo's digits-cm (1- and 2-step FD, both judges) into consistency_zoo.json.",
     )
-    parser.add_argument(
-        "--render_only",
-        action="store_true",
-        help="Only re-render consistency.md/.png from the consistency.json in --output_dir (no measurement).",
-    )
+    add_from_results_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -285,6 +283,9 @@ def summarise_group(runs_by_arm: dict, judge: str) -> dict:
 
 
 def summarise(results: dict) -> dict:
+    """The summary and its computed targets, from the recorded runs (adds `sanity.headroom` to `results`)."""
+    from diffusers_ext.evaluation.protocol import target
+
     main_runs = {arm: [r for r in results["runs"] if r["arm"] == arm and r["batch"] == results["config"]["batch"]]
                  for arm in MAIN_ARMS}  # fmt: skip
     groups = {judge: summarise_group(main_runs, judge) for judge in JUDGES}
@@ -309,24 +310,10 @@ def summarise(results: dict) -> dict:
     final_ratio = final["mfd"] / final["pseudo_huber"]
     j2_final = {arm: groups["judge2"]["final_one_step_fd"][arm]["mean"] for arm in MAIN_ARMS}
     targets = [
-        {
-            "name": "mfd_steps_to_threshold_over_pseudo_huber (zoo-classifier FD, 1 step, test)",
-            "value": ratio_value,
-            "threshold": 0.5,
-            "met": bool(ratio_value <= 0.5),
-        },
-        {
-            "name": "mfd_final_one_step_fd_over_pseudo_huber (zoo-classifier FD, test)",
-            "value": final_ratio,
-            "threshold": 0.8,
-            "met": bool(final_ratio <= 0.8),
-        },
-        {
-            "name": "mfd_final_one_step_fd_over_pseudo_huber (judge 2 FD, test)",
-            "value": j2_final["mfd"] / j2_final["pseudo_huber"],
-            "threshold": 0.8,
-            "met": bool(j2_final["mfd"] / j2_final["pseudo_huber"] <= 0.8),
-        },
+        target("mfd_steps_to_threshold_over_pseudo_huber (zoo-classifier FD, 1 step, test)", ratio_value, 0.5, "<="),
+        target("mfd_final_one_step_fd_over_pseudo_huber (zoo-classifier FD, test)", final_ratio, 0.8, "<="),
+        target("mfd_final_one_step_fd_over_pseudo_huber (judge 2 FD, test)", j2_final["mfd"] / j2_final["pseudo_huber"],
+               0.8, "<="),
     ]  # fmt: skip  (that the MFD network judges nothing is a sanity fact: `sanity.mfd_feature_network_is_a_judge`)
     sanity = results["sanity"]
     best_final = min(final.values())
@@ -373,41 +360,45 @@ def interpolated_steps(steps, curve, level):
     return None
 
 
-def write_markdown(results: dict, path: str) -> None:
-    s, cfg = results["summary"], results["config"]
-    j = s["by_judge"]
-    lines = [
-        "# Consistency training on 8x8 digits: MFD (AYT) vs pseudo-Huber, L2, LPIPS-like",
-        "",
-        "`python benchmarks/consistency.py"
-        + (f" --from_denoiser_steps {cfg['from_denoiser_steps']}" if cfg.get("from_denoiser_steps") else "")
-        + (
-            f" --steps {cfg['steps']} --num_stages {cfg['num_stages']} --small_batch {cfg['small_batch']}"
-            if cfg.get("from_denoiser_steps")
-            else ""
-        )
-        + f"` — {cfg['steps']} steps, batch {cfg['batch']}, seeds {cfg['seeds']}, "
-        f"{cfg['num_samples']} samples per evaluation, tiny UNet2DModel ({results['sanity']['unet_parameters']:,} "
+def recorded_command(results: dict) -> str:
+    """The results' `command`; files written before the command was recorded get the one their report printed."""
+    if "command" in results:
+        return results["command"]
+    cfg = results["config"]
+    options = (
+        f" --from_denoiser_steps {cfg['from_denoiser_steps']} --steps {cfg['steps']} --num_stages "
+        f"{cfg['num_stages']} --small_batch {cfg['small_batch']}"
+        if cfg.get("from_denoiser_steps")
+        else ""
+    )
+    return "python benchmarks/consistency.py" + options
+
+
+def settings_line(results: dict) -> str:
+    cfg = results["config"]
+    return (
+        f"{cfg['steps']} steps, batch {cfg['batch']}, seeds {cfg['seeds']}, {cfg['num_samples']} samples per "
+        f"evaluation, tiny UNet2DModel ({results['sanity']['unet_parameters']:,} "
         + (
             "parameters) tuned from one shared denoiser (ECT's r = 0 stage) with stage_offset 1"
             if cfg.get("from_denoiser_steps")
             else "parameters) from scratch"
         )
-        + ", ECT curriculum, EMA. Fréchet distance (FD) to held-out test digits; mean ± std "
-        "over seeds.",
-        "",
+        + ", ECT curriculum, EMA. Fréchet distance (FD) to held-out test digits; mean ± std over seeds."
+    )
+
+
+def report_sections(results: dict) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
+    s, cfg = results["summary"], results["config"]
+    j = s["by_judge"]
+    lines = [
         "## Headroom",
         "",
         f"Real vs real FD ({cfg['num_samples']} train digits vs the test half, as many as the generated sets): zoo classifier "
         f"{results['sanity']['real_vs_real_fd']['zoo_classifier']['test']:.2f}, judge 2 "
         f"{results['sanity']['real_vs_real_fd']['judge2']['test']:.2f}.",
-        "",
-        "## Targets",
-        "",
-        "| target | value | threshold | met |",
-        "| --- | --- | --- | --- |",
     ]
-    lines += [f"| {t['name']} | {t['value']:.3g} | {t['threshold']} | {t['met']} |" for t in s["targets"]]
     for title, group in (("Main comparison", j), ("Small batch", s["small_batch"])):
         if not group:
             continue
@@ -452,9 +443,24 @@ def write_markdown(results: dict, path: str) -> None:
         else:
             cells = (f"{needed:.0f}", f"{needed / step:.2f}")
         lines.append(f"| {step} | {level:.1f} | {cells[0]} | {cells[1]} |")
-    lines += ["", *[f"- {n}" for n in s["notes"]], ""]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
+    lines += ["", *[f"- {n}" for n in s["notes"]]]
+    return lines
+
+
+TITLE = "Consistency training on 8x8 digits: MFD (AYT) vs pseudo-Huber, L2, LPIPS-like"
+
+
+def write_report(results: dict, output_dir: str) -> None:
+    from diffusers_ext.evaluation.reporting import write_results
+
+    stem = "consistency_from_denoiser" if results["config"].get("from_denoiser_steps") else "consistency"
+    write_results(os.path.join(output_dir, stem), results, TITLE, report_sections(results), settings_line(results),
+                  figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
+
+
+def targets_from_results(results: dict) -> list[dict]:
+    """The targets rebuilt from a results file's recorded runs (`--from_results`)."""
+    return summarise(copy.deepcopy(results))["targets"]
 
 
 def write_plot(results: dict, path: str) -> None:
@@ -487,11 +493,12 @@ def write_plot(results: dict, path: str) -> None:
     plt.close(fig)
 
 
-def measure_zoo_model(args, judges, real_vs_real) -> dict:
+def measure_zoo_model(args, argv, judges, real_vs_real) -> dict:
     """1- and 2-step FD of the zoo's `digits-cm` on the test half (3 sampling seeds), next to the real reference."""
     from diffusers_ext import zoo
     from diffusers_ext.evaluation.consistency import sample_consistency_model
     from diffusers_ext.evaluation.protocol import target
+    from diffusers_ext.evaluation.reporting import command
 
     pipe = zoo.load("digits-cm")
     pipe.set_progress_bar_config(disable=True)
@@ -522,17 +529,17 @@ def measure_zoo_model(args, judges, real_vs_real) -> dict:
             > 1.5 * summary["real_vs_real_fd_test"]["zoo_classifier"]
         )
     }
-    return {"command": "python benchmarks/consistency.py " + " ".join(sys.argv[1:]), "summary": summary}
+    return {"command": command(__file__, argv), "summary": summary}
 
 
 def main(argv=None):
+    from diffusers_ext.evaluation.reporting import command, rebuild_results, write_results
+
     args = parse_args(argv)
-    if args.render_only:
-        stem = "consistency_from_denoiser" if args.from_denoiser_steps else "consistency"
-        with open(os.path.join(args.output_dir, f"{stem}.json"), encoding="utf-8") as f:
-            results = json.load(f)
-        write_markdown(results, os.path.join(args.output_dir, f"{stem}.md"))
-        write_plot(results, os.path.join(args.output_dir, f"{stem}.png"))
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
+        results = {"command": recorded_command(results), **results}
+        write_report(results, args.output_dir)
         return
     torch.set_num_threads(1)
     from diffusers_ext import AugmentationRegressor, ManifoldFeatureDistance, zoo
@@ -568,14 +575,15 @@ def main(argv=None):
         for judge, model in judges.models.items()
     }  # fmt: skip
     if args.zoo_only:
-        measured = measure_zoo_model(args, judges, real_vs_real)
-        with open(os.path.join(args.output_dir, "consistency_zoo.json"), "w", encoding="utf-8") as f:
-            json.dump(measured, f, indent=2)
+        measured = measure_zoo_model(args, argv, judges, real_vs_real)
+        write_results(os.path.join(args.output_dir, "consistency_zoo"), measured, "The zoo's digits-cm against the "
+                      "main benchmark's validation bar")  # fmt: skip
         print(json.dumps(measured, indent=2))
         return
     distances = {"mfd": ManifoldFeatureDistance(regressor), "lpips_like": ClassifierFeatureDistance(zoo_classifier)}
     results = {
-        "config": {**vars(args), "output_dir": None},
+        "command": command(__file__, argv),
+        "config": {k: v for k, v in vars(args).items() if k != "from_results"} | {"output_dir": None},
         "sanity": {
             "feature_network_heldout_r2": regressor_r2,
             "zoo_classifier_heldout_accuracy": classifier_accuracy(zoo_classifier, heldout_images, heldout_labels),
@@ -600,12 +608,7 @@ def main(argv=None):
               flush=True)  # fmt: skip
     results["summary"] = summarise(results)
     results["wall_seconds"] = time.perf_counter() - started
-    os.makedirs(args.output_dir, exist_ok=True)
-    stem = "consistency_from_denoiser" if args.from_denoiser_steps else "consistency"
-    with open(os.path.join(args.output_dir, f"{stem}.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-    write_markdown(results, os.path.join(args.output_dir, f"{stem}.md"))
-    write_plot(results, os.path.join(args.output_dir, f"{stem}.png"))
+    write_report(results, args.output_dir)
     print(json.dumps(results["summary"]["targets"], indent=2))
 
 

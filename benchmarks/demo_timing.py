@@ -10,7 +10,6 @@ used is recorded beside it.
 """
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -18,24 +17,64 @@ import tempfile
 import time
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")
 DEFAULT_SECONDS_TARGET = 180.0
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=0, help="Seed of both demo runs.")
     parser.add_argument("--device", default="cpu", help="torch device of both runs.")
     parser.add_argument("--output_dir", default=RESULTS, help="Where demo_timing.json/.md go.")
+    add_from_results_argument(parser)
     return parser.parse_args(argv)
 
 
+def demo_targets(summary: dict) -> list[dict]:
+    """The wall-clock target, from the measured default seconds."""
+    from diffusers_ext.evaluation.protocol import target
+
+    return [target("default demo wall-clock seconds on this machine", summary["default_seconds"],
+                   DEFAULT_SECONDS_TARGET, "<=")]  # fmt: skip
+
+
+def report_sections(result: dict) -> list[str]:
+    """The per-section timing table after the standard header and targets table."""
+    summary = result["summary"]
+    return [
+        "| section | quick (s) | default (s) |",
+        "| --- | --- | --- |",
+        *(f"| {name} | {t['quick']:.1f} | {t['default']:.1f} |" for name, t in summary["sections"].items()),
+        f"| **all** | **{summary['quick_seconds']:.1f}** | **{summary['default_seconds']:.1f}** |",
+        "",
+        f"Default / quick: {summary['ratio']:.2f}x.",
+    ]
+
+
 def main(argv=None) -> dict:
+    from diffusers_ext.evaluation.reporting import rebuild_results, write_results
+
+    args = parse_args(argv)
+    if args.from_results:
+        result = rebuild_results(args.from_results, lambda r: demo_targets(r["summary"]), rel_to=REPO)
+    else:
+        result = measure(args, argv)
+    machine = result["machine"]
+    write_results(os.path.join(args.output_dir, "demo_timing"), result, "`diffusers-ext demo` timing",
+                  report_sections(result), settings_line=f"{machine['cpu_count']} CPUs, {machine['torch_threads']} "
+                  "torch threads; both modes in one process.")  # fmt: skip
+    return result
+
+
+def measure(args, argv) -> dict:
     import torch
 
     from diffusers_ext.demo import run_demo
+    from diffusers_ext.evaluation.reporting import command
 
-    args = parse_args(argv)
     runs = {}
     for mode in ("quick", "default"):
         with tempfile.TemporaryDirectory() as report_dir:
@@ -53,17 +92,10 @@ def main(argv=None) -> dict:
             name: {"default": runs["default"]["sections"][name], "quick": runs["quick"]["sections"][name]}
             for name in runs["default"]["sections"]
         },
-        "targets": [
-            {
-                "name": "default demo wall-clock seconds on this machine",
-                "value": default_seconds,
-                "threshold": DEFAULT_SECONDS_TARGET,
-                "met": default_seconds <= DEFAULT_SECONDS_TARGET,
-            }
-        ],
     }
-    result = {
-        "command": "python benchmarks/demo_timing.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    summary["targets"] = demo_targets(summary)
+    return {
+        "command": command(__file__, argv),
         "machine": {
             "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
@@ -72,27 +104,6 @@ def main(argv=None) -> dict:
         },
         "summary": summary,
     }
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "demo_timing.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    lines = [
-        "# `diffusers-ext demo` timing",
-        "",
-        f"Measured by `{result['command'].strip()}` ({os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
-        "threads; both modes in one process).",
-        "",
-        "| section | quick (s) | default (s) |",
-        "| --- | --- | --- |",
-        *(f"| {name} | {t['quick']:.1f} | {t['default']:.1f} |" for name, t in summary["sections"].items()),
-        f"| **all** | **{quick_seconds:.1f}** | **{default_seconds:.1f}** |",
-        "",
-        f"Default / quick: {summary['ratio']:.2f}x. Target: the default demo in at most {DEFAULT_SECONDS_TARGET:.0f} s "
-        f"({'met' if summary['targets'][0]['met'] else 'missed'}).",
-        "",
-    ]
-    with open(os.path.join(args.output_dir, "demo_timing.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
-    return result
 
 
 if __name__ == "__main__":

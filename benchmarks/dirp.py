@@ -28,7 +28,6 @@ Writes `benchmarks/results/dirp.json`, `dirp.md` and `dirp.png` (or `<run_name>.
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
@@ -448,14 +447,10 @@ def _fmt_setting(setting):
     return ", ".join(f"{k}={v}" for k, v in setting.items())
 
 
-def write_markdown(results, path):
+def report_sections(results) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
     s, v = results["summary"], results["validation"]
-    lines = [
-        "# DIRP against purification baselines, each tuned on validation",
-        "",
-        f"Command: `{results['command']}`",
-        "",
-    ]
+    lines = []
     if "downstream_headroom" in s["sanity"]:
         h = s["sanity"]["downstream_headroom"]
         r = h["protected_fd_over_clean"]
@@ -466,10 +461,7 @@ def write_markdown(results, path):
             f"{h['protection_hurts_mimic_beyond_2_se']}.",
             "",
         ]
-    lines += ["## Targets (computed)", "", "| target | value | threshold | met |", "| --- | --- | --- | --- |"]
-    for t in s["targets"]:
-        lines.append(f"| {t['name']} | {t['value']:.3f} | {t['comparison']} {t['threshold']:g} | {t['met']} |")
-    lines += ["", "## Validation (tuning)", "", s["sanity"]["tuning"] + ". Mean PSNR to clean (dB) per setting:", ""]
+    lines += ["## Validation (tuning)", "", s["sanity"]["tuning"] + ". Mean PSNR to clean (dB) per setting:", ""]
     lines += ["| purifier | setting | validation PSNR | validation SSIM | chosen |", "| --- | --- | --- | --- | --- |"]
     for name in PURIFIER_ORDER:
         for row in v["grids"][name]:
@@ -521,9 +513,7 @@ def write_markdown(results, path):
         for name, d in results["downstream"].items():
             f, q = d["frechet"], d["frechet_over_clean"]
             lines.append(f"| {name} | {f['mean']:.3f} ± {f['sem']:.3f} | {q['mean']:.3f} ± {q['sem']:.3f} | {d['class_share']:.3f} |")  # fmt: skip
-    lines.append("")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
+    return lines
 
 
 def write_plot(results, path):
@@ -567,6 +557,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     from diffusers_ext import DIRPPipeline, zoo
     from diffusers_ext.evaluation.dirp.protections import PROTECTIONS
+    from diffusers_ext.evaluation.reporting import command, write_results
 
     protections = args.protections or list(PROTECTIONS)
     for flag, chosen in (("--protections", protections), ("--validation_protections", args.validation_protections)):
@@ -622,7 +613,7 @@ def main(argv=None):
         mimicry = downstream(args, ddpm, classifier, sets, reference)
 
     results = {
-        "command": " ".join(["python", "benchmarks/dirp.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": command(__file__, argv),
         "settings": {k: v for k, v in vars(args).items() if k not in ("output_dir",)},
         "summary": summarise(
             args, validation, grid, budgets, amplification, memory, mimicry, protections, judge_check
@@ -634,12 +625,9 @@ def main(argv=None):
         "downstream": mimicry or {},
         "seconds": time.perf_counter() - started,
     }
-    os.makedirs(args.output_dir, exist_ok=True)
-    stem = os.path.join(args.output_dir, args.run_name)
-    with open(stem + ".json", "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-    write_markdown(results, stem + ".md")
-    write_plot(results, stem + ".png")
+    write_results(os.path.join(args.output_dir, args.run_name), results,
+                  "DIRP against purification baselines, each tuned on validation", report_sections(results),
+                  figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
     print(json.dumps({k: results["summary"][k] for k in ("choice", "targets")}, indent=2))
 
 

@@ -24,7 +24,6 @@ and then checked once on separate test draws. Writes `benchmarks/results/discret
 
 import argparse
 import itertools
-import json
 import math
 import os
 import time
@@ -32,7 +31,8 @@ import time
 import torch
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")
 
 # (name, source, num_mask_tokens, coupling)
 CONFIGS = (
@@ -47,6 +47,8 @@ OT_PAIRS = (("uniform/hamming_ot", "uniform/independent"), ("multimask/embedding
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Training seeds (>= 3).")
     parser.add_argument("--train_steps", type=int, default=1500, help="Training steps per HMM model.")
@@ -59,6 +61,7 @@ def parse_args(argv=None):
     parser.add_argument("--bound_samples", type=int, default=16, help="Monte Carlo times per sequence.")
     parser.add_argument("--skip_digits", action="store_true", help="Only the HMM parts (for a quick look).")
     parser.add_argument("--output", type=str, default=os.path.join(RESULTS, "discrete_flow.json"))
+    add_from_results_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -306,6 +309,9 @@ def digits_testbed(args, log):
 
 
 def summarise(args, exact_rows, hmm):
+    """The summary and its computed targets, from the recorded measurements (`args` needs `nfe` and `batch_size`)."""
+    from diffusers_ext.evaluation.protocol import target
+
     runs = hmm["runs"]
     nfe = sorted(args.nfe)
     full = max(nfe)  # the full NFE: the largest of the grid (4x the sequence length by default)
@@ -332,26 +338,22 @@ def summarise(args, exact_rows, hmm):
             "independent_gen_ppl_test_at_chosen": curve(ind_name, "test")[chosen]["mean"] if chosen else None,
             "within_5pct_on_test": met_on_test,
         }  # fmt: skip
-        targets.append({
-            "name": f"{ot_name} matches {ind_name} at full NFE within 5% at <= 1/4 NFE (test draws)",
-            "value": ratio if (ratio is not None and met_on_test) else None, "threshold": 0.25,
-            "met": bool(ratio is not None and met_on_test and ratio <= 0.25),
-        })  # fmt: skip
+        # no matching NFE (or no match on test) is no number: never met
+        targets.append(target(f"{ot_name} matches {ind_name} at full NFE within 5% at <= 1/4 NFE (test draws)",
+                              ratio if (ratio is not None and met_on_test) else math.inf, 0.25, "<="))  # fmt: skip
 
     # Multimask vs single mask: the multimask coupling chosen on validation (full NFE), compared on test
     mm_names = [n for n in runs if n.startswith("multimask/")]
     best_mm = min(mm_names, key=lambda n: curve(n, "validation")[full]["mean"])
     multimask_gen_ppl = curve(best_mm, "test")[full]
     mask_gen_ppl = curve("mask/independent", "test")[full]
-    targets.append({"name": f"Multimask ({best_mm}, chosen on validation) gen-ppl <= single mask, full NFE, test",
-                    "value": multimask_gen_ppl["mean"], "threshold": mask_gen_ppl["mean"],
-                    "met": multimask_gen_ppl["mean"] <= mask_gen_ppl["mean"]})  # fmt: skip
+    targets.append(target(f"Multimask ({best_mm}, chosen on validation) gen-ppl <= single mask, full NFE, test",
+                          multimask_gen_ppl["mean"], mask_gen_ppl["mean"], "<="))  # fmt: skip
 
     exact_valid = min(r["valid_fraction"] for r in exact_rows)
     for kind in ("kl", "entropy"):
         value = min(r["valid_fraction"] for r in exact_rows if r["bound"] == kind)
-        targets.append({"name": f"{kind} bound >= exact NLL on every sequence (models with a known NLL)",
-                        "value": value, "threshold": 1.0, "met": value >= 1.0})  # fmt: skip
+        targets.append(target(f"{kind} bound >= exact NLL on every sequence (models with a known NLL)", value, 1.0))
     trained_fraction = {
         name: {kind: mean_std([r["bounds_test"][kind]["fraction_above_data_nll"] for r in rs]) for kind in
                ("kl", "entropy")} for name, rs in runs.items()
@@ -362,8 +364,8 @@ def summarise(args, exact_rows, hmm):
     overhead_1000 = {name: mean_std([r["ot_overhead_batch_1000"]["overhead_fraction"] for r in rs])
                      for name, rs in runs.items() if "ot_overhead" in rs[0]}  # fmt: skip
     worst = max(v["mean"] for v in overhead.values())
-    targets.append({"name": f"OT overhead of a training step (batch {args.batch_size}, worst coupling)",
-                    "value": worst, "threshold": 0.10, "met": worst <= 0.10})  # fmt: skip
+    targets.append(target(f"OT overhead of a training step (batch {args.batch_size}, worst coupling)", worst, 0.10,
+                          "<="))  # fmt: skip
 
     ind = curve("uniform/independent", "test")
     mask = curve("mask/independent", "test")
@@ -400,23 +402,32 @@ def summarise(args, exact_rows, hmm):
     }
 
 
-def write_report(result, path):
+def report_sections(result) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
     s = result["summary"]
-    lines = ["# Discrete flow matching: minibatch OT, Multimask, perplexity bounds", "",
-             f"Command: `{result['command']}`", "", "## Targets", "", "| target | value | threshold | met |",
-             "| --- | --- | --- | --- |"]  # fmt: skip
-    for t in s["targets"]:
-        value = "n/a" if t["value"] is None else f"{t['value']:.4g}"
-        lines.append(f"| {t['name']} | {value} | {t['threshold']:.4g} | {'yes' if t['met'] else 'no'} |")
     nfe = list(next(iter(s["gen_ppl_vs_nfe"].values())).keys())
-    lines += ["", "## HMM: generative perplexity (true HMM as judge) vs NFE, test draws, mean ± std over seeds", "",
-              "| config | " + " | ".join(f"NFE {n}" for n in nfe) + " |", "| --- |" + " --- |" * len(nfe)]  # fmt: skip
+    lines = ["## HMM: generative perplexity (true HMM as judge) vs NFE, test draws, mean ± std over seeds", "",
+             "| config | " + " | ".join(f"NFE {n}" for n in nfe) + " |", "| --- |" + " --- |" * len(nfe)]  # fmt: skip
     for name, row in s["gen_ppl_vs_nfe"].items():
         lines.append(f"| {name} | " + " | ".join(f"{v['mean']:.3f} ± {v['std']:.3f}" for v in row.values()) + " |")
     lines += ["", f"Data perplexity (test): {s['sanity']['data_ppl']['test']:.3f}; exact-posterior sampler at full "
-              f"NFE: {s['sanity']['exact_posterior_gen_ppl_at_full_nfe']}", ""]  # fmt: skip
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+              f"NFE: {s['sanity']['exact_posterior_gen_ppl_at_full_nfe']}"]  # fmt: skip
+    return lines
+
+
+def int_keys(node):
+    """`node` read back from JSON with its digit-string keys (NFE values) as ints again, as the run built it."""
+    if isinstance(node, dict):
+        return {int(k) if isinstance(k, str) and k.isdigit() else k: int_keys(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [int_keys(v) for v in node]
+    return node
+
+
+def targets_from_results(result) -> list[dict]:
+    """The targets rebuilt from a results file's recorded measurements (`--from_results`)."""
+    settings = argparse.Namespace(**result["settings"])
+    return summarise(settings, result["exact_bound_check"], int_keys(result["hmm"]))["targets"]
 
 
 def plot(result, path):
@@ -443,7 +454,15 @@ def plot(result, path):
 def main(argv=None):
     import sys
 
+    from diffusers_ext.evaluation.reporting import command, rebuild_results, write_results
+
     args = parse_args(argv)
+    stem = os.path.splitext(args.output)[0]
+    title = "Discrete flow matching: minibatch OT, Multimask, perplexity bounds"
+    if args.from_results:
+        result = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
+        write_results(stem, result, title, report_sections(result), figures={".png": lambda p: plot(result, p)})
+        return
     torch.set_num_threads(1)
     if len(args.seeds) < 3:
         print("warning: fewer than 3 seeds; the measurement protocol asks for >= 3", file=sys.stderr)
@@ -457,20 +476,15 @@ def main(argv=None):
     hmm = hmm_testbed(args, log)
     digits = None if args.skip_digits else digits_testbed(args, log)
     result = {
-        "command": "python benchmarks/discrete_flow.py" + (" " + " ".join(argv or sys.argv[1:])).rstrip(),
-        "settings": {k: v for k, v in vars(args).items() if k != "output"},
+        "command": command(__file__, argv),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("output", "from_results")},
         "summary": summarise(args, exact_rows, hmm),
         "exact_bound_check": exact_rows,
         "hmm": hmm,
         "digits": digits,
         "wall_seconds": time.time() - begin,
     }
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
-    stem = os.path.splitext(args.output)[0]
-    write_report(result, stem + ".md")
-    plot(result, stem + ".png")
+    write_results(stem, result, title, report_sections(result), figures={".png": lambda p: plot(result, p)})
     log(f"wrote {args.output}")
 
 

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 
 import numpy as np
@@ -299,30 +298,22 @@ def write_sweep_plot(results: dict, path: str) -> None:
     plt.close(fig)
 
 
-def write_markdown(results: dict, path: str) -> None:
-    from diffusers_ext.evaluation.protocol import targets_status
-
-    s, c = results["summary"], results["calibration"]
-    lines = [
-        "# Divide-and-Denoise composition benchmark (random placements)",
-        "",
-        f"Command: `{results['command']}` ({results['seconds'] / 60:.1f} min, code hash `{results['code_hash'][:12]}`)",
-        "",
+def settings_line(results: dict) -> str:
+    c = results["calibration"]
+    return (
+        f"{results['seconds'] / 60:.1f} min, code hash `{results['code_hash'][:12]}`. "
         f"Detectors calibrated on real data before any method ran: disc colour threshold {c['disc_threshold']:.2f} "
         f"(detects {c['disc_detected_fraction']:.1%} of {c['disc_real_objects']}); digit ink threshold "
         f"{c['ink_threshold']:.2f} (detects {c['ink_detected_fraction']:.1%} of {c['ink_real_objects']}); zoo "
         f"classifier accuracy on those held-out digits {c['classifier_heldout_accuracy']:.3f}. No method has a tuned "
-        "setting; the validation split was run first and the test split once.",
-        "",
-        f"**{targets_status(s['targets'])}** (test split):",
-        "",
-        "| target | value | threshold | met |",
-        "| --- | --- | --- | --- |",
-    ]
-    for t in s["targets"]:
-        lines.append(f"| {t['name']} | {t['value']:.3f} | {t['comparison']} {t['threshold']} | "
-                     f"{'yes' if t['met'] else 'no'} |")  # fmt: skip
-    lines += ["", "Gap to MultiDiffusion told the hidden layout (upper reference, D&D gets no layout), test split: "
+        "setting; the validation split was run first and the test split once; the targets are on the test split."
+    )
+
+
+def report_sections(results: dict) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
+    s = results["summary"]
+    lines = ["Gap to MultiDiffusion told the hidden layout (upper reference, D&D gets no layout), test split: "
               + "; ".join(f"{f}: D&D {g['divide_and_denoise']:.3f} vs {g['multidiffusion_oracle']:.3f} "
                           f"(gap {g['gap']:+.3f})" for f, g in s["oracle_gap"].items()), ""]  # fmt: skip
     for split in ("test", "validation"):
@@ -352,8 +343,7 @@ def write_markdown(results: dict, path: str) -> None:
         f"Overhead of utilities + allocation + alignment over the model forwards (digits, zoo UNet): "
         f"{s['overhead_digits']:.3f}.",
     ]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    return lines
 
 
 def main(argv=None):
@@ -361,6 +351,7 @@ def main(argv=None):
     import diffusers_ext
     from diffusers_ext import zoo
     from diffusers_ext.evaluation.protocol import settings_code_hash, target
+    from diffusers_ext.evaluation.reporting import command, write_results
 
     torch.set_num_threads(1)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -435,8 +426,7 @@ def main(argv=None):
     single = expert_alone_success(ddpm, classifier, args, ink_t)
     results.update(
         {
-            "command": "python benchmarks/divide_and_denoise.py"
-            + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
+            "command": command(__file__, argv),
             "settings": vars(args) | {"output_dir": None},
             "code_hash": code_hash,
             "seconds": time.perf_counter() - start,
@@ -461,12 +451,10 @@ def main(argv=None):
             "digits DDPM alone on its 8x8 canvas, success at the calibrated ink threshold": single,
         },
     }
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "divide_and_denoise.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-    write_markdown(results, os.path.join(args.output_dir, "divide_and_denoise.md"))
-    write_plot(results, os.path.join(args.output_dir, "divide_and_denoise.png"))
-    write_sweep_plot(results, os.path.join(args.output_dir, "divide_and_denoise_sweep.png"))
+    write_results(os.path.join(args.output_dir, "divide_and_denoise"), results,
+                  "Divide-and-Denoise composition benchmark (random placements)", report_sections(results),
+                  settings_line(results), figures={".png": lambda path: write_plot(results, path),
+                                                   "_sweep.png": lambda path: write_sweep_plot(results, path)})  # fmt: skip
     print(json.dumps(results["summary"], indent=2))
 
 

@@ -26,10 +26,8 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
@@ -560,25 +558,11 @@ def write_plot(results, path, args):
     plt.close(fig)
 
 
-def write_markdown(results, path):
-    from diffusers_ext.evaluation.protocol import targets_status
-
+def report_sections(results) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
     s, v = results["summary"], results.get("validation", {})
     f = lambda x: "n/a" if x is None else (f"{x:.4f}" if isinstance(x, float) else str(x))  # noqa: E731
-    lines = [
-        "# GRPO learning and GRPO vs E2PO on the digits-sd3 zoo model",
-        "",
-        f"Command: `{results['command']}` ({targets_status(s['targets'])}; {s['num_seeds']} seeds, "
-        f"{s.get('eval_samples')} fixed test noises per evaluation).",
-        "",
-        "| target | value | threshold | met |",
-        "| --- | --- | --- | --- |",
-        *[
-            f"| {t['name']} | {f(t['value'])} | {t['comparison']} {t['threshold']:g} | {'yes' if t['met'] else 'no'} |"
-            for t in s["targets"]
-        ],  # fmt: skip
-        "",
-    ]
+    lines = []
     if "grpo_eval_gain_per_seed" in s:
         lines += [
             "## learn (GRPO, brightness reward)",
@@ -606,20 +590,19 @@ def write_markdown(results, path):
             f"eval standard error {f(s['regime_eval_standard_error'])}.",
             "",
         ]
-    lines += ["Sanity: " + "; ".join(f"{k} = {json.dumps(x)}" for k, x in s["sanity"].items()), ""]
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write("\n".join(lines) + "\n")
+    lines += ["Sanity: " + "; ".join(f"{k} = {json.dumps(x)}" for k, x in s["sanity"].items())]
+    return lines
 
 
 def main(argv=None):
     args = parse_args(argv)
     quiet()
     from diffusers_ext import zoo
+    from diffusers_ext.evaluation.reporting import command, run_jobs, write_results
 
     classifier = zoo.load("digits-classifier")
-    argv = argv if argv is not None else sys.argv[1:]
     results = {
-        "command": ("python benchmarks/e2po.py " + " ".join(argv)).strip(),
+        "command": command(__file__, argv),
         "settings": vars(args) | {"output_dir": None},
     }
     jobs = []
@@ -641,22 +624,15 @@ def main(argv=None):
             "num_generations": validation["num_generations"], "e2po_max_scale": validation["e2po_max_scale"],
         }  # fmt: skip
         jobs += [("regime", algorithm, seed, regime) for seed in args.seeds for algorithm in ("grpo", "e2po")]
-    if args.workers > 1:
-        import multiprocessing
-
-        with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            outputs = list(pool.map(run, jobs))
-    else:
-        outputs = [run(job) for job in jobs]
+    outputs = run_jobs(run, [(job,) for job in jobs], args.workers)
     results["runs"] = {}
     for out in outputs:
         results["runs"].setdefault(out["part"], {}).setdefault(out["algorithm"], {})[str(out["seed"])] = out
     results["summary"] = summarise(results, args)
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "e2po.json"), "w", encoding="utf-8") as handle:
-        json.dump(results, handle, indent=2)
-    write_markdown(results, os.path.join(args.output_dir, "e2po.md"))
-    write_plot(results, os.path.join(args.output_dir, "e2po.png"), args)
+    s = results["summary"]
+    write_results(os.path.join(args.output_dir, "e2po"), results, "GRPO learning and GRPO vs E2PO on the digits-sd3 zoo model",
+                  report_sections(results), settings_line=f"{s['num_seeds']} seeds, {s.get('eval_samples')} fixed test "
+                  "noises per evaluation.", figures={".png": lambda path: write_plot(results, path, args)})  # fmt: skip
     print(json.dumps({k: v for k, v in results["summary"].items() if k != "regime_eval_curve"}, indent=2))
 
 

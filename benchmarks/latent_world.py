@@ -19,7 +19,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import sys
 import time
 
 
@@ -56,42 +55,30 @@ def prefixed_targets(summaries: dict) -> list[dict]:
     return [dict(t, name=f"{part}: {t['name']}") for part, s in summaries.items() for t in s["targets"]]
 
 
-def write_markdown(results: dict, path: str) -> None:
+def report_sections(results: dict) -> list[str]:
+    """One section per part (its own targets table), after the standard header and the table of every target."""
     from diffusers_ext.evaluation.protocol import targets_status
+    from diffusers_ext.evaluation.reporting import targets_table
 
-    s = results["summary"]
-    lines = [
-        "# The latent world: DIRP, Divide-and-Denoise and unlearning on `mosaic-t2i`",
-        "",
-        f"Command: `{results['command']}`" + (f" ({results['how']})" if results.get("how") else ""),
-        "",
-        f"**{targets_status(s['targets'])}** (all parts).",
-        "",
-    ]
+    lines = []
     for part in results["parts"]:
-        part_summary = s[part]
+        part_summary = results["summary"][part]
         lines += [
             f"## {part}: {targets_status(part_summary['targets'])}",
             "",
             f"Part results: [latent_world_{part}.md](latent_world_{part}.md) (`{results['parts'][part]['command']}`)",
             "",
-            "| target | value | threshold | met |",
-            "| --- | --- | --- | --- |",
+            *targets_table(part_summary["targets"]),
+            "",
         ]
-        for t in part_summary["targets"]:
-            lines.append(
-                f"| {t['name']} | {t['value']:.4g} | {t['comparison']} {t['threshold']:g} | "
-                f"{'yes' if t['met'] else 'no'} |"
-            )
-        lines.append("")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
+    return lines
 
 
 def main(argv=None) -> dict:
+    from diffusers_ext.evaluation.reporting import command, write_results
+
     args = parse_args(argv)
-    argv = sys.argv[1:] if argv is None else argv
-    command = "python benchmarks/latent_world.py" + (" " + " ".join(argv)).rstrip()
+    run_command = command(__file__, argv)
     parts, summaries = {}, {}
     start = time.perf_counter()
     for name in args.parts:
@@ -106,11 +93,11 @@ def main(argv=None) -> dict:
             part_start = time.perf_counter()
             part = load_part(name).run(args)
             part["seconds"] = time.perf_counter() - part_start
-            part.setdefault("command", command)
+            part.setdefault("command", run_command)
         parts[name] = part
         summaries[name] = part["summary"]
     results = {
-        "command": command,
+        "command": run_command,
         "how": "assembled from the parts' own results files, each from one complete invocation of its script"
         if args.assemble
         else "every part run in this one process",
@@ -118,10 +105,9 @@ def main(argv=None) -> dict:
         "parts": {name: {k: v for k, v in part.items() if k != "summary"} for name, part in parts.items()},
         "summary": {**summaries, "targets": prefixed_targets(summaries)},
     }
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "latent_world.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-    write_markdown(results, os.path.join(args.output_dir, "latent_world.md"))
+    write_results(os.path.join(args.output_dir, "latent_world"), results,
+                  "The latent world: DIRP, Divide-and-Denoise and unlearning on `mosaic-t2i`", report_sections(results),
+                  settings_line=f"How: {results['how']} (targets of all parts below).")  # fmt: skip
     return results
 
 

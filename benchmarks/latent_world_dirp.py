@@ -304,25 +304,19 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
-def write_markdown(results: dict, path: str) -> None:
+def settings_line(results: dict) -> str:
+    return (
+        f"Test subject `{results['settings']['dirp_test_subject']}`, seeds {results['settings']['dirp_seeds']}; the "
+        f"protection purifiers face (chosen on validation): `{results['summary']['protection_facing_purifiers']}`."
+    )
+
+
+def report_sections(results: dict) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
     s = results["summary"]
     budgets = sorted(int(b) for b in s["psnr"])
     top = budgets[-1]
-    lines = [
-        "# DIRP on the latent text-to-image model (mosaic-t2i)",
-        "",
-        "Command: `python benchmarks/latent_world_dirp.py`. Test subject "
-        f"`{results['settings']['dirp_test_subject']}`, seeds {results['settings']['dirp_seeds']}; "
-        f"the protection purifiers face (chosen on validation): `{s['protection_facing_purifiers']}`.",
-        "",
-        "## Targets",
-        "",
-        "| target | value | threshold | met |",
-        "| --- | --- | --- | --- |",
-    ]
-    for t in s["targets"]:
-        lines.append(f"| {t['name']} | {t['value']:.3f} | {t['comparison']} {t['threshold']} | {t['met']} |")
-    lines += ["", f"## Mimic FD / clean FD (clean FD {s['clean_fd']['mean']:.2f} +- {s['clean_fd']['std']:.2f})", "",
+    lines = [f"## Mimic FD / clean FD (clean FD {s['clean_fd']['mean']:.2f} +- {s['clean_fd']['std']:.2f})", "",
               "| set | ratio mean | std | per seed |", "| --- | --- | --- | --- |"]  # fmt: skip
     for key, r in s["fd_ratio"].items():
         lines.append(f"| {key} | {r['mean']:.3f} | {r['std']:.3f} | {', '.join(f'{v:.3f}' for v in r['values'])} |")
@@ -349,8 +343,7 @@ def write_markdown(results: dict, path: str) -> None:
     lines += [f"- {p}: `{json.dumps(v)}`" for p, v in s["frozen_settings"].items()]
     lines += ["", "## Sanity", ""] + [f"- {k}: {v}" for k, v in s["sanity"].items()]
     lines += ["", f"Wall time: {results['wall_seconds']:.0f} s. The FD of purified sets is measured at {top}/255."]
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    return lines
 
 
 def write_plot(results: dict, grids: dict, path: str) -> None:
@@ -390,15 +383,13 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    results = run(args)
-    results["command"] = " ".join(["python benchmarks/latent_world_dirp.py", *(sys.argv[1:] if argv is None else argv)])
+    from diffusers_ext.evaluation.reporting import command, write_results
+
+    results = {"command": command(__file__, argv), **run(args)}
     grids = LAST_GRIDS
-    os.makedirs(args.dirp_output_dir, exist_ok=True)
-    stem = os.path.join(args.dirp_output_dir, "latent_world_dirp")
-    with open(stem + ".json", "w") as f:
-        json.dump(results, f, indent=2)
-    write_markdown(results, stem + ".md")
-    write_plot(results, grids, stem + ".png")
+    write_results(os.path.join(args.dirp_output_dir, "latent_world_dirp"), results,
+                  "DIRP on the latent text-to-image model (mosaic-t2i)", report_sections(results), settings_line(results),
+                  figures={".png": lambda path: write_plot(results, grids, path)})  # fmt: skip
     print(json.dumps(results["summary"]["targets"], indent=2))
     return results
 

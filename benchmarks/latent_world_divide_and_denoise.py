@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 
 import numpy as np
@@ -69,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--dnd_cache_dir", default=os.path.join(ROOT, "benchmarks", ".cache", NAME), help="Expert cache folder."
     )
+    group.add_argument("--dnd_output_dir", default=RESULTS, help="Where the results files go (main() only).")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def load_or_train_expert(base, shape: str, seed: int, args, log) -> tuple:
 
     from diffusers_ext.data.mosaic import MosaicConfig, mosaic_dataset
     from diffusers_ext.evaluation import mosaic_finetune
-    from diffusers_ext.evaluation.protocol import settings_code_hash
+    from diffusers_ext.evaluation.reporting import ResultCache
 
     settings = {
         "shape": shape,
@@ -150,10 +150,10 @@ def load_or_train_expert(base, shape: str, seed: int, args, log) -> tuple:
         "lr": args.dnd_lr,
     }
     code = [mosaic_finetune.__file__, os.path.join(ROOT, "diffusers_ext", "data", "mosaic.py")]
-    key = settings_code_hash(settings, code)
-    path = os.path.join(args.dnd_cache_dir, f"{shape}-{key[:20]}.safetensors")
-    if os.path.exists(path):
-        return mosaic_finetune.unet_with_lora(base, load_file(path), rank=args.dnd_rank), 0.0, True
+    cache = ResultCache(args.dnd_cache_dir, settings, code)
+    if cache.has(f"{shape}.safetensors"):
+        state = load_file(cache.path(f"{shape}.safetensors"))
+        return mosaic_finetune.unet_with_lora(base, state, rank=args.dnd_rank), 0.0, True
     start = time.perf_counter()
     config = MosaicConfig(shapes=(shape,), tasks=("single", "pair", "count"))
     data = mosaic_dataset(config, args.dnd_finetune_samples, seed=100 + seed, split="train")
@@ -167,7 +167,7 @@ def load_or_train_expert(base, shape: str, seed: int, args, log) -> tuple:
         seed=seed,
         batch_size=args.dnd_finetune_batch,
     )
-    os.makedirs(args.dnd_cache_dir, exist_ok=True)
+    path = cache.path(f"{shape}.safetensors")
     save_file({k: v.contiguous() for k, v in lora_state.items()}, path + ".tmp")
     os.replace(path + ".tmp", path)
     seconds = time.perf_counter() - start
@@ -331,11 +331,16 @@ def run(args: argparse.Namespace) -> dict:
     from diffusers_ext.data.mosaic import MosaicConfig
     from diffusers_ext.evaluation.mosaic import MosaicEvaluator
     from diffusers_ext.evaluation.protocol import mean_spread, settings_code_hash, target
+    from diffusers_ext.evaluation.reporting import choose_on_validation
 
     torch.set_num_threads(1)
     start = time.perf_counter()
     # hashed before anything runs: the code that produced the results
-    settings = {k[len("dnd_") :]: v for k, v in vars(args).items() if k.startswith("dnd_") and k != "dnd_cache_dir"}
+    settings = {
+        k[len("dnd_") :]: v
+        for k, v in vars(args).items()
+        if k.startswith("dnd_") and k not in ("dnd_cache_dir", "dnd_output_dir")
+    }
     code = [os.path.abspath(__file__), os.path.join(ROOT, "diffusers_ext", "pipelines", "divide_and_denoise"),
             os.path.join(ROOT, "diffusers_ext", "evaluation", "mosaic_finetune.py")]  # fmt: skip
     code_hash = settings_code_hash(settings, code)
@@ -380,16 +385,16 @@ def run(args: argparse.Namespace) -> dict:
         sampler = Sampler(base, [experts_by_seed[first][s] for s in shapes], args)
         validation[setting], choices[setting] = {}, {}
         for method in methods_for(len(shapes)):
-            rows = []
-            for config in method_configs(method, args):
-                result = evaluate_method(
-                    sampler, judge, method, config, prompts[setting]["validation"], SPLIT_SEEDS["validation"], args
-                )
-                rows.append({"config": config, **result})
-            validation[setting][method] = rows
-            best = max(rows, key=lambda r: r["overall"])  # first of the grid on ties
-            choices[setting][method] = best["config"]
-            log(f"validation {setting} {method}: " + ", ".join(f"{r['config']} {r['overall']:.3f}" for r in rows))
+            # every method's frozen choice is measured on test below, per fine-tune seed
+            record = choose_on_validation(
+                method_configs(method, args),
+                lambda config, split, sampler=sampler, method=method, setting=setting: evaluate_method(
+                    sampler, judge, method, config, prompts[setting][split], SPLIT_SEEDS[split], args),
+                score=lambda result: result["overall"], names=json.dumps, test=False,
+            )  # fmt: skip
+            validation[setting][method] = record
+            choices[setting][method] = record["chosen"]["candidate"]
+            log(f"validation {setting} {method}: " + ", ".join(f"{r['name']} {r['score']:.3f}" for r in record["validation"]))
 
     test, overhead = {}, {}
     for setting, shapes in SETTINGS_EXPERTS.items():
@@ -494,24 +499,20 @@ def label(method: str, setting: str) -> str:
     return LABELS[method]
 
 
-def write_markdown(results: dict, path: str, command: str) -> None:
-    from diffusers_ext.evaluation.protocol import targets_status
+def write_report(results: dict, stem: str) -> None:
+    """`<stem>.json`, `.md` and `.png` through the shared reporting module."""
+    from diffusers_ext.evaluation.reporting import write_results
 
+    write_results(stem, results, "Divide-and-Denoise on the latent text-to-image model (mosaic-t2i, LoRA shape experts)",
+                  report_sections(results), settings_line=f"{results['seconds'] / 60:.1f} min, code hash "
+                  f"`{results['code_hash'][:12]}`; targets on the test prompts, mean over fine-tune seeds "
+                  f"{results['settings']['seeds']}.", figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
+
+
+def report_sections(results: dict) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
     s = results["summary"]
-    lines = [
-        "# Divide-and-Denoise on the latent text-to-image model (mosaic-t2i, LoRA shape experts)",
-        "",
-        f"Command: `{command}` ({results['seconds'] / 60:.1f} min, code hash `{results['code_hash'][:12]}`)",
-        "",
-        f"**{targets_status(s['targets'])}** (test prompts, mean over fine-tune seeds {results['settings']['seeds']}):",
-        "",
-        "| target | value | threshold | met |",
-        "| --- | --- | --- | --- |",
-    ]
-    for t in s["targets"]:
-        lines.append(f"| {t['name']} | {t['value']:+.3f} | {t['comparison']} {t['threshold']} | "
-                     f"{'yes' if t['met'] else 'no'} |")  # fmt: skip
-    lines += ["", "Headroom (shown first): " + "; ".join(
+    lines = ["Headroom (shown first): " + "; ".join(
         f"{setting}: product of the experts' own-shape single-object accuracies {h['product_of_expert_single_object_accuracies']:.3f}, "
         f"MultiDiffusion + oracle layout {h['multidiffusion_oracle_test']:.3f}, best single model {h['best_single_model_test']:.3f}"
         for setting, h in s["headroom"].items()), ""]  # fmt: skip
@@ -534,9 +535,8 @@ def write_markdown(results: dict, path: str, command: str) -> None:
               "| model | " + " | ".join(SHAPE_ORDER) + " |", "| --- |" + " --- |" * len(SHAPE_ORDER)]  # fmt: skip
     for model, row in s["sanity"]["single_object_accuracy"].items():
         lines.append(f"| {model} | " + " | ".join(f"{row[shape]:.3f}" for shape in SHAPE_ORDER) + " |")
-    lines += ["", f"Each expert best on its own shape: {s['sanity']['each_expert_best_on_its_own_shape']}.", ""]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    lines += ["", f"Each expert best on its own shape: {s['sanity']['each_expert_best_on_its_own_shape']}."]
+    return lines
 
 
 def write_plot(results: dict, path: str) -> None:
@@ -567,17 +567,11 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
+    from diffusers_ext.evaluation.reporting import command
+
     results = run(args)
-    command = "python benchmarks/latent_world_divide_and_denoise.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    results["command"] = command.strip()
-    os.makedirs(RESULTS, exist_ok=True)
-    base = os.path.join(RESULTS, NAME)
-    with open(base + ".json", "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-    write_markdown(results, base + ".md", results["command"])
-    write_plot(results, base + ".png")
+    results["command"] = command(__file__, argv)
+    write_report(results, os.path.join(args.dnd_output_dir, NAME))
     print(json.dumps(results["summary"], indent=2))
 
 

@@ -26,9 +26,7 @@ prompts. Writes `benchmarks/results/latent_world_unlearning.{json,md,png}`; fini
 
 import argparse
 import copy
-import json
 import os
-import sys
 import time
 
 import numpy as np
@@ -113,31 +111,16 @@ def settings(args) -> dict:
     return {k: v for k, v in sorted(vars(args).items()) if k not in ("unlearn_cache_dir", "output_dir")}
 
 
-def cache_folder(args) -> str:
+def run_cache(args):
+    """Finished runs, keyed by every setting, this script, the trainers, the judge, the data and the zoo weights."""
     from diffusers_ext import zoo
-    from diffusers_ext.evaluation.protocol import settings_code_hash
+    from diffusers_ext.evaluation.reporting import ResultCache
 
     package = os.path.join(os.path.dirname(HERE), "diffusers_ext")
     code = [os.path.abspath(__file__), os.path.join(package, "trainers"),
             os.path.join(package, "evaluation", "mosaic_unlearning.py"), os.path.join(package, "evaluation", "mosaic.py"),
             os.path.join(package, "data", "mosaic.py"), zoo.path("mosaic-t2i")]  # fmt: skip
-    return os.path.join(args.unlearn_cache_dir, settings_code_hash(settings(args), code)[:16])
-
-
-def _cached(folder, key):
-    path = os.path.join(folder, key.replace("/", "_").replace(" ", "_") + ".json")
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
-    return None
-
-
-def _store(folder, key, value):
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, key.replace("/", "_").replace(" ", "_") + ".json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(value, f)
-    os.replace(path + ".tmp", path)
+    return ResultCache(args.unlearn_cache_dir, settings(args), code)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -255,10 +238,10 @@ def train_run(bench, name, method, overrides, factor, seed):
     return trainer.unlearned_unet().eval(), info
 
 
-def run_setting(bench, folder, split, name, method, overrides, factor, seed, models):
+def run_setting(bench, cache, split, name, method, overrides, factor, seed, models):
     """Measure one (setting, seed) on `split`, training it unless already trained in this process or cached."""
     key = f"{split}/{name}/{seed}"
-    cached = _cached(folder, key)
+    cached = cache.load(key.replace("/", "_").replace(" ", "_"))
     if cached is not None:
         return cached
     if (name, seed) not in models:
@@ -266,7 +249,7 @@ def run_setting(bench, folder, split, name, method, overrides, factor, seed, mod
     unet, info = models[(name, seed)]
     start = time.perf_counter()
     result = {**info, **bench.measure(unet, split), "eval_seconds": time.perf_counter() - start}
-    _store(folder, key, result)
+    cache.save(key.replace("/", "_").replace(" ", "_"), result)
     print(f"[{key}] concept {result['forget_rate']:.3f} retain drop {result['retain_drop']:+.3f} "
           f"FD {result['retained_frechet']:.3f} lambda {result['final_lambda']} "
           f"({result['train_seconds']:.0f}+{result['eval_seconds']:.0f} s)", flush=True)  # fmt: skip
@@ -361,7 +344,7 @@ def run(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(1)
     start = time.perf_counter()
-    folder = cache_folder(args)
+    cache = run_cache(args)
     bench = Bench(args)
     headroom = {split: base_report(bench, split) for split in ("val", "test")}
     print(f"headroom: pretrained concept rate val {headroom['val']['concept_rate']:.3f} test "
@@ -370,14 +353,14 @@ def run(args: argparse.Namespace) -> dict:
     settings_by_name = {name: (method, overrides, factor) for name, method, overrides, factor in grid(args)}
     validation = {}
     for name, (method, overrides, factor) in settings_by_name.items():
-        validation[name] = run_setting(bench, folder, "val", name, method, overrides, factor, args.unlearn_seeds[0],
+        validation[name] = run_setting(bench, cache, "val", name, method, overrides, factor, args.unlearn_seeds[0],
                                        models)  # fmt: skip
     chosen = choose(validation, args.forget_target)
     test_runs, test = {}, {}
     for method, pick in chosen.items():
         name = pick["name"]
         for seed in args.unlearn_seeds:
-            test_runs[(method, seed)] = run_setting(bench, folder, "test", name, *settings_by_name[name], seed,
+            test_runs[(method, seed)] = run_setting(bench, cache, "test", name, *settings_by_name[name], seed,
                                                     models)  # fmt: skip
             models.pop((name, seed), None)
         test[method] = aggregate_test([test_runs[(method, s)] for s in args.unlearn_seeds])
@@ -414,7 +397,6 @@ def run(args: argparse.Namespace) -> dict:
             split: {k: [p["caption"] for p in v] for k, v in sets.items()} for split, sets in bench.prompts.items()
         },  # fmt: skip
         "seconds": time.perf_counter() - start,
-        "command": "python benchmarks/latent_world_unlearning.py " + " ".join(sys.argv[1:]),
     }
 
 
@@ -427,16 +409,19 @@ def _pm(entry, spec=".3f"):
     return f"{entry['mean']:{spec}} ± {entry['std']:{spec}}"
 
 
-def write_markdown(results: dict, path: str) -> None:
-    from diffusers_ext.evaluation.protocol import targets_status
+def write_report(results: dict, stem: str) -> None:
+    """`<stem>.json`, `.md` and `.png` through the shared reporting module."""
+    from diffusers_ext.evaluation.reporting import write_results
 
+    write_results(stem, results, f'Erasing "{results["summary"]["concept"]}" from mosaic-t2i (latent text-to-image)',
+                  report_sections(results), figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
+
+
+def report_sections(results: dict) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
     s = results["summary"]
     h = s["headroom"]
     lines = [
-        f'# Erasing "{s["concept"]}" from mosaic-t2i (latent text-to-image)',
-        "",
-        f"Command: `{results['command'].strip()}`",
-        "",
         f"Headroom: the pretrained model draws {s['concept']} in {h['test']['concept_rate']:.3f} "
         f"(SE {h['test']['concept_rate_se']:.3f}) of outputs of test prompts that ask for it (validation "
         f"{h['val']['concept_rate']:.3f}); overall accuracy on the other test prompts "
@@ -465,15 +450,10 @@ def write_markdown(results: dict, path: str) -> None:
             f"{_pm(t['retain_drop'])} ({t['retain_drop_se']:.3f}) | {_pm(t['retained_frechet'])} | {ratio:.2f} | "
             f"{t['num_seeds']} |"
         )
-    lines += ["", f"Targets ({targets_status(s['targets'])}):", ""]
-    for t in s["targets"]:
-        lines.append(f"- {t['name']}: {t['value']:.3f} (threshold {t['comparison']} {t['threshold']}) "
-                     f"{'met' if t['met'] else 'missed'}")  # fmt: skip
     lines += ["", "Sanity:", ""]
     for k, v in s["sanity"].items():
         lines.append(f"- {k}: {v:.3f}" if isinstance(v, float) else f"- {k}: {v}")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    return lines
 
 
 def write_plot(results: dict, path: str) -> None:
@@ -513,12 +493,10 @@ def main(argv=None):
     add_arguments(parser)
     parser.add_argument("--output_dir", type=str, default=RESULTS, help=f"Where {NAME}.json/.md/.png go.")
     args = parser.parse_args(argv)
-    results = run(args)
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, f"{NAME}.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    write_markdown(results, os.path.join(args.output_dir, f"{NAME}.md"))
-    write_plot(results, os.path.join(args.output_dir, f"{NAME}.png"))
+    from diffusers_ext.evaluation.reporting import command
+
+    results = {**run(args), "command": command(__file__, argv)}
+    write_report(results, os.path.join(args.output_dir, NAME))
     print(open(os.path.join(args.output_dir, f"{NAME}.md")).read())
 
 

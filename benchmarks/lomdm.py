@@ -31,11 +31,14 @@ import time
 import torch
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")
 METHODS = {"mdlm": (1.0, 0.0), "lomdm": (0.7, 0.65)}
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Training seeds (>= 3).")
     parser.add_argument("--corpora", nargs="+", default=["markov", "stdlib"], help="Corpora to run.")
@@ -52,6 +55,7 @@ def parse_args(argv=None):
     parser.add_argument("--test_times", type=int, default=16, help="Stratified times per test sequence.")
     parser.add_argument("--num_samples", type=int, default=512, help="Samples per decoder (Markov corpus).")
     parser.add_argument("--output", type=str, default=os.path.join(RESULTS, "lomdm.json"), help="Results file.")
+    add_from_results_argument(parser)
     args = parser.parse_args(argv)
     if len(args.seeds) < 3:
         print("note: fewer than 3 seeds; the targets need >= 3", file=sys.stderr)
@@ -395,6 +399,22 @@ def mean_sd(values: list[float]) -> dict:
     return {"mean": float(t.mean()), "sd": sd, "per_seed": [float(v) for v in values]}
 
 
+def lomdm_targets(summary: dict) -> list[dict]:
+    """Two targets per corpus, from the summary's per-seed test bounds and steps-to-MDLM's-bound ratios."""
+    from diffusers_ext.evaluation.protocol import target
+
+    targets = []
+    for name in summary["mdlm_test_ppl_bound"]:
+        mdlm_ppl, lomdm_ppl = summary["mdlm_test_ppl_bound"][name], summary["lomdm_test_ppl_bound"][name]
+        targets += [
+            target(f"{name}: MDLM minus LoMDM test perplexity bound, above the seed spread (max sd)",
+                   mdlm_ppl["mean"] - lomdm_ppl["mean"], max(mdlm_ppl["sd"], lomdm_ppl["sd"])),
+            target(f"{name}: steps for LoMDM to reach MDLM's final validation bound / MDLM's steps",
+                   summary["steps_to_mdlm_final_ratio"][name]["mean"], 0.6, "<="),
+        ]  # fmt: skip
+    return targets
+
+
 def write_plot(path: str, corpora_results: dict) -> None:
     import matplotlib
 
@@ -431,10 +451,10 @@ def write_plot(path: str, corpora_results: dict) -> None:
     plt.close(fig)
 
 
-def write_markdown(path: str, result: dict) -> None:
+def report_sections(result: dict) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
     s = result["summary"]
-    lines = ["# LoMDM vs MDLM", "", f"Command: `{result['command']}`", ""]
-    lines += ["## Headroom", ""]
+    lines = ["## Headroom", ""]
     for name, h in s["sanity"]["headroom"].items():
         lines.append(f"- {name}: {h}")
     lines += ["", "## Test perplexity bound (exp NELBO per token), mean ± sd over seeds", ""]
@@ -463,15 +483,19 @@ def write_markdown(path: str, result: dict) -> None:
             f"| data | (test split) | {data['nll_per_token']:.4f} | {data['checksum_agreement']:.3f} | "
             f"{data['distinct_fraction']:.3f} |"
         )
-    lines += ["", "## Targets", "", "| target | value | threshold | met |", "| --- | --- | --- | --- |"]
-    for t in s["targets"]:
-        lines.append(f"| {t['name']} | {t['value']:.4g} | {t['threshold']:.4g} | {t['met']} |")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    return lines
 
 
 def main(argv=None):
+    from diffusers_ext.evaluation.reporting import command, rebuild_results, write_results
+
     args = parse_args(argv)
+    stem = os.path.splitext(args.output)[0]
+    if args.from_results:
+        result = rebuild_results(args.from_results, lambda r: lomdm_targets(r["summary"]), rel_to=REPO)
+        write_results(stem, result, "LoMDM vs MDLM", report_sections(result),
+                      figures={".png": lambda path: write_plot(path, result["corpora"])})  # fmt: skip
+        return
     torch.set_num_threads(1)
     from diffusers_ext.evaluation.lomdm import markov_checksum_sample_quality
 
@@ -548,52 +572,29 @@ def main(argv=None):
             "definition": "first validation step (num_evals evenly spaced) at which LoMDM's bound <= MDLM's final bound, "
             "over MDLM's steps; inf if never",
         }
-        mdlm_ppl, lomdm_ppl = summary["mdlm_test_ppl_bound"][name], summary["lomdm_test_ppl_bound"][name]
-        spread = max(mdlm_ppl["sd"], lomdm_ppl["sd"])
-        gap = mdlm_ppl["mean"] - lomdm_ppl["mean"]
-        summary["targets"].append(
-            {
-                "name": f"{name}: MDLM minus LoMDM test perplexity bound, above the seed spread (max sd)",
-                "value": gap,
-                "threshold": spread,
-                "met": bool(gap > spread),
-            }
-        )
-        ratio = summary["steps_to_mdlm_final_ratio"][name]["mean"]
-        summary["targets"].append(
-            {
-                "name": f"{name}: steps for LoMDM to reach MDLM's final validation bound / MDLM's steps",
-                "value": ratio,
-                "threshold": 0.6,
-                "met": bool(ratio <= 0.6),
-            }
-        )
         if corpus["entropy_rate"] is not None:
             summary["sanity"]["headroom"][name] = (
                 f"exact entropy {corpus['entropy_rate']:.4f} nats/token vs MDLM test bound "
                 f"{summary['mdlm_test_nelbo_per_token'][name]['mean']:.4f}: room "
                 f"{summary['mdlm_test_nelbo_per_token'][name]['mean'] - corpus['entropy_rate']:.4f}"
             )
+    summary["targets"] = lomdm_targets(summary)
     special = summary["sanity"].get("mdlm_special_case", {})
     summary["mdlm_special_case_max_abs_diff"] = special.get("loss_max_abs_diff")
     summary["sanity"]["mdlm_special_case_ok"] = bool(
         special and special["loss_max_abs_diff"] < 1e-5 and special["sample_max_abs_diff"] == 0
     )
     result = {
-        "command": "python benchmarks/lomdm.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "settings": {k: v for k, v in vars(args).items() if k != "output"},
+        "command": command(__file__, argv),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("output", "from_results")},
         "methods": {k: {"c1": v[0], "c2": v[1]} for k, v in METHODS.items()},
         "environment": {"python": platform.python_version(), "torch": torch.__version__, "threads": 1},
         "summary": summary,
         "corpora": corpora,
         "wall_seconds": time.perf_counter() - start,
     }
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
-    base = os.path.splitext(args.output)[0]
-    write_markdown(base + ".md", result)
-    write_plot(base + ".png", corpora)
+    write_results(stem, result, "LoMDM vs MDLM", report_sections(result),
+                  figures={".png": lambda path: write_plot(path, corpora)})  # fmt: skip
     print(json.dumps({k: summary[k] for k in ("targets", "mdlm_special_case_max_abs_diff")}, indent=1))
 
 

@@ -29,7 +29,6 @@ import argparse
 import itertools
 import json
 import os
-import sys
 import time
 
 import torch
@@ -124,18 +123,18 @@ def load_or_train_judge(seed: int, args) -> tuple:
     from safetensors.torch import load_file, save_file
 
     from diffusers_ext.evaluation import semantic_nvs as judge_module
-    from diffusers_ext.evaluation.protocol import settings_code_hash
+    from diffusers_ext.evaluation.reporting import ResultCache
 
     settings = {"seed": seed, "views": args.evaluator_views, "steps": args.evaluator_steps, "size": 16}
     code = [judge_module.__file__, os.path.join(ROOT, "diffusers_ext", "data", "procedural_scenes.py"),
             os.path.join(ROOT, "diffusers_ext", "geometry", "camera.py")]  # fmt: skip
-    path = os.path.join(args.cache_dir, f"judge-{settings_code_hash(settings, code)[:16]}.safetensors")
-    if os.path.isfile(path):
+    cache = ResultCache(args.cache_dir, settings, code)
+    path = cache.path("judge.safetensors")
+    if cache.has("judge.safetensors"):
         model = judge_module.SceneEvaluator(16)
         model.load_state_dict(load_file(path))
         return model.eval(), True
     model = judge_module.train_scene_evaluator(seed, args.evaluator_views, args.evaluator_steps)
-    os.makedirs(args.cache_dir, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path + ".tmp")
     os.replace(path + ".tmp", path)
     return model, False
@@ -207,7 +206,12 @@ def score(generated, real, judges, encoder, real_encoder_features) -> dict:
 
 
 def validate(models, scenes, judges, encoder, args) -> dict:
-    """Every option of each model on the validation scenes; the frozen choice is the lowest mean Fréchet distance."""
+    """Every option of each model on the validation scenes; the frozen choice is the lowest mean Fréchet distance.
+
+    Per model, a `reporting.choose_on_validation` record; the test split runs every model's choice together
+    (`test_once`, paired seeds and judges)."""
+    from diffusers_ext.evaluation.reporting import choose_on_validation
+
     grids = {
         "baseline": [{"guidance_scale": g, "iterative_start": 0.0} for g in args.baseline_guidance],
         METHOD: [{"guidance_scale": g, "iterative_start": s}
@@ -215,22 +219,23 @@ def validate(models, scenes, judges, encoder, args) -> dict:
     }  # fmt: skip
     real = {d: targets_of(s) for d, s in scenes.items()}
     real_enc = {d: semantic_descriptors(encoder, r) for d, r in real.items()}
-    result = {}
-    for name, grid in grids.items():
-        pipe, mode = models[name]
-        rows = []
-        for option in grid:
-            per_distance = {}
-            for d, split in scenes.items():
-                generated, seconds = generate(pipe, split, mode, option["guidance_scale"], option["iterative_start"],
-                                              VALIDATION_SAMPLING_SEED, args)  # fmt: skip
-                per_distance[str(d)] = score(generated, real[d], judges, encoder, real_enc[d]) | {"seconds": seconds}
-            mean_fd = sum(v["frechet"] for v in per_distance.values()) / len(per_distance)
-            rows.append({"option": option, "mean_frechet": mean_fd, "distances": per_distance})
-            print(f"validation {name} {option}: mean FD {mean_fd:.4f}", flush=True)
-        best = min(rows, key=lambda row: row["mean_frechet"])
-        result[name] = {"grid_size": len(grid), "options": rows, "chosen": best["option"]}
-    return result
+    def measure(option, split, pipe, mode, name):
+        per_distance = {}
+        for d, scene in scenes.items():
+            generated, seconds = generate(pipe, scene, mode, option["guidance_scale"], option["iterative_start"],
+                                          VALIDATION_SAMPLING_SEED, args)  # fmt: skip
+            per_distance[str(d)] = score(generated, real[d], judges, encoder, real_enc[d]) | {"seconds": seconds}
+        mean_fd = sum(v["frechet"] for v in per_distance.values()) / len(per_distance)
+        print(f"validation {name} {option}: mean FD {mean_fd:.4f}", flush=True)
+        return {"mean_frechet": mean_fd, "distances": per_distance}
+
+    return {
+        name: choose_on_validation(
+            grid, lambda option, split, name=name: measure(option, split, *models[name], name),
+            score=lambda m: m["mean_frechet"], maximize=False, names=json.dumps, test=False,
+        )
+        for name, grid in grids.items()
+    }
 
 
 def test_once(models, choices, scenes, judges, encoder, args) -> dict:
@@ -349,9 +354,9 @@ def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
     return {
         "targets": targets,
         "sanity": sanity,
-        "choices": {name: v["chosen"] for name, v in validation.items()},
+        "choices": {name: v["chosen"]["candidate"] for name, v in validation.items()},
         "validation_best_mean_frechet": {
-            name: min(r["mean_frechet"] for r in v["options"]) for name, v in validation.items()
+            name: min(r["score"] for r in v["validation"]) for name, v in validation.items()
         },  # fmt: skip
         "test": per_distance,
         "longest_distance": {
@@ -368,22 +373,20 @@ def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
     }
 
 
-def write_outputs(results, output_dir):
+def write_plot(results, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from diffusers_ext.evaluation.protocol import targets_status
 
     s = results["summary"]
     distances = [str(d) for d in results["settings"]["distances"]]
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), dpi=100)
     for name, v in results["validation"].items():
         by_start = {}
-        for row in v["options"]:
-            by_start.setdefault(row["option"]["iterative_start"], []).append(
-                (row["option"]["guidance_scale"], row["mean_frechet"])
+        for row in v["validation"]:
+            by_start.setdefault(row["candidate"]["iterative_start"], []).append(
+                (row["candidate"]["guidance_scale"], row["score"])
             )
         for start, points in by_start.items():
             label = name if name == "baseline" else f"{name} (iterative_start {start:g})"
@@ -405,15 +408,15 @@ def write_outputs(results, output_dir):
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(output_dir, "semantic_nvs.png"))
+    fig.savefig(path)
     plt.close(fig)
 
-    lines = ["# SemanticNVS on procedural scenes (independent judge, validation then test)", "",
-             f"Command: `{results['command']}`", "", f"**{targets_status(s['targets'])}**", "",
-             "| target | value | threshold | met |", "| --- | --- | --- | --- |"]  # fmt: skip
-    lines += [f"| {t['name']} | {t['value']:.4g} | {t['comparison']} {t['threshold']:g} | {t['met']} |"
-              for t in s["targets"]]  # fmt: skip
-    lines += ["", "Frozen on validation: " + "; ".join(f"{k}: {v}" for k, v in s["choices"].items()), "",
+
+def report_sections(results) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
+    s = results["summary"]
+    distances = [str(d) for d in results["settings"]["distances"]]
+    lines = ["Frozen on validation: " + "; ".join(f"{k}: {v}" for k, v in s["choices"].items()), "",
               "Test, mean ± std over seeds (evaluation standard error: scene bootstrap for Fréchet, over scenes for "
               "PSNR):", "", "| model | distance | Fréchet (judge) | PSNR (dB) | SSIM | presence acc. vs truth (judge) | depth R² vs truth "
               "(judge) | Fréchet (conditioning encoder, not a judge) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
@@ -435,14 +438,23 @@ def write_outputs(results, output_dir):
         lines.append(f"| copy the input view | {float(d):g}° | "
                      f"{sum(r['copy_input_frechet']) / len(r['copy_input_frechet']):.4f} | {r['copy_input_psnr']:.2f} | | "
                      f"{copy['truth_presence_accuracy']:.3f} | {copy['truth_depth_r2']:.3f} | |")  # fmt: skip
-    with open(os.path.join(output_dir, "semantic_nvs.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    return lines
+
+
+def write_outputs(results, output_dir):
+    """`semantic_nvs.json`, `.md` and `.png` in `output_dir`, through the shared reporting module."""
+    from diffusers_ext.evaluation.reporting import write_results
+
+    write_results(os.path.join(output_dir, "semantic_nvs"), results,
+                  "SemanticNVS on procedural scenes (independent judge, validation then test)", report_sections(results),
+                  figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
 
 
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
     from diffusers_ext import SemanticNVSPipeline, zoo
+    from diffusers_ext.evaluation.reporting import command
     from diffusers_ext.evaluation.semantic_nvs import (
         EVALUATOR_HELDOUT_SEED,
         evaluator_accuracy,
@@ -483,14 +495,13 @@ def main(argv=None):
         d: scene_split(VALIDATION_SCENE_SEED, d, args.validation_scenes, size) for d in args.distances
     }
     validation = validate(models, validation_scenes, judges, encoder, args)
-    choices = {name: v["chosen"] for name, v in validation.items()}
+    choices = {name: v["chosen"]["candidate"] for name, v in validation.items()}
     runs = test_once(models, choices, test_scenes, judges, encoder, args)
     references = reference_rows(test_scenes, judges, args)
     warp = warp_milliseconds()
 
     results = {
-        "command": "python benchmarks/semantic_nvs.py"
-        + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
+        "command": command(__file__, argv),
         "settings": vars(args) | {"output_dir": None, "cache_dir": None},
         "seed_ranges": {
             "validation_scenes": VALIDATION_SCENE_SEED,
@@ -505,9 +516,6 @@ def main(argv=None):
         "references": references,
     }
     results["summary"] = summarise(runs, validation, references, judge_sanity, warp, args)
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "semantic_nvs.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
     write_outputs(results, args.output_dir)
     print(json.dumps({k: results["summary"][k] for k in ("targets", "choices")}, indent=2))
 

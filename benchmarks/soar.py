@@ -23,13 +23,13 @@ Writes `benchmarks/results/soar.json`, `soar.md` and `soar.png`; `summary` holds
 import argparse
 import json
 import os
-import sys
 import time
 
 import torch
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")
 
 THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
 SOAR_TAUS = (0.9, 0.95, 0.99)
@@ -41,6 +41,8 @@ NFE_BUDGET = 0.6  # SOAR must use at most this fraction of greedy's NFE
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model_path", type=str, default=None, help="Sudoku pipeline folder; default: the zoo.")
     parser.add_argument("--num_validation", type=int, default=150, help="Validation puzzles.")
@@ -63,6 +65,7 @@ def parse_args(argv=None):
     parser.add_argument("--skip_extras", action="store_true", help="Skip the oracle chains and the overhead run.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the puzzle draws and the oracle chains.")
     parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where soar.json/.md/.png go.")
+    add_from_results_argument(parser)
     args = parser.parse_args(argv)
     for name in ("num_validation", "num_test", "addition_problems", "batch_size", "oracle_chains"):
         if getattr(args, name) < 1:
@@ -424,14 +427,32 @@ def interpolate_accuracy(runs: list[dict], nfe: float) -> float:
     return points[-1][1]
 
 
-def summarise(sudoku, addition, oracle, overhead) -> dict:
+def test_runs_of(sudoku) -> tuple[dict, dict, float]:
+    """`(greedy, chosen SOAR, threshold accuracy at SOAR's NFE)` of the sudoku test split."""
     runs = {r["name"]: r for r in sudoku["test_runs"]}
     greedy = runs[f"greedy steps={sudoku['gen_length']}"]
     soar = runs[sudoku["chosen_soar"]["name"]]
+    thresholds = [r for r in sudoku["test_runs"] if r["family"] == "threshold"]
+    return greedy, soar, interpolate_accuracy(thresholds, soar["nfe"])
+
+
+def sudoku_targets(sudoku) -> list[dict]:
+    """The computed targets, from the sudoku test runs."""
+    from diffusers_ext.evaluation.protocol import target
+
+    greedy, soar, threshold_at = test_runs_of(sudoku)
+    return [
+        target("soar_accuracy >= greedy_full_accuracy + 0.02", soar["accuracy"], greedy["accuracy"] + 0.02),
+        target("soar_nfe <= 0.6 x greedy_full_nfe", soar["nfe"], NFE_BUDGET * greedy["nfe"], "<="),
+        target("soar_accuracy >= threshold_accuracy_at_soar_nfe + 0.01", soar["accuracy"], threshold_at + 0.01),
+    ]
+
+
+def summarise(sudoku, addition, oracle, overhead) -> dict:
+    runs = {r["name"]: r for r in sudoku["test_runs"]}
+    greedy, soar, threshold_at = test_runs_of(sudoku)
     pll = runs[sudoku["chosen_soar"]["name"] + " +PLL"]
     pbs = runs["PBS beam=2"]
-    thresholds = [r for r in sudoku["test_runs"] if r["family"] == "threshold"]
-    threshold_at = interpolate_accuracy(thresholds, soar["nfe"])
     room = sudoku["headroom_validation"]
     summary = {
         "task": sudoku["task"],
@@ -457,15 +478,7 @@ def summarise(sudoku, addition, oracle, overhead) -> dict:
         "addition_headroom_score_search": addition["headroom"]["score_search_accuracy"],
         "addition_greedy": addition["headroom"]["greedy_accuracy"],
     }
-    targets = [
-        ("soar_accuracy >= greedy_full_accuracy + 0.02", soar["accuracy"], greedy["accuracy"] + 0.02,
-         soar["accuracy"] >= greedy["accuracy"] + 0.02),
-        ("soar_nfe <= 0.6 x greedy_full_nfe", soar["nfe"], NFE_BUDGET * greedy["nfe"],
-         soar["nfe"] <= NFE_BUDGET * greedy["nfe"]),
-        ("soar_accuracy >= threshold_accuracy_at_soar_nfe + 0.01", soar["accuracy"], threshold_at + 0.01,
-         soar["accuracy"] >= threshold_at + 0.01),
-    ]  # fmt: skip
-    summary["targets"] = [{"name": n, "value": v, "threshold": t, "met": bool(m)} for n, v, t, m in targets]
+    summary["targets"] = sudoku_targets(sudoku)
     sanity = {
         "headroom (b) score search > greedy on validation": room["score_search_accuracy"] > room["greedy_accuracy"],
         "headroom (a) some order solves more than greedy on validation": room["any_order_solves"]
@@ -497,15 +510,12 @@ def _table(runs, with_stderr=True):
     return lines
 
 
-def write_markdown(results, path):
+def report_sections(results) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
     s = results["summary"]
     sudoku, addition = results["sudoku"], results["addition"]
     room = sudoku["headroom_validation"]
     lines = [
-        "# SOAR decoding benchmark",
-        "",
-        f"Command: `{results['command']}`",
-        "",
         f"## Headroom first (validation, {sudoku['num_validation']} puzzles)",
         "",
         "| test bed | some order solves (a) | wide beam under SOAR's score (b) | greedy |",
@@ -515,13 +525,8 @@ def write_markdown(results, path):
         f"| addition (negative case) | {addition['headroom']['any_order_solves']:.4f} | "
         f"{addition['headroom']['score_search_accuracy']:.4f} | {addition['headroom']['greedy_accuracy']:.4f} |",
         "",
-        "## Targets (test split, once)",
-        "",
-        "| target | value | threshold | met |",
-        "| --- | --- | --- | --- |",
     ]
-    lines += [f"| {t['name']} | {t['value']:.4f} | {t['threshold']:.4f} | {t['met']} |" for t in s["targets"]]
-    lines += ["", "Sanity: " + ", ".join(f"{k}: {v}" for k, v in s["sanity"].items()), ""]
+    lines += ["Sanity: " + ", ".join(f"{k}: {v}" for k, v in s["sanity"].items()), ""]
     lines += [f"Chosen on validation: **{sudoku['chosen_soar']['name']}** ({sudoku['chosen_soar']['rule']}).", ""]
     lines += [f"## Sudoku test split ({sudoku['num_test']} puzzles, mean {sudoku['mean_givens_test']:.1f} givens)", ""]
     lines += _table(sudoku["test_runs"])
@@ -537,8 +542,7 @@ def write_markdown(results, path):
         v = results["overhead"]
         lines += ["", f"## Decoder overhead: {v['parameters']:,} parameters: {v['overhead_fraction']:.1%} of decoding "
                   f"time outside model forwards"]  # fmt: skip
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    return lines
 
 
 def write_plot(results, path):
@@ -569,25 +573,27 @@ def write_plot(results, path):
 
 
 def main(argv=None):
+    from diffusers_ext.evaluation.reporting import command, rebuild_results, write_results
+
     args = parse_args(argv)
-    torch.set_num_threads(1)
-    start = time.perf_counter()
-    results = {
-        "command": "python benchmarks/soar.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
-        "settings": vars(args) | {"output_dir": None},
-        "torch_threads": torch.get_num_threads(),
-    }
-    results["sudoku"] = run_sudoku(args)
-    results["addition"] = run_addition(args)
-    results["oracle"] = None if args.skip_extras else run_oracle(args)
-    results["overhead"] = None if args.skip_extras else run_overhead(args)
-    results["summary"] = summarise(results["sudoku"], results["addition"], results["oracle"], results["overhead"])
-    results["seconds"] = time.perf_counter() - start
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "soar.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-    write_markdown(results, os.path.join(args.output_dir, "soar.md"))
-    write_plot(results, os.path.join(args.output_dir, "soar.png"))
+    if args.from_results:
+        results = rebuild_results(args.from_results, lambda r: sudoku_targets(r["sudoku"]), rel_to=REPO)
+    else:
+        torch.set_num_threads(1)
+        start = time.perf_counter()
+        results = {
+            "command": command(__file__, argv),
+            "settings": {k: v for k, v in vars(args).items() if k != "from_results"} | {"output_dir": None},
+            "torch_threads": torch.get_num_threads(),
+        }
+        results["sudoku"] = run_sudoku(args)
+        results["addition"] = run_addition(args)
+        results["oracle"] = None if args.skip_extras else run_oracle(args)
+        results["overhead"] = None if args.skip_extras else run_overhead(args)
+        results["summary"] = summarise(results["sudoku"], results["addition"], results["oracle"], results["overhead"])
+        results["seconds"] = time.perf_counter() - start
+    write_results(os.path.join(args.output_dir, "soar"), results, "SOAR decoding benchmark",
+                  report_sections(results), figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
     print(json.dumps(results["summary"], indent=2))
 
 

@@ -45,6 +45,8 @@ JUDGE_NAMES = {"zoo": "zoo classifier", "mlp": "pixel-MLP judge"}
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=str, default=None, help="Pipeline folder (default: the zoo digits-ddpm).")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Training and sampling seeds.")
@@ -95,6 +97,7 @@ def parse_args(argv=None):
         help="Per-run cache keyed by a hash of every run setting, the code and the weights, so an interrupted run "
         "continues (default: benchmarks/.cache/unlearning, ignored by git).",
     )
+    add_from_results_argument(parser)
     args = parser.parse_args(argv)
     for c in args.forget_classes + args.formulation_classes:
         if not 0 <= c <= 9:
@@ -179,17 +182,16 @@ class Bench:
         self.judges = {"zoo": zoo.load("digits-classifier"),
                        "mlp": train_pixel_mlp_judge(train_images, train_labels, args.judge_hidden, seed=0)}  # fmt: skip
         self.real = heldout_halves(resolution=8)
-        self.key = run_cache_key(args)
-        self.cache_folder = os.path.join(args.cache_dir, self.key[:20])
-        self.cache_file = os.path.join(self.cache_folder, f"runs-seed{seed}-{part}.json")
-        self.cache = load_cache(self.cache_file)
+        self.store = run_cache(args)
+        self.cache_name = f"runs-seed{seed}-{part}"
+        self.cache = self.store.load(self.cache_name) or {}
         self.resumed = 0
 
     def save(self):
-        save_cache(self.cache_file, self.cache)
+        self.store.save(self.cache_name, self.cache)
 
     def weights_path(self, key):
-        return os.path.join(self.cache_folder, key.replace("/", "__").replace(" ", "_") + ".safetensors")
+        return self.store.path(key.replace("/", "__").replace(" ", "_") + ".safetensors")
 
     def sanity(self):
         from diffusers_ext.metrics import classifier_predictions
@@ -246,7 +248,6 @@ class Bench:
             lambda_trajectory=[h.get("lambda") for h in trainer.history],
             constraint_trajectory=[h["constraint_estimate"] for h in trainer.history],
         )
-        os.makedirs(self.cache_folder, exist_ok=True)
         save_file({k: v.contiguous() for k, v in unet.state_dict().items()}, self.weights_path(key))
         self.cache[key] = record
         self.save()
@@ -404,13 +405,13 @@ def run_data(bench, seed):
 
 # Arguments that only select which runs happen (each is cached under its seed) or where files go; every other
 # argument changes what a run computes.
-NOT_RUN_SETTINGS = ("seeds", "parts", "workers", "output_dir", "cache_dir")
+NOT_RUN_SETTINGS = ("seeds", "parts", "workers", "output_dir", "cache_dir", "from_results")
 
 
-def run_cache_key(args) -> str:
-    """Hash of every run setting, this script, the unlearning trainer, evaluation and sampling code, and the weights
-    of the model and the judge (`diffusers_ext.evaluation.protocol.settings_code_hash`)."""
-    from diffusers_ext.evaluation.protocol import settings_code_hash
+def run_cache(args):
+    """The per-run cache (`reporting.ResultCache`), keyed by every run setting, this script, the unlearning trainer,
+    evaluation and sampling code, and the weights of the model and the judge."""
+    from diffusers_ext.evaluation.reporting import ResultCache
 
     package = os.path.join(ROOT, "diffusers_ext")
     code = [os.path.abspath(__file__), os.path.join(package, "trainers"), os.path.join(package, "evaluation"),
@@ -425,25 +426,17 @@ def run_cache_key(args) -> str:
             dirs.sort()
             weights += [os.path.join(root, n) for n in sorted(names) if n.endswith((".json", ".safetensors", ".bin"))]
     settings = {k: v for k, v in vars(args).items() if k not in NOT_RUN_SETTINGS}
-    return settings_code_hash(settings, code + weights)
+    return ResultCache(args.cache_dir, settings, code + weights)
+
+
+def run_cache_key(args) -> str:
+    """The key of [`run_cache`] (`protocol.settings_code_hash` of the run settings, code and weights)."""
+    return run_cache(args).key
 
 
 def cache_path(args, seed, part):
-    return os.path.join(args.cache_dir, run_cache_key(args)[:20], f"runs-seed{seed}-{part}.json")
-
-
-def load_cache(path):
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    return {}
-
-
-def save_cache(path, cache):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(cache, f)
-    os.replace(path + ".tmp", path)
+    """The cache file of one job's records."""
+    return os.path.join(run_cache(args).folder, f"runs-seed{seed}-{part}.json")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -630,21 +623,20 @@ def fmt(entry, spec=".3f", key="mean"):
     return f"{value:{spec}}" + (f" ± {std:{spec}}" if std else "")
 
 
-def write_markdown(results, path):
-    from diffusers_ext.evaluation.protocol import targets_status
-
+def settings_line(results) -> str:
     s, settings = results["summary"], results["settings"]
-    lines = ["# Constrained unlearning on the digits DDPM", "", f"Command: `{results['command']}`", "",
-             f"Seeds {s['seeds']}; {settings['max_steps']} steps per run (batch {settings['batch_size']} + "
-             f"{settings['batch_size']}); evaluation: {settings['samples_per_class']} samples per retained class and "
-             f"{settings['forget_samples']} of the forgotten class per seed, {settings['num_inference_steps']} DDIM "
-             "steps; mean ± std over seeds. Runs resumed from the cache: "
-             f"{s['resumed_runs']}.", "", f"## Targets: {targets_status(s['targets'])}", "",
-             "| target | value | threshold | met |", "| --- | --- | --- | --- |"]  # fmt: skip
-    for row in s["targets"]:
-        lines.append(f"| {row['name']} | {row['value']:.3f} | {row['comparison']} {row['threshold']:g} | "
-                     f"{'yes' if row['met'] else 'no'} |")  # fmt: skip
-    lines += ["", "## Sanity", "", "| check | value |", "| --- | --- |"]
+    return (
+        f"Seeds {s['seeds']}; {settings['max_steps']} steps per run (batch {settings['batch_size']} + "
+        f"{settings['batch_size']}); evaluation: {settings['samples_per_class']} samples per retained class and "
+        f"{settings['forget_samples']} of the forgotten class per seed, {settings['num_inference_steps']} DDIM "
+        f"steps; mean ± std over seeds. Runs resumed from the cache: {s['resumed_runs']}."
+    )
+
+
+def report_sections(results) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
+    s = results["summary"]
+    lines = ["## Sanity", "", "| check | value |", "| --- | --- |"]
     lines += [f"| {k} | {v:.3f} |" for k, v in s["sanity"].items()]
     for forget_class, part in s["concept"].items():
         lines += ["", f"## Concept unlearning: class {forget_class}", "", "### Validation (every level; the choice)", "",
@@ -686,8 +678,7 @@ def write_markdown(results, path):
                 f"{fmt(row['forget_mean_z'], '.1f')} | {fmt(row['zoo']['frechet_ratio'])} | "
                 f"{fmt(row['mlp']['frechet_ratio'])} | {fmt(row['final_lambda'])} |"
             )
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    return lines
 
 
 def write_plot(results, cache, path):
@@ -765,21 +756,29 @@ def map_jobs(args, argv, phase, choices=None):
         parts = (parts if "concept" in args.parts else []) + ["data"]
     elif phase == "train" and "concept" not in args.parts:
         parts = []
-    jobs = [(seed, part) for part in parts for seed in args.seeds]
-    if args.workers == 1:
-        return [worker(argv, seed, part, phase, choices) for seed, part in jobs]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from diffusers_ext.evaluation.reporting import run_jobs
 
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(args.workers, len(jobs)), mp_context=context) as pool:
-        futures = [pool.submit(worker, argv, seed, part, phase, choices) for seed, part in jobs]
-        return [f.result() for f in futures]
+    jobs = [(argv, seed, part, phase, choices) for part in parts for seed in args.seeds]
+    return run_jobs(worker, jobs, args.workers)
+
+
+def write_report(results, output_dir):
+    from diffusers_ext.evaluation.reporting import write_results
+
+    write_results(os.path.join(output_dir, "unlearning"), results, "Constrained unlearning on the digits DDPM",
+                  report_sections(results), settings_line(results),
+                  figures={".png": lambda path: write_plot(results, results["runs"], path)})  # fmt: skip
 
 
 def main(argv=None):
+    from diffusers_ext.evaluation.reporting import command, rebuild_results
+
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.from_results:
+        results = rebuild_results(args.from_results, lambda r: compute_targets(r["summary"]), rel_to=ROOT)
+        write_report(results, args.output_dir)
+        return
     start = time.perf_counter()
     cache_key = run_cache_key(args)  # of the code as it was when this invocation started
     resumed = 0
@@ -796,17 +795,13 @@ def main(argv=None):
     summary = summarise(args, cache, choices, results[0][2], resumed)
     results = {
         "summary": summary,
-        "command": " ".join(["python", "benchmarks/unlearning.py", *argv]),
+        "command": command(__file__, argv),
         "settings": {k: v for k, v in vars(args).items() if k not in NOT_RUN_SETTINGS},
         "cache_key": cache_key,
         "wall_seconds": time.perf_counter() - start,
         "runs": cache,
     }
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "unlearning.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    write_markdown(results, os.path.join(args.output_dir, "unlearning.md"))
-    write_plot(results, cache, os.path.join(args.output_dir, "unlearning.png"))
+    write_report(results, args.output_dir)
     print(json.dumps({k: summary[k] for k in ("targets", "sanity", "status")}, indent=2))
 
 

@@ -11,7 +11,6 @@ the real digits; train vs held-out) that put its Fréchet distance in scale.
 import argparse
 import json
 import os
-import sys
 import time
 
 import torch
@@ -93,15 +92,10 @@ def write_plot(results, path):
     plt.close(fig)
 
 
-def write_markdown(results, path):
-    from diffusers_ext.evaluation.protocol import targets_status
-
+def report_sections(results) -> list[str]:
+    """The Markdown sections after the standard header and targets table."""
     s = results["summary"]
     lines = [
-        "# Digits zoo quality",
-        "",
-        f"Command: `{results['command']}`",
-        "",
         "| metric | value | target |",
         "| --- | --- | --- |",
         f"| classifier held-out accuracy ({results['heldout_size']} digits; sanity) "
@@ -112,8 +106,6 @@ def write_markdown(results, path):
         f"| <= {2 * s['real_split_frechet_distance']:.4g} |",
         f"| real halves Fréchet distance | {s['real_split_frechet_distance']:.4g} | (reference) |",
         "",
-        f"Computed targets: {targets_status(s['targets'])}.",
-        "",
         "| guidance | conditional accuracy | min class accuracy | Fréchet distance | sampling seconds |",
         "| --- | --- | --- | --- | --- |",
     ]
@@ -122,8 +114,7 @@ def write_markdown(results, path):
             f"| {run['guidance_scale']:g} | {run['conditional_accuracy']:.4f} | {min(run['per_class_accuracy']):.4f} "
             f"| {run['frechet_distance']:.4g} | {run['seconds']:.1f} |"
         )
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    return lines
 
 
 def main(argv=None):
@@ -132,6 +123,7 @@ def main(argv=None):
     from diffusers_ext.data.digits import load_digits_images
     from diffusers_ext.evaluation.digits import evaluate_digits_generator
     from diffusers_ext.evaluation.protocol import binomial_standard_error, target
+    from diffusers_ext.evaluation.reporting import command, write_results
     from diffusers_ext.metrics import classifier_accuracy
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
@@ -141,7 +133,7 @@ def main(argv=None):
 
     heldout_images, heldout_labels = load_digits_images("heldout", resolution=classifier.config.sample_size)
     results = {
-        "command": "python benchmarks/zoo.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
+        "command": command(__file__, argv),
         "settings": vars(args) | {"output_dir": None},
         "heldout_size": len(heldout_labels),
         "classifier_heldout_accuracy": classifier_accuracy(classifier, heldout_images, heldout_labels),
@@ -196,11 +188,8 @@ def main(argv=None):
             "train_vs_heldout_frechet_distance": results["train_vs_heldout_frechet_distance"],
         },
     }
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "zoo.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-    write_markdown(results, os.path.join(args.output_dir, "zoo.md"))
-    write_plot(results, os.path.join(args.output_dir, "zoo.png"))
+    write_results(os.path.join(args.output_dir, "zoo"), results, "Digits zoo quality", report_sections(results),
+                  figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
     print(json.dumps(results["summary"], indent=2))
 
 

@@ -74,5 +74,6 @@ def test_tiny_run_returns_a_computed_targets_list(tmp_path):
     assert [t["threshold"] for t in targets] == [0.2, 0.2]
     assert targets_status(targets).endswith("targets met")
     assert "all_experts_best_on_their_own_shape" in results["summary"]["sanity"]
-    bench.write_markdown(results, str(tmp_path / "r.md"), "cmd")
+    results["command"] = "cmd"
+    bench.write_report(results, str(tmp_path / "r"))
     assert targets_status(targets) in (tmp_path / "r.md").read_text()

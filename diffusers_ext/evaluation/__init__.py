@@ -42,6 +42,16 @@ _import_structure = {
         "targets_met",
         "targets_status",
     ],
+    "reporting": [
+        "ResultCache",
+        "add_from_results_argument",
+        "choose_on_validation",
+        "command",
+        "rebuild_results",
+        "run_jobs",
+        "targets_table",
+        "write_results",
+    ],
     "semantic_nvs": ["SceneEvaluator", "bootstrap_frechet", "evaluator_accuracy", "train_scene_evaluator"],
     "soar": ["MarkovChainOracleLM"],
     "unlearning": ["ConceptUnlearningReport", "denoising_losses", "evaluate_concept_unlearning", "membership_summary"],
@@ -80,6 +90,16 @@ if TYPE_CHECKING:
         target,
         targets_met,
         targets_status,
+    )
+    from .reporting import (
+        ResultCache,
+        add_from_results_argument,
+        choose_on_validation,
+        command,
+        rebuild_results,
+        run_jobs,
+        targets_table,
+        write_results,
     )
     from .semantic_nvs import SceneEvaluator, bootstrap_frechet, evaluator_accuracy, train_scene_evaluator
     from .soar import MarkovChainOracleLM
