@@ -27,7 +27,6 @@ import json
 import math
 import os
 import random
-import sys
 import time
 
 import numpy as np
