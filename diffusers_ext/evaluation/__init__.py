@@ -9,10 +9,20 @@ from typing import TYPE_CHECKING
 
 
 _import_structure = {
+    "consistency": ["ClassifierFeatureDistance", "sample_consistency_model", "train_judge_classifier"],
     "digits": ["DigitsGeneratorReport", "evaluate_digits_generator", "sample_digits"],
+    "dirp.latent_mimicry": ["mimic_frechet", "sample_mimic"],
+    "dirp.latent_protections": ["inversion_amplification", "protect_for_prompt"],
     "dirp.mimicry": ["MimicryReport", "evaluate_mimicry"],
     "dirp.protections": ["PROTECTIONS", "protect", "protection_loss"],
     "dirp.purifiers": ["PURIFIERS"],
+    "discrete_flow": [
+        "BernoulliMixtureJudge",
+        "HMMJudge",
+        "exact_nll_bounds",
+        "generative_perplexity",
+        "sample_diversity",
+    ],
     "divide_and_denoise.composition": [
         "centred_experts",
         "conflict_experts",
@@ -32,6 +42,32 @@ _import_structure = {
         "layout_experts",
         "layout_regions",
         "random_layout",
+    ],
+    "lomdm": [
+        "markov_checksum_entropy_rate",
+        "markov_checksum_log_likelihood",
+        "markov_checksum_sample_quality",
+        "nelbo_per_sequence",
+    ],
+    "mosaic": [
+        "FeatureNetReport",
+        "MosaicDetection",
+        "MosaicEvaluator",
+        "MosaicFeatureNet",
+        "corrupt_prompt",
+        "evaluate_text_to_image",
+        "image_features",
+        "summarize",
+        "train_feature_net",
+    ],
+    "mosaic_finetune": ["finetune_unet", "unet_with_lora"],
+    "mosaic_unlearning": [
+        "asks_for",
+        "concept_kind",
+        "concept_presence",
+        "concept_prompt_sets",
+        "judge_accuracy",
+        "sample_prompts",
     ],
     "protocol": [
         "binomial_standard_error",
@@ -54,14 +90,25 @@ _import_structure = {
     ],
     "semantic_nvs": ["SceneEvaluator", "bootstrap_frechet", "evaluator_accuracy", "train_scene_evaluator"],
     "soar": ["MarkovChainOracleLM"],
+    "soar_headroom": ["oracle_order_search"],
     "unlearning": ["ConceptUnlearningReport", "denoising_losses", "evaluate_concept_unlearning", "membership_summary"],
 }
 
 if TYPE_CHECKING:
+    from .consistency import ClassifierFeatureDistance, sample_consistency_model, train_judge_classifier
     from .digits import DigitsGeneratorReport, evaluate_digits_generator, sample_digits
+    from .dirp.latent_mimicry import mimic_frechet, sample_mimic
+    from .dirp.latent_protections import inversion_amplification, protect_for_prompt
     from .dirp.mimicry import MimicryReport, evaluate_mimicry
     from .dirp.protections import PROTECTIONS, protect, protection_loss
     from .dirp.purifiers import PURIFIERS
+    from .discrete_flow import (
+        BernoulliMixtureJudge,
+        HMMJudge,
+        exact_nll_bounds,
+        generative_perplexity,
+        sample_diversity,
+    )
     from .divide_and_denoise.composition import (
         centred_experts,
         conflict_experts,
@@ -81,6 +128,32 @@ if TYPE_CHECKING:
         layout_experts,
         layout_regions,
         random_layout,
+    )
+    from .lomdm import (
+        markov_checksum_entropy_rate,
+        markov_checksum_log_likelihood,
+        markov_checksum_sample_quality,
+        nelbo_per_sequence,
+    )
+    from .mosaic import (
+        FeatureNetReport,
+        MosaicDetection,
+        MosaicEvaluator,
+        MosaicFeatureNet,
+        corrupt_prompt,
+        evaluate_text_to_image,
+        image_features,
+        summarize,
+        train_feature_net,
+    )
+    from .mosaic_finetune import finetune_unet, unet_with_lora
+    from .mosaic_unlearning import (
+        asks_for,
+        concept_kind,
+        concept_presence,
+        concept_prompt_sets,
+        judge_accuracy,
+        sample_prompts,
     )
     from .protocol import (
         binomial_standard_error,
@@ -103,6 +176,7 @@ if TYPE_CHECKING:
     )
     from .semantic_nvs import SceneEvaluator, bootstrap_frechet, evaluator_accuracy, train_scene_evaluator
     from .soar import MarkovChainOracleLM
+    from .soar_headroom import oracle_order_search
     from .unlearning import ConceptUnlearningReport, denoising_losses, evaluate_concept_unlearning, membership_summary
 else:
     import sys
