@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.mosaic import images_to_tensor
+from ..utils import check_positive_int, is_int
 
 
 LORA_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
@@ -109,9 +110,10 @@ def finetune_unet(
     images = _images_to_tensor(images)
     if len(images) != len(captions) or not captions:
         raise ValueError(f"`images` ({len(images)}) and `captions` ({len(captions)}) must be equally long, not empty.")
-    for name, value in (("num_steps", num_steps), ("rank", 1 if rank is None else rank), ("batch_size", batch_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"`{name}` must be a positive int{' or None' if name == 'rank' else ''}, got {value!r}.")
+    check_positive_int("num_steps", num_steps)
+    check_positive_int("batch_size", batch_size)
+    if rank is not None and (not is_int(rank) or rank < 1):
+        raise ValueError(f"`rank` must be a positive int or None, got {rank!r}.")
     if not learning_rate > 0:
         raise ValueError(f"`learning_rate` must be > 0, got {learning_rate!r}.")
     if not 0 <= caption_dropout < 1:
