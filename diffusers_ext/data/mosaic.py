@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ..utils import check_positive_int
+
 
 SHAPES = ("circle", "square", "triangle")
 PALETTE = {
@@ -443,8 +445,7 @@ def mosaic_features():
 
 def mosaic_records(config: MosaicConfig, num_samples: int, seed: int = 0, split: str = "train"):
     """Yield `num_samples` dataset rows (`image` as a `PIL.Image`, caption, structure and objects)."""
-    if not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"`num_samples` must be a positive int, got {num_samples!r}.")
+    check_positive_int("num_samples", num_samples)
     if split not in SPLITS:
         raise ValueError(f"`split` must be one of {SPLITS}, got {split!r}.")
     mosaic = mosaic_split(config)

@@ -16,6 +16,7 @@ never trained (DreamBooth's rare identifier).
 import random
 from dataclasses import dataclass
 
+from ..utils import check_positive_int
 from .mosaic import PALETTE, SHAPES, MosaicConfig, images_to_tensor, render_objects
 
 
@@ -80,8 +81,7 @@ def subject_images(subject: MosaicSubject | str, num_images: int, seed: int = 0,
         if subject not in SUBJECTS:
             raise ValueError(f"`subject` must be a MosaicSubject or one of {sorted(SUBJECTS)}, got {subject!r}.")
         subject = SUBJECTS[subject]
-    if not isinstance(num_images, int) or num_images < 1:
-        raise ValueError(f"`num_images` must be a positive int, got {num_images!r}.")
+    check_positive_int("num_images", num_images)
     config = MosaicConfig(resolution=resolution)
     images = []
     for index in range(num_images):

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..geometry.camera import check_intrinsics, check_rigid
+from ..utils import check_positive_int
 
 
 CAMERAS_FILE = "cameras.json"
@@ -83,8 +84,7 @@ class MultiViewSceneDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, scenes: list, resolution: int, has_depth: bool):
-        if not isinstance(resolution, int) or resolution < 1:
-            raise ValueError(f"`resolution` must be a positive int, got {resolution!r}.")
+        check_positive_int("resolution", resolution)
         if not scenes:
             raise ValueError("`scenes` is empty: a multi-view dataset needs at least one scene.")
         self._scenes = scenes

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..utils import check_positive_int
+
 
 @dataclass(frozen=True)
 class RandomHMM:
@@ -65,8 +67,7 @@ class RandomHMM:
 
     def sample(self, num_samples: int, seed: int = 0) -> torch.LongTensor:
         """Draw `num_samples` sequences; returns a LongTensor of shape `(num_samples, length)`."""
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"`num_samples` must be a positive int, got {num_samples!r}.")
+        check_positive_int("num_samples", num_samples)
         rng = np.random.default_rng(seed)
         z = np.empty((num_samples, self.length), dtype=np.int64)
         z[:, 0] = rng.choice(self.num_states, size=num_samples, p=self.initial)

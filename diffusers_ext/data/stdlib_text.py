@@ -14,6 +14,8 @@ import sysconfig
 
 import torch
 
+from ..utils import check_positive_int
+
 
 STDLIB_ALPHABET = "".join(c for c in string.printable if c not in "\t\n\r\x0b\x0c")
 SPLITS = ("train", "validation", "test")
@@ -47,8 +49,7 @@ def stdlib_docstring_windows(split: str, length: int = 32, max_windows: int | No
     """
     if split not in SPLITS:
         raise ValueError(f"`split` must be one of {SPLITS}, got {split!r}.")
-    if not isinstance(length, int) or length < 1:
-        raise ValueError(f"`length` must be a positive integer, got {length!r}.")
+    check_positive_int("length", length)
     root = sysconfig.get_paths()["stdlib"]
     files = sorted(name for name in os.listdir(root) if name.endswith(".py"))
     wanted = {"train": lambda i: i % 10 < 8, "validation": lambda i: i % 10 == 8, "test": lambda i: i % 10 == 9}[split]

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.mosaic import images_to_tensor
+from ..pipelines.pipeline_utils import encode_text, encode_vae_latents
 from ..utils import check_positive_int, is_int
 
 
@@ -36,28 +37,12 @@ def _images_to_tensor(images) -> torch.Tensor:
 
 
 @torch.no_grad()
-def encode_images(vae, images: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-    """Scaled latents `(N, C, h, w)` (the posterior means times `scaling_factor`) of images `(N, 3, H, W)` in
-    [-1, 1]."""
-    parameter = next(vae.parameters())
-    latents = []
-    for start in range(0, len(images), batch_size):
-        chunk = images[start : start + batch_size].to(device=parameter.device, dtype=parameter.dtype)
-        latents.append(vae.encode(chunk).latent_dist.mean * vae.config.scaling_factor)
-    return torch.cat(latents)
-
-
-@torch.no_grad()
-def encode_captions(tokenizer, text_encoder, captions: list[str]) -> torch.Tensor:
-    """Text embeddings `(N, L, D)` of `captions`, padded to the tokenizer's `model_max_length`."""
-    tokens = tokenizer(
-        list(captions),
-        padding="max_length",
-        max_length=tokenizer.model_max_length,
-        truncation=True,
-        return_tensors="pt",
+def _encode_latents(vae, images: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
+    """Scaled latents `(N, C, h, w)` of images `(N, 3, H, W)` in [-1, 1], `batch_size` at a time on the VAE's device."""
+    device = next(vae.parameters()).device
+    return torch.cat(
+        [encode_vae_latents(vae, images[i : i + batch_size].to(device)) for i in range(0, len(images), batch_size)]
     )
-    return text_encoder(tokens.input_ids.to(text_encoder.device))[0]
 
 
 def finetune_unet(
@@ -125,9 +110,10 @@ def finetune_unet(
     if prediction_type not in ("epsilon", "v_prediction"):
         raise ValueError(f"the scheduler's `prediction_type` {prediction_type!r} is not supported.")
 
-    latents = encode_images(pipeline.vae, images)
+    latents = _encode_latents(pipeline.vae, images)
     device, dtype = latents.device, latents.dtype
-    embeds = encode_captions(pipeline.tokenizer, pipeline.text_encoder, captions + [""])
+    with torch.no_grad():
+        embeds, _ = encode_text(pipeline.tokenizer, pipeline.text_encoder, captions + [""], pipeline.text_encoder.device)
     caption_embeds, empty_embed = embeds[:-1], embeds[-1:]
     alphas_cumprod = scheduler.alphas_cumprod.to(device=device, dtype=dtype)
     num_train_timesteps = len(alphas_cumprod)

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from ..utils import check_positive_int
 from .protocol import settings_code_hash, targets_status
 
 
@@ -307,8 +308,7 @@ def run_jobs(function: Callable[..., T], jobs: Sequence[tuple], workers: int = 1
     Results come back in job order. `function` must be importable by a fresh interpreter (a module-level function)
     when `workers > 1`; at most `len(jobs)` processes are started.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"`workers` must be a positive int, got {workers!r}.")
+    check_positive_int("workers", workers)
     jobs = [tuple(job) for job in jobs]
     if workers == 1 or len(jobs) <= 1:
         return [function(*job) for job in jobs]

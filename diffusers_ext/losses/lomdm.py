@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..utils import check_positive_int
 from .masked_diffusion import sample_mask, sample_mask_probability
 
 
@@ -116,8 +117,7 @@ def lomdm_loss(
             f"`schedule_mask` must be a bool tensor of shape {tuple(input_ids.shape)}, got "
             f"{schedule_mask.dtype} {tuple(schedule_mask.shape)}."
         )
-    if not isinstance(num_mask_samples, int) or num_mask_samples < 1:
-        raise ValueError(f"`num_mask_samples` must be a positive integer, got {num_mask_samples!r}.")
+    check_positive_int("num_mask_samples", num_mask_samples)
     batch, length = input_ids.shape
     device = input_ids.device
     if t is None:

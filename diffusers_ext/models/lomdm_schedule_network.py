@@ -16,7 +16,7 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 from torch import nn
 
-from ..utils import public
+from ..utils import check_positive_int, public
 
 
 @public
@@ -60,8 +60,7 @@ class LoMDMScheduleNetwork(ModelMixin, ConfigMixin):
         super().__init__()
         if not isinstance(vocab_size, int) or vocab_size < 2:
             raise ValueError(f"`vocab_size` must be an integer >= 2, got {vocab_size!r}.")
-        if not isinstance(max_length, int) or max_length < 1:
-            raise ValueError(f"`max_length` must be a positive integer, got {max_length!r}.")
+        check_positive_int("max_length", max_length)
         if hidden_size % num_heads:
             raise ValueError(f"`hidden_size` {hidden_size} must be divisible by `num_heads` {num_heads}.")
         if not (c1 > 0 and 0 <= c2 < c1):

@@ -25,6 +25,7 @@ import PIL.Image
 import torch
 
 from ...pipelines.dirp.ddim_inversion import ddim_reconstruct, noise_levels
+from ...utils import check_positive_int
 
 
 PURIFIERS = ("jpeg", "noise", "diffpure", "gridpure", "impress")
@@ -82,8 +83,7 @@ def diffpure(
     num_train = len(pipe.scheduler.alphas_cumprod)
     if not isinstance(t_star, int) or not 0 < t_star < num_train:
         raise ValueError(f"`t_star` must be an int in (0, {num_train}), got {t_star!r}.")
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"`num_steps` must be a positive int, got {num_steps!r}.")
+    check_positive_int("num_steps", num_steps)
     device = pipe._execution_device
     latents = pipe.encode_images(images.to(device, torch.float32))
     timesteps = torch.linspace(t_star / num_steps, t_star, num_steps).round().long()
