@@ -39,6 +39,7 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
+from accelerate import PartialState
 from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 
@@ -194,6 +195,7 @@ def main(argv=None):
     from diffusers_ext import ConstrainedUnlearningTrainer
 
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
+    PartialState()  # the process state the trainer's Accelerator joins; accelerate's logger needs it before that
     set_seed(config.seed)
 
     pipe = load_base(script_args.pretrained_model_name_or_path)
