@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field, fields
 
-from ..utils import public
+from ..utils import check_positive_int, public
 
 
 SAVE_STRATEGIES = ("no", "steps")
@@ -100,8 +100,7 @@ class LoraArguments:
     lora_init: str = field(default="gaussian", metadata={"help": "peft `init_lora_weights` ('gaussian' or 'true')."})
 
     def __post_init__(self):
-        if isinstance(self.lora_rank, bool) or self.lora_rank < 1:
-            raise ValueError(f"`lora_rank` must be a positive int, got {self.lora_rank!r}.")
+        check_positive_int("lora_rank", self.lora_rank)
         if self.lora_init not in ("gaussian", "true"):
             raise ValueError(f"`lora_init` must be 'gaussian' or 'true', got {self.lora_init!r}.")
 

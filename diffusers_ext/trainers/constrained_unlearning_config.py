@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from ..utils import public
+from ..utils import is_number, public
 from .base_config import DiffusionTrainerConfig
 
 
@@ -266,6 +266,6 @@ def _number_or_auto(value, name: str) -> float | str:
             return float(value)
         except ValueError:
             pass
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+    elif is_number(value):
         return float(value)
     raise ValueError(f"`{name}` must be a number or 'auto', got {value!r}.")

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from ..utils import public
+from ..utils import is_int, public
 from .base_config import DiffusionTrainerConfig
 
 
@@ -182,7 +182,7 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
             )
         for name in ("generation_batch_size", "steps_per_generation"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or value < 1):
+            if value is not None and (not is_int(value) or value < 1):
                 raise ValueError(f"`{name}` must be None or a positive int, got {value!r}.")
         if self.generation_batch_size is not None and self.generation_batch_size % self.num_generations:
             raise ValueError(
