@@ -82,16 +82,31 @@ def build_unet():
     from diffusers import UNet2DModel
 
     return UNet2DModel(
-        sample_size=8, in_channels=1, out_channels=1, block_out_channels=(16, 32),
-        down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
-        layers_per_block=1, norm_num_groups=8,
-    )  # fmt: skip
+        sample_size=8,
+        in_channels=1,
+        out_channels=1,
+        block_out_channels=(16, 32),
+        down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"),
+        layers_per_block=1,
+        norm_num_groups=8,
+    )
 
 
 def train_feature_network(steps: int, folder: str) -> float:
     """Run the shipped training script of the augmentation regressor; return its held-out R^2."""
-    cmd = [sys.executable, os.path.join(REPO, "training", "train_augmentation_regressor.py"), "--output_dir", folder,
-           "--max_train_steps", str(steps), "--report_to", "none", "--checkpointing_steps", str(steps)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "training", "train_augmentation_regressor.py"),
+        "--output_dir",
+        folder,
+        "--max_train_steps",
+        str(steps),
+        "--report_to",
+        "none",
+        "--checkpointing_steps",
+        str(steps),
+    ]
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if result.returncode != 0:
@@ -159,8 +174,15 @@ def train_run(arm: str, seed: int, batch: int, args, train_images, distances, ju
     unet = build_unet()
     if init_state is not None:
         unet.load_state_dict(init_state)
-    ema = EMAModel(unet.parameters(), decay=0.999, use_ema_warmup=True, inv_gamma=1.0, power=0.75,
-                   model_cls=UNet2DModel, model_config=unet.config)  # fmt: skip
+    ema = EMAModel(
+        unet.parameters(),
+        decay=0.999,
+        use_ema_warmup=True,
+        inv_gamma=1.0,
+        power=0.75,
+        model_cls=UNet2DModel,
+        model_config=unet.config,
+    )
     optimizer = torch.optim.AdamW(unet.parameters(), lr=args.learning_rate, weight_decay=0.0)
     # From a denoiser, skip ECT's denoising stage (stage_offset 1): every stage is consistency tuning.
     schedule = EasyConsistencySchedule(
@@ -286,8 +308,10 @@ def summarise(results: dict) -> dict:
     """The summary and its computed targets, from the recorded runs (adds `sanity.headroom` to `results`)."""
     from diffusers_ext.evaluation.protocol import target
 
-    main_runs = {arm: [r for r in results["runs"] if r["arm"] == arm and r["batch"] == results["config"]["batch"]]
-                 for arm in MAIN_ARMS}  # fmt: skip
+    main_runs = {
+        arm: [r for r in results["runs"] if r["arm"] == arm and r["batch"] == results["config"]["batch"]]
+        for arm in MAIN_ARMS
+    }
     groups = {judge: summarise_group(main_runs, judge) for judge in JUDGES}
     small = {}
     if results["config"]["small_batch"]:
@@ -312,9 +336,13 @@ def summarise(results: dict) -> dict:
     targets = [
         target("mfd_steps_to_threshold_over_pseudo_huber (zoo-classifier FD, 1 step, test)", ratio_value, 0.5, "<="),
         target("mfd_final_one_step_fd_over_pseudo_huber (zoo-classifier FD, test)", final_ratio, 0.8, "<="),
-        target("mfd_final_one_step_fd_over_pseudo_huber (judge 2 FD, test)", j2_final["mfd"] / j2_final["pseudo_huber"],
-               0.8, "<="),
-    ]  # fmt: skip  (that the MFD network judges nothing is a sanity fact: `sanity.mfd_feature_network_is_a_judge`)
+        target(
+            "mfd_final_one_step_fd_over_pseudo_huber (judge 2 FD, test)",
+            j2_final["mfd"] / j2_final["pseudo_huber"],
+            0.8,
+            "<=",
+        ),
+    ]  # that the MFD network judges nothing is a sanity fact: `sanity.mfd_feature_network_is_a_judge`
     sanity = results["sanity"]
     best_final = min(final.values())
     sanity["headroom"] = {
@@ -403,8 +431,11 @@ def report_sections(results: dict) -> list[str]:
         if not group:
             continue
         lines += ["", f"## {title}", ""]
-        lines += ["| arm | 1-step FD (zoo clf) | 2-step FD (zoo clf) | 1-step FD (judge 2) | 2-step FD (judge 2) | "
-                  "steps to threshold (zoo clf) |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "| arm | 1-step FD (zoo clf) | 2-step FD (zoo clf) | 1-step FD (judge 2) | 2-step FD (judge 2) | "
+            "steps to threshold (zoo clf) |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for arm in group["zoo_classifier"]["final_one_step_fd"]:
             cells = []
             for judge in JUDGES:
@@ -454,8 +485,14 @@ def write_report(results: dict, output_dir: str) -> None:
     from diffusers_ext.evaluation.reporting import write_results
 
     stem = "consistency_from_denoiser" if results["config"].get("from_denoiser_steps") else "consistency"
-    write_results(os.path.join(output_dir, stem), results, TITLE, report_sections(results), settings_line(results),
-                  figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
+    write_results(
+        os.path.join(output_dir, stem),
+        results,
+        TITLE,
+        report_sections(results),
+        settings_line(results),
+        figures={".png": lambda path: write_plot(results, path)},
+    )
 
 
 def targets_from_results(results: dict) -> list[dict]:
@@ -514,15 +551,21 @@ def measure_zoo_model(args, argv, judges, real_vs_real) -> dict:
     # (pseudo-Huber's mean final 1-step validation FD, per judge; `consistency.json`, written by the full run).
     main_path = os.path.join(args.output_dir, "consistency.json")
     if not os.path.isfile(main_path):
-        raise FileNotFoundError(f"--zoo_only compares against the main run's validation bar; run the full benchmark "
-                                f"first (no {main_path}).")  # fmt: skip
+        raise FileNotFoundError(
+            f"--zoo_only compares against the main run's validation bar; run the full benchmark "
+            f"first (no {main_path})."
+        )
     with open(main_path, encoding="utf-8") as f:
         bar = json.load(f)["summary"]["by_judge"]
     summary["targets"] = [
-        target(f"digits-cm 1-step test FD ({judge}) <= the main benchmark's validation bar",
-               summary["1_step_fd_test"][judge]["mean"], bar[judge]["threshold"]["value"], "<=")
+        target(
+            f"digits-cm 1-step test FD ({judge}) <= the main benchmark's validation bar",
+            summary["1_step_fd_test"][judge]["mean"],
+            bar[judge]["threshold"]["value"],
+            "<=",
+        )
         for judge in JUDGES
-    ]  # fmt: skip
+    ]
     summary["sanity"] = {
         "room_left_zoo_classifier": bool(
             summary["1_step_fd_test"]["zoo_classifier"]["mean"]
@@ -570,14 +613,19 @@ def main(argv=None):
         torch.randperm(len(train_images), generator=torch.Generator().manual_seed(1))[: args.num_samples]
     ]
     real_vs_real = {
-        judge: {split: frechet_distance(classifier_predictions(model, reference)[1], judges.real[(judge, split)])
-                for split in ("validation", "test")}
+        judge: {
+            split: frechet_distance(classifier_predictions(model, reference)[1], judges.real[(judge, split)])
+            for split in ("validation", "test")
+        }
         for judge, model in judges.models.items()
-    }  # fmt: skip
+    }
     if args.zoo_only:
         measured = measure_zoo_model(args, argv, judges, real_vs_real)
-        write_results(os.path.join(args.output_dir, "consistency_zoo"), measured, "The zoo's digits-cm against the "
-                      "main benchmark's validation bar")  # fmt: skip
+        write_results(
+            os.path.join(args.output_dir, "consistency_zoo"),
+            measured,
+            "The zoo's digits-cm against the main benchmark's validation bar",
+        )
         print(json.dumps(measured, indent=2))
         return
     distances = {"mfd": ManifoldFeatureDistance(regressor), "lpips_like": ClassifierFeatureDistance(zoo_classifier)}
@@ -604,8 +652,10 @@ def main(argv=None):
         run = train_run(arm, seed, batch, args, train_images, distances, judges, init_state)
         results["runs"].append(run)
         final = run["curves"]["test"]["1"]["zoo_classifier"][-1]
-        print(f"{arm:>13} seed {seed} batch {batch:>3}: final 1-step FD {final:.2f} ({run['total_seconds']:.0f} s)",
-              flush=True)  # fmt: skip
+        print(
+            f"{arm:>13} seed {seed} batch {batch:>3}: final 1-step FD {final:.2f} ({run['total_seconds']:.0f} s)",
+            flush=True,
+        )
     results["summary"] = summarise(results)
     results["wall_seconds"] = time.perf_counter() - started
     write_report(results, args.output_dir)

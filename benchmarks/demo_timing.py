@@ -37,8 +37,11 @@ def demo_targets(summary: dict) -> list[dict]:
     """The wall-clock target, from the measured default seconds."""
     from diffusers_ext.evaluation.protocol import target
 
-    return [target("default demo wall-clock seconds on this machine", summary["default_seconds"],
-                   DEFAULT_SECONDS_TARGET, "<=")]  # fmt: skip
+    return [
+        target(
+            "default demo wall-clock seconds on this machine", summary["default_seconds"], DEFAULT_SECONDS_TARGET, "<="
+        )
+    ]
 
 
 def report_sections(result: dict) -> list[str]:
@@ -63,9 +66,14 @@ def main(argv=None) -> dict:
     else:
         result = measure(args, argv)
     machine = result["machine"]
-    write_results(os.path.join(args.output_dir, "demo_timing"), result, "`diffusers-ext demo` timing",
-                  report_sections(result), settings_line=f"{machine['cpu_count']} CPUs, {machine['torch_threads']} "
-                  "torch threads; both modes in one process.")  # fmt: skip
+    write_results(
+        os.path.join(args.output_dir, "demo_timing"),
+        result,
+        "`diffusers-ext demo` timing",
+        report_sections(result),
+        settings_line=f"{machine['cpu_count']} CPUs, {machine['torch_threads']} "
+        "torch threads; both modes in one process.",
+    )
     return result
 
 

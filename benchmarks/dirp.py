@@ -270,7 +270,9 @@ def by_budget(args, per_image, protections):
             ssim = np.mean([per_image[f"{m}@{budget}"][name][1] for m in protections], axis=0)
             row[name] = {"psnr": mean_spread(psnr.tolist()), "ssim": mean_spread(ssim.tolist())}
         best = max(BASELINES, key=lambda n: row[n]["psnr"]["mean"])
-        diff = np.mean([per_image[f"{m}@{budget}"]["dirp"][0] - per_image[f"{m}@{budget}"][best][0] for m in protections], axis=0)  # fmt: skip
+        diff = np.mean(
+            [per_image[f"{m}@{budget}"]["dirp"][0] - per_image[f"{m}@{budget}"][best][0] for m in protections], axis=0
+        )
         out[str(budget)] = {
             "purifiers": {n: {k: {"mean": v["mean"], "sem": v["sem"]} for k, v in r.items()} for n, r in row.items()},
             "best_baseline": best,
@@ -437,7 +439,7 @@ def summarise(args, validation, grid, budgets, amplification, memory, mimicry, p
             memory["ratio_checkpointed"],
             2.0,
             "<=",
-        )  # fmt: skip
+        )
     )
     summary["targets"], summary["sanity"] = targets, sanity
     return summary
@@ -470,19 +472,33 @@ def report_sections(results) -> list[str]:
                 f"| {name} | {_fmt_setting(row['setting'])} | {row['psnr']:.2f} | {row['ssim']:.3f} | {chosen} |"
             )
     lines.append(f"| protected (no purifier) | | {np.mean(list(v['none'].values())):.2f} | | |")
-    lines += ["", "## Test (once, frozen choices)", "", "PSNR (dB) and SSIM to the clean images, averaged over the "
-              "protections per image; ± is the SE over images:", ""]  # fmt: skip
+    lines += [
+        "",
+        "## Test (once, frozen choices)",
+        "",
+        "PSNR (dB) and SSIM to the clean images, averaged over the protections per image; ± is the SE over images:",
+        "",
+    ]
     lines += [
         "| budget | " + " | ".join(["protected", *PURIFIER_ORDER]) + " |",
         "| --- " * (len(PURIFIER_ORDER) + 2) + "|",
     ]
     for budget, row in s["test_by_budget"].items():
         cells = [row["purifiers"][n] for n in ("none", *PURIFIER_ORDER)]
-        lines.append(f"| {budget}/255 PSNR | " + " | ".join(f"{c['psnr']['mean']:.2f} ± {c['psnr']['sem']:.2f}" for c in cells) + " |")  # fmt: skip
+        lines.append(
+            f"| {budget}/255 PSNR | "
+            + " | ".join(f"{c['psnr']['mean']:.2f} ± {c['psnr']['sem']:.2f}" for c in cells)
+            + " |"
+        )
         lines.append(f"| {budget}/255 SSIM | " + " | ".join(f"{c['ssim']['mean']:.3f}" for c in cells) + " |")
-    lines += ["", "Per protection and budget (PSNR dB / DDIM-inversion reconstruction error x1000, DIRP's own objective, "
-              "reported only):", "", "| cell | " + " | ".join(["protected", *PURIFIER_ORDER]) + " |",
-              "| --- " * (len(PURIFIER_ORDER) + 2) + "|"]  # fmt: skip
+    lines += [
+        "",
+        "Per protection and budget (PSNR dB / DDIM-inversion reconstruction error x1000, DIRP's own objective, "
+        "reported only):",
+        "",
+        "| cell | " + " | ".join(["protected", *PURIFIER_ORDER]) + " |",
+        "| --- " * (len(PURIFIER_ORDER) + 2) + "|",
+    ]
     for key, cell in results["test"].items():
         row = [cell["none"], *[cell[k] for k in PURIFIER_ORDER]]
         lines.append(
@@ -506,13 +522,21 @@ def report_sections(results) -> list[str]:
         "without.",
     ]
     if results["downstream"]:
-        lines += ["", "## Downstream mimicry", "", f"Judges: {s['sanity']['judges']}. Classifier held-out accuracy: "
-                  f"{s['sanity']['judge_classifier_heldout_accuracy']['accuracy']:.3f}.", "",
-                  "| mimic fine-tuned on | Fréchet (mean ± SE over seeds) | / clean (paired) | class share |",
-                  "| --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            "## Downstream mimicry",
+            "",
+            f"Judges: {s['sanity']['judges']}. Classifier held-out accuracy: "
+            f"{s['sanity']['judge_classifier_heldout_accuracy']['accuracy']:.3f}.",
+            "",
+            "| mimic fine-tuned on | Fréchet (mean ± SE over seeds) | / clean (paired) | class share |",
+            "| --- | --- | --- | --- |",
+        ]
         for name, d in results["downstream"].items():
             f, q = d["frechet"], d["frechet_over_clean"]
-            lines.append(f"| {name} | {f['mean']:.3f} ± {f['sem']:.3f} | {q['mean']:.3f} ± {q['sem']:.3f} | {d['class_share']:.3f} |")  # fmt: skip
+            lines.append(
+                f"| {name} | {f['mean']:.3f} ± {f['sem']:.3f} | {q['mean']:.3f} ± {q['sem']:.3f} | {d['class_share']:.3f} |"
+            )
     return lines
 
 
@@ -625,9 +649,13 @@ def main(argv=None):
         "downstream": mimicry or {},
         "seconds": time.perf_counter() - started,
     }
-    write_results(os.path.join(args.output_dir, args.run_name), results,
-                  "DIRP against purification baselines, each tuned on validation", report_sections(results),
-                  figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
+    write_results(
+        os.path.join(args.output_dir, args.run_name),
+        results,
+        "DIRP against purification baselines, each tuned on validation",
+        report_sections(results),
+        figures={".png": lambda path: write_plot(results, path)},
+    )
     print(json.dumps({k: results["summary"][k] for k in ("choice", "targets")}, indent=2))
 
 

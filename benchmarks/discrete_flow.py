@@ -56,8 +56,13 @@ def parse_args(argv=None):
     parser.add_argument("--batch_size", type=int, default=128, help="Training batch (= OT minibatch).")
     parser.add_argument("--learning_rate", type=float, default=3e-3, help="Peak learning rate (all configs).")
     parser.add_argument("--num_samples", type=int, default=1000, help="Generated sequences per NFE and split.")
-    parser.add_argument("--nfe", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32],
-                        help="NFE grid; its largest value is the full NFE and must be 4x another.")  # fmt: skip
+    parser.add_argument(
+        "--nfe",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4, 8, 16, 32],
+        help="NFE grid; its largest value is the full NFE and must be 4x another.",
+    )
     parser.add_argument("--bound_samples", type=int, default=16, help="Monte Carlo times per sequence.")
     parser.add_argument("--skip_digits", action="store_true", help="Only the HMM parts (for a quick look).")
     parser.add_argument("--output", type=str, default=os.path.join(RESULTS, "discrete_flow.json"))
@@ -81,9 +86,13 @@ def train_flow(train, scheduler, coupling, seed, steps, batch_size, hidden_size=
 
     torch.manual_seed(seed)
     model = DiscreteFlowTransformerModel(
-        vocab_size=scheduler.config.vocab_size, num_embeddings=scheduler.num_embeddings,
-        sequence_length=train.shape[1], hidden_size=hidden_size, num_layers=num_layers, num_heads=4,
-    )  # fmt: skip
+        vocab_size=scheduler.config.vocab_size,
+        num_embeddings=scheduler.num_embeddings,
+        sequence_length=train.shape[1],
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=4,
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     warmup = min(100, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -113,8 +122,11 @@ def sample(model, scheduler, num, nfe, seed, chunk=1000):
     pipe.set_progress_bar_config(disable=True)
     outs, jumps = [], []
     for start in range(0, num, chunk):
-        out = pipe(batch_size=min(chunk, num - start), num_inference_steps=nfe,
-                   generator=torch.Generator().manual_seed(seed * 7919 + start))  # fmt: skip
+        out = pipe(
+            batch_size=min(chunk, num - start),
+            num_inference_steps=nfe,
+            generator=torch.Generator().manual_seed(seed * 7919 + start),
+        )
         outs.append(out.sequences)
         jumps.append(out.num_jumps.double())
     return torch.cat(outs), float(torch.cat(jumps).mean())
@@ -135,8 +147,9 @@ def ot_overhead(model, scheduler, train, coupling, batch_size, repeats=12, seed=
         for kind in ("independent", coupling) if r % 2 else (coupling, "independent"):
             timings = {"coupling_seconds": 0.0}
             start = time.process_time()
-            loss = discrete_flow_loss(model, scheduler, train[idx], "cross_entropy", kind,
-                                      torch.Generator().manual_seed(r), timings=timings)  # fmt: skip
+            loss = discrete_flow_loss(
+                model, scheduler, train[idx], "cross_entropy", kind, torch.Generator().manual_seed(r), timings=timings
+            )
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
@@ -173,19 +186,26 @@ def exact_bound_check():
         "other_markov_chain": RandomHMM.random_markov_chain(V, L, seed=9, concentration=0.3),
     }
     rows = []
-    for (source, M), (name, hmm) in itertools.product((("mask", None), ("multimask", 3), ("uniform", None)),
-                                                      models.items()):  # fmt: skip
+    for (source, M), (name, hmm) in itertools.product(
+        (("mask", None), ("multimask", 3), ("uniform", None)), models.items()
+    ):
         scheduler = make_scheduler(source, M, V)
         judge = HMMJudge(hmm)
         nll = -judge.log_prob(space)
         bounds = exact_nll_bounds(judge.denoiser(scheduler), scheduler, space, num_nodes=32)
         for kind, values in bounds.items():
             gap = values - nll
-            rows.append({
-                "source": source, "model": name, "bound": kind, "sequences": len(space),
-                "valid_fraction": float((gap >= -1e-9).double().mean()),
-                "min_gap_nats": float(gap.min()), "mean_gap_nats": float(gap.mean()),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "source": source,
+                    "model": name,
+                    "bound": kind,
+                    "sequences": len(space),
+                    "valid_fraction": float((gap >= -1e-9).double().mean()),
+                    "min_gap_nats": float(gap.min()),
+                    "mean_gap_nats": float(gap.mean()),
+                }
+            )
     return rows
 
 
@@ -203,8 +223,10 @@ def hmm_testbed(args, log):
     train = hmm.sample(20000, seed=100)
     validation = hmm.sample(500, seed=200)
     test = hmm.sample(1000, seed=300)
-    data_ppl = {split: generative_perplexity(-judge.log_prob(x), L) for split, x in
-                (("validation", validation), ("test", test))}  # fmt: skip
+    data_ppl = {
+        split: generative_perplexity(-judge.log_prob(x), L)
+        for split, x in (("validation", validation), ("test", test))
+    }
 
     # headroom: the exact-posterior sampler (independent coupling) against NFE
     oracle = {}
@@ -224,8 +246,9 @@ def hmm_testbed(args, log):
         for seed in args.seeds:
             start = time.process_time()
             scheduler = make_scheduler(source, M, V)
-            model, final_loss = train_flow(train, scheduler, coupling, seed, args.train_steps, args.batch_size,
-                                           lr=args.learning_rate)  # fmt: skip
+            model, final_loss = train_flow(
+                train, scheduler, coupling, seed, args.train_steps, args.batch_size, lr=args.learning_rate
+            )
             train_seconds = time.process_time() - start
             run = {"seed": seed, "final_train_loss": final_loss, "train_cpu_seconds": train_seconds}
             for split, offset in (("validation", 10_000), ("test", 20_000)):
@@ -254,10 +277,16 @@ def hmm_testbed(args, log):
                 run["ot_overhead"] = ot_overhead(model, scheduler, train, coupling, args.batch_size)
                 run["ot_overhead_batch_1000"] = ot_overhead(model, scheduler, train, coupling, 1000, repeats=6)
             runs[name].append(run)
-            log(f"{name} seed {seed}: loss {final_loss:.4f}, test gen-ppl {run['gen_ppl_test']}, "
-                f"bounds {run['bounds_test']}, {train_seconds:.0f}s")  # fmt: skip
-    return {"hmm": {"states": H, "vocab_size": V, "length": L, "concentration": 0.1}, "data_ppl": data_ppl,
-            "exact_posterior_gen_ppl": oracle, "runs": runs}  # fmt: skip
+            log(
+                f"{name} seed {seed}: loss {final_loss:.4f}, test gen-ppl {run['gen_ppl_test']}, "
+                f"bounds {run['bounds_test']}, {train_seconds:.0f}s"
+            )
+    return {
+        "hmm": {"states": H, "vocab_size": V, "length": L, "concentration": 0.1},
+        "data_ppl": data_ppl,
+        "exact_posterior_gen_ppl": oracle,
+        "runs": runs,
+    }
 
 
 def sample_exact(fn, scheduler, num, length, nfe, seed):
@@ -281,28 +310,48 @@ def digits_testbed(args, log):
     train, validation, test = (load_binarized_digits(s) for s in ("train", "validation", "test"))
     L = train.shape[1]
     judge = BernoulliMixtureJudge.fit(train, num_components=32, num_iters=60, seed=0)
-    judge_ppl = {"train": generative_perplexity(-judge.log_prob(train), L),
-                 "test": generative_perplexity(-judge.log_prob(test), L)}  # fmt: skip
+    judge_ppl = {
+        "train": generative_perplexity(-judge.log_prob(train), L),
+        "test": generative_perplexity(-judge.log_prob(test), L),
+    }
     nfe_grid = [4, 16, 64]
     runs = {}
     for name, source, M, coupling in DIGITS_CONFIGS:
         runs[name] = []
         for seed in args.seeds:
             scheduler = make_scheduler(source, M, 2)
-            model, final_loss = train_flow(train, scheduler, coupling, seed, args.digits_steps, args.batch_size,
-                                           hidden_size=48, lr=args.learning_rate)  # fmt: skip
+            model, final_loss = train_flow(
+                train,
+                scheduler,
+                coupling,
+                seed,
+                args.digits_steps,
+                args.batch_size,
+                hidden_size=48,
+                lr=args.learning_rate,
+            )
             curve = {}
             for nfe in nfe_grid:
                 x, _ = sample(model, scheduler, 300, nfe, seed=30_000 + 100 * seed + nfe, chunk=300)
                 curve[nfe] = {"gen_ppl": generative_perplexity(-judge.log_prob(x), L), **sample_diversity(x)}
             bounds = estimate_nll_bounds(model, scheduler, test, 8, torch.Generator().manual_seed(seed))
-            runs[name].append({
-                "seed": seed, "final_train_loss": final_loss, "gen_ppl_test": curve,
-                "bits_per_pixel_bound_test": {k: float(b["mean"].mean()) / L / math.log(2) for k, b in bounds.items()},
-            })  # fmt: skip
+            runs[name].append(
+                {
+                    "seed": seed,
+                    "final_train_loss": final_loss,
+                    "gen_ppl_test": curve,
+                    "bits_per_pixel_bound_test": {
+                        k: float(b["mean"].mean()) / L / math.log(2) for k, b in bounds.items()
+                    },
+                }
+            )
             log(f"digits {name} seed {seed}: {curve} {runs[name][-1]['bits_per_pixel_bound_test']}")
-    return {"judge": "Bernoulli mixture, 32 components, EM on the train split", "judge_ppl": judge_ppl,
-            "nfe": nfe_grid, "runs": runs}  # fmt: skip
+    return {
+        "judge": "Bernoulli mixture, 32 components, EM on the train split",
+        "judge_ppl": judge_ppl,
+        "nfe": nfe_grid,
+        "runs": runs,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- summary
@@ -332,40 +381,64 @@ def summarise(args, exact_rows, hmm):
         met_on_test = chosen is not None and ot_test[chosen]["mean"] <= 1.05 * reference["test"]
         ratio = chosen / full if chosen is not None else None
         nfe_ratio[ot_name] = {
-            "chosen_nfe_on_validation": chosen, "full_nfe": full, "ratio": ratio,
+            "chosen_nfe_on_validation": chosen,
+            "full_nfe": full,
+            "ratio": ratio,
             "ot_gen_ppl_test_at_chosen": ot_test[chosen]["mean"] if chosen else None,
             "independent_gen_ppl_test_at_full": reference["test"],
             "independent_gen_ppl_test_at_chosen": curve(ind_name, "test")[chosen]["mean"] if chosen else None,
             "within_5pct_on_test": met_on_test,
-        }  # fmt: skip
+        }
         # no matching NFE (or no match on test) is no number: never met
-        targets.append(target(f"{ot_name} matches {ind_name} at full NFE within 5% at <= 1/4 NFE (test draws)",
-                              ratio if (ratio is not None and met_on_test) else math.inf, 0.25, "<="))  # fmt: skip
+        targets.append(
+            target(
+                f"{ot_name} matches {ind_name} at full NFE within 5% at <= 1/4 NFE (test draws)",
+                ratio if (ratio is not None and met_on_test) else math.inf,
+                0.25,
+                "<=",
+            )
+        )
 
     # Multimask vs single mask: the multimask coupling chosen on validation (full NFE), compared on test
     mm_names = [n for n in runs if n.startswith("multimask/")]
     best_mm = min(mm_names, key=lambda n: curve(n, "validation")[full]["mean"])
     multimask_gen_ppl = curve(best_mm, "test")[full]
     mask_gen_ppl = curve("mask/independent", "test")[full]
-    targets.append(target(f"Multimask ({best_mm}, chosen on validation) gen-ppl <= single mask, full NFE, test",
-                          multimask_gen_ppl["mean"], mask_gen_ppl["mean"], "<="))  # fmt: skip
+    targets.append(
+        target(
+            f"Multimask ({best_mm}, chosen on validation) gen-ppl <= single mask, full NFE, test",
+            multimask_gen_ppl["mean"],
+            mask_gen_ppl["mean"],
+            "<=",
+        )
+    )
 
     exact_valid = min(r["valid_fraction"] for r in exact_rows)
     for kind in ("kl", "entropy"):
         value = min(r["valid_fraction"] for r in exact_rows if r["bound"] == kind)
         targets.append(target(f"{kind} bound >= exact NLL on every sequence (models with a known NLL)", value, 1.0))
     trained_fraction = {
-        name: {kind: mean_std([r["bounds_test"][kind]["fraction_above_data_nll"] for r in rs]) for kind in
-               ("kl", "entropy")} for name, rs in runs.items()
-    }  # fmt: skip
+        name: {
+            kind: mean_std([r["bounds_test"][kind]["fraction_above_data_nll"] for r in rs])
+            for kind in ("kl", "entropy")
+        }
+        for name, rs in runs.items()
+    }
 
-    overhead = {name: mean_std([r["ot_overhead"]["overhead_fraction"] for r in rs])
-                for name, rs in runs.items() if "ot_overhead" in rs[0]}  # fmt: skip
-    overhead_1000 = {name: mean_std([r["ot_overhead_batch_1000"]["overhead_fraction"] for r in rs])
-                     for name, rs in runs.items() if "ot_overhead" in rs[0]}  # fmt: skip
+    overhead = {
+        name: mean_std([r["ot_overhead"]["overhead_fraction"] for r in rs])
+        for name, rs in runs.items()
+        if "ot_overhead" in rs[0]
+    }
+    overhead_1000 = {
+        name: mean_std([r["ot_overhead_batch_1000"]["overhead_fraction"] for r in rs])
+        for name, rs in runs.items()
+        if "ot_overhead" in rs[0]
+    }
     worst = max(v["mean"] for v in overhead.values())
-    targets.append(target(f"OT overhead of a training step (batch {args.batch_size}, worst coupling)", worst, 0.10,
-                          "<="))  # fmt: skip
+    targets.append(
+        target(f"OT overhead of a training step (batch {args.batch_size}, worst coupling)", worst, 0.10, "<=")
+    )
 
     ind = curve("uniform/independent", "test")
     mask = curve("mask/independent", "test")
@@ -385,7 +458,7 @@ def summarise(args, exact_rows, hmm):
                 for k in ("kl", "entropy")
             }
             for name, rs in runs.items()
-        },  # fmt: skip
+        },
     }
     return {
         "gen_ppl_vs_nfe": gen_ppl_vs_nfe,
@@ -406,12 +479,19 @@ def report_sections(result) -> list[str]:
     """The Markdown sections after the standard header and targets table."""
     s = result["summary"]
     nfe = list(next(iter(s["gen_ppl_vs_nfe"].values())).keys())
-    lines = ["## HMM: generative perplexity (true HMM as judge) vs NFE, test draws, mean ± std over seeds", "",
-             "| config | " + " | ".join(f"NFE {n}" for n in nfe) + " |", "| --- |" + " --- |" * len(nfe)]  # fmt: skip
+    lines = [
+        "## HMM: generative perplexity (true HMM as judge) vs NFE, test draws, mean ± std over seeds",
+        "",
+        "| config | " + " | ".join(f"NFE {n}" for n in nfe) + " |",
+        "| --- |" + " --- |" * len(nfe),
+    ]
     for name, row in s["gen_ppl_vs_nfe"].items():
         lines.append(f"| {name} | " + " | ".join(f"{v['mean']:.3f} ± {v['std']:.3f}" for v in row.values()) + " |")
-    lines += ["", f"Data perplexity (test): {s['sanity']['data_ppl']['test']:.3f}; exact-posterior sampler at full "
-              f"NFE: {s['sanity']['exact_posterior_gen_ppl_at_full_nfe']}"]  # fmt: skip
+    lines += [
+        "",
+        f"Data perplexity (test): {s['sanity']['data_ppl']['test']:.3f}; exact-posterior sampler at full "
+        f"NFE: {s['sanity']['exact_posterior_gen_ppl_at_full_nfe']}",
+    ]
     return lines
 
 
@@ -440,8 +520,14 @@ def plot(result, path):
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, row in s["gen_ppl_vs_nfe"].items():
         xs = [int(n) for n in row]
-        ax.errorbar(xs, [v["mean"] for v in row.values()], yerr=[v["std"] for v in row.values()], label=name,
-                    marker="o", capsize=2)  # fmt: skip
+        ax.errorbar(
+            xs,
+            [v["mean"] for v in row.values()],
+            yerr=[v["std"] for v in row.values()],
+            label=name,
+            marker="o",
+            capsize=2,
+        )
     ax.axhline(s["sanity"]["data_ppl"]["test"], color="k", ls="--", lw=1, label="data")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("NFE")

@@ -67,8 +67,17 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if not set(args.experts) <= {2, 3} or not args.experts:
         parser.error(f"--experts must be among 2 and 3, got {args.experts}.")
-    counts = (args.val_layouts, args.test_layouts, args.disc_images, args.disc_steps, args.digit_images,
-              args.digit_steps, args.wide_val, args.wide_test, args.calibration_images)  # fmt: skip
+    counts = (
+        args.val_layouts,
+        args.test_layouts,
+        args.disc_images,
+        args.disc_steps,
+        args.digit_images,
+        args.digit_steps,
+        args.wide_val,
+        args.wide_test,
+        args.calibration_images,
+    )
     if min(counts) < 1:
         parser.error("layout, image and step counts must be >= 1.")
     if not 0.0 < args.detect_fraction <= 1.0:
@@ -148,9 +157,13 @@ def run_discs(args, num_experts: int, seed: int, timings: dict) -> dict:
     regions = layout_regions(centres)
     images = {}
     for method in METHODS:
-        out = pipe(num_inference_steps=args.disc_steps, num_images_per_prompt=args.disc_images,
-                   generator=torch.Generator().manual_seed(seed), output_type="pt",
-                   **allocator_for(method, regions))  # fmt: skip
+        out = pipe(
+            num_inference_steps=args.disc_steps,
+            num_images_per_prompt=args.disc_images,
+            generator=torch.Generator().manual_seed(seed),
+            output_type="pt",
+            **allocator_for(method, regions),
+        )
         images[method] = out.images
         if method == "divide_and_denoise":
             add_timings(timings, out.timings)
@@ -173,9 +186,15 @@ def run_digits(unet, scheduler, classifier, args, num_experts: int, seed: int, t
     pipe.set_progress_bar_config(disable=True)
     scored = {}
     for method in METHODS:
-        out = pipe(class_labels=digits, width=width, num_inference_steps=args.digit_steps,
-                   num_images_per_prompt=args.digit_images, generator=torch.Generator().manual_seed(seed),
-                   output_type="pt", **allocator_for(method, regions))  # fmt: skip
+        out = pipe(
+            class_labels=digits,
+            width=width,
+            num_inference_steps=args.digit_steps,
+            num_images_per_prompt=args.digit_images,
+            generator=torch.Generator().manual_seed(seed),
+            output_type="pt",
+            **allocator_for(method, regions),
+        )
         scored[method] = slot_statistics(classifier, out.images * 2 - 1)
         if method == "divide_and_denoise":
             add_timings(timings, out.timings)
@@ -213,9 +232,15 @@ def run_wide_canvas(ddpm, classifier, args, seed: int, timings: dict) -> dict:
     digits = random.Random(seed).sample(range(10), 2)
     scored = {}
     for method in METHODS[:3]:
-        out = pipe(class_labels=digits, width=16, num_inference_steps=args.digit_steps,
-                   num_images_per_prompt=args.digit_images, generator=torch.Generator().manual_seed(seed),
-                   output_type="pt", **allocator_for(method, None))  # fmt: skip
+        out = pipe(
+            class_labels=digits,
+            width=16,
+            num_inference_steps=args.digit_steps,
+            num_images_per_prompt=args.digit_images,
+            generator=torch.Generator().manual_seed(seed),
+            output_type="pt",
+            **allocator_for(method, None),
+        )
         scored[method] = slot_statistics(classifier, out.images * 2 - 1)
     return {"layout": {"digits": digits}, "slots": scored}
 
@@ -256,14 +281,25 @@ def write_plot(results: dict, path: str) -> None:
     groups = [(family, k) for family in ("discs", "digits") for k in results["test"][family]]
     fig, ax = plt.subplots(figsize=(9, 3.6), dpi=100)
     width = 0.8 / len(METHODS)
-    colors = {"divide_and_denoise": "#2a7", "averaging": "#c84", "multidiffusion": "#48c",
-              "multidiffusion_oracle": "#bbb"}  # fmt: skip
+    colors = {
+        "divide_and_denoise": "#2a7",
+        "averaging": "#c84",
+        "multidiffusion": "#48c",
+        "multidiffusion_oracle": "#bbb",
+    }
     for m, method in enumerate(METHODS):
         xs = [i + (m - (len(METHODS) - 1) / 2) * width for i in range(len(groups))]
         cells = [results["test"][f][k][method] for f, k in groups]
         label = method + (" (upper reference: told the layout)" if method == "multidiffusion_oracle" else "")
-        ax.bar(xs, [c["rate"] for c in cells], width, yerr=[c["standard_error"] for c in cells], capsize=2,
-               label=label, color=colors[method])  # fmt: skip
+        ax.bar(
+            xs,
+            [c["rate"] for c in cells],
+            width,
+            yerr=[c["standard_error"] for c in cells],
+            capsize=2,
+            label=label,
+            color=colors[method],
+        )
     ax.axhline(0.9, color="#2a7", linestyle="--", linewidth=1)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([f"{f}, {k} experts" for f, k in groups])
@@ -313,9 +349,14 @@ def settings_line(results: dict) -> str:
 def report_sections(results: dict) -> list[str]:
     """The Markdown sections after the standard header and targets table."""
     s = results["summary"]
-    lines = ["Gap to MultiDiffusion told the hidden layout (upper reference, D&D gets no layout), test split: "
-              + "; ".join(f"{f}: D&D {g['divide_and_denoise']:.3f} vs {g['multidiffusion_oracle']:.3f} "
-                          f"(gap {g['gap']:+.3f})" for f, g in s["oracle_gap"].items()), ""]  # fmt: skip
+    lines = [
+        "Gap to MultiDiffusion told the hidden layout (upper reference, D&D gets no layout), test split: "
+        + "; ".join(
+            f"{f}: D&D {g['divide_and_denoise']:.3f} vs {g['multidiffusion_oracle']:.3f} (gap {g['gap']:+.3f})"
+            for f, g in s["oracle_gap"].items()
+        ),
+        "",
+    ]
     for split in ("test", "validation"):
         lines += [
             f"## {split} split: success rate ± standard error over images (mean ± std over layouts)",
@@ -325,20 +366,21 @@ def report_sections(results: dict) -> list[str]:
         ]
         for family in ("discs", "digits"):
             for k, scores in results[split][family].items():
-                cells = [f"{scores[m]['rate']:.3f} ± {scores[m]['standard_error']:.3f} "
-                         f"({scores[m]['over_layouts']['mean']:.2f} ± {scores[m]['over_layouts']['std']:.2f})"
-                         for m in METHODS]  # fmt: skip
-                lines.append(f"| {family}, {k} experts, {scores[METHODS[0]]['images']} images | " + " | ".join(cells)
-                             + " |")  # fmt: skip
+                cells = [
+                    f"{scores[m]['rate']:.3f} ± {scores[m]['standard_error']:.3f} "
+                    f"({scores[m]['over_layouts']['mean']:.2f} ± {scores[m]['over_layouts']['std']:.2f})"
+                    for m in METHODS
+                ]
+                lines.append(
+                    f"| {family}, {k} experts, {scores[METHODS[0]]['images']} images | " + " | ".join(cells) + " |"
+                )
         wide = results[split]["one_model_wide_canvas"]
         cells = [f"{wide[m]['rate']:.3f} ± {wide[m]['standard_error']:.3f}" for m in METHODS[:3]] + ["n/a"]
         lines.append("| one model, wide 8x16 canvas (row only) | " + " | ".join(cells) + " |")
         lines.append("")
     lines += [
         "Sanity (not targets): "
-        + "; ".join(
-            f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in s["sanity"].items()
-        ),  # fmt: skip
+        + "; ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in s["sanity"].items()),
         "",
         f"Overhead of utilities + allocation + alignment over the model forwards (digits, zoo UNet): "
         f"{s['overhead_digits']:.3f}.",
@@ -357,9 +399,12 @@ def main(argv=None):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code_hash = settings_code_hash(
         vars(args) | {"output_dir": None},
-        [os.path.abspath(__file__), os.path.join(root, "diffusers_ext", "pipelines", "divide_and_denoise"),
-         os.path.join(root, "diffusers_ext", "evaluation", "divide_and_denoise")],
-    )  # fmt: skip
+        [
+            os.path.abspath(__file__),
+            os.path.join(root, "diffusers_ext", "pipelines", "divide_and_denoise"),
+            os.path.join(root, "diffusers_ext", "evaluation", "divide_and_denoise"),
+        ],
+    )
     ddpm = diffusers_ext.load_pipeline(args.ddpm) if args.ddpm else zoo.load("digits-ddpm")
     classifier = zoo.load("digits-classifier").eval()
     start = time.perf_counter()
@@ -376,8 +421,10 @@ def main(argv=None):
         kept[split] = {"discs": {}, "digits": {}}
         for k in args.experts:
             disc_runs = [run_discs(args, k, base + 10 * k + i, timings["discs"]) for i in range(layouts)]
-            digit_runs = [run_digits(ddpm.unet, ddpm.scheduler, classifier, args, k, base + 10 * k + i,
-                                     timings["digits"]) for i in range(layouts)]  # fmt: skip
+            digit_runs = [
+                run_digits(ddpm.unet, ddpm.scheduler, classifier, args, k, base + 10 * k + i, timings["digits"])
+                for i in range(layouts)
+            ]
             results[split]["discs"][k] = score_runs(
                 disc_runs, lambda run, m, k=k: disc_success(run["images"][m], k, disc_t), METHODS
             )
@@ -387,30 +434,48 @@ def main(argv=None):
             for family, runs in (("discs", disc_runs), ("digits", digit_runs)):
                 results[split][family][k]["layouts"] = [run["layout"] for run in runs]
             kept[split]["discs"][k], kept[split]["digits"][k] = disc_runs, digit_runs
-            print(f"{split} K={k}: discs " + str({m: results[split]["discs"][k][m]["rate"] for m in METHODS})
-                  + " digits " + str({m: results[split]["digits"][k][m]["rate"] for m in METHODS}), flush=True)  # fmt: skip
+            print(
+                f"{split} K={k}: discs "
+                + str({m: results[split]["discs"][k][m]["rate"] for m in METHODS})
+                + " digits "
+                + str({m: results[split]["digits"][k][m]["rate"] for m in METHODS}),
+                flush=True,
+            )
         wide_count = args.wide_val if split == "validation" else args.wide_test
         wide_runs = [run_wide_canvas(ddpm, classifier, args, base + 500 + i, {}) for i in range(wide_count)]
         results[split]["one_model_wide_canvas"] = score_runs(
             wide_runs, lambda run, m: digit_success(run["slots"][m], run["layout"]["digits"], ink_t), METHODS[:3]
         )
-        print(f"{split} wide canvas: " + str({m: results[split]["one_model_wide_canvas"][m]["rate"]
-                                              for m in METHODS[:3]}), flush=True)  # fmt: skip
+        print(
+            f"{split} wide canvas: "
+            + str({m: results[split]["one_model_wide_canvas"][m]["rate"] for m in METHODS[:3]}),
+            flush=True,
+        )
 
     # Threshold sweep on the test split (the headline uses only the calibrated thresholds).
     test = kept["test"]
     sweep = {"discs": {"thresholds": SWEEP["discs"].tolist()}, "digits": {"thresholds": SWEEP["digits"].tolist()}}
     for method in METHODS:
         sweep["discs"][method] = [
-            float(np.concatenate([disc_success(r["images"][method], k, t) for k, runs in test["discs"].items()
-                                  for r in runs]).mean())
+            float(
+                np.concatenate(
+                    [disc_success(r["images"][method], k, t) for k, runs in test["discs"].items() for r in runs]
+                ).mean()
+            )
             for t in SWEEP["discs"]
-        ]  # fmt: skip
+        ]
         sweep["digits"][method] = [
-            float(np.concatenate([digit_success(r["slots"][method], r["layout"]["digits"], t)
-                                  for runs in test["digits"].values() for r in runs]).mean())
+            float(
+                np.concatenate(
+                    [
+                        digit_success(r["slots"][method], r["layout"]["digits"], t)
+                        for runs in test["digits"].values()
+                        for r in runs
+                    ]
+                ).mean()
+            )
             for t in SWEEP["digits"]
-        ]  # fmt: skip
+        ]
     results["sweep"] = sweep
 
     overhead = {f: (t["utility"] + t["allocation"] + t["alignment"]) / t["model_forwards"] for f, t in timings.items()}
@@ -451,10 +516,17 @@ def main(argv=None):
             "digits DDPM alone on its 8x8 canvas, success at the calibrated ink threshold": single,
         },
     }
-    write_results(os.path.join(args.output_dir, "divide_and_denoise"), results,
-                  "Divide-and-Denoise composition benchmark (random placements)", report_sections(results),
-                  settings_line(results), figures={".png": lambda path: write_plot(results, path),
-                                                   "_sweep.png": lambda path: write_sweep_plot(results, path)})  # fmt: skip
+    write_results(
+        os.path.join(args.output_dir, "divide_and_denoise"),
+        results,
+        "Divide-and-Denoise composition benchmark (random placements)",
+        report_sections(results),
+        settings_line(results),
+        figures={
+            ".png": lambda path: write_plot(results, path),
+            "_sweep.png": lambda path: write_sweep_plot(results, path),
+        },
+    )
     print(json.dumps(results["summary"], indent=2))
 
 

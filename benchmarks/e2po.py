@@ -270,9 +270,23 @@ def run(job) -> dict:
                 f"{part} {algorithm} seed {seed} step {trainer.global_step}: eval {evals[-1][1]['reward']:.4f}",
                 flush=True,
             )
-    keys = ["reward", "reward_std", "frac_reward_zero_std", "time/step", "time/sampling", "time/reward",
-            "time/backward", "time/model", "time/overhead_fraction", "clip_ratio/region_mean", "e2po/scale",
-            "e2po/anchor_reward", "e2po/perturbed_reward", "e2po/reward_drop", "e2po/frac_scale_at_max"]  # fmt: skip
+    keys = [
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "time/step",
+        "time/sampling",
+        "time/reward",
+        "time/backward",
+        "time/model",
+        "time/overhead_fraction",
+        "clip_ratio/region_mean",
+        "e2po/scale",
+        "e2po/anchor_reward",
+        "e2po/perturbed_reward",
+        "e2po/reward_drop",
+        "e2po/frac_scale_at_max",
+    ]
     history = trainer.history
     return {
         "part": part,
@@ -320,8 +334,12 @@ def validate(args, classifier) -> dict:
             {"threshold": threshold, "per_digit": accuracy.tolist(), "hard": hard, "hard_accuracy": hard_accuracy}
         )
     chosen = min(sweep, key=lambda s: abs(s["hard_accuracy"] - (low + high) / 2))
-    validation = {"threshold_sweep": sweep, "threshold": chosen["threshold"], "hard_digits": chosen["hard"],
-                  "validation_start_accuracy": chosen["hard_accuracy"]}  # fmt: skip
+    validation = {
+        "threshold_sweep": sweep,
+        "threshold": chosen["threshold"],
+        "hard_digits": chosen["hard"],
+        "validation_start_accuracy": chosen["hard_accuracy"],
+    }
     base = base_settings(args) | {
         "threshold": chosen["threshold"],
         "train_rows": digit_rows(chosen["hard"]),
@@ -336,8 +354,10 @@ def validate(args, classifier) -> dict:
             rollout = trainer.score_rollout(trainer.generate(trainer.prompt_indices(step), step))
             G = settings["num_generations"]
             grouped = rollout.rewards.view(-1, G)
-            entry = {"reward": rollout.rewards.mean().item(),
-                     "frac_zero_std": (grouped.std(dim=1) <= 1e-6).float().mean().item()}  # fmt: skip
+            entry = {
+                "reward": rollout.rewards.mean().item(),
+                "frac_zero_std": (grouped.std(dim=1) <= 1e-6).float().mean().item(),
+            }
             if algorithm == "e2po":
                 entry["reward_drop"] = trainer.reward_drop(rollout).mean().item()
             stats.append(entry)
@@ -352,8 +372,14 @@ def validate(args, classifier) -> dict:
             print(f"validation: noise {noise_level} G {G}: {grid[-1]}", flush=True)
     collapsing = [g for g in grid if g["frac_zero_std"] >= args.collapse_at_least] or grid
     best = max(collapsing, key=lambda g: (g["reward"], -g["frac_zero_std"]))
-    validation.update({"deterministic_reward": deterministic, "noise_group_grid": grid,
-                       "noise_level": best["noise_level"], "num_generations": best["num_generations"]})  # fmt: skip
+    validation.update(
+        {
+            "deterministic_reward": deterministic,
+            "noise_group_grid": grid,
+            "noise_level": best["noise_level"],
+            "num_generations": best["num_generations"],
+        }
+    )
     scales = []
     for cap in sorted(args.max_scales):
         drop = perturbation_reward_drop(pipe, classifier, digit_rows(chosen["hard"]), cap, args, chosen["threshold"])
@@ -381,8 +407,11 @@ def perturbation_reward_drop(pipe, classifier, rows, scale, args, threshold) -> 
         )
         generator = torch.Generator().manual_seed(VALIDATION_SEED + 500 + index)
         signs = torch.tensor([1.0, -1.0]).repeat(per_row // 2 + 1)[:per_row]
-        deltas = [orthonormal_directions(e[0], 1, generator, per_token=True)[0] for e in (embeds, pooled)
-                  for _ in range(per_row)]  # fmt: skip
+        deltas = [
+            orthonormal_directions(e[0], 1, generator, per_token=True)[0]
+            for e in (embeds, pooled)
+            for _ in range(per_row)
+        ]
         delta_embeds = torch.stack(deltas[:per_row]) * signs[:, None, None] * scale
         delta_pooled = torch.stack(deltas[per_row:]) * signs[:, None] * scale
         images = pipe(
@@ -529,9 +558,11 @@ def write_plot(results, path, args):
     runs, seeds = results["runs"], [str(s) for s in args.seeds]
     panels = [("learn", "reward", "learn: eval reward (-|brightness - target|)")] if "learn" in runs else []
     if "regime" in runs:
-        panels += [("regime", "reward", "regime: eval reward (P(digit) >= tau)"),
-                   ("regime", "frac_reward_zero_std", "regime: frac_reward_zero_std (training)"),
-                   ("regime", "e2po/scale", "regime: E2PO scale s (training)")]  # fmt: skip
+        panels += [
+            ("regime", "reward", "regime: eval reward (P(digit) >= tau)"),
+            ("regime", "frac_reward_zero_std", "regime: frac_reward_zero_std (training)"),
+            ("regime", "e2po/scale", "regime: E2PO scale s (training)"),
+        ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     colors = {"grpo": "tab:blue", "e2po": "tab:orange"}
     for ax, (part, key, title) in zip(axes[0], panels):
@@ -608,9 +639,13 @@ def main(argv=None):
     jobs = []
     if "learn" in args.parts:
         learn = base_settings(args) | {
-            "part": "learn", "max_steps": args.learn_steps, "train_rows": digit_rows(), "eval_rows": digit_rows(),
-            "brightness_target": args.brightness_target, "init_same_noise": False,
-        }  # fmt: skip
+            "part": "learn",
+            "max_steps": args.learn_steps,
+            "train_rows": digit_rows(),
+            "eval_rows": digit_rows(),
+            "brightness_target": args.brightness_target,
+            "init_same_noise": False,
+        }
         jobs += [("learn", "grpo", seed, learn) for seed in args.seeds]
     if "regime" in args.parts:
         start = time.perf_counter()
@@ -618,11 +653,16 @@ def main(argv=None):
         validation["seconds"] = time.perf_counter() - start
         results["validation"] = validation
         regime = base_settings(args) | {
-            "part": "regime", "max_steps": args.regime_steps, "train_rows": digit_rows(validation["hard_digits"]),
-            "eval_rows": digit_rows(validation["hard_digits"]), "threshold": validation["threshold"],
-            "init_same_noise": True, "noise_level": validation["noise_level"],
-            "num_generations": validation["num_generations"], "e2po_max_scale": validation["e2po_max_scale"],
-        }  # fmt: skip
+            "part": "regime",
+            "max_steps": args.regime_steps,
+            "train_rows": digit_rows(validation["hard_digits"]),
+            "eval_rows": digit_rows(validation["hard_digits"]),
+            "threshold": validation["threshold"],
+            "init_same_noise": True,
+            "noise_level": validation["noise_level"],
+            "num_generations": validation["num_generations"],
+            "e2po_max_scale": validation["e2po_max_scale"],
+        }
         jobs += [("regime", algorithm, seed, regime) for seed in args.seeds for algorithm in ("grpo", "e2po")]
     outputs = run_jobs(run, [(job,) for job in jobs], args.workers)
     results["runs"] = {}
@@ -630,9 +670,14 @@ def main(argv=None):
         results["runs"].setdefault(out["part"], {}).setdefault(out["algorithm"], {})[str(out["seed"])] = out
     results["summary"] = summarise(results, args)
     s = results["summary"]
-    write_results(os.path.join(args.output_dir, "e2po"), results, "GRPO learning and GRPO vs E2PO on the digits-sd3 zoo model",
-                  report_sections(results), settings_line=f"{s['num_seeds']} seeds, {s.get('eval_samples')} fixed test "
-                  "noises per evaluation.", figures={".png": lambda path: write_plot(results, path, args)})  # fmt: skip
+    write_results(
+        os.path.join(args.output_dir, "e2po"),
+        results,
+        "GRPO learning and GRPO vs E2PO on the digits-sd3 zoo model",
+        report_sections(results),
+        settings_line=f"{s['num_seeds']} seeds, {s.get('eval_samples')} fixed test noises per evaluation.",
+        figures={".png": lambda path: write_plot(results, path, args)},
+    )
     print(json.dumps({k: v for k, v in results["summary"].items() if k != "regime_eval_curve"}, indent=2))
 
 

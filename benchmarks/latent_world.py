@@ -105,9 +105,13 @@ def main(argv=None) -> dict:
         "parts": {name: {k: v for k, v in part.items() if k != "summary"} for name, part in parts.items()},
         "summary": {**summaries, "targets": prefixed_targets(summaries)},
     }
-    write_results(os.path.join(args.output_dir, "latent_world"), results,
-                  "The latent world: DIRP, Divide-and-Denoise and unlearning on `mosaic-t2i`", report_sections(results),
-                  settings_line=f"How: {results['how']} (targets of all parts below).")  # fmt: skip
+    write_results(
+        os.path.join(args.output_dir, "latent_world"),
+        results,
+        "The latent world: DIRP, Divide-and-Denoise and unlearning on `mosaic-t2i`",
+        report_sections(results),
+        settings_line=f"How: {results['how']} (targets of all parts below).",
+    )
     return results
 
 

@@ -65,9 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dirp_num_samples", type=int, default=96, help="Mimic samples scored.")
     group.add_argument("--dirp_budgets", type=int, nargs="+", default=[8, 16], help="L-inf budgets, 1/255 units.")
     group.add_argument(
-        "--dirp_protections", nargs="+", default=["advdm", "mist", "photoguard", "glaze"],
+        "--dirp_protections",
+        nargs="+",
+        default=["advdm", "mist", "photoguard", "glaze"],
         help="Protections (names of evaluation.dirp.protections.PROTECTIONS).",
-    )  # fmt: skip
+    )
     group.add_argument("--dirp_pgd_steps", type=int, default=20, help="PGD steps of each protection.")
     group.add_argument("--dirp_mimic_steps", type=int, default=100, help="Mimic fine-tuning steps.")
     group.add_argument("--dirp_mimic_lr", type=float, default=1e-3, help="Mimic learning rate.")
@@ -103,9 +105,15 @@ def _purify(name: str, setting: dict, pipe, images: torch.Tensor, args, seed: in
     if name == "dirp":
         schedule = {"num_inversion_steps": args.dirp_inversion_steps}
     out = pipe(
-        images, num_iterations=args.dirp_iterations, learning_rate=args.dirp_learning_rate, perceptual="l2",
-        gradient_checkpointing=False, output_type="pt", **schedule, **setting,
-    )  # fmt: skip
+        images,
+        num_iterations=args.dirp_iterations,
+        learning_rate=args.dirp_learning_rate,
+        perceptual="l2",
+        gradient_checkpointing=False,
+        output_type="pt",
+        **schedule,
+        **setting,
+    )
     return out.images * 2 - 1
 
 
@@ -130,8 +138,9 @@ def run(args: argparse.Namespace) -> dict:
     start = time.time()
     sd = StableDiffusionPipeline.from_pretrained(zoo.path("mosaic-t2i"), torch_dtype=torch.float32)
     sd.set_progress_bar_config(disable=True)
-    pipe = DIRPPipeline(unet=sd.unet, scheduler=sd.scheduler, vae=sd.vae, text_encoder=sd.text_encoder,
-                        tokenizer=sd.tokenizer)  # fmt: skip
+    pipe = DIRPPipeline(
+        unet=sd.unet, scheduler=sd.scheduler, vae=sd.vae, text_encoder=sd.text_encoder, tokenizer=sd.tokenizer
+    )
     pipe.set_progress_bar_config(disable=True)
     feature_net, feature_report = train_feature_net(MosaicConfig(), steps=args.dirp_feature_steps)
     feature_accuracy, label_accuracy = feature_report.exact_accuracy, feature_report.label_accuracy
@@ -147,10 +156,18 @@ def run(args: argparse.Namespace) -> dict:
 
     def mimic(images, subject, reference, seed):
         distance, samples = mimic_frechet(
-            sd, feature_net, images, subject.caption, reference, num_steps=args.dirp_mimic_steps,
-            num_samples=args.dirp_num_samples, seed=seed, rank=rank, learning_rate=args.dirp_mimic_lr,
+            sd,
+            feature_net,
+            images,
+            subject.caption,
+            reference,
+            num_steps=args.dirp_mimic_steps,
+            num_samples=args.dirp_num_samples,
+            seed=seed,
+            rank=rank,
+            learning_rate=args.dirp_mimic_lr,
             sample_kwargs={"guidance_scale": args.dirp_guidance, "num_inference_steps": args.dirp_sample_steps},
-        )  # fmt: skip
+        )
         return distance, samples
 
     def concept(name):
@@ -161,9 +178,14 @@ def run(args: argparse.Namespace) -> dict:
         for method in args.dirp_protections:
             for budget in budgets:
                 protected[method, budget] = protect_for_prompt(
-                    pipe, clean, method, subject.caption, eps=budget / 255, num_steps=args.dirp_pgd_steps,
+                    pipe,
+                    clean,
+                    method,
+                    subject.caption,
+                    eps=budget / 255,
+                    num_steps=args.dirp_pgd_steps,
                     generator=torch.Generator().manual_seed(0),
-                )  # fmt: skip
+                )
         log(f"{name}: protected {len(protected)} sets")
         return subject, clean, reference, protected
 
@@ -205,10 +227,12 @@ def run(args: argparse.Namespace) -> dict:
         for b in budgets
     }
     psnr = {
-        str(b): {"protected": _psnr(t_protected[chosen, b], t_clean),
-                 **{p: _psnr(purified[p, b], t_clean) for p in PURIFIERS}}
+        str(b): {
+            "protected": _psnr(t_protected[chosen, b], t_clean),
+            **{p: _psnr(purified[p, b], t_clean) for p in PURIFIERS},
+        }
         for b in budgets
-    }  # fmt: skip
+    }
     log(f"test PSNR {psnr}")
     fds = {"clean": [], **{f"{chosen}@{b}": [] for b in budgets}, **{f"{p}@{top}": [] for p in PURIFIERS}}
     grids = {}
@@ -316,24 +340,42 @@ def report_sections(results: dict) -> list[str]:
     s = results["summary"]
     budgets = sorted(int(b) for b in s["psnr"])
     top = budgets[-1]
-    lines = [f"## Mimic FD / clean FD (clean FD {s['clean_fd']['mean']:.2f} +- {s['clean_fd']['std']:.2f})", "",
-              "| set | ratio mean | std | per seed |", "| --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        f"## Mimic FD / clean FD (clean FD {s['clean_fd']['mean']:.2f} +- {s['clean_fd']['std']:.2f})",
+        "",
+        "| set | ratio mean | std | per seed |",
+        "| --- | --- | --- | --- |",
+    ]
     for key, r in s["fd_ratio"].items():
         lines.append(f"| {key} | {r['mean']:.3f} | {r['std']:.3f} | {', '.join(f'{v:.3f}' for v in r['values'])} |")
-    lines += ["", "## Headroom: every protection, seed 0 (FD / clean FD)", "", "| protection | "
-              + " | ".join(f"{b}/255" for b in budgets) + " |", "| --- |" + " --- |" * len(budgets)]  # fmt: skip
+    lines += [
+        "",
+        "## Headroom: every protection, seed 0 (FD / clean FD)",
+        "",
+        "| protection | " + " | ".join(f"{b}/255" for b in budgets) + " |",
+        "| --- |" + " --- |" * len(budgets),
+    ]
     methods = sorted({k.split("@")[0] for k in s["headroom_fd_ratio_seed0"]})
     for m in methods:
         lines.append(
             f"| {m} | " + " | ".join(f"{s['headroom_fd_ratio_seed0'][f'{m}@{b}']:.3f}" for b in budgets) + " |"
         )
-    lines += ["", "## PSNR to clean (dB), test subject", "", "| set | " + " | ".join(f"{b}/255" for b in budgets)
-              + " |", "| --- |" + " --- |" * len(budgets)]  # fmt: skip
+    lines += [
+        "",
+        "## PSNR to clean (dB), test subject",
+        "",
+        "| set | " + " | ".join(f"{b}/255" for b in budgets) + " |",
+        "| --- |" + " --- |" * len(budgets),
+    ]
     for key in ["protected", *PURIFIERS]:
         lines.append(f"| {key} | " + " | ".join(f"{s['psnr'][str(b)][key]:.2f}" for b in budgets) + " |")
-    lines += ["", "## Inversion amplification (reported, not a target)", "",
-              "| protection | recon err clean | protected | same-norm noise | amplification | latent amplification |",
-              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines += [
+        "",
+        "## Inversion amplification (reported, not a target)",
+        "",
+        "| protection | recon err clean | protected | same-norm noise | amplification | latent amplification |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for key, a in s["inversion_amplification"].items():
         lines.append(
             f"| {key} | {a['recon_error_clean']:.4f} | {a['recon_error_protected']:.4f} | {a['recon_error_noise']:.4f}"
@@ -355,8 +397,12 @@ def write_plot(results: dict, grids: dict, path: str) -> None:
     s = results["summary"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     keys = list(s["fd_ratio"])
-    axes[0].bar(range(len(keys)), [s["fd_ratio"][k]["mean"] for k in keys],
-                yerr=[s["fd_ratio"][k]["std"] for k in keys], color="tab:blue")  # fmt: skip
+    axes[0].bar(
+        range(len(keys)),
+        [s["fd_ratio"][k]["mean"] for k in keys],
+        yerr=[s["fd_ratio"][k]["std"] for k in keys],
+        color="tab:blue",
+    )
     axes[0].axhline(1.25, color="red", ls="--", label="1.25 (protection works)")
     axes[0].axhline(1.10, color="green", ls="--", label="1.10 (repaired)")
     axes[0].set_xticks(range(len(keys)), keys, rotation=45, ha="right", fontsize=8)
@@ -364,8 +410,12 @@ def write_plot(results: dict, grids: dict, path: str) -> None:
     axes[0].legend(fontsize=7)
     budgets = sorted(s["psnr"], key=int)
     for i, b in enumerate(budgets):
-        axes[1].bar(np.arange(len(PURIFIERS) + 1) + 0.4 * i, [s["psnr"][b][k] for k in ["protected", *PURIFIERS]],
-                    width=0.4, label=f"{b}/255")  # fmt: skip
+        axes[1].bar(
+            np.arange(len(PURIFIERS) + 1) + 0.4 * i,
+            [s["psnr"][b][k] for k in ["protected", *PURIFIERS]],
+            width=0.4,
+            label=f"{b}/255",
+        )
     axes[1].set_xticks(np.arange(len(PURIFIERS) + 1) + 0.2, ["protected", *PURIFIERS], rotation=45, fontsize=8)
     axes[1].set_title("PSNR to clean (dB)")
     axes[1].legend(fontsize=7)
@@ -387,9 +437,14 @@ def main(argv=None) -> dict:
 
     results = {"command": command(__file__, argv), **run(args)}
     grids = LAST_GRIDS
-    write_results(os.path.join(args.dirp_output_dir, "latent_world_dirp"), results,
-                  "DIRP on the latent text-to-image model (mosaic-t2i)", report_sections(results), settings_line(results),
-                  figures={".png": lambda path: write_plot(results, grids, path)})  # fmt: skip
+    write_results(
+        os.path.join(args.dirp_output_dir, "latent_world_dirp"),
+        results,
+        "DIRP on the latent text-to-image model (mosaic-t2i)",
+        report_sections(results),
+        settings_line(results),
+        figures={".png": lambda path: write_plot(results, grids, path)},
+    )
     print(json.dumps(results["summary"]["targets"], indent=2))
     return results
 

@@ -310,8 +310,11 @@ def sanity_matrix(sampler, judge, shapes, args) -> dict:
     for name, pipe in models.items():
         out[name] = {}
         for shape in shapes:
-            prompts = [{"task": "single", "groups": [{"colour": c, "shape": shape, "count": 1}], "relation": ""}
-                       for c in colours for _ in range(args.dnd_sanity_images)]  # fmt: skip
+            prompts = [
+                {"task": "single", "groups": [{"colour": c, "shape": shape, "count": 1}], "relation": ""}
+                for c in colours
+                for _ in range(args.dnd_sanity_images)
+            ]
             captions = [f"a {p['groups'][0]['colour']} {shape}" for p in prompts]
             latents = torch.randn((len(prompts), 4, 8, 8), generator=torch.Generator().manual_seed(4242))
             images = sampler.single(pipe, captions, latents, 4.0)
@@ -341,8 +344,11 @@ def run(args: argparse.Namespace) -> dict:
         for k, v in vars(args).items()
         if k.startswith("dnd_") and k not in ("dnd_cache_dir", "dnd_output_dir")
     }
-    code = [os.path.abspath(__file__), os.path.join(ROOT, "diffusers_ext", "pipelines", "divide_and_denoise"),
-            os.path.join(ROOT, "diffusers_ext", "evaluation", "mosaic_finetune.py")]  # fmt: skip
+    code = [
+        os.path.abspath(__file__),
+        os.path.join(ROOT, "diffusers_ext", "pipelines", "divide_and_denoise"),
+        os.path.join(ROOT, "diffusers_ext", "evaluation", "mosaic_finetune.py"),
+    ]
     code_hash = settings_code_hash(settings, code)
 
     def log(message):
@@ -389,12 +395,18 @@ def run(args: argparse.Namespace) -> dict:
             record = choose_on_validation(
                 method_configs(method, args),
                 lambda config, split, sampler=sampler, method=method, setting=setting: evaluate_method(
-                    sampler, judge, method, config, prompts[setting][split], SPLIT_SEEDS[split], args),
-                score=lambda result: result["overall"], names=json.dumps, test=False,
-            )  # fmt: skip
+                    sampler, judge, method, config, prompts[setting][split], SPLIT_SEEDS[split], args
+                ),
+                score=lambda result: result["overall"],
+                names=json.dumps,
+                test=False,
+            )
             validation[setting][method] = record
             choices[setting][method] = record["chosen"]["candidate"]
-            log(f"validation {setting} {method}: " + ", ".join(f"{r['name']} {r['score']:.3f}" for r in record["validation"]))
+            log(
+                f"validation {setting} {method}: "
+                + ", ".join(f"{r['name']} {r['score']:.3f}" for r in record["validation"])
+            )
 
     test, overhead = {}, {}
     for setting, shapes in SETTINGS_EXPERTS.items():
@@ -404,9 +416,14 @@ def run(args: argparse.Namespace) -> dict:
             sampler = Sampler(base, [experts_by_seed[seed][s] for s in shapes], args)
             for method in methods_for(len(shapes)):
                 result = evaluate_method(
-                    sampler, judge, method, choices[setting][method], prompts[setting]["test"], SPLIT_SEEDS["test"],
+                    sampler,
+                    judge,
+                    method,
+                    choices[setting][method],
+                    prompts[setting]["test"],
+                    SPLIT_SEEDS["test"],
                     args,
-                )  # fmt: skip
+                )
                 test[setting][method]["per_seed"][str(seed)] = result
                 log(f"test {setting} seed {seed} {method}: {result['overall']:.3f}")
             forwards += sampler.forward_seconds
@@ -503,19 +520,30 @@ def write_report(results: dict, stem: str) -> None:
     """`<stem>.json`, `.md` and `.png` through the shared reporting module."""
     from diffusers_ext.evaluation.reporting import write_results
 
-    write_results(stem, results, "Divide-and-Denoise on the latent text-to-image model (mosaic-t2i, LoRA shape experts)",
-                  report_sections(results), settings_line=f"{results['seconds'] / 60:.1f} min, code hash "
-                  f"`{results['code_hash'][:12]}`; targets on the test prompts, mean over fine-tune seeds "
-                  f"{results['settings']['seeds']}.", figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
+    write_results(
+        stem,
+        results,
+        "Divide-and-Denoise on the latent text-to-image model (mosaic-t2i, LoRA shape experts)",
+        report_sections(results),
+        settings_line=f"{results['seconds'] / 60:.1f} min, code hash "
+        f"`{results['code_hash'][:12]}`; targets on the test prompts, mean over fine-tune seeds "
+        f"{results['settings']['seeds']}.",
+        figures={".png": lambda path: write_plot(results, path)},
+    )
 
 
 def report_sections(results: dict) -> list[str]:
     """The Markdown sections after the standard header and targets table."""
     s = results["summary"]
-    lines = ["Headroom (shown first): " + "; ".join(
-        f"{setting}: product of the experts' own-shape single-object accuracies {h['product_of_expert_single_object_accuracies']:.3f}, "
-        f"MultiDiffusion + oracle layout {h['multidiffusion_oracle_test']:.3f}, best single model {h['best_single_model_test']:.3f}"
-        for setting, h in s["headroom"].items()), ""]  # fmt: skip
+    lines = [
+        "Headroom (shown first): "
+        + "; ".join(
+            f"{setting}: product of the experts' own-shape single-object accuracies {h['product_of_expert_single_object_accuracies']:.3f}, "
+            f"MultiDiffusion + oracle layout {h['multidiffusion_oracle_test']:.3f}, best single model {h['best_single_model_test']:.3f}"
+            for setting, h in s["headroom"].items()
+        ),
+        "",
+    ]
     for setting in SETTINGS_EXPERTS:
         lines += [
             f"## {setting.replace('_', ' ')}: test (mean ± std over seeds; ± pooled standard error over images)",
@@ -531,8 +559,12 @@ def report_sections(results: dict) -> list[str]:
                 f"{entry['colour']['mean']:.3f} |"
             )
         lines.append("")
-    lines += ["## Sanity: single-object accuracy (first seed's experts, guidance 4)", "",
-              "| model | " + " | ".join(SHAPE_ORDER) + " |", "| --- |" + " --- |" * len(SHAPE_ORDER)]  # fmt: skip
+    lines += [
+        "## Sanity: single-object accuracy (first seed's experts, guidance 4)",
+        "",
+        "| model | " + " | ".join(SHAPE_ORDER) + " |",
+        "| --- |" + " --- |" * len(SHAPE_ORDER),
+    ]
     for model, row in s["sanity"]["single_object_accuracy"].items():
         lines.append(f"| {model} | " + " | ".join(f"{row[shape]:.3f}" for shape in SHAPE_ORDER) + " |")
     lines += ["", f"Each expert best on its own shape: {s['sanity']['each_expert_best_on_its_own_shape']}."]
@@ -551,8 +583,10 @@ def write_plot(results: dict, path: str) -> None:
         names = list(entries)
         values = [entries[m]["overall"]["mean"] for m in names]
         errors = [entries[m]["overall_standard_error_pooled"] for m in names]
-        colours = ["tab:red" if m == "divide_and_denoise" else "tab:gray" if m.endswith("oracle") else "tab:blue"
-                   for m in names]  # fmt: skip
+        colours = [
+            "tab:red" if m == "divide_and_denoise" else "tab:gray" if m.endswith("oracle") else "tab:blue"
+            for m in names
+        ]
         ax.bar(range(len(names)), values, yerr=errors, color=colours)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels([label(m, setting).split(" (")[0] for m in names], rotation=45, ha="right", fontsize=7)

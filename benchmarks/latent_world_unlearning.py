@@ -53,13 +53,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--unlearn_pool_size", type=int, default=64, help="Sample pool size of the trainer.")
     group.add_argument("--retain_weight", type=float, default=10.0, help="Weight of the shared retain term.")
     group.add_argument(
-        "--level_factors", type=float, nargs="+", default=[0.5, 1.0],
+        "--level_factors",
+        type=float,
+        nargs="+",
+        default=[0.5, 1.0],
         help="Reverse-KL and likelihood levels as multiples of the calibrated level (validation grid).",
-    )  # fmt: skip
+    )
     group.add_argument(
-        "--forward_kl_factors", type=float, nargs="+", default=[1.0, 1.5],
+        "--forward_kl_factors",
+        type=float,
+        nargs="+",
+        default=[1.0, 1.5],
         help="Forward-KL levels as multiples of the calibrated level (validation grid).",
-    )  # fmt: skip
+    )
     group.add_argument(
         "--esd_etas", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="ESD negative guidance (grid)."
     )
@@ -78,9 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--retain_drop_target", type=float, default=0.03, help="Target: retained accuracy drop.")
     group.add_argument("--frechet_ratio_target", type=float, default=0.85, help="Target: FD(constrained) / FD(ESD).")
     group.add_argument(
-        "--unlearn_cache_dir", type=str, default=os.path.join(HERE, ".cache", NAME),
+        "--unlearn_cache_dir",
+        type=str,
+        default=os.path.join(HERE, ".cache", NAME),
         help="Cache of finished runs (weights and measurements), keyed by every setting and the code.",
-    )  # fmt: skip
+    )
 
 
 def grid(args) -> list[tuple[str, str, dict, float | None]]:
@@ -117,9 +125,14 @@ def run_cache(args):
     from diffusers_ext.evaluation.reporting import ResultCache
 
     package = os.path.join(os.path.dirname(HERE), "diffusers_ext")
-    code = [os.path.abspath(__file__), os.path.join(package, "trainers"),
-            os.path.join(package, "evaluation", "mosaic_unlearning.py"), os.path.join(package, "evaluation", "mosaic.py"),
-            os.path.join(package, "data", "mosaic.py"), zoo.path("mosaic-t2i")]  # fmt: skip
+    code = [
+        os.path.abspath(__file__),
+        os.path.join(package, "trainers"),
+        os.path.join(package, "evaluation", "mosaic_unlearning.py"),
+        os.path.join(package, "evaluation", "mosaic.py"),
+        os.path.join(package, "data", "mosaic.py"),
+        zoo.path("mosaic-t2i"),
+    ]
     return ResultCache(args.unlearn_cache_dir, settings(args), code)
 
 
@@ -144,13 +157,19 @@ class Bench:
         self.judge = MosaicEvaluator(self.config)
         self.pipe = StableDiffusionPipeline.from_pretrained(zoo.path("mosaic-t2i"), torch_dtype=torch.float32)
         self.pipe.set_progress_bar_config(disable=True)
-        sizes = {"train": args.num_train_prompts, "val": args.val_prompts,
-                 "test": (args.test_forget_prompts, args.test_retain_prompts)}  # fmt: skip
+        sizes = {
+            "train": args.num_train_prompts,
+            "val": args.val_prompts,
+            "test": (args.test_forget_prompts, args.test_retain_prompts),
+        }
         self.prompts = concept_prompt_sets(self.config, args.unlearn_concept, sizes, seed=0)
         start = time.perf_counter()
         self.feature_net, self.feature_report = train_feature_net(self.config, steps=args.feature_steps, seed=0)
-        print(f"feature net: exact {self.feature_report.exact_accuracy:.3f} label "
-              f"{self.feature_report.label_accuracy:.3f} ({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"feature net: exact {self.feature_report.exact_accuracy:.3f} label "
+            f"{self.feature_report.label_accuracy:.3f} ({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
         self.base = {split: self.outputs(self.pipe.unet, split) for split in ("val", "test")}
 
     def outputs(self, unet, split: str) -> dict:
@@ -163,9 +182,13 @@ class Bench:
         result = {}
         for kind in ("forget", "retain"):
             prompts = self.prompts[split][kind]
-            images = sample_prompts(pipe, [p["caption"] for p in prompts], seed=1234 + (kind == "retain"),
-                                    num_inference_steps=args.unlearn_inference_steps,
-                                    guidance_scale=args.unlearn_guidance)  # fmt: skip
+            images = sample_prompts(
+                pipe,
+                [p["caption"] for p in prompts],
+                seed=1234 + (kind == "retain"),
+                num_inference_steps=args.unlearn_inference_steps,
+                guidance_scale=args.unlearn_guidance,
+            )
             result[kind] = {
                 "present": concept_presence(self.judge, images, args.unlearn_concept),
                 "skills": judge_accuracy(self.judge, images, prompts),
@@ -187,8 +210,10 @@ class Bench:
         for skill, values in out["retain"]["skills"].items():
             ok = ~np.isnan(values)
             if ok.any():
-                skills[skill] = {"accuracy": float(values[ok].mean()),
-                                 "drop": float((base["retain"]["skills"][skill][ok] - values[ok]).mean())}  # fmt: skip
+                skills[skill] = {
+                    "accuracy": float(values[ok].mean()),
+                    "drop": float((base["retain"]["skills"][skill][ok] - values[ok]).mean()),
+                }
         # the named objects' shapes on the concept's own prompts (does the rest of the prompt survive?)
         forget_object = out["forget"]["skills"]["object"]
         return {
@@ -212,13 +237,29 @@ def train_run(bench, name, method, overrides, factor, seed):
     config = ConstrainedUnlearningConfig(
         forget_prompts=[p["caption"] for p in train["forget"]],
         retain_prompts=["", *[p["caption"] for p in train["retain"]]],  # the empty prompt is guidance's branch
-        max_steps=args.unlearn_steps, seed=seed, learning_rate=args.unlearn_learning_rate,
-        per_device_train_batch_size=args.unlearn_batch_size, pool_size=args.unlearn_pool_size,
-        pool_sampling_steps=5, pool_refresh_steps=5, stop_patience=args.unlearn_steps,
-        save_strategy="no", disable_tqdm=True, report_to="none", **overrides,
-        **({} if factor is None else {"constraint_level": "auto", "constraint_level_factor": factor,
-                                      "dual_learning_rate": "auto", "dual_learning_rate_scale": args.dual_rate}),
-    )  # fmt: skip
+        max_steps=args.unlearn_steps,
+        seed=seed,
+        learning_rate=args.unlearn_learning_rate,
+        per_device_train_batch_size=args.unlearn_batch_size,
+        pool_size=args.unlearn_pool_size,
+        pool_sampling_steps=5,
+        pool_refresh_steps=5,
+        stop_patience=args.unlearn_steps,
+        save_strategy="no",
+        disable_tqdm=True,
+        report_to="none",
+        **overrides,
+        **(
+            {}
+            if factor is None
+            else {
+                "constraint_level": "auto",
+                "constraint_level_factor": factor,
+                "dual_learning_rate": "auto",
+                "dual_learning_rate_scale": args.dual_rate,
+            }
+        ),
+    )
     start = time.perf_counter()
     copied = copy.copy(pipe)
     copied.register_modules(unet=copy.deepcopy(pipe.unet))
@@ -250,9 +291,12 @@ def run_setting(bench, cache, split, name, method, overrides, factor, seed, mode
     start = time.perf_counter()
     result = {**info, **bench.measure(unet, split), "eval_seconds": time.perf_counter() - start}
     cache.save(key.replace("/", "_").replace(" ", "_"), result)
-    print(f"[{key}] concept {result['forget_rate']:.3f} retain drop {result['retain_drop']:+.3f} "
-          f"FD {result['retained_frechet']:.3f} lambda {result['final_lambda']} "
-          f"({result['train_seconds']:.0f}+{result['eval_seconds']:.0f} s)", flush=True)  # fmt: skip
+    print(
+        f"[{key}] concept {result['forget_rate']:.3f} retain drop {result['retain_drop']:+.3f} "
+        f"FD {result['retained_frechet']:.3f} lambda {result['final_lambda']} "
+        f"({result['train_seconds']:.0f}+{result['eval_seconds']:.0f} s)",
+        flush=True,
+    )
     return result
 
 
@@ -263,8 +307,11 @@ def choose(validation: dict, target: float) -> dict:
     for method in (*CONSTRAINED, *BASELINES):
         runs = [r for r in validation.values() if r["method"] == method]
         meeting = [r for r in runs if r["forget_rate"] <= target]
-        pick = min(meeting, key=lambda r: r["retained_frechet"]) if meeting else min(
-            runs, key=lambda r: (r["forget_rate"], r["retained_frechet"]))  # fmt: skip
+        pick = (
+            min(meeting, key=lambda r: r["retained_frechet"])
+            if meeting
+            else min(runs, key=lambda r: (r["forget_rate"], r["retained_frechet"]))
+        )
         chosen[method] = {"name": pick["name"], "meets_target_on_validation": bool(meeting)}
     return chosen
 
@@ -293,8 +340,13 @@ def sanity_checks(bench) -> dict:
     real_forget = [p["image"] for p in test["forget"]]
     real_retain = [p["image"] for p in test["retain"]]
     # the pretrained model from other initial noise: how large an FD sampling noise alone gives
-    other = sample_prompts(bench.pipe, [p["caption"] for p in test["retain"]], seed=99,
-                           num_inference_steps=args.unlearn_inference_steps, guidance_scale=args.unlearn_guidance)  # fmt: skip
+    other = sample_prompts(
+        bench.pipe,
+        [p["caption"] for p in test["retain"]],
+        seed=99,
+        num_inference_steps=args.unlearn_inference_steps,
+        guidance_scale=args.unlearn_guidance,
+    )
     floor = frechet_distance(image_features(bench.feature_net, other), bench.base["test"]["retain"]["features"])
     real_fd = frechet_distance(
         image_features(bench.feature_net, real_retain), bench.base["test"]["retain"]["features"]
@@ -347,21 +399,24 @@ def run(args: argparse.Namespace) -> dict:
     cache = run_cache(args)
     bench = Bench(args)
     headroom = {split: base_report(bench, split) for split in ("val", "test")}
-    print(f"headroom: pretrained concept rate val {headroom['val']['concept_rate']:.3f} test "
-          f"{headroom['test']['concept_rate']:.3f}", flush=True)  # fmt: skip
+    print(
+        f"headroom: pretrained concept rate val {headroom['val']['concept_rate']:.3f} test "
+        f"{headroom['test']['concept_rate']:.3f}",
+        flush=True,
+    )
     models = {}
     settings_by_name = {name: (method, overrides, factor) for name, method, overrides, factor in grid(args)}
     validation = {}
     for name, (method, overrides, factor) in settings_by_name.items():
-        validation[name] = run_setting(bench, cache, "val", name, method, overrides, factor, args.unlearn_seeds[0],
-                                       models)  # fmt: skip
+        validation[name] = run_setting(
+            bench, cache, "val", name, method, overrides, factor, args.unlearn_seeds[0], models
+        )
     chosen = choose(validation, args.forget_target)
     test_runs, test = {}, {}
     for method, pick in chosen.items():
         name = pick["name"]
         for seed in args.unlearn_seeds:
-            test_runs[(method, seed)] = run_setting(bench, cache, "test", name, *settings_by_name[name], seed,
-                                                    models)  # fmt: skip
+            test_runs[(method, seed)] = run_setting(bench, cache, "test", name, *settings_by_name[name], seed, models)
             models.pop((name, seed), None)
         test[method] = aggregate_test([test_runs[(method, s)] for s in args.unlearn_seeds])
 
@@ -369,13 +424,25 @@ def run(args: argparse.Namespace) -> dict:
     ratios = {m: test[m]["retained_frechet"]["mean"] / esd_fd for m in (*CONSTRAINED, "siss")}
     head = test[HEADLINE]
     targets = [
-        target(f"{HEADLINE}: concept present in outputs of its test prompts", head["forget_rate"]["mean"],
-               args.forget_target, "<="),
-        target(f"{HEADLINE}: overall accuracy drop on the other test prompts", head["retain_drop"]["mean"],
-               args.retain_drop_target, "<="),
-        target(f"{HEADLINE}: retained FD / ESD's (validation-matched forgetting)", ratios[HEADLINE],
-               args.frechet_ratio_target, "<="),
-    ]  # fmt: skip
+        target(
+            f"{HEADLINE}: concept present in outputs of its test prompts",
+            head["forget_rate"]["mean"],
+            args.forget_target,
+            "<=",
+        ),
+        target(
+            f"{HEADLINE}: overall accuracy drop on the other test prompts",
+            head["retain_drop"]["mean"],
+            args.retain_drop_target,
+            "<=",
+        ),
+        target(
+            f"{HEADLINE}: retained FD / ESD's (validation-matched forgetting)",
+            ratios[HEADLINE],
+            args.frechet_ratio_target,
+            "<=",
+        ),
+    ]
     sanity = sanity_checks(bench)
     sanity["headroom_pretrained_concept_rate_test"] = headroom["test"]["concept_rate"]
     sanity["headroom_shown"] = headroom["test"]["concept_rate"] >= 0.5
@@ -395,7 +462,7 @@ def run(args: argparse.Namespace) -> dict:
         "test_runs": {f"{m}/{s}": r for (m, s), r in test_runs.items()},
         "prompts": {
             split: {k: [p["caption"] for p in v] for k, v in sets.items()} for split, sets in bench.prompts.items()
-        },  # fmt: skip
+        },
         "seconds": time.perf_counter() - start,
     }
 
@@ -413,8 +480,13 @@ def write_report(results: dict, stem: str) -> None:
     """`<stem>.json`, `.md` and `.png` through the shared reporting module."""
     from diffusers_ext.evaluation.reporting import write_results
 
-    write_results(stem, results, f'Erasing "{results["summary"]["concept"]}" from mosaic-t2i (latent text-to-image)',
-                  report_sections(results), figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
+    write_results(
+        stem,
+        results,
+        f'Erasing "{results["summary"]["concept"]}" from mosaic-t2i (latent text-to-image)',
+        report_sections(results),
+        figures={".png": lambda path: write_plot(results, path)},
+    )
 
 
 def report_sections(results: dict) -> list[str]:
@@ -434,8 +506,9 @@ def report_sections(results: dict) -> list[str]:
     ]
     for name, r in results["validation"].items():
         lam = "-" if r["final_lambda"] is None else f"{r['final_lambda']:.3f}"
-        lines.append(f"| {name} | {r['forget_rate']:.3f} | {r['retain_drop']:+.3f} | {r['retained_frechet']:.3f} | "
-                     f"{lam} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {r['forget_rate']:.3f} | {r['retain_drop']:+.3f} | {r['retained_frechet']:.3f} | {lam} |"
+        )
     lines += [
         "",
         "Test (chosen setting, mean ± std over seeds; SE: the evaluation's standard error, mean over seeds):",
@@ -462,14 +535,26 @@ def write_plot(results: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"reverse_kl": "#1f77b4", "likelihood": "#2ca02c", "forward_kl": "#9467bd", "esd": "#d62728",
-              "siss": "#ff7f0e"}  # fmt: skip
+    colors = {
+        "reverse_kl": "#1f77b4",
+        "likelihood": "#2ca02c",
+        "forward_kl": "#9467bd",
+        "esd": "#d62728",
+        "siss": "#ff7f0e",
+    }
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=100)
     for r in results["validation"].values():
         left.scatter(r["forget_rate"], r["retained_frechet"], color=colors[r["method"]], marker="x", alpha=0.6)
     for method, t in results["summary"]["test"].items():
-        left.errorbar(t["forget_rate"]["mean"], t["retained_frechet"]["mean"], xerr=t["forget_rate"]["std"],
-                      yerr=t["retained_frechet"]["std"], fmt="o", color=colors[method], label=f"{method} (test)")  # fmt: skip
+        left.errorbar(
+            t["forget_rate"]["mean"],
+            t["retained_frechet"]["mean"],
+            xerr=t["forget_rate"]["std"],
+            yerr=t["retained_frechet"]["std"],
+            fmt="o",
+            color=colors[method],
+            label=f"{method} (test)",
+        )
     left.axvline(results["settings"]["forget_target"], color="#c33", linestyle="--", linewidth=1)
     left.set_xlabel("concept present in outputs of its prompts")
     left.set_ylabel("retained Fréchet distance to the pretrained model")

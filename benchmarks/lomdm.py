@@ -407,11 +407,18 @@ def lomdm_targets(summary: dict) -> list[dict]:
     for name in summary["mdlm_test_ppl_bound"]:
         mdlm_ppl, lomdm_ppl = summary["mdlm_test_ppl_bound"][name], summary["lomdm_test_ppl_bound"][name]
         targets += [
-            target(f"{name}: MDLM minus LoMDM test perplexity bound, above the seed spread (max sd)",
-                   mdlm_ppl["mean"] - lomdm_ppl["mean"], max(mdlm_ppl["sd"], lomdm_ppl["sd"])),
-            target(f"{name}: steps for LoMDM to reach MDLM's final validation bound / MDLM's steps",
-                   summary["steps_to_mdlm_final_ratio"][name]["mean"], 0.6, "<="),
-        ]  # fmt: skip
+            target(
+                f"{name}: MDLM minus LoMDM test perplexity bound, above the seed spread (max sd)",
+                mdlm_ppl["mean"] - lomdm_ppl["mean"],
+                max(mdlm_ppl["sd"], lomdm_ppl["sd"]),
+            ),
+            target(
+                f"{name}: steps for LoMDM to reach MDLM's final validation bound / MDLM's steps",
+                summary["steps_to_mdlm_final_ratio"][name]["mean"],
+                0.6,
+                "<=",
+            ),
+        ]
     return targets
 
 
@@ -493,8 +500,13 @@ def main(argv=None):
     stem = os.path.splitext(args.output)[0]
     if args.from_results:
         result = rebuild_results(args.from_results, lambda r: lomdm_targets(r["summary"]), rel_to=REPO)
-        write_results(stem, result, "LoMDM vs MDLM", report_sections(result),
-                      figures={".png": lambda path: write_plot(path, result["corpora"])})  # fmt: skip
+        write_results(
+            stem,
+            result,
+            "LoMDM vs MDLM",
+            report_sections(result),
+            figures={".png": lambda path: write_plot(path, result["corpora"])},
+        )
         return
     torch.set_num_threads(1)
     from diffusers_ext.evaluation.lomdm import markov_checksum_sample_quality
@@ -593,8 +605,13 @@ def main(argv=None):
         "corpora": corpora,
         "wall_seconds": time.perf_counter() - start,
     }
-    write_results(stem, result, "LoMDM vs MDLM", report_sections(result),
-                  figures={".png": lambda path: write_plot(path, corpora)})  # fmt: skip
+    write_results(
+        stem,
+        result,
+        "LoMDM vs MDLM",
+        report_sections(result),
+        figures={".png": lambda path: write_plot(path, corpora)},
+    )
     print(json.dumps({k: summary[k] for k in ("targets", "mdlm_special_case_max_abs_diff")}, indent=1))
 
 

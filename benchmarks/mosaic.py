@@ -51,22 +51,39 @@ def parse_args(argv=None):
     parser.add_argument("--test_prompts", type=int, default=400, help="Test prompts of the zoo model.")
     parser.add_argument("--steps", type=int, default=25, help="DDIM steps of every sampler.")
     parser.add_argument("--proxy_steps", type=int, default=600, help="Training steps of each proxy model.")
-    parser.add_argument("--proxy_vae_path", type=str, default=None,
-                        help="VAE folder the proxies share; default: the zoo model's vae/.")  # fmt: skip
+    parser.add_argument(
+        "--proxy_vae_path", type=str, default=None, help="VAE folder the proxies share; default: the zoo model's vae/."
+    )
     parser.add_argument("--proxy_eval_prompts", type=int, default=200, help="Prompts per proxy evaluation.")
     parser.add_argument("--sizes", type=int, nargs="+", default=[300, 1500, 6000], help="Dataset sizes.")
-    parser.add_argument("--heldout_fractions", type=float, nargs="+", default=[0.15, 0.35, 0.55],
-                        help="Held-out fractions of the compositional sweep.")  # fmt: skip
+    parser.add_argument(
+        "--heldout_fractions",
+        type=float,
+        nargs="+",
+        default=[0.15, 0.35, 0.55],
+        help="Held-out fractions of the compositional sweep.",
+    )
     parser.add_argument("--skip_sweeps", action="store_true", help="Judge and zoo only (no findings).")
-    parser.add_argument("--cache_dir", type=str, default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "mosaic"),
-                        help="Proxy-sweep cache, one entry per proxy keyed by its settings, the VAE weights and the "
-                        "code (default: benchmarks/.cache/mosaic, ignored by git).")  # fmt: skip
+    parser.add_argument(
+        "--cache_dir",
+        type=str,
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache", "mosaic"),
+        help="Proxy-sweep cache, one entry per proxy keyed by its settings, the VAE weights and the "
+        "code (default: benchmarks/.cache/mosaic, ignored by git).",
+    )
     parser.add_argument("--no_cache", action="store_true", help="Retrain the proxies even if cached.")
-    parser.add_argument("--proxies", nargs="+", default=None,
-                        help="Train only these proxies (names like 'size=300', 'extra=2,zipf=1.5', 'heldout=0.35') "
-                        "into the cache, then stop (no judge or zoo part).")  # fmt: skip
-    parser.add_argument("--cached_sweeps_only", action="store_true",
-                        help="Use the proxy sweeps only if cached; otherwise report them as not run.")  # fmt: skip
+    parser.add_argument(
+        "--proxies",
+        nargs="+",
+        default=None,
+        help="Train only these proxies (names like 'size=300', 'extra=2,zipf=1.5', 'heldout=0.35') "
+        "into the cache, then stop (no judge or zoo part).",
+    )
+    parser.add_argument(
+        "--cached_sweeps_only",
+        action="store_true",
+        help="Use the proxy sweeps only if cached; otherwise report them as not run.",
+    )
     parser.add_argument("--output", type=str, default=os.path.join(RESULTS, "mosaic.json"), help="Results JSON.")
     add_from_results_argument(parser)
     return parser.parse_args(argv)
@@ -211,9 +228,17 @@ def zoo_section(args):
 # 3. The findings, with proxy models
 # ---------------------------------------------------------------------------------------------------------------------
 
-PROXY = {"unet_channels": [16, 32], "attention_head_dim": 8, "text_hidden_size": 32, "text_layers": 1,
-         "vae_channels": [16, 32, 32], "batch_size": 32, "lr": 2e-3, "guidance": 4.0,
-         "max_length": 24}  # fmt: skip
+PROXY = {
+    "unet_channels": [16, 32],
+    "attention_head_dim": 8,
+    "text_hidden_size": 32,
+    "text_layers": 1,
+    "vae_channels": [16, 32, 32],
+    "batch_size": 32,
+    "lr": 2e-3,
+    "guidance": 4.0,
+    "max_length": 24,
+}
 
 
 def load_proxy_vae(path: str):
@@ -244,8 +269,9 @@ def train_proxy(vae, config, num_samples: int, steps: int, seed: int = 0):
     rows = list(mosaic_records(config, num_samples, seed=seed, split="train"))
     images = torch.from_numpy(np.stack([np.asarray(r["image"]) for r in rows])).permute(0, 3, 1, 2)
     tokenizer = mosaic_tokenizer(PROXY["max_length"])
-    ids = tokenizer([r["caption"] for r in rows], padding="max_length", max_length=PROXY["max_length"],
-                    return_tensors="pt").input_ids  # fmt: skip
+    ids = tokenizer(
+        [r["caption"] for r in rows], padding="max_length", max_length=PROXY["max_length"], return_tensors="pt"
+    ).input_ids
     empty = tokenizer([""], padding="max_length", max_length=PROXY["max_length"], return_tensors="pt").input_ids
     means, stds = encode_posteriors(vae, images, "cpu")
     scaling = float(1 / means.std())
@@ -294,8 +320,12 @@ def _source_key(settings: dict) -> str:
     from diffusers_ext.models import stable_diffusion_components as components
 
     parts = [json.dumps(settings, sort_keys=True), json.dumps(PROXY, sort_keys=True)]
-    used = (components, training_utils.TextConditionedDenoiser, training_utils.cosine_with_warmup,
-            training_utils.encode_posteriors)  # fmt: skip
+    used = (
+        components,
+        training_utils.TextConditionedDenoiser,
+        training_utils.cosine_with_warmup,
+        training_utils.encode_posteriors,
+    )
     for obj in (data_module, evaluation_module, *used, load_proxy_vae, train_proxy, proxy_result, vae_round_trip):
         parts.append(inspect.getsource(obj))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
@@ -485,8 +515,13 @@ def build_summary(judge, zoo_result, sweeps):
             targets.append(target(name, min(others) - smallest["count"], 0.0))
         if "accuracy_gain_smallest_to_largest" in findings:
             gain = findings["accuracy_gain_smallest_to_largest"]
-            targets.append(target("finding: accuracy rises with dataset size (overall, largest - smallest)", gain,
-                                  1 / sizes[max(sizes, key=int)]["test"]["n"]))  # fmt: skip
+            targets.append(
+                target(
+                    "finding: accuracy rises with dataset size (overall, largest - smallest)",
+                    gain,
+                    1 / sizes[max(sizes, key=int)]["test"]["n"],
+                )
+            )
         if "complexity_drop" in findings:
             # significant only beyond two standard errors of the two variants' accuracies
             grid = sweeps["complexity_vs_imbalance"]
@@ -496,13 +531,20 @@ def build_summary(judge, zoo_result, sweeps):
             se = math.sqrt((p_c * (1 - p_c) + p_i * (1 - p_i)) / n)
             findings["complexity_minus_imbalance_standard_error"] = se
             difference = findings["complexity_drop"] - findings["imbalance_drop"]
-            costs, more = REWRITTEN_ROWS["finding: complexity costs more than imbalance (drop difference, > 0 and > 2 SE)"]
+            costs, more = REWRITTEN_ROWS[
+                "finding: complexity costs more than imbalance (drop difference, > 0 and > 2 SE)"
+            ]
             targets += [target(costs, findings["complexity_drop"], 1 / n), target(more, difference, 2 * se)]
         if "heldout_overall_by_fraction" in findings:
             by_fraction = list(findings["heldout_overall_by_fraction"].values())
             n = sweeps["heldout_sweep"][max(sweeps["heldout_sweep"], key=float)]["heldout"]["n"]
-            targets.append(target("finding: held-out accuracy falls as the held-out fraction grows (first - last)",
-                                  by_fraction[0] - by_fraction[-1], 1 / n))  # fmt: skip
+            targets.append(
+                target(
+                    "finding: held-out accuracy falls as the held-out fraction grows (first - last)",
+                    by_fraction[0] - by_fraction[-1],
+                    1 / n,
+                )
+            )
     summary["targets"] = targets
     summary["sanity"] = sanity
     return summary
@@ -526,8 +568,10 @@ def report_sections(summary) -> list[str]:
         lines += [row(k, v) for k, v in summary["complexity_vs_imbalance"].items()]
         lines += ["", "## Proxy: held-out combinations", "", *header]
         for k, v in summary["heldout_sweep"].items():
-            lines += [row(f"fraction {k}, in-distribution", v["test_in_distribution"]),
-                      row(f"fraction {k}, held-out", v["heldout"])]  # fmt: skip
+            lines += [
+                row(f"fraction {k}, in-distribution", v["test_in_distribution"]),
+                row(f"fraction {k}, held-out", v["heldout"]),
+            ]
     return lines
 
 
@@ -540,8 +584,9 @@ def plot(summary, path):
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     sizes = sorted(summary.get("size_sweep", {}), key=int)
     for skill in ("overall", "object", "colour", "count", "relation"):
-        axes[0].plot([int(s) for s in sizes], [summary["size_sweep"][s].get(skill, np.nan) for s in sizes], "o-",
-                     label=skill)  # fmt: skip
+        axes[0].plot(
+            [int(s) for s in sizes], [summary["size_sweep"][s].get(skill, np.nan) for s in sizes], "o-", label=skill
+        )
     axes[0].set(xscale="log", xlabel="training scenes", ylabel="judge accuracy", title="proxies: accuracy vs size")
     axes[0].legend()
     grid = summary.get("complexity_vs_imbalance", {})
@@ -566,10 +611,19 @@ def main(argv=None):
     args = parse_args(argv)
     stem = os.path.splitext(args.output)[0]
     if args.from_results:
-        results = rebuild_results(args.from_results, lambda r: build_summary(r["judge"], r["zoo"], r["sweeps"])["targets"],
-                                  rel_to=REPO, replaced=REWRITTEN_ROWS)  # fmt: skip
-        write_results(stem, results, "mosaic benchmark", report_sections(results["summary"]),
-                      figures={".png": lambda path: plot(results["summary"], path)})  # fmt: skip
+        results = rebuild_results(
+            args.from_results,
+            lambda r: build_summary(r["judge"], r["zoo"], r["sweeps"])["targets"],
+            rel_to=REPO,
+            replaced=REWRITTEN_ROWS,
+        )
+        write_results(
+            stem,
+            results,
+            "mosaic benchmark",
+            report_sections(results["summary"]),
+            figures={".png": lambda path: plot(results["summary"], path)},
+        )
         return
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -592,8 +646,9 @@ def main(argv=None):
         "sweeps": sweeps,
         "seconds": time.perf_counter() - start,
     }
-    write_results(stem, results, "mosaic benchmark", report_sections(summary),
-                  figures={".png": lambda path: plot(summary, path)})  # fmt: skip
+    write_results(
+        stem, results, "mosaic benchmark", report_sections(summary), figures={".png": lambda path: plot(summary, path)}
+    )
     for t in summary["targets"]:
         print(f"{'MET ' if t['met'] else 'MISS'} {t['name']}: {t['value']} ({t['comparison']} {t['threshold']})")
 

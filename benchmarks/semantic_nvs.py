@@ -51,24 +51,44 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--validation_scenes", type=int, default=20, help="Validation scenes per distance.")
     parser.add_argument("--test_scenes", type=int, default=32, help="Test scenes per distance.")
-    parser.add_argument("--distances", type=float, nargs="+", default=[15.0, 90.0],
-                        help="Azimuth offsets of the targets (degrees); the first is the PSNR claim's, the last the "
-                             "Fréchet claim's.")  # fmt: skip
+    parser.add_argument(
+        "--distances",
+        type=float,
+        nargs="+",
+        default=[15.0, 90.0],
+        help="Azimuth offsets of the targets (degrees); the first is the PSNR claim's, the last the Fréchet claim's.",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Test seeds (sampling noise, judge).")
     parser.add_argument("--num_inference_steps", type=int, default=25, help="DDIM steps (fixed for both models).")
-    parser.add_argument("--semantic_guidance", type=float, nargs="+", default=[1.0, 2.0, 3.0],
-                        help="Guidance scales tried for SemanticNVS on validation.")  # fmt: skip
-    parser.add_argument("--iterative_starts", type=float, nargs="+", default=[0.0, 0.8],
-                        help="iterative_start values tried for SemanticNVS on validation.")  # fmt: skip
-    parser.add_argument("--baseline_guidance", type=float, nargs="+", default=[1.0, 1.5, 2.0, 3.0, 4.0, 5.0],
-                        help="Guidance scales tried for the baseline on validation (as many options as SemanticNVS).")  # fmt: skip
+    parser.add_argument(
+        "--semantic_guidance",
+        type=float,
+        nargs="+",
+        default=[1.0, 2.0, 3.0],
+        help="Guidance scales tried for SemanticNVS on validation.",
+    )
+    parser.add_argument(
+        "--iterative_starts",
+        type=float,
+        nargs="+",
+        default=[0.0, 0.8],
+        help="iterative_start values tried for SemanticNVS on validation.",
+    )
+    parser.add_argument(
+        "--baseline_guidance",
+        type=float,
+        nargs="+",
+        default=[1.0, 1.5, 2.0, 3.0, 4.0, 5.0],
+        help="Guidance scales tried for the baseline on validation (as many options as SemanticNVS).",
+    )
     parser.add_argument("--evaluator_views", type=int, default=2048, help="Training renders of each judge.")
     parser.add_argument("--evaluator_steps", type=int, default=1600, help="Training steps of each judge.")
     parser.add_argument("--evaluator_heldout_views", type=int, default=512, help="Renders for the judge's accuracy.")
     parser.add_argument("--num_bootstrap", type=int, default=200, help="Scene resamples for standard errors.")
     parser.add_argument("--model", type=str, default=None, help="A SemanticNVSPipeline folder (default: the zoo's).")
-    parser.add_argument("--baseline_model", type=str, default=None,
-                        help="The no-semantics pipeline folder (default: the zoo's).")  # fmt: skip
+    parser.add_argument(
+        "--baseline_model", type=str, default=None, help="The no-semantics pipeline folder (default: the zoo's)."
+    )
     parser.add_argument("--cache_dir", type=str, default=CACHE, help="Where trained judges are cached.")
     parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where semantic_nvs.json/.md/.png go.")
     args = parser.parse_args(argv)
@@ -126,8 +146,11 @@ def load_or_train_judge(seed: int, args) -> tuple:
     from diffusers_ext.evaluation.reporting import ResultCache
 
     settings = {"seed": seed, "views": args.evaluator_views, "steps": args.evaluator_steps, "size": 16}
-    code = [judge_module.__file__, os.path.join(ROOT, "diffusers_ext", "data", "procedural_scenes.py"),
-            os.path.join(ROOT, "diffusers_ext", "geometry", "camera.py")]  # fmt: skip
+    code = [
+        judge_module.__file__,
+        os.path.join(ROOT, "diffusers_ext", "data", "procedural_scenes.py"),
+        os.path.join(ROOT, "diffusers_ext", "geometry", "camera.py"),
+    ]
     cache = ResultCache(args.cache_dir, settings, code)
     path = cache.path("judge.safetensors")
     if cache.has("judge.safetensors"):
@@ -174,12 +197,19 @@ def generate(pipe, scenes, mode, guidance_scale, iterative_start, seed, args) ->
     """Target views `(B * 2, 3, S, S)` in [0, 1], scene-major, and the seconds they took."""
     start = time.perf_counter()
     out = pipe(
-        images=scenes["images"][:, :1], input_intrinsics=scenes["intrinsics"][:, :1], input_c2w=scenes["c2w"][:, :1],
-        target_intrinsics=scenes["intrinsics"][:, 1:], target_c2w=scenes["c2w"][:, 1:],
-        depths=scenes["depths"][:, :1] if "warped" in mode else None, semantic_mode=mode,
-        iterative_start=iterative_start, num_inference_steps=args.num_inference_steps, guidance_scale=guidance_scale,
-        generator=torch.Generator().manual_seed(seed), output_type="pt",
-    )  # fmt: skip
+        images=scenes["images"][:, :1],
+        input_intrinsics=scenes["intrinsics"][:, :1],
+        input_c2w=scenes["c2w"][:, :1],
+        target_intrinsics=scenes["intrinsics"][:, 1:],
+        target_c2w=scenes["c2w"][:, 1:],
+        depths=scenes["depths"][:, :1] if "warped" in mode else None,
+        semantic_mode=mode,
+        iterative_start=iterative_start,
+        num_inference_steps=args.num_inference_steps,
+        guidance_scale=guidance_scale,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="pt",
+    )
     return out.images.reshape(-1, *out.images.shape[2:]).float(), time.perf_counter() - start
 
 
@@ -214,16 +244,20 @@ def validate(models, scenes, judges, encoder, args) -> dict:
 
     grids = {
         "baseline": [{"guidance_scale": g, "iterative_start": 0.0} for g in args.baseline_guidance],
-        METHOD: [{"guidance_scale": g, "iterative_start": s}
-                 for g, s in itertools.product(args.semantic_guidance, args.iterative_starts)],
-    }  # fmt: skip
+        METHOD: [
+            {"guidance_scale": g, "iterative_start": s}
+            for g, s in itertools.product(args.semantic_guidance, args.iterative_starts)
+        ],
+    }
     real = {d: targets_of(s) for d, s in scenes.items()}
     real_enc = {d: semantic_descriptors(encoder, r) for d, r in real.items()}
+
     def measure(option, split, pipe, mode, name):
         per_distance = {}
         for d, scene in scenes.items():
-            generated, seconds = generate(pipe, scene, mode, option["guidance_scale"], option["iterative_start"],
-                                          VALIDATION_SAMPLING_SEED, args)  # fmt: skip
+            generated, seconds = generate(
+                pipe, scene, mode, option["guidance_scale"], option["iterative_start"], VALIDATION_SAMPLING_SEED, args
+            )
             per_distance[str(d)] = score(generated, real[d], judges, encoder, real_enc[d]) | {"seconds": seconds}
         mean_fd = sum(v["frechet"] for v in per_distance.values()) / len(per_distance)
         print(f"validation {name} {option}: mean FD {mean_fd:.4f}", flush=True)
@@ -231,8 +265,12 @@ def validate(models, scenes, judges, encoder, args) -> dict:
 
     return {
         name: choose_on_validation(
-            grid, lambda option, split, name=name: measure(option, split, *models[name], name),
-            score=lambda m: m["mean_frechet"], maximize=False, names=json.dumps, test=False,
+            grid,
+            lambda option, split, name=name: measure(option, split, *models[name], name),
+            score=lambda m: m["mean_frechet"],
+            maximize=False,
+            names=json.dumps,
+            test=False,
         )
         for name, grid in grids.items()
     }
@@ -252,29 +290,41 @@ def test_once(models, choices, scenes, judges, encoder, args) -> dict:
             generated = {}
             for name, (pipe, mode) in models.items():
                 option = choices[name]
-                generated[name], seconds = generate(pipe, split, mode, option["guidance_scale"],
-                                                    option["iterative_start"], seed, args)  # fmt: skip
+                generated[name], seconds = generate(
+                    pipe, split, mode, option["guidance_scale"], option["iterative_start"], seed, args
+                )
             base_features = embed_views(judge, generated["baseline"])
             base_psnr = per_scene_psnr(generated["baseline"], real)
             for name, images in generated.items():
                 features = embed_views(judge, images)
-                fd = bootstrap_frechet(features, real_features, len(real) // 2, args.num_bootstrap, seed=seed,
-                                       reference=base_features if name != "baseline" else None)  # fmt: skip
+                fd = bootstrap_frechet(
+                    features,
+                    real_features,
+                    len(real) // 2,
+                    args.num_bootstrap,
+                    seed=seed,
+                    reference=base_features if name != "baseline" else None,
+                )
                 psnr = per_scene_psnr(images, real)
                 row = {
-                    "seed": seed, "frechet": fd["frechet"], "frechet_stderr": fd["stderr"],
-                    "psnr": float(psnr.mean()), "psnr_stderr": float(psnr.std() / len(psnr) ** 0.5),
+                    "seed": seed,
+                    "frechet": fd["frechet"],
+                    "frechet_stderr": fd["stderr"],
+                    "psnr": float(psnr.mean()),
+                    "psnr_stderr": float(psnr.std() / len(psnr) ** 0.5),
                     "ssim": float(structural_similarity(images, real, window_size=7).mean()),
                     "frechet_conditioning_encoder_not_a_judge": frechet_distance(
-                        semantic_descriptors(encoder, images), semantic_descriptors(encoder, real)),
-                } | against_truth(judge, images, truth)  # fmt: skip
+                        semantic_descriptors(encoder, images), semantic_descriptors(encoder, real)
+                    ),
+                } | against_truth(judge, images, truth)
                 if name != "baseline":
                     change = psnr - base_psnr
                     row |= {
                         "frechet_improvement": fd["relative_improvement"],
                         "frechet_improvement_stderr": fd["relative_improvement_stderr"],
-                        "psnr_change": float(change.mean()), "psnr_change_stderr": float(change.std() / len(change) ** 0.5),
-                    }  # fmt: skip
+                        "psnr_change": float(change.mean()),
+                        "psnr_change_stderr": float(change.std() / len(change) ** 0.5),
+                    }
                 runs[name][str(d)].append(row)
                 print(f"test seed {seed} {d:g} deg {name}: FD {fd['frechet']:.4f} PSNR {row['psnr']:.2f}", flush=True)
     return runs
@@ -312,29 +362,56 @@ def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
         return stat
 
     per_distance = {
-        d: {name: {key: over_seeds(name, d, key) for key in ("frechet", "psnr", "ssim", "truth_presence_accuracy",
-                                                               "truth_region_mae", "truth_depth_r2",
-                                                               "frechet_conditioning_encoder_not_a_judge")}
-            for name in runs}
+        d: {
+            name: {
+                key: over_seeds(name, d, key)
+                for key in (
+                    "frechet",
+                    "psnr",
+                    "ssim",
+                    "truth_presence_accuracy",
+                    "truth_region_mae",
+                    "truth_depth_r2",
+                    "frechet_conditioning_encoder_not_a_judge",
+                )
+            }
+            for name in runs
+        }
         for d in runs["baseline"]
-    }  # fmt: skip
+    }
     for d in per_distance:
         for key in ("frechet_improvement", "psnr_change"):
             per_distance[d][METHOD][key] = over_seeds(METHOD, d, key)
-        enc = [(b["frechet_conditioning_encoder_not_a_judge"] - m["frechet_conditioning_encoder_not_a_judge"])
-               / b["frechet_conditioning_encoder_not_a_judge"] for b, m in zip(runs["baseline"][d], runs[METHOD][d])]  # fmt: skip
+        enc = [
+            (b["frechet_conditioning_encoder_not_a_judge"] - m["frechet_conditioning_encoder_not_a_judge"])
+            / b["frechet_conditioning_encoder_not_a_judge"]
+            for b, m in zip(runs["baseline"][d], runs[METHOD][d])
+        ]
         per_distance[d][METHOD]["frechet_improvement_conditioning_encoder_not_a_judge"] = mean_spread(enc)
     improvement = per_distance[longest][METHOD]["frechet_improvement"]
     psnr_change = per_distance[shortest][METHOD]["psnr_change"]
     n = len(args.seeds)
     targets = [
-        target(f"Fréchet distance at {float(longest):g}°, independent judge: relative improvement of warped+iterative "
-               f"over the baseline (test, mean of {n} seeds)", improvement["mean"], 0.05, ">="),
-        target(f"PSNR at {float(shortest):g}°: warped+iterative minus baseline, dB (test, mean of {n} seeds)",
-               psnr_change["mean"], 0.0, ">="),
-        target(f"warp of 4 x 256 x 64 x 64 features, ms of CPU time ({warp['threads']} thread)", warp["cpu_ms"], 50.0,
-               "<="),
-    ]  # fmt: skip
+        target(
+            f"Fréchet distance at {float(longest):g}°, independent judge: relative improvement of warped+iterative "
+            f"over the baseline (test, mean of {n} seeds)",
+            improvement["mean"],
+            0.05,
+            ">=",
+        ),
+        target(
+            f"PSNR at {float(shortest):g}°: warped+iterative minus baseline, dB (test, mean of {n} seeds)",
+            psnr_change["mean"],
+            0.0,
+            ">=",
+        ),
+        target(
+            f"warp of 4 x 256 x 64 x 64 features, ms of CPU time ({warp['threads']} thread)",
+            warp["cpu_ms"],
+            50.0,
+            "<=",
+        ),
+    ]
     floor = references[longest]["real_vs_real_frechet"]
     sanity = {
         "judge": judge_sanity,
@@ -345,19 +422,23 @@ def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
         "references": references,
         "copying the input view scores a lower Fréchet distance than warped+iterative at the longest distance "
         "(then the distance rewards the input's content more than the right viewpoint)": sum(
-            references[longest]["copy_input_frechet"]) / len(floor) < per_distance[longest][METHOD]["frechet"]["mean"],
+            references[longest]["copy_input_frechet"]
+        )
+        / len(floor)
+        < per_distance[longest][METHOD]["frechet"]["mean"],
         "improvement outside 2 evaluation standard errors at the longest distance": abs(improvement["mean"])
         > 2 * improvement["evaluation_stderr"],
-        "conditioning-encoder Fréchet improvement at the longest distance (not a judge; the old, circular figure)":
-            per_distance[longest][METHOD]["frechet_improvement_conditioning_encoder_not_a_judge"]["mean"],
-    }  # fmt: skip
+        "conditioning-encoder Fréchet improvement at the longest distance (not a judge; the old, circular figure)": per_distance[
+            longest
+        ][METHOD]["frechet_improvement_conditioning_encoder_not_a_judge"]["mean"],
+    }
     return {
         "targets": targets,
         "sanity": sanity,
         "choices": {name: v["chosen"]["candidate"] for name, v in validation.items()},
         "validation_best_mean_frechet": {
             name: min(r["score"] for r in v["validation"]) for name, v in validation.items()
-        },  # fmt: skip
+        },
         "test": per_distance,
         "longest_distance": {
             name.split("/")[-1]: {
@@ -365,7 +446,7 @@ def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
                 "psnr": per_distance[longest][name]["psnr"]["mean"],
             }
             for name in runs
-        },  # fmt: skip
+        },
         "frechet_improvement_longest": improvement["mean"],
         "psnr_change_shortest": psnr_change["mean"],
         "warp_ms": warp["cpu_ms"],
@@ -394,13 +475,16 @@ def write_plot(results, path):
     axes[0].set_xlabel("guidance scale")
     axes[0].set_ylabel("validation Fréchet (judge), mean over distances")
     axes[0].legend(fontsize=7)
-    for ax, key, label in ((axes[1], "frechet", "test Fréchet distance (independent judge)"),
-                           (axes[2], "psnr", "test PSNR (dB)")):  # fmt: skip
+    for ax, key, label in (
+        (axes[1], "frechet", "test Fréchet distance (independent judge)"),
+        (axes[2], "psnr", "test PSNR (dB)"),
+    ):
         for offset, name in enumerate(s["test"][distances[0]]):
             means = [s["test"][d][name][key]["mean"] for d in distances]
             spread = [s["test"][d][name][key]["std"] for d in distances]
-            ax.errorbar([float(d) + 2 * offset for d in distances], means, yerr=spread, marker="o", capsize=3,
-                        label=name)  # fmt: skip
+            ax.errorbar(
+                [float(d) + 2 * offset for d in distances], means, yerr=spread, marker="o", capsize=3, label=name
+            )
         if key == "frechet":
             floor = [sum(results["references"][d]["real_vs_real_frechet"]) / len(results["judges"]) for d in distances]
             ax.plot([float(d) for d in distances], floor, "k--", label="real vs real")
@@ -416,10 +500,15 @@ def report_sections(results) -> list[str]:
     """The Markdown sections after the standard header and targets table."""
     s = results["summary"]
     distances = [str(d) for d in results["settings"]["distances"]]
-    lines = ["Frozen on validation: " + "; ".join(f"{k}: {v}" for k, v in s["choices"].items()), "",
-              "Test, mean ± std over seeds (evaluation standard error: scene bootstrap for Fréchet, over scenes for "
-              "PSNR):", "", "| model | distance | Fréchet (judge) | PSNR (dB) | SSIM | presence acc. vs truth (judge) | depth R² vs truth "
-              "(judge) | Fréchet (conditioning encoder, not a judge) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "Frozen on validation: " + "; ".join(f"{k}: {v}" for k, v in s["choices"].items()),
+        "",
+        "Test, mean ± std over seeds (evaluation standard error: scene bootstrap for Fréchet, over scenes for PSNR):",
+        "",
+        "| model | distance | Fréchet (judge) | PSNR (dB) | SSIM | presence acc. vs truth (judge) | depth R² vs truth "
+        "(judge) | Fréchet (conditioning encoder, not a judge) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for d in distances:
         for name, v in s["test"][d].items():
             f, p = v["frechet"], v["psnr"]
@@ -431,13 +520,19 @@ def report_sections(results) -> list[str]:
             )
     for d in distances:
         r = results["references"][d]
-        copy = {k: sum(t[k] for t in r["copy_input_truth"]) / len(r["copy_input_truth"])
-                for k in ("truth_presence_accuracy", "truth_depth_r2")}  # fmt: skip
-        lines.append(f"| real views of other scenes | {float(d):g}° | "
-                     f"{sum(r['real_vs_real_frechet']) / len(r['real_vs_real_frechet']):.4f} | | | | | |")  # fmt: skip
-        lines.append(f"| copy the input view | {float(d):g}° | "
-                     f"{sum(r['copy_input_frechet']) / len(r['copy_input_frechet']):.4f} | {r['copy_input_psnr']:.2f} | | "
-                     f"{copy['truth_presence_accuracy']:.3f} | {copy['truth_depth_r2']:.3f} | |")  # fmt: skip
+        copy = {
+            k: sum(t[k] for t in r["copy_input_truth"]) / len(r["copy_input_truth"])
+            for k in ("truth_presence_accuracy", "truth_depth_r2")
+        }
+        lines.append(
+            f"| real views of other scenes | {float(d):g}° | "
+            f"{sum(r['real_vs_real_frechet']) / len(r['real_vs_real_frechet']):.4f} | | | | | |"
+        )
+        lines.append(
+            f"| copy the input view | {float(d):g}° | "
+            f"{sum(r['copy_input_frechet']) / len(r['copy_input_frechet']):.4f} | {r['copy_input_psnr']:.2f} | | "
+            f"{copy['truth_presence_accuracy']:.3f} | {copy['truth_depth_r2']:.3f} | |"
+        )
     return lines
 
 
@@ -445,9 +540,13 @@ def write_outputs(results, output_dir):
     """`semantic_nvs.json`, `.md` and `.png` in `output_dir`, through the shared reporting module."""
     from diffusers_ext.evaluation.reporting import write_results
 
-    write_results(os.path.join(output_dir, "semantic_nvs"), results,
-                  "SemanticNVS on procedural scenes (independent judge, validation then test)", report_sections(results),
-                  figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
+    write_results(
+        os.path.join(output_dir, "semantic_nvs"),
+        results,
+        "SemanticNVS on procedural scenes (independent judge, validation then test)",
+        report_sections(results),
+        figures={".png": lambda path: write_plot(results, path)},
+    )
 
 
 def main(argv=None):
@@ -508,7 +607,7 @@ def main(argv=None):
             "test_scenes": TEST_SCENE_SEED,
             "real_floor_scenes": TEST_SCENE_SEED + REAL_FLOOR_OFFSET,
             "validation_sampling_seed": VALIDATION_SAMPLING_SEED,
-        },  # fmt: skip
+        },
         "judges": list(judge_sanity),
         "judge_seconds": judge_seconds,
         "validation": validation,

@@ -123,8 +123,11 @@ def run_methods(pipe, methods, prompts, judge, gen_length, batch_size, label):
             }
         )
         r = rows[-1]
-        print(f"[{label}] {r['name']:>40}: acc {r['accuracy']:.4f} nfe {r['nfe']:.2f} rows {r['row_forwards']:.1f} "
-              f"{seconds:.0f}s", flush=True)  # fmt: skip
+        print(
+            f"[{label}] {r['name']:>40}: acc {r['accuracy']:.4f} nfe {r['nfe']:.2f} rows {r['row_forwards']:.1f} "
+            f"{seconds:.0f}s",
+            flush=True,
+        )
     return rows
 
 
@@ -187,8 +190,11 @@ def headroom(pipe, prompts, answers, judge, gen_length, batch_size, label):
     seconds = time.perf_counter() - start
     wide = run_methods(pipe, pbs_methods((WIDE_BEAM,)), prompts, judge, gen_length, batch_size, label)[0]
     greedy = run_methods(pipe, greedy_methods(gen_length)[:1], prompts, judge, gen_length, batch_size, label)[0]
-    print(f"[{label}] headroom: some order {any_order.float().mean():.4f}, score search {wide['accuracy']:.4f}, "
-          f"greedy {greedy['accuracy']:.4f}", flush=True)  # fmt: skip
+    print(
+        f"[{label}] headroom: some order {any_order.float().mean():.4f}, score search {wide['accuracy']:.4f}, "
+        f"greedy {greedy['accuracy']:.4f}",
+        flush=True,
+    )
     return {
         "any_order_solves": any_order.float().mean().item(),
         "any_order_beam": ORACLE_BEAM,
@@ -232,16 +238,26 @@ def run_sudoku(args) -> dict:
     judge = judge_for(puzzles)
     room = headroom(pipe, prompts, answers, judge, gen_length, args.batch_size, "sudoku/validation")
     validation = run_methods(
-        pipe, greedy_methods(gen_length)[:1] + soar_grid(), prompts, judge, gen_length,
-        args.batch_size, "sudoku/validation",
-    )  # fmt: skip
+        pipe,
+        greedy_methods(gen_length)[:1] + soar_grid(),
+        prompts,
+        judge,
+        gen_length,
+        args.batch_size,
+        "sudoku/validation",
+    )
     greedy_val = validation[0]
     chosen = choose_soar(validation, greedy_val["nfe"])
     pll_config = {**chosen["config"], "beam_score": "pll"}
     validation += run_methods(
-        pipe, [{"name": chosen["name"] + " +PLL", "family": "soar-pll", "config": pll_config}], prompts, judge,
-        gen_length, args.batch_size, "sudoku/validation",
-    )  # fmt: skip
+        pipe,
+        [{"name": chosen["name"] + " +PLL", "family": "soar-pll", "config": pll_config}],
+        prompts,
+        judge,
+        gen_length,
+        args.batch_size,
+        "sudoku/validation",
+    )
 
     # test, once, with the frozen choices
     puzzles, solutions = splits["test"]
@@ -272,7 +288,7 @@ def run_sudoku(args) -> dict:
             "validation_accuracy": chosen["accuracy"],
             "validation_nfe": chosen["nfe"],
             "rule": f"most accurate SOAR grid setting with NFE <= {NFE_BUDGET} x greedy's on validation",
-        },  # fmt: skip
+        },
         "test_runs": test,
     }
 
@@ -292,12 +308,22 @@ def run_addition(args) -> dict:
 
     room = headroom(pipe, prompts, answers, judge, encoder.gen_length, args.batch_size, "addition")
     runs = run_methods(
-        pipe, [{"name": "SOAR preset llada", "family": "soar-preset", "config": {"preset": "llada"}}] + [
-            {"name": "SOAR preset llada +PLL", "family": "soar-pll", "config": {"preset": "llada", "beam_score": "pll"}}
-        ], prompts, judge, encoder.gen_length, args.batch_size, "addition",
-    )  # fmt: skip
-    return {"task": "3-digit addition (zoo addition-mdm)", "num_problems": len(pairs), "headroom": room,
-            "runs": runs}  # fmt: skip
+        pipe,
+        [{"name": "SOAR preset llada", "family": "soar-preset", "config": {"preset": "llada"}}]
+        + [
+            {
+                "name": "SOAR preset llada +PLL",
+                "family": "soar-pll",
+                "config": {"preset": "llada", "beam_score": "pll"},
+            }
+        ],
+        prompts,
+        judge,
+        encoder.gen_length,
+        args.batch_size,
+        "addition",
+    )
+    return {"task": "3-digit addition (zoo addition-mdm)", "num_problems": len(pairs), "headroom": room, "runs": runs}
 
 
 class ForwardTimer:
@@ -493,8 +519,9 @@ def summarise(sudoku, addition, oracle, overhead) -> dict:
         summary["oracle_loglik_greedy"] = greedy_o["mean_joint_loglik"]
         summary["oracle_loglik_soar"] = soar_o["mean_joint_loglik"]
         summary["oracle_loglik_viterbi"] = oracle["viterbi_mean_joint_loglik"]
-        sanity["oracle chains: SOAR log-likelihood > greedy"] = soar_o["mean_joint_loglik"] > greedy_o[
-            "mean_joint_loglik"]  # fmt: skip
+        sanity["oracle chains: SOAR log-likelihood > greedy"] = (
+            soar_o["mean_joint_loglik"] > greedy_o["mean_joint_loglik"]
+        )
     if overhead is not None:
         summary["decoder_overhead_fraction"] = overhead["overhead_fraction"]
         sanity["decoder overhead <= 10%"] = overhead["overhead_fraction"] <= 0.10
@@ -534,14 +561,24 @@ def report_sections(results) -> list[str]:
     lines += ["", f"## Addition ({addition['num_problems']} problems)", ""] + _table(addition["runs"])
     if results.get("oracle"):
         o = results["oracle"]
-        lines += ["", f"## Oracle Markov chains: {o['num_chains']} chains; Viterbi {o['viterbi_mean_joint_loglik']:.4f}",
-                  "", "| decoder | mean joint log-likelihood | NFE | row forwards |", "| --- | --- | --- | --- |"]  # fmt: skip
-        lines += [f"| {r['name']} | {r['mean_joint_loglik']:.4f} | {r['nfe']:.2f} | {r['row_forwards']:.2f} |"
-                  for r in o["runs"]]  # fmt: skip
+        lines += [
+            "",
+            f"## Oracle Markov chains: {o['num_chains']} chains; Viterbi {o['viterbi_mean_joint_loglik']:.4f}",
+            "",
+            "| decoder | mean joint log-likelihood | NFE | row forwards |",
+            "| --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {r['name']} | {r['mean_joint_loglik']:.4f} | {r['nfe']:.2f} | {r['row_forwards']:.2f} |"
+            for r in o["runs"]
+        ]
     if results.get("overhead"):
         v = results["overhead"]
-        lines += ["", f"## Decoder overhead: {v['parameters']:,} parameters: {v['overhead_fraction']:.1%} of decoding "
-                  f"time outside model forwards"]  # fmt: skip
+        lines += [
+            "",
+            f"## Decoder overhead: {v['parameters']:,} parameters: {v['overhead_fraction']:.1%} of decoding "
+            f"time outside model forwards",
+        ]
     return lines
 
 
@@ -552,8 +589,14 @@ def write_plot(results, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
-    colors = {"greedy": "#555", "threshold": "#4a78b5", "pbs": "#8a5", "soar": "#c33", "soar-pll": "#e90",
-              "soar-preset": "#a3c"}  # fmt: skip
+    colors = {
+        "greedy": "#555",
+        "threshold": "#4a78b5",
+        "pbs": "#8a5",
+        "soar": "#c33",
+        "soar-pll": "#e90",
+        "soar-preset": "#a3c",
+    }
     for ax, key, runs, title in (
         (axes[0], "nfe", results["sudoku"]["test_runs"], "sudoku test: accuracy vs NFE"),
         (axes[1], "nfe", results["sudoku"]["validation_runs"], "sudoku validation (choices made here)"),
@@ -561,8 +604,13 @@ def write_plot(results, path):
         for family, color in colors.items():
             pts = sorted((r for r in runs if r["family"] == family), key=lambda r: r[key])
             if pts:
-                ax.plot([r[key] for r in pts], [r["accuracy"] for r in pts], "o-" if family in ("greedy", "threshold")
-                        else "o", color=color, label=family)  # fmt: skip
+                ax.plot(
+                    [r[key] for r in pts],
+                    [r["accuracy"] for r in pts],
+                    "o-" if family in ("greedy", "threshold") else "o",
+                    color=color,
+                    label=family,
+                )
         ax.set_xlabel("NFE (forward calls per puzzle)")
         ax.set_ylabel("solved")
         ax.set_title(title)
@@ -592,8 +640,13 @@ def main(argv=None):
         results["overhead"] = None if args.skip_extras else run_overhead(args)
         results["summary"] = summarise(results["sudoku"], results["addition"], results["oracle"], results["overhead"])
         results["seconds"] = time.perf_counter() - start
-    write_results(os.path.join(args.output_dir, "soar"), results, "SOAR decoding benchmark",
-                  report_sections(results), figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
+    write_results(
+        os.path.join(args.output_dir, "soar"),
+        results,
+        "SOAR decoding benchmark",
+        report_sections(results),
+        figures={".png": lambda path: write_plot(results, path)},
+    )
     print(json.dumps(results["summary"], indent=2))
 
 

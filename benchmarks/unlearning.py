@@ -122,14 +122,19 @@ def parse_args(argv=None):
 def concept_runs(args, forget_class):
     """(name, family, config overrides, level factor) of every concept run of one forgotten class."""
     retain = {"retain_weight": args.retain_weight}
-    runs = [(f"reverse_kl x{f:g}", "reverse_kl", {"constraint": "reverse_kl", "lambda_max": 0.75, **retain}, f)
-            for f in args.level_factors]  # fmt: skip
-    runs += [(f"esd+retain eta={e:g}", "esd+retain", {"baseline": "esd", "esd_negative_guidance": e, **retain}, None)
-             for e in args.esd_guidance]  # fmt: skip
+    runs = [
+        (f"reverse_kl x{f:g}", "reverse_kl", {"constraint": "reverse_kl", "lambda_max": 0.75, **retain}, f)
+        for f in args.level_factors
+    ]
+    runs += [
+        (f"esd+retain eta={e:g}", "esd+retain", {"baseline": "esd", "esd_negative_guidance": e, **retain}, None)
+        for e in args.esd_guidance
+    ]
     if forget_class in args.formulation_classes:
         eta = args.published_esd_guidance
-        runs.append((f"esd eta={eta:g}", "esd", {"baseline": "esd", "esd_negative_guidance": eta, "retain_weight": 0.0},
-                     None))  # fmt: skip
+        runs.append(
+            (f"esd eta={eta:g}", "esd", {"baseline": "esd", "esd_negative_guidance": eta, "retain_weight": 0.0}, None)
+        )
         runs.append(("forward_kl", "forward_kl", {"constraint": "forward_kl", "lambda_max": 0.5, **retain}, 1.0))
         runs.append(("likelihood", "likelihood", {"constraint": "likelihood", "lambda_max": 3.0, **retain}, 1.0))
     return runs
@@ -179,8 +184,10 @@ class Bench:
         self.args = args
         self.pipe = load_model(args)
         train_images, train_labels = load_digits_images("train", resolution=8)
-        self.judges = {"zoo": zoo.load("digits-classifier"),
-                       "mlp": train_pixel_mlp_judge(train_images, train_labels, args.judge_hidden, seed=0)}  # fmt: skip
+        self.judges = {
+            "zoo": zoo.load("digits-classifier"),
+            "mlp": train_pixel_mlp_judge(train_images, train_labels, args.judge_hidden, seed=0),
+        }
         self.real = heldout_halves(resolution=8)
         self.store = run_cache(args)
         self.cache_name = f"runs-seed{seed}-{part}"
@@ -266,16 +273,27 @@ def train_concept(bench, forget_class, seed):
     if "validation" not in bench.cache.setdefault(key, {}):
         bench.cache[key]["validation"] = bench.evaluate(bench.pipe.unet, [forget_class], "validation", seed)
         bench.save()
-    base = {"forget_classes": [forget_class], "max_steps": args.max_steps, "seed": seed,
-            "learning_rate": args.learning_rate, "stop_patience": args.max_steps,
-            "per_device_train_batch_size": args.batch_size}  # fmt: skip
+    base = {
+        "forget_classes": [forget_class],
+        "max_steps": args.max_steps,
+        "seed": seed,
+        "learning_rate": args.learning_rate,
+        "stop_patience": args.max_steps,
+        "per_device_train_batch_size": args.batch_size,
+    }
     for name, family, overrides, factor in concept_runs(args, forget_class):
         key = f"concept/{forget_class}/{name}/{seed}"
 
-        auto = {} if factor is None else {
-            "constraint_level": "auto", "constraint_level_factor": factor if family != "likelihood" else 1.0,
-            "dual_learning_rate": "auto", "dual_learning_rate_scale": args.dual_rate,
-        }  # fmt: skip
+        auto = (
+            {}
+            if factor is None
+            else {
+                "constraint_level": "auto",
+                "constraint_level_factor": factor if family != "likelihood" else 1.0,
+                "dual_learning_rate": "auto",
+                "dual_learning_rate_scale": args.dual_rate,
+            }
+        )
 
         def configure(trainer, factor=factor, family=family, name=name):
             level = trainer.constraint_level if factor is not None else None  # "auto": calibrated x factor
@@ -288,8 +306,11 @@ def train_concept(bench, forget_class, seed):
             record["cpu_seconds"] = record["train_cpu_seconds"] + time.process_time() - cpu
             bench.save()
         v = record["validation"]["zoo"]
-        print(f"[{key}] validation: forgotten {v['forgotten_rate']:.3f} retained FD {v['retained_frechet']:.3f}"
-              f" ({record['train_seconds']:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"[{key}] validation: forgotten {v['forgotten_rate']:.3f} retained FD {v['retained_frechet']:.3f}"
+            f" ({record['train_seconds']:.0f} s)",
+            flush=True,
+        )
 
 
 def choices_of(args, cache, forget_class):
@@ -371,12 +392,19 @@ def run_data(bench, seed):
 
     key = f"data/pretrained/{seed}"
     if "test" not in bench.cache.setdefault(key, {}):
-        bench.cache[key] = {"validation_heldout_loss": float(losses(bench.pipe.unet, bench.real["validation"],
-                                                                    seed).mean()), **measure(bench.pipe.unet, seed)}  # fmt: skip
+        bench.cache[key] = {
+            "validation_heldout_loss": float(losses(bench.pipe.unet, bench.real["validation"], seed).mean()),
+            **measure(bench.pipe.unet, seed),
+        }
         bench.save()
     pretrained = bench.cache[key]
-    base = {"max_steps": args.max_steps, "seed": seed, "learning_rate": args.learning_rate,
-            "stop_patience": args.max_steps, "per_device_train_batch_size": args.batch_size}  # fmt: skip
+    base = {
+        "max_steps": args.max_steps,
+        "seed": seed,
+        "learning_rate": args.learning_rate,
+        "stop_patience": args.max_steps,
+        "per_device_train_batch_size": args.batch_size,
+    }
     for name, overrides in data_runs(args):
         key = f"data/{name}/{seed}"
         config = {**base, **overrides}
@@ -386,17 +414,22 @@ def run_data(bench, seed):
         unet, record = bench.run(
             key,
             lambda c=config: _trainer(bench.pipe, c, forget_dataset=forget, retain_dataset=retain),
-            lambda trainer, c=config, name=name, seed=seed: {"name": name, "seed": seed,
-                                                             "level": c.get("constraint_level")},
-        )  # fmt: skip
+            lambda trainer, c=config, name=name, seed=seed: {
+                "name": name,
+                "seed": seed,
+                "level": c.get("constraint_level"),
+            },
+        )
         if "test" not in record:
             cpu = time.process_time()
             record.update(measure(unet, seed))
             record["cpu_seconds"] = record["train_cpu_seconds"] + time.process_time() - cpu
             bench.save()
-        print(f"[{key}] forget loss {record['forget_loss']:.4f} held-out {record['heldout_loss_mean']:.4f} "
-              f"± {record['heldout_loss_std']:.4f} FD {record['test']['zoo']['retained_frechet']:.3f}",
-              flush=True)  # fmt: skip
+        print(
+            f"[{key}] forget loss {record['forget_loss']:.4f} held-out {record['heldout_loss_mean']:.4f} "
+            f"± {record['heldout_loss_std']:.4f} FD {record['test']['zoo']['retained_frechet']:.3f}",
+            flush=True,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -414,9 +447,15 @@ def run_cache(args):
     from diffusers_ext.evaluation.reporting import ResultCache
 
     package = os.path.join(ROOT, "diffusers_ext")
-    code = [os.path.abspath(__file__), os.path.join(package, "trainers"), os.path.join(package, "evaluation"),
-            os.path.join(package, "pipelines"), os.path.join(package, "models"), os.path.join(package, "metrics"),
-            os.path.join(package, "data")]  # fmt: skip
+    code = [
+        os.path.abspath(__file__),
+        os.path.join(package, "trainers"),
+        os.path.join(package, "evaluation"),
+        os.path.join(package, "pipelines"),
+        os.path.join(package, "models"),
+        os.path.join(package, "metrics"),
+        os.path.join(package, "data"),
+    ]
     weights = []
     for folder in (
         args.model or os.path.join(package, "zoo", "digits-ddpm"),
@@ -495,17 +534,26 @@ def concept_summary(args, cache, forget_class, choices):
                         "retained_frechet": spread([r["validation"][j]["retained_frechet"] for r in records]),
                     }
                     for j in JUDGES
-                },  # fmt: skip
+                },
             }
     test = {}
     for family, choice in [("pretrained", {"chosen": "pretrained"}), *choices.items()]:
-        records = pretrained if family == "pretrained" else [
-            cache[f"concept/{forget_class}/{choice['chosen']}/{s}"] for s in args.seeds]  # fmt: skip
-        test[family] = {"run": choice["chosen"], **{j: {
-            "forgotten_rate": rate_entry(records, "test", j),
-            "retained_frechet": spread([r["test"][j]["retained_frechet"] for r in records]),
-            "max_retained_accuracy_drop": accuracy_drop(records, pretrained, "test", j, forget_class),
-        } for j in JUDGES}}  # fmt: skip
+        records = (
+            pretrained
+            if family == "pretrained"
+            else [cache[f"concept/{forget_class}/{choice['chosen']}/{s}"] for s in args.seeds]
+        )
+        test[family] = {
+            "run": choice["chosen"],
+            **{
+                j: {
+                    "forgotten_rate": rate_entry(records, "test", j),
+                    "retained_frechet": spread([r["test"][j]["retained_frechet"] for r in records]),
+                    "max_retained_accuracy_drop": accuracy_drop(records, pretrained, "test", j, forget_class),
+                }
+                for j in JUDGES
+            },
+        }
     ratios = {}
     for j in JUDGES:
         per_seed = [
@@ -514,9 +562,12 @@ def concept_summary(args, cache, forget_class, choices):
             for s in args.seeds
         ]
         ratios[j] = spread(per_seed)
-    return {"validation": validation, "choices": {f: {k: c[k] for k in ("chosen", "rule")} for f, c in
-                                                  choices.items()}, "test": test,
-            "reverse_kl_over_esd_retain_frechet": ratios}  # fmt: skip
+    return {
+        "validation": validation,
+        "choices": {f: {k: c[k] for k in ("chosen", "rule")} for f, c in choices.items()},
+        "test": test,
+        "reverse_kl_over_esd_retain_frechet": ratios,
+    }
 
 
 def data_summary(args, cache):
@@ -545,7 +596,7 @@ def data_summary(args, cache):
                     ),
                 }
                 for j in JUDGES
-            },  # fmt: skip
+            },
         }
     return out
 
@@ -562,24 +613,52 @@ def compute_targets(summary: dict) -> list[dict]:
         rkl = part.get("test", {}).get("reverse_kl", {})
         for j in JUDGES:
             value = rkl.get(j, {}).get("forgotten_rate", {}).get("mean", nan)
-            rows.append(target(f"concept {forget_class}: reverse-KL forgotten rate ({JUDGE_NAMES[j]})", value,
-                               threshold, "<="))  # fmt: skip
+            rows.append(
+                target(f"concept {forget_class}: reverse-KL forgotten rate ({JUDGE_NAMES[j]})", value, threshold, "<=")
+            )
         value = rkl.get("zoo", {}).get("max_retained_accuracy_drop", {}).get("max", nan)
-        rows.append(target(f"concept {forget_class}: reverse-KL max retained accuracy drop (zoo classifier)", value,
-                           0.03, "<="))  # fmt: skip
+        rows.append(
+            target(
+                f"concept {forget_class}: reverse-KL max retained accuracy drop (zoo classifier)", value, 0.03, "<="
+            )
+        )
         for j in JUDGES:
             ratio = part.get("reverse_kl_over_esd_retain_frechet", {}).get(j) or {}
-            rows.append(target(
-                f"concept {forget_class}: reverse-KL over ESD+retain retained Fréchet at matched forgetting "
-                f"({JUDGE_NAMES[j]})", ratio.get("mean", nan), 0.85, "<="))  # fmt: skip
+            rows.append(
+                target(
+                    f"concept {forget_class}: reverse-KL over ESD+retain retained Fréchet at matched forgetting "
+                    f"({JUDGE_NAMES[j]})",
+                    ratio.get("mean", nan),
+                    0.85,
+                    "<=",
+                )
+            )
     fu = summary.get("data", {}).get("forward_kl")
-    rows.append(target("data: forward-KL |forget loss - held-out mean| in held-out spreads",
-                       fu["gap_in_heldout_spreads"]["mean"] if fu else nan, 1.0, "<="))  # fmt: skip
+    rows.append(
+        target(
+            "data: forward-KL |forget loss - held-out mean| in held-out spreads",
+            fu["gap_in_heldout_spreads"]["mean"] if fu else nan,
+            1.0,
+            "<=",
+        )
+    )
     for j in JUDGES:
-        rows.append(target(f"data: forward-KL retained Fréchet ratio to the pretrained model ({JUDGE_NAMES[j]})",
-                           fu[j]["frechet_ratio"]["mean"] if fu else nan, 1.10, "<="))  # fmt: skip
-    rows.append(target("slowest single run (training + its evaluation), CPU seconds",
-                       summary.get("slowest_run_cpu_seconds", nan), 600.0, "<="))  # fmt: skip
+        rows.append(
+            target(
+                f"data: forward-KL retained Fréchet ratio to the pretrained model ({JUDGE_NAMES[j]})",
+                fu[j]["frechet_ratio"]["mean"] if fu else nan,
+                1.10,
+                "<=",
+            )
+        )
+    rows.append(
+        target(
+            "slowest single run (training + its evaluation), CPU seconds",
+            summary.get("slowest_run_cpu_seconds", nan),
+            600.0,
+            "<=",
+        )
+    )
     return rows
 
 
@@ -598,11 +677,13 @@ def summarise(args, cache, choices, bench_sanity, resumed):
         pre = part["test"]["pretrained"]
         for j in JUDGES:  # headroom: the pretrained model does draw the class that is to be forgotten
             sanity[f"concept {forget_class}: pretrained forgotten-class rate, test ({JUDGE_NAMES[j]})"] = pre[j][
-                "forgotten_rate"]["mean"]  # fmt: skip
+                "forgotten_rate"
+            ]["mean"]
     if "data" in summary:
         pre = summary["data"]["pretrained"]
         sanity["data: pretrained |forget loss - held-out mean| in held-out spreads (memorisation to undo)"] = pre[
-            "gap_in_heldout_spreads"]["mean"]  # fmt: skip
+            "gap_in_heldout_spreads"
+        ]["mean"]
     summary["sanity"] = sanity
     summary["resumed_runs"] = resumed
     summary["targets"] = compute_targets(summary)
@@ -639,9 +720,16 @@ def report_sections(results) -> list[str]:
     lines = ["## Sanity", "", "| check | value |", "| --- | --- |"]
     lines += [f"| {k} | {v:.3f} |" for k, v in s["sanity"].items()]
     for forget_class, part in s["concept"].items():
-        lines += ["", f"## Concept unlearning: class {forget_class}", "", "### Validation (every level; the choice)", "",
-                  "| run | level | final λ | η | forgotten (zoo) | retained FD (zoo) | forgotten (MLP) | "
-                  "retained FD (MLP) | chosen |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            f"## Concept unlearning: class {forget_class}",
+            "",
+            "### Validation (every level; the choice)",
+            "",
+            "| run | level | final λ | η | forgotten (zoo) | retained FD (zoo) | forgotten (MLP) | "
+            "retained FD (MLP) | chosen |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for name, row in part["validation"].items():
             lines.append(
                 f"| {name} | {fmt(row['level'], '.3g')} | {fmt(row['final_lambda'])} | "
@@ -650,27 +738,40 @@ def report_sections(results) -> list[str]:
                 f"{fmt(row['mlp']['retained_frechet'])} | {'**yes**' if row['chosen'] else ''} |"
             )
         lines += [""] + [f"- {family}: {c['chosen']} ({c['rule']})" for family, c in part["choices"].items()]
-        lines += ["", "### Test (once, chosen levels)", "",
-                  "| method | run | forgotten (zoo) ± binomial SE | max retained acc. drop (zoo) | retained FD (zoo) | "
-                  "forgotten (MLP) | max retained acc. drop (MLP) | retained FD (MLP) |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            "### Test (once, chosen levels)",
+            "",
+            "| method | run | forgotten (zoo) ± binomial SE | max retained acc. drop (zoo) | retained FD (zoo) | "
+            "forgotten (MLP) | max retained acc. drop (MLP) | retained FD (MLP) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for family, row in part["test"].items():
             cells = []
             for j in JUDGES:
                 rate = row[j]["forgotten_rate"]
                 drop = row[j]["max_retained_accuracy_drop"]
-                cells += [f"{rate['mean']:.3f} ± {rate['binomial_se']:.3f}" if j == "zoo" else fmt(rate),
-                          f"{drop['max']:.3f} (class {drop['class']}, SE {drop['se']:.3f})",
-                          fmt(row[j]["retained_frechet"])]  # fmt: skip
+                cells += [
+                    f"{rate['mean']:.3f} ± {rate['binomial_se']:.3f}" if j == "zoo" else fmt(rate),
+                    f"{drop['max']:.3f} (class {drop['class']}, SE {drop['se']:.3f})",
+                    fmt(row[j]["retained_frechet"]),
+                ]
             lines.append(f"| {family} | {row['run']} | " + " | ".join(cells) + " |")
         for j in JUDGES:
             ratio = part["reverse_kl_over_esd_retain_frechet"][j]
-            lines.append(f"\nReverse KL over ESD+retain, retained FD at matched forgetting ({JUDGE_NAMES[j]}): "
-                         f"{fmt(ratio)} (SE {ratio['sem']:.3f}; per seed {[round(v, 3) for v in ratio['values']]}).")  # fmt: skip
+            lines.append(
+                f"\nReverse KL over ESD+retain, retained FD at matched forgetting ({JUDGE_NAMES[j]}): "
+                f"{fmt(ratio)} (SE {ratio['sem']:.3f}; per seed {[round(v, 3) for v in ratio['values']]})."
+            )
     if "data" in s:
-        lines += ["", "## Data unlearning (test half of the held-out digits)", "",
-                  "| method | forget loss | held-out loss (spread) | gap in spreads | z of forget mean | "
-                  "FD ratio (zoo) | FD ratio (MLP) | final λ |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            "## Data unlearning (test half of the held-out digits)",
+            "",
+            "| method | forget loss | held-out loss (spread) | gap in spreads | z of forget mean | "
+            "FD ratio (zoo) | FD ratio (MLP) | final λ |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for name, row in s["data"].items():
             lines.append(
                 f"| {name} | {fmt(row['forget_loss'], '.4f')} | {fmt(row['heldout_loss_mean'], '.4f')} "
@@ -689,15 +790,28 @@ def write_plot(results, cache, path):
 
     s = results["summary"]
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.5), dpi=100)
-    colors = {"reverse_kl": "#1f77b4", "likelihood": "#2ca02c", "forward_kl": "#9467bd", "esd": "#d62728",
-              "esd+retain": "#ff7f0e", "pretrained": "#555"}  # fmt: skip
+    colors = {
+        "reverse_kl": "#1f77b4",
+        "likelihood": "#2ca02c",
+        "forward_kl": "#9467bd",
+        "esd": "#d62728",
+        "esd+retain": "#ff7f0e",
+        "pretrained": "#555",
+    }
     markers = ["o", "s", "^", "D"]
     for i, (forget_class, part) in enumerate(s["concept"].items()):
         for name, row in part["validation"].items():
             rate, fd = row["zoo"]["forgotten_rate"], row["zoo"]["retained_frechet"]
-            left.errorbar(rate["mean"], fd["mean"], xerr=rate["std"], yerr=fd["std"], fmt=markers[i % 4],
-                          color=colors.get(row["family"], "k"), mfc="none" if not row["chosen"] else None,
-                          label=f"{forget_class}: {name}")  # fmt: skip
+            left.errorbar(
+                rate["mean"],
+                fd["mean"],
+                xerr=rate["std"],
+                yerr=fd["std"],
+                fmt=markers[i % 4],
+                color=colors.get(row["family"], "k"),
+                mfc="none" if not row["chosen"] else None,
+                label=f"{forget_class}: {name}",
+            )
     left.axvline(s["forget_rate_threshold"], color="#c33", linestyle="--", linewidth=1)
     left.set_xlabel("validation forgotten rate (zoo classifier)")
     left.set_yscale("log")
@@ -710,8 +824,13 @@ def write_plot(results, cache, path):
             continue
         parts = key.split("/")
         family = run.get("family", "forward_kl")
-        middle.plot(lam, color=colors.get(family, "k"), alpha=0.5, linestyle="-" if parts[0] == "concept" else ":",
-                    label="/".join(parts[:-1]) if parts[-1] == str(s["seeds"][0]) else None)  # fmt: skip
+        middle.plot(
+            lam,
+            color=colors.get(family, "k"),
+            alpha=0.5,
+            linestyle="-" if parts[0] == "concept" else ":",
+            label="/".join(parts[:-1]) if parts[-1] == str(s["seeds"][0]) else None,
+        )
     middle.set_xlabel("step")
     middle.set_ylabel("λ")
     middle.set_title("Dual variable (dotted: data unlearning)")
@@ -720,9 +839,14 @@ def write_plot(results, cache, path):
         names = list(s["data"])
         xs = np.arange(len(names))
         right.bar(xs - 0.2, [s["data"][n]["forget_loss"]["mean"] for n in names], 0.4, label="forgotten examples")
-        right.bar(xs + 0.2, [s["data"][n]["heldout_loss_mean"]["mean"] for n in names], 0.4, color="#aaa",
-                  yerr=[s["data"][n]["heldout_loss_std"]["mean"] for n in names],
-                  label="held-out non-members, test half (± spread)")  # fmt: skip
+        right.bar(
+            xs + 0.2,
+            [s["data"][n]["heldout_loss_mean"]["mean"] for n in names],
+            0.4,
+            color="#aaa",
+            yerr=[s["data"][n]["heldout_loss_std"]["mean"] for n in names],
+            label="held-out non-members, test half (± spread)",
+        )
         right.set_xticks(xs, names, fontsize=7)
         right.set_ylabel("denoising loss")
         right.set_title("Data: membership parity")
@@ -765,9 +889,14 @@ def map_jobs(args, argv, phase, choices=None):
 def write_report(results, output_dir):
     from diffusers_ext.evaluation.reporting import write_results
 
-    write_results(os.path.join(output_dir, "unlearning"), results, "Constrained unlearning on the digits DDPM",
-                  report_sections(results), settings_line(results),
-                  figures={".png": lambda path: write_plot(results, results["runs"], path)})  # fmt: skip
+    write_results(
+        os.path.join(output_dir, "unlearning"),
+        results,
+        "Constrained unlearning on the digits DDPM",
+        report_sections(results),
+        settings_line(results),
+        figures={".png": lambda path: write_plot(results, results["runs"], path)},
+    )
 
 
 def main(argv=None):

@@ -143,8 +143,9 @@ def main(argv=None):
     }
     for scale in args.guidance_scales:
         start = time.perf_counter()
-        report = evaluate_digits_generator(pipe, classifier, args.samples_per_class, args.num_inference_steps,
-                                           scale, args.seed)  # fmt: skip
+        report = evaluate_digits_generator(
+            pipe, classifier, args.samples_per_class, args.num_inference_steps, scale, args.seed
+        )
         results["ddpm"].append(
             {
                 "guidance_scale": scale,
@@ -188,8 +189,13 @@ def main(argv=None):
             "train_vs_heldout_frechet_distance": results["train_vs_heldout_frechet_distance"],
         },
     }
-    write_results(os.path.join(args.output_dir, "zoo"), results, "Digits zoo quality", report_sections(results),
-                  figures={".png": lambda path: write_plot(results, path)})  # fmt: skip
+    write_results(
+        os.path.join(args.output_dir, "zoo"),
+        results,
+        "Digits zoo quality",
+        report_sections(results),
+        figures={".png": lambda path: write_plot(results, path)},
+    )
     print(json.dumps(results["summary"], indent=2))
 
 

@@ -14,8 +14,14 @@ from typing import Any
 class LazyModule(ModuleType):
     """Surfaces `import_structure` (`{submodule: [public names]}`) and imports a submodule when a name is asked for."""
 
-    def __init__(self, name: str, module_file: str, import_structure: dict[str, list[str]], module_spec=None,
-                 extra_objects: dict[str, Any] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        module_file: str,
+        import_structure: dict[str, list[str]],
+        module_spec=None,
+        extra_objects: dict[str, Any] | None = None,
+    ):
         super().__init__(name)
         self._import_structure = import_structure
         self._name_to_submodule = {value: key for key, values in import_structure.items() for value in values}

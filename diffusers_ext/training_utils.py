@@ -221,16 +221,34 @@ def add_accelerate_arguments(parser, checkpointing_steps: int = 500, checkpoints
     `parser` is an `argparse.ArgumentParser` or one of its argument groups; the defaults of the two checkpoint
     flags differ between scripts.
     """
-    parser.add_argument("--mixed_precision", type=str, default=None, choices=["no", "fp16", "bf16"],
-                        help="Overrides accelerate's config.")  # fmt: skip
-    parser.add_argument("--checkpointing_steps", type=int, default=checkpointing_steps,
-                        help="Save a checkpoint every N steps.")  # fmt: skip
-    parser.add_argument("--checkpoints_total_limit", type=int, default=checkpoints_total_limit,
-                        help="Keep at most N checkpoints (the newest).")  # fmt: skip
-    parser.add_argument("--resume_from_checkpoint", type=str, default=None,
-                        help="'latest', a checkpoint folder name in output_dir, or a path.")  # fmt: skip
-    parser.add_argument("--report_to", type=str, default="tensorboard",
-                        help="accelerate tracker: 'tensorboard', 'wandb', 'all' or 'none'.")  # fmt: skip
+    parser.add_argument(
+        "--mixed_precision",
+        type=str,
+        default=None,
+        choices=["no", "fp16", "bf16"],
+        help="Overrides accelerate's config.",
+    )
+    parser.add_argument(
+        "--checkpointing_steps", type=int, default=checkpointing_steps, help="Save a checkpoint every N steps."
+    )
+    parser.add_argument(
+        "--checkpoints_total_limit",
+        type=int,
+        default=checkpoints_total_limit,
+        help="Keep at most N checkpoints (the newest).",
+    )
+    parser.add_argument(
+        "--resume_from_checkpoint",
+        type=str,
+        default=None,
+        help="'latest', a checkpoint folder name in output_dir, or a path.",
+    )
+    parser.add_argument(
+        "--report_to",
+        type=str,
+        default="tensorboard",
+        help="accelerate tracker: 'tensorboard', 'wandb', 'all' or 'none'.",
+    )
     parser.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")
 
 
@@ -248,15 +266,20 @@ def add_optimizer_arguments(
     [`build_optimizer`] reads the flags back.
     """
     parser.add_argument("--learning_rate", type=float, default=learning_rate, help="Peak learning rate.")
-    parser.add_argument("--lr_scheduler", type=str, default=lr_scheduler,
-                        help="A diffusers.optimization scheduler name ('cosine', 'constant_with_warmup', ...).")  # fmt: skip
+    parser.add_argument(
+        "--lr_scheduler",
+        type=str,
+        default=lr_scheduler,
+        help="A diffusers.optimization scheduler name ('cosine', 'constant_with_warmup', ...).",
+    )
     parser.add_argument("--lr_warmup_steps", type=int, default=lr_warmup_steps, help="Warm-up optimizer steps.")
     parser.add_argument("--adam_beta1", type=float, default=0.9, help="AdamW beta1.")
     parser.add_argument("--adam_beta2", type=float, default=0.999, help="AdamW beta2.")
     parser.add_argument("--adam_weight_decay", type=float, default=weight_decay, help="AdamW weight decay.")
     parser.add_argument("--adam_epsilon", type=float, default=1e-8, help="AdamW epsilon.")
-    parser.add_argument("--max_grad_norm", type=float, default=max_grad_norm,
-                        help="Gradient clipping norm (none: no clipping).")  # fmt: skip
+    parser.add_argument(
+        "--max_grad_norm", type=float, default=max_grad_norm, help="Gradient clipping norm (none: no clipping)."
+    )
 
 
 def build_optimizer(params, args, num_processes: int = 1):

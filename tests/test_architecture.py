@@ -176,7 +176,9 @@ def training_script_violations(root: str) -> list[str]:
     """Benchmark files that import a `training/` script: by name (`import train_x`, `from train_x import ...`) or by
     putting the `training/` folder on `sys.path`."""
     training = os.path.join(root, "training")
-    scripts = {n[: -len(".py")] for n in os.listdir(training) if n.endswith(".py")} if os.path.isdir(training) else set()
+    scripts = (
+        {n[: -len(".py")] for n in os.listdir(training) if n.endswith(".py")} if os.path.isdir(training) else set()
+    )
     violations = []
     for path in python_files(root, ("benchmarks",)):
         for line, modules in import_statements(root, path):
@@ -250,10 +252,17 @@ def test_a_tree_that_follows_the_rules_passes(fake_repo):
         ("diffusers_ext/models/y.py", "from .. import APipeline\n", "layers", "pipelines.a.pipeline_a"),
         ("diffusers_ext/newthing/x.py", "x = 1\n", "layers", "has no layer"),
         ("benchmarks/b.py", "def f():\n    from train_a import main\n", "training", "train_a"),
-        ("benchmarks/c.py", "import os, sys\nsys.path.insert(0, os.path.join('..', 'training'))\n", "training", "sys.path"),
+        (
+            "benchmarks/c.py",
+            "import os, sys\nsys.path.insert(0, os.path.join('..', 'training'))\n",
+            "training",
+            "sys.path",
+        ),
     ],
 )
 def test_each_rule_catches_a_violation(fake_repo, path, text, check, expected):
     _write(fake_repo, path, text)
-    violations = {"kit": kit_violations, "layers": layer_violations, "training": training_script_violations}[check](fake_repo)
+    violations = {"kit": kit_violations, "layers": layer_violations, "training": training_script_violations}[check](
+        fake_repo
+    )
     assert len(violations) == 1 and expected in violations[0], violations

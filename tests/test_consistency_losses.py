@@ -30,9 +30,16 @@ def _regressor(seed=0):
 
 def _unet(seed=0):
     torch.manual_seed(seed)
-    return UNet2DModel(sample_size=8, in_channels=1, out_channels=1, block_out_channels=(8, 16),
-                       down_block_types=("DownBlock2D",) * 2, up_block_types=("UpBlock2D",) * 2,
-                       layers_per_block=1, norm_num_groups=4)  # fmt: skip
+    return UNet2DModel(
+        sample_size=8,
+        in_channels=1,
+        out_channels=1,
+        block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D",) * 2,
+        up_block_types=("UpBlock2D",) * 2,
+        layers_per_block=1,
+        norm_num_groups=4,
+    )
 
 
 def test_augmentations_report_what_they_did():
@@ -154,8 +161,9 @@ def test_consistency_function_is_what_diffusers_consistency_pipeline_computes():
     pipe.set_progress_bar_config(disable=True)
     # (The pipeline's `latents=` check assumes 3 channels; draw the same latents from the same generator instead.)
     latents = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
-    images = pipe(batch_size=3, num_inference_steps=1, generator=torch.Generator().manual_seed(0),
-                  output_type="pt").images  # fmt: skip
+    images = pipe(
+        batch_size=3, num_inference_steps=1, generator=torch.Generator().manual_seed(0), output_type="pt"
+    ).images
     with torch.no_grad():
         ours = consistency_model_output(unet, latents * 80.0, torch.full((3,), 80.0))
     torch.testing.assert_close(images, (ours / 2 + 0.5).clamp(0, 1), rtol=1e-4, atol=1e-5)
@@ -173,8 +181,13 @@ def test_zoo_consistency_model_samples_digits_in_one_step_with_diffusers_pipelin
     pipe = zoo.load("digits-cm")
     assert isinstance(pipe, ConsistencyModelPipeline) and isinstance(pipe.scheduler, CMStochasticIterativeScheduler)
     pipe.set_progress_bar_config(disable=True)
-    images = pipe(batch_size=200, num_inference_steps=1, generator=torch.Generator().manual_seed(0),
-                  output_type="pt").images * 2 - 1  # fmt: skip
+    images = (
+        pipe(
+            batch_size=200, num_inference_steps=1, generator=torch.Generator().manual_seed(0), output_type="pt"
+        ).images
+        * 2
+        - 1
+    )
     classifier = zoo.load("digits-classifier")
     predictions, features = classifier_predictions(classifier, images)
     _, real = classifier_predictions(classifier, load_digits_images("heldout", resolution=8)[0])

@@ -105,8 +105,9 @@ def test_adapters_take_the_diffusers_guidance_scale(pipe):
     mask_id = pipe.tokenizer.mask_token_id
     ones = torch.ones_like(x)
     off = pipe.adapter(pipe.model, x, ones, prompt_mask=prompt_mask, mask_token_id=mask_id)
-    assert torch.equal(off, pipe.adapter(pipe.model, x, ones, prompt_mask=prompt_mask, guidance_scale=1.0,
-                                         mask_token_id=mask_id))  # fmt: skip
+    assert torch.equal(
+        off, pipe.adapter(pipe.model, x, ones, prompt_mask=prompt_mask, guidance_scale=1.0, mask_token_id=mask_id)
+    )
     guided = pipe.adapter(pipe.model, x, ones, prompt_mask=prompt_mask, guidance_scale=2.0, mask_token_id=mask_id)
     unconditional = pipe.adapter(pipe.model, x.masked_fill(prompt_mask, mask_id), ones, mask_token_id=mask_id)
     torch.testing.assert_close(guided, unconditional + 2.0 * (off - unconditional))

@@ -122,8 +122,15 @@ def test_dirp_undoes_advdm_on_the_zoo_model(digits_pipe, threes):
     protected = protect(digits_pipe, threes, "advdm", eps=EPS, num_steps=20, generator=seeded(0))
     schedule = {"num_inversion_steps": 5, "inversion_strength": 0.5}
     clean_error = digits_pipe.reconstruction_error(threes, **schedule)
-    out = digits_pipe(protected, num_iterations=30, learning_rate=0.01, perceptual_budget=0.05, output_type="pt",
-                      gradient_checkpointing=False, **schedule)  # fmt: skip
+    out = digits_pipe(
+        protected,
+        num_iterations=30,
+        learning_rate=0.01,
+        perceptual_budget=0.05,
+        output_type="pt",
+        gradient_checkpointing=False,
+        **schedule,
+    )
     purified = out.images * 2 - 1
 
     torch.testing.assert_close(out.recon_error_before, digits_pipe.reconstruction_error(protected, **schedule))
@@ -314,12 +321,31 @@ def test_benchmark_runs_on_a_pipeline_folder_with_a_vae(tmp_path):
     for i in range(2):
         array = (np.random.default_rng(i).random((32, 32, 3)) * 255).astype(np.uint8)
         PIL.Image.fromarray(array).save(tmp_path / "images" / f"{i}.png")
-    _benchmark_module().main([
-        "--pretrained_model_name_or_path", str(tmp_path / "tiny-sd"), "--image_dir", str(tmp_path / "images"),
-        "--resolution", "32", "--protections", "advdm", "photoguard", "--validation_protections", "advdm",
-        "--budgets", "8", "--pgd_steps", "2", "--max_iterations", "2", "--output_dir", str(tmp_path / "results"),
-        "--run_name", "tiny",
-    ])  # fmt: skip
+    _benchmark_module().main(
+        [
+            "--pretrained_model_name_or_path",
+            str(tmp_path / "tiny-sd"),
+            "--image_dir",
+            str(tmp_path / "images"),
+            "--resolution",
+            "32",
+            "--protections",
+            "advdm",
+            "photoguard",
+            "--validation_protections",
+            "advdm",
+            "--budgets",
+            "8",
+            "--pgd_steps",
+            "2",
+            "--max_iterations",
+            "2",
+            "--output_dir",
+            str(tmp_path / "results"),
+            "--run_name",
+            "tiny",
+        ]
+    )
     results = json.loads((tmp_path / "results" / "tiny.json").read_text())
     assert set(results["test"]) == {"advdm@8", "photoguard@8"}
     assert set(results["test"]["advdm@8"]) >= {"none", "jpeg", "noise", "diffpure", "gridpure", "impress", "dirp"}
@@ -351,7 +377,10 @@ def test_results_file_follows_the_measurement_protocol():
     assert {key.split("@")[1] for key in results["test"]} == {str(b) for b in settings["budgets"]}
     # computed targets; none judges DIRP by its own objective (the reconstruction error)
     met, total = targets_met(summary["targets"])
-    assert total >= 4 and all(t["met"] == (t["value"] <= t["threshold"] if t["comparison"] == "<=" else t["value"] >= t["threshold"]) for t in summary["targets"])  # fmt: skip
+    assert total >= 4 and all(
+        t["met"] == (t["value"] <= t["threshold"] if t["comparison"] == "<=" else t["value"] >= t["threshold"])
+        for t in summary["targets"]
+    )
     assert not any("recon" in t["name"].lower() for t in summary["targets"])
     headroom = summary["sanity"]["downstream_headroom"]["protected_fd_over_clean"]
     assert headroom["n"] >= 3 and len(settings["downstream_seeds"]) >= 3

@@ -74,8 +74,12 @@ def test_inversion_amplification_compares_with_same_norm_noise(dirp_pipe):
     delta[:, :, :8] = 16 / 255  # a structured perturbation: a band
     report = inversion_amplification(dirp_pipe, clean, clean + delta, num_inversion_steps=2)
     assert set(report) == {
-        "recon_error_clean", "recon_error_protected", "recon_error_noise", "amplification", "latent_amplification",
-    }  # fmt: skip
+        "recon_error_clean",
+        "recon_error_protected",
+        "recon_error_noise",
+        "amplification",
+        "latent_amplification",
+    }
     assert all(torch.isfinite(torch.tensor(v)) for v in report.values())
     assert report["latent_amplification"] > 0
     with pytest.raises(ValueError, match="shape"):
@@ -86,9 +90,15 @@ def test_full_mimic_changes_a_copy_of_every_weight(sd_pipe):
     images = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1
     before = {k: v.clone() for k, v in sd_pipe.unet.state_dict().items()}
     full, lora_state, losses = finetune_unet(
-        sd_pipe, images, ["a photo"] * 4, num_steps=2, batch_size=2, rank=None, learning_rate=1e-2,
+        sd_pipe,
+        images,
+        ["a photo"] * 4,
+        num_steps=2,
+        batch_size=2,
+        rank=None,
+        learning_rate=1e-2,
         caption_dropout=0.0,
-    )  # fmt: skip
+    )
     assert lora_state is None and len(losses) == 2
     assert not any("lora" in k for k in full.state_dict())
     assert any(not torch.equal(v, before[k]) for k, v in full.state_dict().items())
@@ -102,7 +112,14 @@ def test_mimic_frechet_scores_samples_in_an_independent_feature_space(sd_pipe):
     net = MosaicFeatureNet(18).eval()
     images = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(3)) * 2 - 1
     distance, samples = mimic_frechet(
-        sd_pipe, net, images, "a photo", images, num_steps=1, num_samples=4, batch_size=2,
+        sd_pipe,
+        net,
+        images,
+        "a photo",
+        images,
+        num_steps=1,
+        num_samples=4,
+        batch_size=2,
         sample_kwargs={"num_inference_steps": 2},
-    )  # fmt: skip
+    )
     assert samples.shape == (4, 3, 32, 32) and distance >= 0

@@ -52,8 +52,14 @@ def test_a_wrong_rate_would_break_the_bound():
 def test_monte_carlo_estimate_matches_the_exact_bound(source, num_mask_tokens):
     scheduler = DiscreteFlowMatchingScheduler(vocab_size=3, source=source, num_mask_tokens=num_mask_tokens)
     torch.manual_seed(0)
-    model = DiscreteFlowTransformerModel(vocab_size=3, num_embeddings=scheduler.num_embeddings, sequence_length=3,
-                                         hidden_size=16, num_layers=1, num_heads=2).eval()  # fmt: skip
+    model = DiscreteFlowTransformerModel(
+        vocab_size=3,
+        num_embeddings=scheduler.num_embeddings,
+        sequence_length=3,
+        hidden_size=16,
+        num_layers=1,
+        num_heads=2,
+    ).eval()
     x1 = torch.tensor([[0, 1, 2]])
     exact = exact_nll_bounds(model, scheduler, x1, num_nodes=32)
     many = x1.expand(2000, 3)
@@ -69,8 +75,9 @@ def test_monte_carlo_estimate_matches_the_exact_bound(source, num_mask_tokens):
 def test_losses_are_finite_and_train(loss_type, coupling):
     scheduler = DiscreteFlowMatchingScheduler(vocab_size=4, source="multimask", num_mask_tokens=3)
     torch.manual_seed(0)
-    model = DiscreteFlowTransformerModel(vocab_size=4, num_embeddings=7, sequence_length=6, hidden_size=16,
-                                         num_layers=1, num_heads=2)  # fmt: skip
+    model = DiscreteFlowTransformerModel(
+        vocab_size=4, num_embeddings=7, sequence_length=6, hidden_size=16, num_layers=1, num_heads=2
+    )
     x1 = torch.randint(0, 4, (16, 6), generator=torch.Generator().manual_seed(0))
     loss = discrete_flow_loss(model, scheduler, x1, loss_type, coupling, torch.Generator().manual_seed(0))
     assert loss.ndim == 0 and torch.isfinite(loss) and loss > 0

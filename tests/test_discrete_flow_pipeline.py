@@ -14,9 +14,13 @@ def _tiny(source="uniform", **kwargs):
     scheduler = DiscreteFlowMatchingScheduler(vocab_size=3, source=source, **kwargs)
     torch.manual_seed(0)
     model = DiscreteFlowTransformerModel(
-        vocab_size=3, num_embeddings=scheduler.num_embeddings, sequence_length=5, hidden_size=16, num_layers=1,
+        vocab_size=3,
+        num_embeddings=scheduler.num_embeddings,
+        sequence_length=5,
+        hidden_size=16,
+        num_layers=1,
         num_heads=2,
-    )  # fmt: skip
+    )
     return DiscreteFlowPipeline(model.eval(), scheduler)
 
 

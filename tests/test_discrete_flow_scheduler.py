@@ -31,8 +31,9 @@ class TestDiscreteFlowMatchingSchedulerConformance(SchedulerConformanceTests):
 
 @pytest.mark.parametrize("source,num_mask_tokens", [("mask", None), ("multimask", 4), ("uniform", None)])
 def test_add_noise_keeps_data_with_probability_kappa(source, num_mask_tokens):
-    scheduler = DiscreteFlowMatchingScheduler(vocab_size=6, source=source, num_mask_tokens=num_mask_tokens,
-                                              kappa_exponent=2.0)  # fmt: skip
+    scheduler = DiscreteFlowMatchingScheduler(
+        vocab_size=6, source=source, num_mask_tokens=num_mask_tokens, kappa_exponent=2.0
+    )
     g = torch.Generator().manual_seed(0)
     x1 = torch.randint(0, 6, (4000, 8), generator=g)
     x0 = scheduler.sample_source(x1.shape, g)
@@ -80,8 +81,9 @@ def test_list_of_generators_reproduces_single_rows():
     both = scheduler.step(logits, 0.0, sample, generator=[torch.Generator().manual_seed(s) for s in (7, 8)])
     for row, seed in enumerate((7, 8)):
         scheduler.set_timesteps(3)
-        single = scheduler.step(logits[row : row + 1], 0.0, sample[row : row + 1],
-                                generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        single = scheduler.step(
+            logits[row : row + 1], 0.0, sample[row : row + 1], generator=torch.Generator().manual_seed(seed)
+        )
         assert torch.equal(single.prev_sample[0], both.prev_sample[row])
 
 

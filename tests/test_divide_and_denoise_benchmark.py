@@ -20,9 +20,32 @@ def test_tiny_run_writes_a_protocol_results_file(tmp_path):
     )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    bench.main(["--experts", "2", "--val_layouts", "1", "--test_layouts", "1", "--disc_images", "2",
-                "--disc_steps", "4", "--digit_images", "1", "--digit_steps", "3", "--wide_val", "1", "--wide_test",
-                "1", "--calibration_images", "2", "--output_dir", str(tmp_path)])  # fmt: skip
+    bench.main(
+        [
+            "--experts",
+            "2",
+            "--val_layouts",
+            "1",
+            "--test_layouts",
+            "1",
+            "--disc_images",
+            "2",
+            "--disc_steps",
+            "4",
+            "--digit_images",
+            "1",
+            "--digit_steps",
+            "3",
+            "--wide_val",
+            "1",
+            "--wide_test",
+            "1",
+            "--calibration_images",
+            "2",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     with open(tmp_path / "divide_and_denoise.json", encoding="utf-8") as f:
         results = json.load(f)
     assert {"validation", "test", "calibration", "sweep", "code_hash"} <= results.keys()

@@ -43,9 +43,13 @@ def _sd3(seed: int = 0):
 
 def _sd3_embeds(sd3, prompts: list[str]):
     embeds, negative, pooled, negative_pooled = sd3.encode_prompt(
-        prompt=prompts, prompt_2=None, prompt_3=None, do_classifier_free_guidance=True, negative_prompt="",
+        prompt=prompts,
+        prompt_2=None,
+        prompt_3=None,
+        do_classifier_free_guidance=True,
+        negative_prompt="",
         max_sequence_length=8,
-    )  # fmt: skip
+    )
     return {
         "prompt_embeds": embeds,
         "negative_prompt_embeds": negative[:1],
@@ -103,8 +107,15 @@ def test_one_sd3_agent_reproduces_the_stable_diffusion_3_pipeline():
     latents = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(1))
     expected = sd3(**embeds, num_inference_steps=3, guidance_scale=3.0, latents=latents, output_type="np").images
     pipe = _sd3_composite(sd3)
-    got = pipe(**embeds, num_inference_steps=3, guidance_scale=3.0, latents=latents, output_type="np",
-               allocator=AverageAllocator(), token_indices=[[1]])  # fmt: skip
+    got = pipe(
+        **embeds,
+        num_inference_steps=3,
+        guidance_scale=3.0,
+        latents=latents,
+        output_type="np",
+        allocator=AverageAllocator(),
+        token_indices=[[1]],
+    )
     np.testing.assert_allclose(got.images, expected, atol=1e-5)
 
 
@@ -113,8 +124,14 @@ def test_sd3_experts_compose_with_the_joint_attention_utility():
     other = get_tiny_sd3_components(seed=1)["transformer"]
     embeds = _sd3_embeds(sd3, ["a red circle", "a blue square"])
     pipe = _sd3_composite(sd3, [sd3.transformer, other])
-    out = pipe(**embeds, token_indices=[[1, 2], [1, 2]], num_inference_steps=3, guidance_scale=2.0,
-               output_type="np", generator=torch.Generator().manual_seed(0))  # fmt: skip
+    out = pipe(
+        **embeds,
+        token_indices=[[1, 2], [1, 2]],
+        num_inference_steps=3,
+        guidance_scale=2.0,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    )
     assert out.images.shape == (1, 32, 32, 3) and np.isfinite(out.images).all()
     assert out.allocations.shape == (3, 1, 2, 16, 16)
     torch.testing.assert_close(out.allocations.sum(dim=2), torch.ones(3, 1, 16, 16))
@@ -129,8 +146,11 @@ def test_sd3_experts_need_pooled_embeddings():
     with pytest.raises(ValueError, match="pooled_prompt_embeds"):
         pipe(**without_pooled, token_indices=[[1]], num_inference_steps=2)
     with pytest.raises(ValueError, match="pooled_prompt_embeds"):
-        pipe(**dict(embeds, pooled_prompt_embeds=embeds["pooled_prompt_embeds"][:, :5].repeat(2, 1)),
-             token_indices=[[1]], num_inference_steps=2)  # fmt: skip
+        pipe(
+            **dict(embeds, pooled_prompt_embeds=embeds["pooled_prompt_embeds"][:, :5].repeat(2, 1)),
+            token_indices=[[1]],
+            num_inference_steps=2,
+        )
     unet_pipe = DivideAndDenoisePipeline.from_pipelines([StableDiffusionPipeline(**get_tiny_sd_components())])
     with pytest.raises(ValueError, match="pooled_prompt_embeds"):
         unet_pipe(prompt=["a"], pooled_prompt_embeds=torch.zeros(1, 4), num_inference_steps=2)
@@ -139,11 +159,17 @@ def test_sd3_experts_need_pooled_embeddings():
 def test_unet_experts_run_with_a_flow_matching_scheduler():
     pipes = [StableDiffusionPipeline(**get_tiny_sd_components(seed=s)) for s in (0, 1)]
     shared = {k: pipes[0].components[k] for k in ("vae", "text_encoder", "tokenizer")}
-    pipe = DivideAndDenoisePipeline(MultiDenoiserModel([p.unet for p in pipes]), FlowMatchEulerDiscreteScheduler(),
-                                    **shared)  # fmt: skip
+    pipe = DivideAndDenoisePipeline(
+        MultiDenoiserModel([p.unet for p in pipes]), FlowMatchEulerDiscreteScheduler(), **shared
+    )
     pipe.set_progress_bar_config(disable=True)
-    out = pipe(prompt=["a cat", "a dog"], num_inference_steps=3, guidance_scale=2.0, output_type="np",
-               generator=torch.Generator().manual_seed(0))  # fmt: skip
+    out = pipe(
+        prompt=["a cat", "a dog"],
+        num_inference_steps=3,
+        guidance_scale=2.0,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    )
     assert out.images.shape == (1, 32, 32, 3) and np.isfinite(out.images).all()
     torch.testing.assert_close(out.allocations.sum(dim=2), torch.ones(3, 1, 16, 16))
 
@@ -153,8 +179,9 @@ def test_lora_finetune_changes_a_copy_and_its_adapters_reload():
     before = {k: v.clone() for k, v in base.unet.state_dict().items()}
     images = torch.rand(6, 3, 32, 32) * 2 - 1
     captions = ["a cat"] * 3 + ["a dog"] * 3
-    unet, lora_state, losses = finetune_unet(base, images, captions, num_steps=3, rank=2, learning_rate=1e-2,
-                                                  seed=0, batch_size=4)  # fmt: skip
+    unet, lora_state, losses = finetune_unet(
+        base, images, captions, num_steps=3, rank=2, learning_rate=1e-2, seed=0, batch_size=4
+    )
     assert type(unet) is UNet2DConditionModel and len(losses) == 3 and np.isfinite(losses).all()
     assert all(torch.equal(before[k], v) for k, v in base.unet.state_dict().items())  # the pipeline is untouched
     assert lora_state and all("lora" in k for k in lora_state)
@@ -163,8 +190,7 @@ def test_lora_finetune_changes_a_copy_and_its_adapters_reload():
     reloaded = unet_with_lora(base, lora_state, rank=2)
     for k, v in unet.state_dict().items():
         torch.testing.assert_close(reloaded.state_dict()[k], v)
-    again, _, _ = finetune_unet(base, images, captions, num_steps=3, rank=2, learning_rate=1e-2, seed=0,
-                                     batch_size=4)  # fmt: skip
+    again, _, _ = finetune_unet(base, images, captions, num_steps=3, rank=2, learning_rate=1e-2, seed=0, batch_size=4)
     for k, v in unet.state_dict().items():  # seeded: the same fine-tune twice
         torch.testing.assert_close(again.state_dict()[k], v)
 

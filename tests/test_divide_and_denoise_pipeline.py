@@ -88,8 +88,11 @@ def test_allocations_are_divisions_per_step_and_shown_to_callbacks():
         seen.append(kwargs["allocation"].clone())
         return {}
 
-    out = pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0), callback_on_step_end=callback,
-               callback_on_step_end_tensor_inputs=["allocation", "noise_pred"])  # fmt: skip
+    out = pipe(
+        **get_dummy_inputs(DivideAndDenoisePipeline, seed=0),
+        callback_on_step_end=callback,
+        callback_on_step_end_tensor_inputs=["allocation", "noise_pred"],
+    )
     assert out.allocations.shape == (2, 1, 2, dummies.SAMPLE_SIZE, dummies.CANVAS_WIDTH)
     torch.testing.assert_close(out.allocations.sum(dim=2), torch.ones(2, 1, 8, 12))
     assert (out.allocations >= 0).all()
@@ -138,14 +141,21 @@ def test_identical_agents_reproduce_the_single_model_pipeline():
     step the result is the base pipeline's, step for step (this checks the composite and the scheduler loop)."""
     components = dummies.get_components(seed=0)
     unet = components["denoisers"][0]
-    base = ClassConditionalDDPMPipeline(unet=unet, scheduler=DDIMScheduler(num_train_timesteps=100),
-                                        null_class_label=dummies.NULL_CLASS_LABEL)  # fmt: skip
+    base = ClassConditionalDDPMPipeline(
+        unet=unet, scheduler=DDIMScheduler(num_train_timesteps=100), null_class_label=dummies.NULL_CLASS_LABEL
+    )
     base.set_progress_bar_config(disable=True)
     latents = torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(3))
     expected = base(class_labels=[2], num_inference_steps=4, guidance_scale=2.0, latents=latents, output_type="np")
     pipe = _pixel_pipeline()
-    got = pipe(class_labels=[2, 2], num_inference_steps=4, guidance_scale=2.0, latents=latents, output_type="np",
-               alignment_scale=0.0)  # fmt: skip
+    got = pipe(
+        class_labels=[2, 2],
+        num_inference_steps=4,
+        guidance_scale=2.0,
+        latents=latents,
+        output_type="np",
+        alignment_scale=0.0,
+    )
     np.testing.assert_allclose(got.images, expected.images, atol=1e-5)
 
 
@@ -161,10 +171,18 @@ def test_per_model_guidance_scales_are_used():
 def test_fair_division_composes_conflicting_experts_where_baselines_fail():
     pipe = _disc_pipeline()
     scores, allocations = {}, None
-    for composition, allocator in (("divide_and_denoise", None), ("average", AverageAllocator()),
-                                   ("multidiffusion", RegionAllocator())):  # fmt: skip
-        out = pipe(num_inference_steps=20, num_images_per_prompt=6, generator=torch.Generator().manual_seed(0),
-                   output_type="pt", allocator=allocator)  # fmt: skip
+    for composition, allocator in (
+        ("divide_and_denoise", None),
+        ("average", AverageAllocator()),
+        ("multidiffusion", RegionAllocator()),
+    ):
+        out = pipe(
+            num_inference_steps=20,
+            num_images_per_prompt=6,
+            generator=torch.Generator().manual_seed(0),
+            output_type="pt",
+            allocator=allocator,
+        )
         scores[composition] = discs_success(out.images).mean()
         if composition == "divide_and_denoise":
             allocations = out.allocations
@@ -180,8 +198,9 @@ def test_alignment_changes_the_sample_only_in_its_first_steps():
     base = dict(get_dummy_inputs(DivideAndDenoisePipeline, seed=0), num_inference_steps=3, output_type="latent")
     off = pipe(**{**base, "generator": torch.Generator().manual_seed(0)}, alignment_scale=0.0).images
     on = pipe(**{**base, "generator": torch.Generator().manual_seed(0)}, alignment_scale=0.5).images
-    zero_steps = pipe(**{**base, "generator": torch.Generator().manual_seed(0)}, alignment_scale=0.5,
-                      max_iter_to_align=0).images  # fmt: skip
+    zero_steps = pipe(
+        **{**base, "generator": torch.Generator().manual_seed(0)}, alignment_scale=0.5, max_iter_to_align=0
+    ).images
     assert (on - off).abs().max() > 1e-4
     torch.testing.assert_close(zero_steps, off)
 
@@ -226,8 +245,9 @@ def test_timings_are_in_the_output():
 
 def test_from_pipelines_keeps_a_shared_unet_once_and_the_null_class():
     unet = get_tiny_pixel_unet(seed=0, sample_size=8, in_channels=1, num_class_embeds=4)
-    digits = ClassConditionalDDPMPipeline(unet=unet, scheduler=DDIMScheduler(num_train_timesteps=100),
-                                          null_class_label=3)  # fmt: skip
+    digits = ClassConditionalDDPMPipeline(
+        unet=unet, scheduler=DDIMScheduler(num_train_timesteps=100), null_class_label=3
+    )
     pipe = DivideAndDenoisePipeline.from_pipelines([digits, digits])
     assert len(pipe.denoisers) == 1 and pipe.config.null_class_label == 3
     assert pipe.scheduler is not digits.scheduler and pipe.scheduler.config == digits.scheduler.config
@@ -235,11 +255,12 @@ def test_from_pipelines_keeps_a_shared_unet_once_and_the_null_class():
 
 def test_mismatched_schedules_and_latent_spaces_are_rejected():
     make = lambda **unet_kwargs: ClassConditionalDDPMPipeline(  # noqa: E731
-        unet=get_tiny_pixel_unet(**{"seed": 0, "sample_size": 8, "in_channels": 1, "num_class_embeds": 4,
-                                    **unet_kwargs}),
+        unet=get_tiny_pixel_unet(
+            **{"seed": 0, "sample_size": 8, "in_channels": 1, "num_class_embeds": 4, **unet_kwargs}
+        ),
         scheduler=DDIMScheduler(num_train_timesteps=100),
         null_class_label=3,
-    )  # fmt: skip
+    )
     other_schedule = make()
     other_schedule.scheduler = DDIMScheduler(num_train_timesteps=100, beta_schedule="squaredcos_cap_v2")
     with pytest.raises(ValueError, match="beta_schedule"):
@@ -247,17 +268,20 @@ def test_mismatched_schedules_and_latent_spaces_are_rejected():
     with pytest.raises(ValueError, match=r"latents \(channels, size\)"):
         DivideAndDenoisePipeline.from_pipelines([make(), make(sample_size=16)])
     with pytest.raises(ValueError, match="latent channels"):
-        DivideAndDenoisePipeline(MultiDenoiserModel([make().unet, make(in_channels=3).unet]),
-                                 DDIMScheduler(num_train_timesteps=100))  # fmt: skip
+        DivideAndDenoisePipeline(
+            MultiDenoiserModel([make().unet, make(in_channels=3).unet]), DDIMScheduler(num_train_timesteps=100)
+        )
     with pytest.raises(ValueError, match="mix conditioning kinds"):
-        DivideAndDenoisePipeline(MultiDenoiserModel([make().unet, make(num_class_embeds=None).unet]),
-                                 DDIMScheduler(num_train_timesteps=100))  # fmt: skip
+        DivideAndDenoisePipeline(
+            MultiDenoiserModel([make().unet, make(num_class_embeds=None).unet]), DDIMScheduler(num_train_timesteps=100)
+        )
     with pytest.raises(ValueError, match="alphas_cumprod"):  # neither a DDPM-family nor a flow-matching schedule
         DivideAndDenoisePipeline(MultiDenoiserModel([make().unet]), ScoreSdeVeScheduler())
     DivideAndDenoisePipeline(MultiDenoiserModel([make().unet]), FlowMatchEulerDiscreteScheduler())  # accepted
     sd = _sd_pipelines()
-    sd[1].vae = AutoencoderKL(**{**dict(sd[0].vae.config), "latent_channels": 4, "norm_num_groups": 4,
-                                 "block_out_channels": (4, 8)})  # fmt: skip
+    sd[1].vae = AutoencoderKL(
+        **{**dict(sd[0].vae.config), "latent_channels": 4, "norm_num_groups": 4, "block_out_channels": (4, 8)}
+    )
     with pytest.raises(ValueError, match="autoencoder"):
         DivideAndDenoisePipeline.from_pipelines(sd)
     with pytest.raises(ValueError, match="text_encoder"):
@@ -284,8 +308,14 @@ def test_stable_diffusion_unets_compose_with_each_utility(utility):
     pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
     pipe.set_progress_bar_config(disable=True)
     processors = {name: type(p) for name, p in pipe.denoisers[0].attn_processors.items()}
-    out = pipe(prompt=["a red cat", "a blue dog"], num_inference_steps=2, guidance_scale=3.0, utility=utility,
-               generator=torch.Generator().manual_seed(0), output_type="np")  # fmt: skip
+    out = pipe(
+        prompt=["a red cat", "a blue dog"],
+        num_inference_steps=2,
+        guidance_scale=3.0,
+        utility=utility,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+    )
     assert out.images.shape == (1, 32, 32, 3)
     assert out.allocations.shape == (2, 1, 2, 16, 16)
     torch.testing.assert_close(out.allocations.sum(dim=2), torch.ones(2, 1, 16, 16))
@@ -312,8 +342,14 @@ def test_cross_attention_recording_leaves_the_unet_output_unchanged():
 def test_cross_attention_utility_follows_the_token_indices():
     pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines(unet_seeds=(0,)))
     pipe.set_progress_bar_config(disable=True)
-    kwargs = {"prompt": ["a cat", "a dog"], "num_inference_steps": 1, "generator": torch.Generator().manual_seed(0),
-                  "output_type": "latent", "utility": "cross_attention", "alignment_scale": 0.0}  # fmt: skip
+    kwargs = {
+        "prompt": ["a cat", "a dog"],
+        "num_inference_steps": 1,
+        "generator": torch.Generator().manual_seed(0),
+        "output_type": "latent",
+        "utility": "cross_attention",
+        "alignment_scale": 0.0,
+    }
     first = pipe(**kwargs).allocations
     kwargs["generator"] = torch.Generator().manual_seed(0)
     other = pipe(**kwargs, token_indices=[[1], [3]]).allocations
@@ -339,8 +375,9 @@ def test_stable_diffusion_composition_saves_and_loads(tmp_path):
     loaded = load_pipeline(tmp_path)
     loaded.set_progress_bar_config(disable=True)
     assert isinstance(loaded.denoisers, MultiDenoiserModel) and len(loaded.denoisers) == 2
-    np.testing.assert_allclose(loaded(**kwargs, generator=torch.Generator().manual_seed(0)).images, expected,
-                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        loaded(**kwargs, generator=torch.Generator().manual_seed(0)).images, expected, atol=1e-5
+    )
 
 
 def test_nash_welfare_division_keeps_a_dominated_expert_where_argmax_loses_it():
@@ -409,8 +446,9 @@ def test_stable_diffusion_composition_takes_prompt_embeds_from_encode_prompt():
     assert embeds.shape[0] == 2 and negative.shape[0] == 1
     doubled = pipe.encode_prompt(prompts, num_images_per_prompt=2, do_classifier_free_guidance=False)
     assert doubled[0].shape[0] == 4 and doubled[1] is None
-    actual = pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, generator=torch.Generator().manual_seed(0),
-                  **kwargs)  # fmt: skip
+    actual = pipe(
+        prompt_embeds=embeds, negative_prompt_embeds=negative, generator=torch.Generator().manual_seed(0), **kwargs
+    )
     np.testing.assert_allclose(actual.images, expected.images, atol=1e-5)
     with pytest.raises(ValueError, match="token_indices"):
         pipe(prompt_embeds=embeds, num_inference_steps=2)
@@ -433,8 +471,9 @@ def test_stable_diffusion_composition_saves_and_loads_a_variant(tmp_path, safe_s
         load_pipeline(tmp_path, variant="fp16"),
     ):
         loaded.set_progress_bar_config(disable=True)
-        np.testing.assert_allclose(loaded(**kwargs, generator=torch.Generator().manual_seed(0)).images, expected,
-                                   atol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            loaded(**kwargs, generator=torch.Generator().manual_seed(0)).images, expected, atol=1e-5
+        )
     with pytest.raises(ValueError, match="'bf16'.*fp16"):
         DivideAndDenoisePipeline.from_pretrained(tmp_path, variant="bf16")
 
@@ -451,5 +490,6 @@ def test_call_settings_are_resolved_once_from_the_call():
     assert settings.utility == "x0_saliency" and settings.needs_unconditional and settings.fair and settings.aligns
     assert settings.latent_shape == (1, 1, 8, 12)
     with pytest.raises(ValueError, match="guidance_scale"):
-        pipe.check_inputs(None, [0, 1], None, None, 12, 2, [1.0], 1, None, None, "np", None, None, "auto", 0.5,
-                          None, 0.1, 10)  # fmt: skip
+        pipe.check_inputs(
+            None, [0, 1], None, None, 12, 2, [1.0], 1, None, None, "np", None, None, "auto", 0.5, None, 0.1, 10
+        )

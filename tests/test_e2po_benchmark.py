@@ -56,11 +56,37 @@ def test_committed_summary_recomputes_from_the_runs():
 @pytest.mark.slow
 def test_a_tiny_run_of_the_benchmark_writes_every_output(tmp_path):
     command = [
-        sys.executable, "benchmarks/e2po.py", "--seeds", "0", "--learn_steps", "2", "--regime_steps", "2",
-        "--eval_every", "2", "--images_per_step", "16", "--eval_samples", "30", "--validation_samples", "10",
-        "--workers", "1", "--noise_levels", "0.7", "--group_sizes", "8", "--max_scales", "0.02", "0.05",
-        "--thresholds", "0.99", "0.999", "--output_dir", str(tmp_path),
-    ]  # fmt: skip
+        sys.executable,
+        "benchmarks/e2po.py",
+        "--seeds",
+        "0",
+        "--learn_steps",
+        "2",
+        "--regime_steps",
+        "2",
+        "--eval_every",
+        "2",
+        "--images_per_step",
+        "16",
+        "--eval_samples",
+        "30",
+        "--validation_samples",
+        "10",
+        "--workers",
+        "1",
+        "--noise_levels",
+        "0.7",
+        "--group_sizes",
+        "8",
+        "--max_scales",
+        "0.02",
+        "0.05",
+        "--thresholds",
+        "0.99",
+        "0.999",
+        "--output_dir",
+        str(tmp_path),
+    ]
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
     results = json.loads((tmp_path / "e2po.json").read_text())

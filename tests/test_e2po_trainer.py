@@ -16,10 +16,21 @@ PROMPTS = ["a cat", "a dog", "a red car", "a tree"]
 
 def tiny_args(tmp_path, **overrides):
     settings = {
-        "output_dir": str(tmp_path), "max_steps": 2, "num_generations": 6, "per_device_train_batch_size": 12,
-        "num_inference_steps": 4, "guidance_scale": 1.0, "height": 16, "width": 16, "max_sequence_length": 8, "learning_rate": 3e-2,
-        "epsilon": 0.2, "save_steps": 1000, "e2po_num_anchors": 2, "e2po_num_directions": 2,
-    }  # fmt: skip
+        "output_dir": str(tmp_path),
+        "max_steps": 2,
+        "num_generations": 6,
+        "per_device_train_batch_size": 12,
+        "num_inference_steps": 4,
+        "guidance_scale": 1.0,
+        "height": 16,
+        "width": 16,
+        "max_sequence_length": 8,
+        "learning_rate": 3e-2,
+        "epsilon": 0.2,
+        "save_steps": 1000,
+        "e2po_num_anchors": 2,
+        "e2po_num_directions": 2,
+    }
     settings.update(overrides)
     return E2POConfig(**settings)
 
@@ -184,8 +195,16 @@ def test_pinned_update_of_a_tiny_run(tmp_path):
     Recorded by running f79ba98's own trainer with these settings on torch 2.13.0 (CPU), diffusers 0.42.1,
     transformers 5.24.0, peft 0.21.2 (an earlier machine's packages gave 31.637051886878908)."""
     torch.manual_seed(1234)
-    trainer = tiny_trainer(tmp_path, per_device_train_batch_size=6, gradient_accumulation_steps=2, num_inference_steps=3,
-                           beta=0.1, seed=3, timestep_fraction=0.7, e2po_token_scaling=False)  # fmt: skip
+    trainer = tiny_trainer(
+        tmp_path,
+        per_device_train_batch_size=6,
+        gradient_accumulation_steps=2,
+        num_inference_steps=3,
+        beta=0.1,
+        seed=3,
+        timestep_fraction=0.7,
+        e2po_token_scaling=False,
+    )
     history = trainer.train()
     lora_b = sum(
         p.detach().double().abs().sum() for n, p in trainer.unwrapped_transformer.named_parameters() if "lora_B" in n

@@ -116,8 +116,9 @@ def test_sinkhorn_approaches_the_hard_transport_as_tau_shrinks():
 def test_warm_start_converges_in_fewer_iterations(solver):
     utilities = _random_utilities(17, batch=1, agents=3, positions=64)
     exact = _allocate(solver, utilities)
-    nearby = (utilities * (1 + 0.01 * torch.rand(utilities.shape, generator=torch.Generator().manual_seed(1),
-                                                dtype=torch.float64)))  # fmt: skip
+    nearby = utilities * (
+        1 + 0.01 * torch.rand(utilities.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    )
     target = _allocate(solver, nearby)
     allocator = FairDivisionAllocator(solver, num_iterations=5, tol=0)
     cold_error = (allocator(nearby) - target).abs().max()

@@ -17,39 +17,84 @@ def tiny_flux(seed=0):
     tokenizer, tokenizer_2 = get_tiny_clip_tokenizer(), get_tiny_t5_tokenizer()
     return FluxPipeline(
         transformer=FluxTransformer2DModel(
-            patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-            num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=[4, 4, 8],
+            patch_size=1,
+            in_channels=4,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            axes_dims_rope=[4, 4, 8],
         ),
-        text_encoder=CLIPTextModel(CLIPTextConfig(
-            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-            num_attention_heads=4, max_position_embeddings=77, bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        )),
+        text_encoder=CLIPTextModel(
+            CLIPTextConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=32,
+                intermediate_size=37,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                max_position_embeddings=77,
+                bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        ),
         tokenizer=tokenizer,
-        text_encoder_2=T5EncoderModel(T5Config(
-            vocab_size=len(tokenizer_2), d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-            relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-        )),
+        text_encoder_2=T5EncoderModel(
+            T5Config(
+                vocab_size=len(tokenizer_2),
+                d_model=32,
+                d_kv=8,
+                d_ff=37,
+                num_layers=2,
+                num_heads=4,
+                relative_attention_num_buckets=8,
+                pad_token_id=0,
+                eos_token_id=1,
+                decoder_start_token_id=0,
+            )
+        ),
         tokenizer_2=tokenizer_2,
         vae=AutoencoderKL(
-            sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4,), layers_per_block=1,
-            latent_channels=1, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
-            shift_factor=0.0609, scaling_factor=1.5035,
+            sample_size=32,
+            in_channels=3,
+            out_channels=3,
+            block_out_channels=(4,),
+            layers_per_block=1,
+            latent_channels=1,
+            norm_num_groups=1,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+            shift_factor=0.0609,
+            scaling_factor=1.5035,
         ),
         scheduler=FlowMatchEulerDiscreteScheduler(),
-    )  # fmt: skip
+    )
 
 
 SETTINGS = {
-    "max_steps": 3, "num_generations": 4, "per_device_train_batch_size": 8, "num_inference_steps": 3, "guidance_scale": 3.5,
-    "height": 8, "width": 8, "max_sequence_length": 8, "learning_rate": 1e-2, "epsilon": 0.2,
-    "save_steps": 1000, "beta": 0.1,
-}  # fmt: skip
+    "max_steps": 3,
+    "num_generations": 4,
+    "per_device_train_batch_size": 8,
+    "num_inference_steps": 3,
+    "guidance_scale": 3.5,
+    "height": 8,
+    "width": 8,
+    "max_sequence_length": 8,
+    "learning_rate": 1e-2,
+    "epsilon": 0.2,
+    "save_steps": 1000,
+    "beta": 0.1,
+}
 
 
 def test_grpo_on_flux_trains_rescores_and_saves_a_loadable_lora(tmp_path):
     trainer = DiffusionGRPOTrainer(
-        tiny_flux(), [BrightnessReward(1.0)], DiffusionGRPOConfig(output_dir=str(tmp_path), **SETTINGS), ["a", "b"],
+        tiny_flux(),
+        [BrightnessReward(1.0)],
+        DiffusionGRPOConfig(output_dir=str(tmp_path), **SETTINGS),
+        ["a", "b"],
         peft_config=tiny_lora(),
     )
     rollout = trainer.generate(trainer.prompt_indices(0), 0)

@@ -125,17 +125,23 @@ def test_generation_batch_and_accumulation_keep_trls_meanings(tmp_path):
     default = tiny_trainer(tmp_path / "a", per_device_train_batch_size=4, gradient_accumulation_steps=2)
     assert (default.generation_batch_size, default.steps_per_generation, default.images_per_process) == (8, 2, 8)
     given = tiny_trainer(tmp_path / "b", per_device_train_batch_size=4, generation_batch_size=8)
-    assert (given.steps_per_generation, given.args.steps_per_generation, given.args.generation_batch_size) == (2, None, 8)
+    assert (given.steps_per_generation, given.args.steps_per_generation, given.args.generation_batch_size) == (
+        2,
+        None,
+        8,
+    )
     # Two micro-batches per rollout, each its own optimizer step.
-    two = tiny_trainer(tmp_path / "c", per_device_train_batch_size=4, steps_per_generation=2, max_steps=1,
-                       num_inference_steps=3)  # fmt: skip
+    two = tiny_trainer(
+        tmp_path / "c", per_device_train_batch_size=4, steps_per_generation=2, max_steps=1, num_inference_steps=3
+    )
     two.train()
     steps = {int(state["step"]) for state in two.optimizer.optimizer.state.values()}
     assert steps == {2} and two.global_step == 1
     with pytest.raises(ValueError, match="cannot both be set"):
         DiffusionGRPOConfig(num_generations=4, generation_batch_size=8, steps_per_generation=2)
     with pytest.raises(ValueError, match="must be a multiple of `gradient_accumulation_steps`"):
-        DiffusionGRPOConfig(num_generations=4, per_device_train_batch_size=4, steps_per_generation=3,
-                            gradient_accumulation_steps=2)  # fmt: skip
+        DiffusionGRPOConfig(
+            num_generations=4, per_device_train_batch_size=4, steps_per_generation=3, gradient_accumulation_steps=2
+        )
     with pytest.raises(ValueError, match="divisible by the global batch size"):
         tiny_trainer(tmp_path / "d", per_device_train_batch_size=8, generation_batch_size=12, num_generations=4)

@@ -74,13 +74,27 @@ def test_clip_score_reward_loads_a_local_clip_model(tmp_path):
 
     torch.manual_seed(0)
     config = CLIPConfig(
-        text_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-                     "vocab_size": 514, "max_position_embeddings": 77, "bos_token_id": 512, "eos_token_id": 513,
-                     "pad_token_id": 513},
-        vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-                       "image_size": 16, "patch_size": 8},
+        text_config={
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "vocab_size": 514,
+            "max_position_embeddings": 77,
+            "bos_token_id": 512,
+            "eos_token_id": 513,
+            "pad_token_id": 513,
+        },
+        vision_config={
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 16,
+            "patch_size": 8,
+        },
         projection_dim=8,
-    )  # fmt: skip
+    )
     CLIPModel(config).save_pretrained(tmp_path)
     processor = CLIPProcessor(
         image_processor=CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}),

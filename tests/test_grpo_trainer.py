@@ -97,10 +97,22 @@ def test_metrics_every_step_and_kl_to_the_adapter_free_reference(tmp_path):
     history = trainer.train()
     assert trainer.num_train_timesteps == 2
     for key in [
-        "reward", "reward_std", "frac_reward_zero_std", "rewards/brightness_1/mean", "rewards/brightness_1/std",
-        "kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "loss", "grad_norm",
-        "time/sampling", "time/reward", "time/backward", "time/overhead_fraction",
-    ]:  # fmt: skip
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "rewards/brightness_1/mean",
+        "rewards/brightness_1/std",
+        "kl",
+        "clip_ratio/low_mean",
+        "clip_ratio/high_mean",
+        "clip_ratio/region_mean",
+        "loss",
+        "grad_norm",
+        "time/sampling",
+        "time/reward",
+        "time/backward",
+        "time/overhead_fraction",
+    ]:
         assert all(key in log and math.isfinite(log[key]) for log in history), key
     # LoRA's B starts at zero: the first micro-step has no KL; after updates the policy has moved.
     assert history[0]["kl"] < 1e-3 * history[-1]["kl"] or history[0]["kl"] < 1e-10
@@ -181,9 +193,15 @@ def test_saved_lora_loads_with_load_lora_weights(tmp_path):
 
     def sample(pipe):
         return pipe(
-            PROMPTS[:2], height=16, width=16, num_inference_steps=3, guidance_scale=1.0, max_sequence_length=8,
-            generator=torch.Generator().manual_seed(0), output_type="np",
-        ).images  # fmt: skip
+            PROMPTS[:2],
+            height=16,
+            width=16,
+            num_inference_steps=3,
+            guidance_scale=1.0,
+            max_sequence_length=8,
+            generator=torch.Generator().manual_seed(0),
+            output_type="np",
+        ).images
 
     base = StableDiffusion3Pipeline(**get_tiny_sd3_components(0))
     base.set_progress_bar_config(disable=True)
@@ -239,8 +257,15 @@ def test_pinned_update_of_a_tiny_run(tmp_path):
     """Two steps (beta > 0, accumulation, 2 of 3 timesteps) end at the LoRA weights the implementation before the
     shared trainer base (commit f79ba98) reached, bit for bit on the machine they were recorded on."""
     torch.manual_seed(1234)
-    trainer = tiny_trainer(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, num_inference_steps=3,
-                           beta=0.1, seed=3, timestep_fraction=0.7)  # fmt: skip
+    trainer = tiny_trainer(
+        tmp_path,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        num_inference_steps=3,
+        beta=0.1,
+        seed=3,
+        timestep_fraction=0.7,
+    )
     history = trainer.train()
     lora_b = sum(
         p.detach().double().abs().sum() for n, p in trainer.unwrapped_transformer.named_parameters() if "lora_B" in n

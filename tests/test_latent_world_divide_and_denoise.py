@@ -66,9 +66,31 @@ def test_every_method_is_tuned_on_the_same_guidance_grid():
 @pytest.mark.slow
 def test_tiny_run_returns_a_computed_targets_list(tmp_path):
     bench = _bench()
-    args = _args(bench, ["--dnd_seeds", "0", "--dnd_finetune_steps", "2", "--dnd_finetune_samples", "8",
-                         "--dnd_val_prompts", "1", "--dnd_test_prompts", "1", "--dnd_images", "1", "--dnd_steps", "2",
-                         "--dnd_sanity_images", "1", "--dnd_guidance_grid", "4", "--dnd_cache_dir", str(tmp_path)])  # fmt: skip
+    args = _args(
+        bench,
+        [
+            "--dnd_seeds",
+            "0",
+            "--dnd_finetune_steps",
+            "2",
+            "--dnd_finetune_samples",
+            "8",
+            "--dnd_val_prompts",
+            "1",
+            "--dnd_test_prompts",
+            "1",
+            "--dnd_images",
+            "1",
+            "--dnd_steps",
+            "2",
+            "--dnd_sanity_images",
+            "1",
+            "--dnd_guidance_grid",
+            "4",
+            "--dnd_cache_dir",
+            str(tmp_path),
+        ],
+    )
     results = bench.run(args)
     targets = results["summary"]["targets"]
     assert [t["threshold"] for t in targets] == [0.2, 0.2]

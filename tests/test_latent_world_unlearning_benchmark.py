@@ -66,11 +66,43 @@ def test_every_method_gets_its_grid_with_the_same_retain_term():
 @pytest.mark.slow
 def test_tiny_run_writes_a_protocol_results_file(tmp_path):
     bench = _bench()
-    bench.main(["--unlearn_steps", "1", "--unlearn_seeds", "0", "1", "--num_train_prompts", "2", "--val_prompts", "2",
-                "--test_forget_prompts", "2", "--test_retain_prompts", "3", "--feature_steps", "2",
-                "--unlearn_pool_size", "4", "--unlearn_batch_size", "2", "--unlearn_inference_steps", "1",
-                "--level_factors", "1", "--forward_kl_factors", "1", "--esd_etas", "1", "--siss_weights", "1",
-                "--output_dir", str(tmp_path), "--unlearn_cache_dir", str(tmp_path / "cache")])  # fmt: skip
+    bench.main(
+        [
+            "--unlearn_steps",
+            "1",
+            "--unlearn_seeds",
+            "0",
+            "1",
+            "--num_train_prompts",
+            "2",
+            "--val_prompts",
+            "2",
+            "--test_forget_prompts",
+            "2",
+            "--test_retain_prompts",
+            "3",
+            "--feature_steps",
+            "2",
+            "--unlearn_pool_size",
+            "4",
+            "--unlearn_batch_size",
+            "2",
+            "--unlearn_inference_steps",
+            "1",
+            "--level_factors",
+            "1",
+            "--forward_kl_factors",
+            "1",
+            "--esd_etas",
+            "1",
+            "--siss_weights",
+            "1",
+            "--output_dir",
+            str(tmp_path),
+            "--unlearn_cache_dir",
+            str(tmp_path / "cache"),
+        ]
+    )
     with open(tmp_path / "latent_world_unlearning.json", encoding="utf-8") as f:
         results = json.load(f)
     summary = results["summary"]

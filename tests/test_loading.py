@@ -10,10 +10,16 @@ from diffusers_ext import ClassConditionalDDPMPipeline, load_pipeline
 def _tiny_unet(num_class_embeds=None):
     torch.manual_seed(0)
     return UNet2DModel(
-        sample_size=8, in_channels=1, out_channels=1, block_out_channels=(8, 16), layers_per_block=1,
-        down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
-        norm_num_groups=4, num_class_embeds=num_class_embeds,
-    )  # fmt: skip
+        sample_size=8,
+        in_channels=1,
+        out_channels=1,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"),
+        norm_num_groups=4,
+        num_class_embeds=num_class_embeds,
+    )
 
 
 def test_loads_a_diffusers_pipeline_folder(tmp_path):

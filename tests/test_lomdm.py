@@ -29,8 +29,9 @@ LENGTH = 8
 def _components(c1=0.7, c2=0.65, seed=0):
     tokenizer = build_char_tokenizer("abcd")
     torch.manual_seed(seed)
-    denoiser = build_bidirectional_llama(tokenizer, LENGTH + 1, hidden_size=16, num_layers=1, num_heads=2,
-                                         intermediate_size=32).eval()  # fmt: skip
+    denoiser = build_bidirectional_llama(
+        tokenizer, LENGTH + 1, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32
+    ).eval()
     nets = [LoMDMScheduleNetwork(len(tokenizer), LENGTH + 1, hidden_size=8, num_heads=2, c1=c1, c2=c2) for _ in "fr"]
     return tokenizer, denoiser, nets[0].eval(), nets[1].eval()
 
@@ -52,9 +53,17 @@ def _pipe(scheduler, c1=0.7, c2=0.65):
 
 
 def _generate(pipe, n=4, seed=1, steps=LENGTH, callback=None):
-    return pipe(prompt=["<|bos|>"] * n, gen_length=LENGTH, num_inference_steps=steps, temperature=1.0,
-                eos_early_stop=False, generator=torch.Generator().manual_seed(seed), output_type="seq",
-                callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["transfer_index"]).sequences  # fmt: skip
+    return pipe(
+        prompt=["<|bos|>"] * n,
+        gen_length=LENGTH,
+        num_inference_steps=steps,
+        temperature=1.0,
+        eos_early_stop=False,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="seq",
+        callback_on_step_end=callback,
+        callback_on_step_end_tensor_inputs=["transfer_index"],
+    ).sequences
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -66,8 +75,16 @@ def test_mdlm_special_case_reproduces_the_shared_mdlm_loss():
     tokenizer, denoiser, forward, reverse = _components(1.0, 0.0)
     ids, mask = _batch(tokenizer)
     mask_id = tokenizer.mask_token_id
-    out = lomdm_loss(lambda z: denoiser(z).logits, forward, reverse, ids, mask, mask_id,
-                     generator=torch.Generator().manual_seed(3), num_mask_samples=2)  # fmt: skip
+    out = lomdm_loss(
+        lambda z: denoiser(z).logits,
+        forward,
+        reverse,
+        ids,
+        mask,
+        mask_id,
+        generator=torch.Generator().manual_seed(3),
+        num_mask_samples=2,
+    )
     references = []
     for k in range(2):
         logits = denoiser(torch.where(out.masked[k], mask_id, ids)).logits
@@ -134,8 +151,17 @@ def test_rloo_gradient_matches_the_exact_gradient():
     reverse = _FixedExponents(w_hat, trainable=False)
     ids = torch.zeros(n, length, dtype=torch.long)
     mask = torch.ones_like(ids, dtype=torch.bool)
-    out = lomdm_loss(denoiser, forward, reverse, ids, mask, mask_token_id=1,
-                     generator=torch.Generator().manual_seed(0), num_mask_samples=2, t=t)  # fmt: skip
+    out = lomdm_loss(
+        denoiser,
+        forward,
+        reverse,
+        ids,
+        mask,
+        mask_token_id=1,
+        generator=torch.Generator().manual_seed(0),
+        num_mask_samples=2,
+        t=t,
+    )
     out.loss.backward()
     estimate = forward.w.grad.clone() * length  # the loss is per token; the closed form is per sequence
 
@@ -230,8 +256,9 @@ def test_pipeline_round_trip_in_a_fresh_interpreter(tmp_path):
         "    print(out.sequences.flatten().tolist())\n"
     )
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
-                            timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     for line in result.stdout.strip().splitlines():
         assert [int(v) for v in line.strip("[]").split(",")] == expected.flatten().tolist()
@@ -282,8 +309,15 @@ def test_zoo_checkpoint_learned_to_generate_checksums_late():
         w = pipe.forward_schedule(ids, mask).exponents[:, 1:].mean(0)
     # every checksum position gets a smaller exponent than the average position: it is generated late
     assert w[source.checksum_positions].max() < w.mean()
-    out = pipe(prompt=["<|bos|>"] * 64, gen_length=source.length, num_inference_steps=source.length,
-               temperature=1.0, eos_early_stop=False, generator=torch.Generator().manual_seed(0), output_type="seq")  # fmt: skip
+    out = pipe(
+        prompt=["<|bos|>"] * 64,
+        gen_length=source.length,
+        num_inference_steps=source.length,
+        temperature=1.0,
+        eos_early_stop=False,
+        generator=torch.Generator().manual_seed(0),
+        output_type="seq",
+    )
     quality = markov_checksum_sample_quality(source, out.sequences - 4)
     assert quality["valid_fraction"] > 0.9 and quality["nll_per_token"] < 2.7  # uniform symbols: 4.07 nats/token
 

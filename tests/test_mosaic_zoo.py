@@ -33,8 +33,15 @@ def test_loads_in_float32_and_draws_single_objects(pipe):
     assert isinstance(pipe, StableDiffusionPipeline) and pipe.unet.dtype == torch.float32
     config = MosaicConfig(tasks=("single",))
     rows = list(mosaic_records(config, 24, seed=123, split="test"))
-    images = pipe([r["caption"] for r in rows], height=32, width=32, num_inference_steps=20, guidance_scale=4.0,
-                  generator=torch.Generator().manual_seed(0), output_type="np").images  # fmt: skip
+    images = pipe(
+        [r["caption"] for r in rows],
+        height=32,
+        width=32,
+        num_inference_steps=20,
+        guidance_scale=4.0,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+    ).images
     assert images.shape == (24, 32, 32, 3)
     summary = summarize(MosaicEvaluator(config).evaluate_batch(list(images), rows))
     # an untrained model scores ~0 on colour binding; the trained one draws most single objects right

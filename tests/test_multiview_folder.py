@@ -86,16 +86,25 @@ def test_datasets_rows_match_the_folder(tmp_path):
     _write_scene(tmp_path / "a", intrinsics, c2w, views)
     folder = MultiViewSceneDataset.from_folder(str(tmp_path), resolution=8)[0]
     images = [Image.open(tmp_path / "a" / "images" / f"{i:03d}.png") for i in range(3)]
-    rows = datasets.Dataset.from_dict({
-        "images": [images], "intrinsics": [intrinsics.tolist()], "c2w": [c2w.tolist()],
-        "depths": [views["depths"][:, 0].numpy().tolist()],
-    })  # fmt: skip
+    rows = datasets.Dataset.from_dict(
+        {
+            "images": [images],
+            "intrinsics": [intrinsics.tolist()],
+            "c2w": [c2w.tolist()],
+            "depths": [views["depths"][:, 0].numpy().tolist()],
+        }
+    )
     row = MultiViewSceneDataset.from_dataset(rows, resolution=8)[0]
     for key in folder:
         torch.testing.assert_close(row[key], folder[key])
     # images as integer arrays (as `datasets` stores them without an Image feature) read the same
-    arrays = datasets.Dataset.from_dict({"images": [[np.asarray(image).tolist() for image in images]],
-                                         "intrinsics": [intrinsics.tolist()], "c2w": [c2w.tolist()]})  # fmt: skip
+    arrays = datasets.Dataset.from_dict(
+        {
+            "images": [[np.asarray(image).tolist() for image in images]],
+            "intrinsics": [intrinsics.tolist()],
+            "c2w": [c2w.tolist()],
+        }
+    )
     torch.testing.assert_close(MultiViewSceneDataset.from_dataset(arrays, resolution=8)[0]["images"], folder["images"])
     no_depth = MultiViewSceneDataset.from_dataset(rows.remove_columns("depths"), resolution=8)
     assert not no_depth.has_depth and "depths" not in no_depth[0]

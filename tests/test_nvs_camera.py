@@ -133,7 +133,13 @@ def test_non_rigid_cameras_are_rejected(matrix, message):
 
 def test_bad_intrinsics_and_mismatched_counts():
     with pytest.raises(ValueError, match="focal"):
-        pixel_rays(torch.zeros(1, 3, 3).index_put((torch.tensor([0]), torch.tensor([2]), torch.tensor([2])),
-                   torch.tensor([1.0])), torch.eye(4)[None], 4, 4)  # fmt: skip
+        pixel_rays(
+            torch.zeros(1, 3, 3).index_put(
+                (torch.tensor([0]), torch.tensor([2]), torch.tensor([2])), torch.tensor([1.0])
+            ),
+            torch.eye(4)[None],
+            4,
+            4,
+        )
     with pytest.raises(ValueError, match="different numbers of cameras"):
         pixel_rays(_intrinsics(2).float(), torch.eye(4).expand(3, 4, 4), 4, 4)

@@ -7,8 +7,15 @@ from diffusers_ext.pipelines.semantic_nvs.semantic_features import semantic_feat
 
 def _tiny(config_class, model_class, **extra):
     torch.manual_seed(0)
-    config = config_class(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-                          patch_size=4, image_size=16, **extra)  # fmt: skip
+    config = config_class(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        patch_size=4,
+        image_size=16,
+        **extra,
+    )
     return model_class(config).eval()
 
 

@@ -11,8 +11,9 @@ K = torch.tensor([[30.0, 0.0, SIZE / 2], [0.0, 30.0, SIZE / 2], [0.0, 0.0, 1.0]]
 
 def _plane_depth(c2w, normal, offset):
     """z-depth of the plane {p : normal . p = offset} (world frame) seen from camera c2w (4, 4)."""
-    rows, cols = torch.meshgrid(torch.arange(SIZE, dtype=torch.float64) + 0.5,
-                                torch.arange(SIZE, dtype=torch.float64) + 0.5, indexing="ij")  # fmt: skip
+    rows, cols = torch.meshgrid(
+        torch.arange(SIZE, dtype=torch.float64) + 0.5, torch.arange(SIZE, dtype=torch.float64) + 0.5, indexing="ij"
+    )
     rays_cam = torch.stack([cols, rows, torch.ones_like(cols)], -1) @ torch.linalg.inv(K).T  # z component 1
     rays_world = rays_cam @ c2w[:3, :3].T
     t = (offset - normal @ c2w[:3, 3]) / (rays_world @ normal)  # ray parameter = z-depth (rays have z = 1)
@@ -42,9 +43,14 @@ def test_warped_depth_matches_the_target_depth_of_a_synthetic_plane(mode):
     source_depth = _plane_depth(source_pose, normal, offset)
     target_depth = _plane_depth(target_pose, normal, offset)
     _, valid, warped_depth = forward_warp(
-        torch.zeros(1, 1, SIZE, SIZE, dtype=torch.float64), source_depth[None, None], K[None], source_pose[None],
-        K[None], target_pose[None], mode=mode,
-    )  # fmt: skip
+        torch.zeros(1, 1, SIZE, SIZE, dtype=torch.float64),
+        source_depth[None, None],
+        K[None],
+        source_pose[None],
+        K[None],
+        target_pose[None],
+        mode=mode,
+    )
     valid = valid[0, 0]
     assert valid.float().mean() > 0.6
     relative_error = ((warped_depth[0, 0] - target_depth).abs() / target_depth)[valid]
@@ -59,15 +65,17 @@ def test_occlusion_resolves_toward_the_nearer_surface():
     source = torch.arange(SIZE, dtype=torch.float64).expand(1, 1, SIZE, SIZE).clone()  # feature = source column
     target_pose = torch.eye(4, dtype=torch.float64)
     target_pose[0, 3] = 8.0 / 30.0
-    warped, valid, warped_depth = forward_warp(source, depth, K[None], torch.eye(4, dtype=torch.float64)[None], K[None],
-                                               target_pose[None], mode="zbuffer")  # fmt: skip
+    warped, valid, warped_depth = forward_warp(
+        source, depth, K[None], torch.eye(4, dtype=torch.float64)[None], K[None], target_pose[None], mode="zbuffer"
+    )
     assert valid[0, 0, 5, 8]
     assert warped[0, 0, 5, 8] == 12.0 and warped_depth[0, 0, 5, 8] == 2.0
     # the far pixel's other landing spots are unaffected
     assert warped[0, 0, 5, 7] == 9.0
     # softmax splatting blends, but the near surface dominates
-    soft, _, _ = forward_warp(source, depth, K[None], torch.eye(4, dtype=torch.float64)[None], K[None], target_pose[None],
-                              mode="softmax")  # fmt: skip
+    soft, _, _ = forward_warp(
+        source, depth, K[None], torch.eye(4, dtype=torch.float64)[None], K[None], target_pose[None], mode="softmax"
+    )
     assert abs(float(soft[0, 0, 5, 8]) - 12.0) < 0.5
 
 
@@ -82,8 +90,9 @@ def test_feature_maps_at_another_resolution_and_holes():
     assert (warped[valid.expand_as(warped)] == 1).all() and (warped[~valid.expand_as(warped)] == 0).all()
     k_small = K.float().clone()
     k_small[:2] /= 2
-    small, valid_small, _ = forward_warp(source, depth, k, torch.eye(4)[None], k_small[None], torch.eye(4)[None],
-                                         target_size=(SIZE // 2, SIZE // 2))  # fmt: skip
+    small, valid_small, _ = forward_warp(
+        source, depth, k, torch.eye(4)[None], k_small[None], torch.eye(4)[None], target_size=(SIZE // 2, SIZE // 2)
+    )
     assert small.shape == (1, 3, SIZE // 2, SIZE // 2) and valid_small.all()
 
 
@@ -100,8 +109,14 @@ def test_feature_maps_at_another_resolution_and_holes():
 )
 def test_bad_input(overrides, message):
     k = torch.tensor([[8.0, 0, 4], [0, 8.0, 4], [0, 0, 1]])[None]
-    args = {"source": torch.ones(1, 2, 8, 8), "depth": torch.ones(1, 1, 8, 8), "intrinsics_src": k,
-            "c2w_src": torch.eye(4)[None], "intrinsics_tgt": k, "c2w_tgt": torch.eye(4)[None]}  # fmt: skip
+    args = {
+        "source": torch.ones(1, 2, 8, 8),
+        "depth": torch.ones(1, 1, 8, 8),
+        "intrinsics_src": k,
+        "c2w_src": torch.eye(4)[None],
+        "intrinsics_tgt": k,
+        "c2w_tgt": torch.eye(4)[None],
+    }
     args.update(overrides)
     with pytest.raises(ValueError, match=message):
         forward_warp(**args)

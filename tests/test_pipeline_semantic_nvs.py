@@ -80,8 +80,11 @@ def test_iterative_start_delays_the_iterative_features():
     inputs = get_dummy_inputs(SemanticNVSPipeline, seed=0)
     inputs.update(num_inference_steps=3)
     warped = pipe(**dict(inputs, semantic_mode="warped", generator=torch.Generator().manual_seed(0))).images
-    never = pipe(**dict(inputs, semantic_mode="warped+iterative", iterative_start=1.0,
-                        generator=torch.Generator().manual_seed(0))).images  # fmt: skip
+    never = pipe(
+        **dict(
+            inputs, semantic_mode="warped+iterative", iterative_start=1.0, generator=torch.Generator().manual_seed(0)
+        )
+    ).images
     always = pipe(**dict(inputs, semantic_mode="warped+iterative", generator=torch.Generator().manual_seed(0))).images
     np.testing.assert_allclose(never, warped, atol=1e-6)
     assert not np.allclose(always, warped)
@@ -120,12 +123,14 @@ def test_conditioning_x0_estimate_inverts_the_forward_process():
     for prediction_type in ("epsilon", "v_prediction", "sample"):
         scheduler = DDPMScheduler(num_train_timesteps=1000, prediction_type=prediction_type)
         noisy = scheduler.add_noise(clean, noise, timesteps)
-        output = {"epsilon": noise, "v_prediction": scheduler.get_velocity(clean, noise, timesteps),
-                  "sample": clean}[prediction_type]  # fmt: skip
+        output = {"epsilon": noise, "v_prediction": scheduler.get_velocity(clean, noise, timesteps), "sample": clean}[
+            prediction_type
+        ]
         torch.testing.assert_close(x0_estimate(scheduler, output, noisy, timesteps), clean, atol=1e-3, rtol=1e-3)
         # a single timestep for the whole batch, as the pipeline passes it
-        torch.testing.assert_close(x0_estimate(scheduler, output[1:2], noisy[1:2], timesteps[1]), clean[1:2],
-                                   atol=1e-4, rtol=1e-4)  # fmt: skip
+        torch.testing.assert_close(
+            x0_estimate(scheduler, output[1:2], noisy[1:2], timesteps[1]), clean[1:2], atol=1e-4, rtol=1e-4
+        )
     with pytest.raises(ValueError, match="`timesteps` must be a number or of shape \\(3,\\)"):
         x0_estimate(scheduler, clean, clean, torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="`model_output` has shape"):
@@ -155,8 +160,9 @@ def test_guidance_keeps_the_iterative_features_in_the_unconditional_branch():
     calls = []
     original = pipe.unet.forward
 
-    def recording(sample, timestep, plucker, input_mask, input_images, semantic_features=None, semantic_mask=None,
-                  **kwargs):  # fmt: skip
+    def recording(
+        sample, timestep, plucker, input_mask, input_images, semantic_features=None, semantic_mask=None, **kwargs
+    ):
         calls.append((input_mask.clone(), semantic_features.clone(), semantic_mask.clone()))
         return original(
             sample, timestep, plucker, input_mask, input_images, semantic_features, semantic_mask, **kwargs
@@ -191,14 +197,33 @@ def _tiny_metric_depth_estimator(depth_estimation_type: str = "metric"):
     from transformers import DPTImageProcessorPil as DepthProcessor
 
     torch.manual_seed(0)
-    backbone = Dinov2Config(hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32,
-                            image_size=28, patch_size=14, out_features=["stage1", "stage2", "stage3", "stage4"],
-                            reshape_hidden_states=False)  # fmt: skip
-    config = DepthAnythingConfig(backbone_config=backbone, reassemble_hidden_size=16, patch_size=14,
-                                 neck_hidden_sizes=[8, 8, 8, 8], fusion_hidden_size=8, head_hidden_size=8,
-                                 depth_estimation_type=depth_estimation_type, max_depth=10)  # fmt: skip
-    processor = DepthProcessor(size={"height": 28, "width": 28}, keep_aspect_ratio=False, ensure_multiple_of=14,
-                               image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])  # fmt: skip
+    backbone = Dinov2Config(
+        hidden_size=16,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        intermediate_size=32,
+        image_size=28,
+        patch_size=14,
+        out_features=["stage1", "stage2", "stage3", "stage4"],
+        reshape_hidden_states=False,
+    )
+    config = DepthAnythingConfig(
+        backbone_config=backbone,
+        reassemble_hidden_size=16,
+        patch_size=14,
+        neck_hidden_sizes=[8, 8, 8, 8],
+        fusion_hidden_size=8,
+        head_hidden_size=8,
+        depth_estimation_type=depth_estimation_type,
+        max_depth=10,
+    )
+    processor = DepthProcessor(
+        size={"height": 28, "width": 28},
+        keep_aspect_ratio=False,
+        ensure_multiple_of=14,
+        image_mean=[0.485, 0.456, 0.406],
+        image_std=[0.229, 0.224, 0.225],
+    )
     return DepthAnythingForDepthEstimation(config).eval(), processor
 
 

@@ -46,9 +46,13 @@ def test_warped_depth_matches_the_rendered_target_depth():
     views = render_orbit(scene, 2, 48, sweep_deg=20)
     source = torch.cat([views["images"], views["classes"][:, None].float()], dim=1)[:1]
     warped, valid, warped_depth = forward_warp(
-        source, views["depths"][:1], views["intrinsics"][:1], views["c2w"][:1], views["intrinsics"][1:],
+        source,
+        views["depths"][:1],
+        views["intrinsics"][:1],
+        views["c2w"][:1],
+        views["intrinsics"][1:],
         views["c2w"][1:],
-    )  # fmt: skip
+    )
     target_depth = views["depths"][1:]
     near = valid & (target_depth < 20)
     assert near.sum() > 0.75 * (target_depth < 20).sum()  # most of the scene (not the sky) is covered

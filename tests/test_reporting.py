@@ -31,8 +31,14 @@ def test_write_results_outputs(tmp_path):
     }
     drawn = []
     stem = str(tmp_path / "out" / "demo")
-    write_results(stem, results, "Demo", sections=["## More", "", "text"], settings_line="seed 0",
-                  figures={".png": lambda path: drawn.append(path) or open(path, "w").close()})  # fmt: skip
+    write_results(
+        stem,
+        results,
+        "Demo",
+        sections=["## More", "", "text"],
+        settings_line="seed 0",
+        figures={".png": lambda path: drawn.append(path) or open(path, "w").close()},
+    )
     with open(stem + ".json") as f:
         assert json.load(f) == results
     markdown = open(stem + ".md").read()
@@ -53,8 +59,11 @@ def test_targets_table_needs_protocol_rows():
 
 def test_rebuild_results_adds_comparison_and_keeps_values(tmp_path):
     path = tmp_path / "r.json"
-    old = {"command": "python benchmarks/x.py", "m": 0.7, "summary": {"targets": [
-        {"name": "m >= 0.5", "value": 0.7, "threshold": 0.5, "met": True}]}}  # fmt: skip
+    old = {
+        "command": "python benchmarks/x.py",
+        "m": 0.7,
+        "summary": {"targets": [{"name": "m >= 0.5", "value": 0.7, "threshold": 0.5, "met": True}]},
+    }
     path.write_text(json.dumps(old))
     rebuilt = rebuild_results(str(path), lambda r: [target("m >= 0.5", r["m"], 0.5)], rel_to=str(tmp_path))
     assert rebuilt["summary"]["targets"][0]["comparison"] == ">="
@@ -88,7 +97,9 @@ def test_choose_on_validation_picks_validation_best_and_tests_once():
 
     def measure(candidate, split):
         calls.append((candidate, split))
-        return {"accuracy": {"validation": {1: 0.2, 2: 0.9, 3: 0.9}, "test": {1: 1.0, 2: 0.5, 3: 0.1}}[split][candidate]}
+        return {
+            "accuracy": {"validation": {1: 0.2, 2: 0.9, 3: 0.9}, "test": {1: 1.0, 2: 0.5, 3: 0.1}}[split][candidate]
+        }
 
     record = choose_on_validation([1, 2, 3], measure, score=lambda m: m["accuracy"])
     assert record["chosen"] == {"name": "2", "candidate": 2, "score": 0.9}  # tie: the earlier one

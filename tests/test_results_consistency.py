@@ -71,8 +71,10 @@ def readme_results() -> list[tuple[str, str, str]]:
 
 
 def test_the_checker_catches_a_misstated_status():
-    rows = [{"name": "a", "value": 1.0, "threshold": 0.5, "met": True},
-            {"name": "b", "value": 0.1, "threshold": 0.5, "met": False}]  # fmt: skip
+    rows = [
+        {"name": "a", "value": 1.0, "threshold": 0.5, "met": True},
+        {"name": "b", "value": 0.1, "threshold": 0.5, "met": False},
+    ]
     assert status_disagreement("shipped; 1 of 2 targets met ([results](x))", rows) is None
     assert "computes 1 of 2" in status_disagreement("shipped; 2 of 2 targets met", rows)
     assert "no 'N of M" in status_disagreement("shipped, all targets met", rows)
@@ -80,8 +82,10 @@ def test_the_checker_catches_a_misstated_status():
 
 
 def test_the_table_parser_reads_status_cells():
-    readme = "# x\n\n## Methods\n\n| method | what | classes | status |\n| --- | --- | --- | --- |\n" \
-             "| A | a | `A` | shipped; 1 of 1 targets met ([results](benchmarks/results/a.md)) |\n\n## Usage\n| n | o | t | e |\n"  # fmt: skip
+    readme = (
+        "# x\n\n## Methods\n\n| method | what | classes | status |\n| --- | --- | --- | --- |\n"
+        "| A | a | `A` | shipped; 1 of 1 targets met ([results](benchmarks/results/a.md)) |\n\n## Usage\n| n | o | t | e |\n"
+    )
     assert methods_rows(readme) == [("A", "shipped; 1 of 1 targets met ([results](benchmarks/results/a.md))")]
 
 

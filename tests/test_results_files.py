@@ -47,7 +47,9 @@ def test_target_rows_are_complete_and_computed(path):
         for row in rows:
             assert FIELDS <= set(row), f"{path} {where}: row {row} lacks {sorted(FIELDS - set(row))}"
             expected = target(row["name"], row["value"], row["threshold"], row["comparison"])
-            assert row["met"] is expected["met"], f"{path} {where}: {row['name']!r} met={row['met']} but computes {expected['met']}"
+            assert row["met"] is expected["met"], (
+                f"{path} {where}: {row['name']!r} met={row['met']} but computes {expected['met']}"
+            )
 
 
 @pytest.mark.parametrize("path", RESULTS, ids=os.path.basename)

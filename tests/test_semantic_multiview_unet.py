@@ -55,8 +55,13 @@ def test_semantic_inputs_matter_and_default_to_zero():
     inputs = _inputs()
     with_features = model(**inputs).sample
     without = model(**{k: v for k, v in inputs.items() if not k.startswith("semantic")}).sample
-    zeros = model(**dict(inputs, semantic_features=torch.zeros_like(inputs["semantic_features"]),
-                         semantic_mask=torch.zeros_like(inputs["semantic_mask"]))).sample  # fmt: skip
+    zeros = model(
+        **dict(
+            inputs,
+            semantic_features=torch.zeros_like(inputs["semantic_features"]),
+            semantic_mask=torch.zeros_like(inputs["semantic_mask"]),
+        )
+    ).sample
     torch.testing.assert_close(without, zeros)
     assert (with_features - without).abs().max() > 1e-4
 
@@ -64,9 +69,17 @@ def test_semantic_inputs_matter_and_default_to_zero():
 @torch.no_grad()
 def test_single_view_initialisation_reproduces_the_pretrained_unet():
     torch.manual_seed(1)
-    unet = UNet2DModel(sample_size=8, in_channels=3, out_channels=3, block_out_channels=(8, 16), layers_per_block=1,
-                       down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-                       norm_num_groups=4, attention_head_dim=4).eval()  # fmt: skip
+    unet = UNet2DModel(
+        sample_size=8,
+        in_channels=3,
+        out_channels=3,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        norm_num_groups=4,
+        attention_head_dim=4,
+    ).eval()
     model = SemanticMultiViewUNetModel.from_single_view_unet(unet, semantic_channels=4).eval()
     inputs = _inputs(b=2, v=1)
     expected = unet(inputs["sample"][:, 0], inputs["timestep"]).sample
@@ -99,5 +112,10 @@ def test_bad_input(overrides, message):
 
 def test_needs_an_attention_block():
     with pytest.raises(ValueError, match="attention block"):
-        SemanticMultiViewUNetModel(**{**TINY, "down_block_types": ("DownBlock2D", "DownBlock2D"),
-                                      "up_block_types": ("UpBlock2D", "UpBlock2D")})  # fmt: skip
+        SemanticMultiViewUNetModel(
+            **{
+                **TINY,
+                "down_block_types": ("DownBlock2D", "DownBlock2D"),
+                "up_block_types": ("UpBlock2D", "UpBlock2D"),
+            }
+        )

@@ -127,10 +127,38 @@ def test_tiny_benchmark_run_writes_a_protocol_results_file(tmp_path):
     from diffusers_ext.evaluation.protocol import targets_status
 
     bench = load_benchmark()
-    bench.main(["--validation_scenes", "8", "--test_scenes", "8", "--seeds", "0", "1", "2", "--semantic_guidance",
-                "1", "--iterative_starts", "0", "--baseline_guidance", "1", "--evaluator_steps", "5",
-                "--evaluator_views", "32", "--evaluator_heldout_views", "16", "--num_inference_steps", "2",
-                "--num_bootstrap", "5", "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path)])  # fmt: skip
+    bench.main(
+        [
+            "--validation_scenes",
+            "8",
+            "--test_scenes",
+            "8",
+            "--seeds",
+            "0",
+            "1",
+            "2",
+            "--semantic_guidance",
+            "1",
+            "--iterative_starts",
+            "0",
+            "--baseline_guidance",
+            "1",
+            "--evaluator_steps",
+            "5",
+            "--evaluator_views",
+            "32",
+            "--evaluator_heldout_views",
+            "16",
+            "--num_inference_steps",
+            "2",
+            "--num_bootstrap",
+            "5",
+            "--cache_dir",
+            str(tmp_path / "cache"),
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     results = json.loads((tmp_path / "semantic_nvs.json").read_text(encoding="utf-8"))
     summary = results["summary"]
     assert len(summary["targets"]) == 3 and all(

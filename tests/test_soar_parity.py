@@ -121,8 +121,14 @@ def test_llada_soar_matches_reference_with_a_global_step_budget(steps):
         for seed in range(3):
             prompt = _prompts(1, 5, seed=seed)
             expected = soar_reference(model, prompt, steps, 12, 4, 0.5, mask_id)
-            out = pipe(input_ids=prompt, gen_length=12, num_inference_steps=steps, step_budget="global",
-                       eos_early_stop=False, output_type="seq")  # fmt: skip
+            out = pipe(
+                input_ids=prompt,
+                gen_length=12,
+                num_inference_steps=steps,
+                step_budget="global",
+                eos_early_stop=False,
+                output_type="seq",
+            )
             assert torch.equal(out.sequences[0], expected), seed
             nfe.append(int(out.nfe[0]))
             masks_left.append(int((out.sequences == mask_id).sum()))
@@ -203,8 +209,20 @@ def test_collapse_rules_on_hand_built_logits():
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def llada_reference(model, prompt, steps, gen_length, block_length, temperature, mask_id, remasking="low_confidence",
-                    eos_id=None, eot_id=None, logits_eos_inf=False, confidence_eos_eot_inf=False):  # fmt: skip
+def llada_reference(
+    model,
+    prompt,
+    steps,
+    gen_length,
+    block_length,
+    temperature,
+    mask_id,
+    remasking="low_confidence",
+    eos_id=None,
+    eot_id=None,
+    logits_eos_inf=False,
+    confidence_eos_eot_inf=False,
+):
     batch, prompt_length = prompt.shape
     x = torch.cat([prompt, torch.full((batch, gen_length), mask_id)], 1)
     num_blocks = gen_length // block_length
@@ -244,8 +262,15 @@ def test_llada_random_remasking_matches_reference(temperature):
     torch.manual_seed(7)
     expected = llada_reference(model, prompt, 8, 16, 8, temperature, tokenizer.mask_token_id, remasking="random")
     pipe = _pipe(model, tokenizer, SOARScheduler(block_length=8, confidence_measure="random"), "llada")
-    out = pipe(input_ids=prompt, gen_length=16, num_inference_steps=8, temperature=temperature,
-               generator=torch.Generator().manual_seed(7), eos_early_stop=False, output_type="seq")  # fmt: skip
+    out = pipe(
+        input_ids=prompt,
+        gen_length=16,
+        num_inference_steps=8,
+        temperature=temperature,
+        generator=torch.Generator().manual_seed(7),
+        eos_early_stop=False,
+        output_type="seq",
+    )
     assert torch.equal(out.sequences, expected)
     greedy = _pipe(model, tokenizer, SOARScheduler(block_length=8), "llada")(
         input_ids=prompt, gen_length=16, num_inference_steps=8, eos_early_stop=False, output_type="seq"
@@ -275,11 +300,29 @@ def test_llada_eos_options_match_reference():
         pipe = _pipe(model, tokenizer, SOARScheduler(block_length=12), "llada")
         results = {}
         for flags in ((False, False), (True, False), (False, True)):
-            expected = llada_reference(model, prompt, 12, 12, 12, 0.0, tokenizer.mask_token_id, eos_id=eos,
-                                       eot_id=eot, logits_eos_inf=flags[0], confidence_eos_eot_inf=flags[1])  # fmt: skip
-            out = pipe(input_ids=prompt, gen_length=12, num_inference_steps=12, eos_early_stop=False,
-                       logits_eos_inf=flags[0], confidence_eos_eot_inf=flags[1], eot_token_id=eot,
-                       output_type="seq")  # fmt: skip
+            expected = llada_reference(
+                model,
+                prompt,
+                12,
+                12,
+                12,
+                0.0,
+                tokenizer.mask_token_id,
+                eos_id=eos,
+                eot_id=eot,
+                logits_eos_inf=flags[0],
+                confidence_eos_eot_inf=flags[1],
+            )
+            out = pipe(
+                input_ids=prompt,
+                gen_length=12,
+                num_inference_steps=12,
+                eos_early_stop=False,
+                logits_eos_inf=flags[0],
+                confidence_eos_eot_inf=flags[1],
+                eot_token_id=eot,
+                output_type="seq",
+            )
             assert torch.equal(out.sequences, expected), flags
             results[flags] = expected
         assert bool((results[(False, False)] == eos).any()) and not bool((results[(True, False)] == eos).any())
@@ -295,8 +338,18 @@ def test_llada_eos_options_match_reference():
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def dream_reference(model, input_ids, max_new_tokens, steps, mask_id, alg="maskgit_plus", alg_temp=None, top_p=None,
-                    top_k=None, eps=1e-3):  # fmt: skip
+def dream_reference(
+    model,
+    input_ids,
+    max_new_tokens,
+    steps,
+    mask_id,
+    alg="maskgit_plus",
+    alg_temp=None,
+    top_p=None,
+    top_k=None,
+    eps=1e-3,
+):
     x = F.pad(input_ids, (0, max_new_tokens), value=mask_id)
     times = torch.linspace(1, eps, steps + 1)
     for i in range(steps):
@@ -308,11 +361,13 @@ def dream_reference(model, input_ids, max_new_tokens, steps, mask_id, alg="maskg
             drop = torch.cumsum(F.softmax(sorted_logits, -1), -1) > top_p
             drop[..., 1:] = drop[..., :-1].clone()
             drop[..., 0] = False
-            logits = logits.masked_fill(torch.zeros_like(drop).scatter_(-1, sorted_index, drop),
-                                        torch.finfo(logits.dtype).min)  # fmt: skip
+            logits = logits.masked_fill(
+                torch.zeros_like(drop).scatter_(-1, sorted_index, drop), torch.finfo(logits.dtype).min
+            )
         if top_k is not None:
-            logits = logits.masked_fill(logits < torch.topk(logits, top_k)[0][..., -1, None],
-                                        torch.finfo(logits.dtype).min)  # fmt: skip
+            logits = logits.masked_fill(
+                logits < torch.topk(logits, top_k)[0][..., -1, None], torch.finfo(logits.dtype).min
+            )
         confidence, x0 = torch.softmax(logits, -1).max(-1)
         t, s = times[i], times[i + 1]
         if alg == "origin":
@@ -355,8 +410,15 @@ def test_dream_options_match_reference(options, config):
     expected = dream_reference(model, prompt, 12, 6, mask_id, **options)
     pipe = _pipe(model, tokenizer, SOARScheduler(block_length=12, **config), "dream")
     call = {k: v for k, v in options.items() if k in ("top_p", "top_k")}
-    out = pipe(input_ids=prompt, gen_length=12, num_inference_steps=6, generator=torch.Generator().manual_seed(11),
-               eos_early_stop=False, output_type="seq", **call)  # fmt: skip
+    out = pipe(
+        input_ids=prompt,
+        gen_length=12,
+        num_inference_steps=6,
+        generator=torch.Generator().manual_seed(11),
+        eos_early_stop=False,
+        output_type="seq",
+        **call,
+    )
     assert torch.equal(out.sequences, expected)
     plain = dream_reference(model, prompt, 12, 6, mask_id)
     if "top_k" not in options:  # top-k renormalises too, but may keep the same order on this model
@@ -383,9 +445,14 @@ def test_reference_precision_on_a_bf16_model():
     for precision in ("float32", "model"):
         scheduler = SOARScheduler(block_length=12, confidence_threshold=0.5, confidence_precision=precision)
         out = _pipe(model, tokenizer, scheduler, "llada")(
-            input_ids=prompt, gen_length=12, num_inference_steps=12, eos_early_stop=False, output_type="seq",
-            callback_on_step_end=keep, callback_on_step_end_tensor_inputs=["confidence"],
-        )  # fmt: skip
+            input_ids=prompt,
+            gen_length=12,
+            num_inference_steps=12,
+            eos_early_stop=False,
+            output_type="seq",
+            callback_on_step_end=keep,
+            callback_on_step_end_tensor_inputs=["confidence"],
+        )
         outs[precision] = (out.sequences, captured.pop("confidence"))
     x = torch.cat([prompt, torch.full((1, 12), mask_id)], 1)
     logits = model(x).logits
@@ -405,8 +472,14 @@ def test_the_mask_token_is_never_sampled():
     hook = model.register_forward_hook(lambda m, a, o: o.logits.__setitem__((Ellipsis, mask_id), 5.0) or o)
     try:
         pipe = _pipe(model, tokenizer, SOARScheduler(block_length=8), "llada")
-        out = pipe(prompt="ab", gen_length=8, temperature=1.0, generator=torch.Generator().manual_seed(0),
-                   eos_early_stop=False, output_type="seq")  # fmt: skip
+        out = pipe(
+            prompt="ab",
+            gen_length=8,
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(0),
+            eos_early_stop=False,
+            output_type="seq",
+        )
     finally:
         hook.remove()
     assert not bool((out.sequences == mask_id).any()) and out.nfe.tolist() == [8]
@@ -433,7 +506,10 @@ def test_a_batch_gives_each_prompt_what_it_gives_alone(scheduler_config):
 def test_named_presets_hold_the_paper_settings():
     llada = SOARScheduler.from_preset("llada")
     assert (llada.config.confidence_threshold, llada.config.max_beam_size, llada.config.max_parallel_tokens) == (
-        0.95, 2, 5)  # fmt: skip
+        0.95,
+        2,
+        5,
+    )
     assert llada.config.score == "sum" and llada.config.collapse_rule == "any_accelerated"
     dream = SOARScheduler.from_preset("dream", block_length=16)
     assert (dream.config.confidence_threshold, dream.config.score, dream.config.block_length) == (0.9, "mean", 16)
@@ -446,8 +522,15 @@ def test_llada2_adapter_matches_diffusers_llada2_pipeline():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = LlamaForCausalLM(config).eval()  # causal: the window each call sees changes its logits
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
@@ -455,15 +538,30 @@ def test_llada2_adapter_matches_diffusers_llada2_pipeline():
     prompt = torch.randint(0, 60, (1, 6), generator=torch.Generator().manual_seed(1))
     theirs = LLaDA2Pipeline(model=model, scheduler=BlockRefinementScheduler(block_length=4, threshold=0.6))
     theirs.set_progress_bar_config(disable=True)
-    expected = theirs(input_ids=prompt, gen_length=10, block_length=4, num_inference_steps=2, threshold=0.6,
-                      mask_token_id=63, eos_early_stop=False, output_type="seq").sequences  # fmt: skip
+    expected = theirs(
+        input_ids=prompt,
+        gen_length=10,
+        block_length=4,
+        num_inference_steps=2,
+        threshold=0.6,
+        mask_token_id=63,
+        eos_early_stop=False,
+        output_type="seq",
+    ).sequences
     ours = DiffusionLMPipeline(
         model, SOARScheduler(block_length=4, confidence_threshold=0.6, transfer_schedule="block"), adapter="llada2"
     )
     ours.set_progress_bar_config(disable=True)
     # 6 prompt tokens, blocks [4, 8), [8, 12), [12, 16): the first block holds two generated positions
-    out = ours(input_ids=prompt, gen_length=10, block_length=4, num_inference_steps=6, mask_token_id=63,
-               eos_early_stop=False, output_type="seq")  # fmt: skip
+    out = ours(
+        input_ids=prompt,
+        gen_length=10,
+        block_length=4,
+        num_inference_steps=6,
+        mask_token_id=63,
+        eos_early_stop=False,
+        output_type="seq",
+    )
     assert torch.equal(out.sequences, expected)
 
 

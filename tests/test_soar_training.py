@@ -13,10 +13,27 @@ from safetensors.torch import load_file
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "training", "train_masked_lm.py")
 TINY = [
-    "--hidden_size", "16", "--num_layers", "1", "--num_heads", "2", "--intermediate_size", "32",
-    "--num_digits", "2", "--train_batch_size", "4", "--lr_warmup_steps", "0", "--checkpointing_steps", "2",
-    "--report_to", "none", "--seed", "3",
-]  # fmt: skip
+    "--hidden_size",
+    "16",
+    "--num_layers",
+    "1",
+    "--num_heads",
+    "2",
+    "--intermediate_size",
+    "32",
+    "--num_digits",
+    "2",
+    "--train_batch_size",
+    "4",
+    "--lr_warmup_steps",
+    "0",
+    "--checkpointing_steps",
+    "2",
+    "--report_to",
+    "none",
+    "--seed",
+    "3",
+]
 
 
 def _script_module():
@@ -32,8 +49,9 @@ def _env():
 
 def test_sudoku_task_batches_are_puzzles_of_their_grids():
     module = _script_module()
-    args = module.parse_args(["--output_dir", "unused", "--task", "sudoku", "--pool_size", "8", "--min_givens", "10",
-                              "--max_givens", "12"])  # fmt: skip
+    args = module.parse_args(
+        ["--output_dir", "unused", "--task", "sudoku", "--pool_size", "8", "--min_givens", "10", "--max_givens", "12"]
+    )
     from diffusers_ext.data.sudoku import is_valid_grid
     from diffusers_ext.testing import get_tiny_lm_tokenizer
 
@@ -74,9 +92,27 @@ def test_bad_arguments_fail_with_one_line_error(tmp_path, args, message):
 
 
 def _launch(output_dir, steps, *extra):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           SCRIPT, "--output_dir", str(output_dir), "--max_train_steps", str(steps), *TINY, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        SCRIPT,
+        "--output_dir",
+        str(output_dir),
+        "--max_train_steps",
+        str(steps),
+        *TINY,
+        *extra,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout + result.stderr

@@ -14,9 +14,23 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "training", "train_consistency.py")
 REGRESSOR_SCRIPT = os.path.join(REPO, "training", "train_augmentation_regressor.py")
 TINY = [
-    "--use_ema", "--block_out_channels", "8", "16", "--norm_num_groups", "4", "--train_batch_size", "4",
-    "--checkpointing_steps", "2", "--report_to", "none", "--seed", "3", "--num_stages", "2",
-]  # fmt: skip
+    "--use_ema",
+    "--block_out_channels",
+    "8",
+    "16",
+    "--norm_num_groups",
+    "4",
+    "--train_batch_size",
+    "4",
+    "--checkpointing_steps",
+    "2",
+    "--report_to",
+    "none",
+    "--seed",
+    "3",
+    "--num_stages",
+    "2",
+]
 
 
 def _env():
@@ -32,9 +46,27 @@ def _feature_network(folder):
 
 
 def _launch(output_dir, steps, *extra):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           SCRIPT, "--output_dir", str(output_dir), "--max_train_steps", str(steps), *TINY, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        SCRIPT,
+        "--output_dir",
+        str(output_dir),
+        "--max_train_steps",
+        str(steps),
+        *TINY,
+        *extra,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout + result.stderr
@@ -84,8 +116,17 @@ def test_two_process_mfd_resume_equals_uninterrupted_run_and_samples_with_diffus
     ],
 )
 def test_bad_arguments_fail_with_one_line_error(tmp_path, args, message):
-    cmd = [sys.executable, SCRIPT, "--output_dir", str(tmp_path), "--report_to", "none", "--max_train_steps", "4",
-           *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--output_dir",
+        str(tmp_path),
+        "--report_to",
+        "none",
+        "--max_train_steps",
+        "4",
+        *args,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
@@ -98,9 +139,26 @@ def test_fine_tunes_the_pretrained_zoo_ddpm_unet_class_conditionally(tmp_path):
     from diffusers_ext import zoo
 
     out = tmp_path / "out"
-    cmd = [sys.executable, SCRIPT, "--output_dir", str(out), "--pretrained_model_name_or_path",
-           zoo.path("digits-ddpm"), "--loss", "pseudo_huber", "--max_train_steps", "2", "--train_batch_size", "2",
-           "--stage_offset", "1", "--num_stages", "1", "--report_to", "none"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--output_dir",
+        str(out),
+        "--pretrained_model_name_or_path",
+        zoo.path("digits-ddpm"),
+        "--loss",
+        "pseudo_huber",
+        "--max_train_steps",
+        "2",
+        "--train_batch_size",
+        "2",
+        "--stage_offset",
+        "1",
+        "--num_stages",
+        "1",
+        "--report_to",
+        "none",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     from diffusers import ConsistencyModelPipeline
@@ -115,8 +173,21 @@ def test_fine_tunes_the_pretrained_zoo_ddpm_unet_class_conditionally(tmp_path):
 
 @pytest.mark.slow
 def test_augmentation_regressor_script_resumes_and_saves_a_loadable_network(tmp_path):
-    base = [sys.executable, REGRESSOR_SCRIPT, "--block_out_channels", "4", "8", "--layers_per_block", "1",
-            "--train_batch_size", "8", "--checkpointing_steps", "2", "--report_to", "none"]  # fmt: skip
+    base = [
+        sys.executable,
+        REGRESSOR_SCRIPT,
+        "--block_out_channels",
+        "4",
+        "8",
+        "--layers_per_block",
+        "1",
+        "--train_batch_size",
+        "8",
+        "--checkpointing_steps",
+        "2",
+        "--report_to",
+        "none",
+    ]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     for folder, extra in ((straight, []), (resumed, ["--resume_from_checkpoint", "latest"])):
         if extra:  # resume the same run from its step-2 checkpoint

@@ -12,10 +12,28 @@ from safetensors.torch import load_file
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "training", "train_ddpm.py")
 TINY = [
-    "--class_conditional", "--use_ema", "--block_out_channels", "8", "16", "--norm_num_groups", "4",
-    "--layers_per_block", "1", "--train_batch_size", "4", "--lr_scheduler", "constant", "--lr_warmup_steps", "0",
-    "--checkpointing_steps", "2", "--report_to", "none", "--seed", "3",
-]  # fmt: skip
+    "--class_conditional",
+    "--use_ema",
+    "--block_out_channels",
+    "8",
+    "16",
+    "--norm_num_groups",
+    "4",
+    "--layers_per_block",
+    "1",
+    "--train_batch_size",
+    "4",
+    "--lr_scheduler",
+    "constant",
+    "--lr_warmup_steps",
+    "0",
+    "--checkpointing_steps",
+    "2",
+    "--report_to",
+    "none",
+    "--seed",
+    "3",
+]
 
 
 def _env():
@@ -23,9 +41,27 @@ def _env():
 
 
 def _launch(output_dir, steps, *extra):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           SCRIPT, "--output_dir", str(output_dir), "--max_train_steps", str(steps), *TINY, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        SCRIPT,
+        "--output_dir",
+        str(output_dir),
+        "--max_train_steps",
+        str(steps),
+        *TINY,
+        *extra,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout + result.stderr
@@ -101,8 +137,23 @@ def _image_folder(root, size):
 def test_trains_on_a_datasets_image_folder(tmp_path):
     data = _image_folder(tmp_path / "data", 12)
     out = tmp_path / "out"
-    cmd = [sys.executable, SCRIPT, "--output_dir", str(out), "--train_data_dir", str(data), "--resolution", "8",
-           "--max_train_steps", "2", *TINY, "--report_to", "tensorboard", "--mixed_precision", "bf16"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--output_dir",
+        str(out),
+        "--train_data_dir",
+        str(data),
+        "--resolution",
+        "8",
+        "--max_train_steps",
+        "2",
+        *TINY,
+        "--report_to",
+        "tensorboard",
+        "--mixed_precision",
+        "bf16",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -116,8 +167,20 @@ def test_trains_on_a_datasets_image_folder(tmp_path):
 
 def test_image_folder_with_too_small_images_is_a_one_line_error(tmp_path):
     data = _image_folder(tmp_path / "data", 4)
-    cmd = [sys.executable, SCRIPT, "--output_dir", str(tmp_path / "out"), "--train_data_dir", str(data),
-           "--resolution", "8", "--max_train_steps", "1", "--report_to", "none"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--train_data_dir",
+        str(data),
+        "--resolution",
+        "8",
+        "--max_train_steps",
+        "1",
+        "--report_to",
+        "none",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert result.returncode == 2
     assert "smaller than --resolution 8" in result.stderr.strip().splitlines()[-1]

@@ -14,11 +14,37 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "training", "train_discrete_flow.py")
 MULTIMASK = ["--source", "multimask", "--num_mask_tokens", "3", "--coupling", "embedding_ot", "--loss_type", "kl"]
 TINY = [
-    "--vocab_size", "4", "--sequence_length", "6", "--hmm_states", "2", "--num_train_sequences", "64",
-    "--num_validation_sequences", "8", "--hidden_size", "16", "--num_layers", "1", "--num_heads", "2",
-    "--train_batch_size", "8", "--lr_scheduler", "constant", "--lr_warmup_steps", "0", "--checkpointing_steps", "2",
-    "--report_to", "none", "--seed", "3", "--bound_samples", "2",
-]  # fmt: skip
+    "--vocab_size",
+    "4",
+    "--sequence_length",
+    "6",
+    "--hmm_states",
+    "2",
+    "--num_train_sequences",
+    "64",
+    "--num_validation_sequences",
+    "8",
+    "--hidden_size",
+    "16",
+    "--num_layers",
+    "1",
+    "--num_heads",
+    "2",
+    "--train_batch_size",
+    "8",
+    "--lr_scheduler",
+    "constant",
+    "--lr_warmup_steps",
+    "0",
+    "--checkpointing_steps",
+    "2",
+    "--report_to",
+    "none",
+    "--seed",
+    "3",
+    "--bound_samples",
+    "2",
+]
 
 
 def _env():
@@ -26,9 +52,28 @@ def _env():
 
 
 def _launch(output_dir, steps, *extra):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           SCRIPT, "--output_dir", str(output_dir), "--max_train_steps", str(steps), *TINY, *MULTIMASK, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        SCRIPT,
+        "--output_dir",
+        str(output_dir),
+        "--max_train_steps",
+        str(steps),
+        *TINY,
+        *MULTIMASK,
+        *extra,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout + result.stderr

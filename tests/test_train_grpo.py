@@ -12,12 +12,45 @@ from safetensors.torch import load_file
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "training", "train_grpo.py")
 TINY = [
-    "--dataset", "digits", "--reward_funcs", "digit_classifier", "brightness:0.8", "--reward_weights", "1", "0.5",
-    "--height", "16", "--width", "16", "--max_sequence_length", "8", "--num_inference_steps", "3",
-    "--guidance_scale", "1.0", "--num_generations", "4", "--per_device_train_batch_size", "4",
-    "--gradient_accumulation_steps", "2", "--lora_rank", "4", "--lora_alpha", "8", "--learning_rate", "1e-2",
-    "--epsilon", "0.2", "--beta", "0.1", "--save_steps", "2", "--seed", "3",
-]  # fmt: skip
+    "--dataset",
+    "digits",
+    "--reward_funcs",
+    "digit_classifier",
+    "brightness:0.8",
+    "--reward_weights",
+    "1",
+    "0.5",
+    "--height",
+    "16",
+    "--width",
+    "16",
+    "--max_sequence_length",
+    "8",
+    "--num_inference_steps",
+    "3",
+    "--guidance_scale",
+    "1.0",
+    "--num_generations",
+    "4",
+    "--per_device_train_batch_size",
+    "4",
+    "--gradient_accumulation_steps",
+    "2",
+    "--lora_rank",
+    "4",
+    "--lora_alpha",
+    "8",
+    "--learning_rate",
+    "1e-2",
+    "--epsilon",
+    "0.2",
+    "--beta",
+    "0.1",
+    "--save_steps",
+    "2",
+    "--seed",
+    "3",
+]
 
 
 def _env():
@@ -36,10 +69,29 @@ def tiny_sd3(tmp_path_factory):
 
 
 def _launch(model, output_dir, steps, *extra):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT,
-           "--pretrained_model_name_or_path", model, "--output_dir", str(output_dir), "--max_steps", str(steps),
-           *TINY, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        SCRIPT,
+        "--pretrained_model_name_or_path",
+        model,
+        "--output_dir",
+        str(output_dir),
+        "--max_steps",
+        str(steps),
+        *TINY,
+        *extra,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout + result.stderr
@@ -50,8 +102,9 @@ def test_two_process_e2po_resume_equals_uninterrupted_run_and_lora_loads(tmp_pat
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
     _launch(tiny_sd3, resumed, 2, "--algorithm", "e2po", "--e2po_num_directions", "1")
     assert (resumed / "checkpoint-2").is_dir()
-    log = _launch(tiny_sd3, resumed, 4, "--algorithm", "e2po", "--e2po_num_directions", "1",
-                  "--resume_from_checkpoint", "latest")  # fmt: skip
+    log = _launch(
+        tiny_sd3, resumed, 4, "--algorithm", "e2po", "--e2po_num_directions", "1", "--resume_from_checkpoint", "latest"
+    )
     assert "Resuming from" in log and "checkpoint-2" in log
     _launch(tiny_sd3, straight, 4, "--algorithm", "e2po", "--e2po_num_directions", "1")
 
@@ -110,15 +163,26 @@ def test_yaml_config_and_algorithm(tmp_path):
     assert script_args.algorithm == "e2po" and type(args).__name__ == "E2POConfig"
     assert (args.num_generations, args.e2po_num_directions, args.beta) == (6, 2, 0.04)
     assert (lora.use_lora, lora.lora_rank, lora.lora_alpha) == (True, 32, 64)  # this script's LoRA defaults
-    _, grpo, lora = train_grpo.parse_args(["--pretrained_model_name_or_path", "x", "--scale_rewards", "batch",
-                                           "--use_lora", "false"])  # fmt: skip
+    _, grpo, lora = train_grpo.parse_args(
+        ["--pretrained_model_name_or_path", "x", "--scale_rewards", "batch", "--use_lora", "false"]
+    )
     assert type(grpo).__name__ == "DiffusionGRPOConfig" and grpo.scale_rewards == "batch"
     assert lora.to_peft_config() is None
 
 
 def test_script_errors_are_one_line(tmp_path):
-    cmd = [sys.executable, SCRIPT, "--output_dir", str(tmp_path), "--pretrained_model_name_or_path", "x",
-           "--dataset", "/nonexistent/prompts.txt", "--reward_funcs", "brightness:0.5"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--output_dir",
+        str(tmp_path),
+        "--pretrained_model_name_or_path",
+        "x",
+        "--dataset",
+        "/nonexistent/prompts.txt",
+        "--reward_funcs",
+        "brightness:0.5",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]

@@ -14,10 +14,29 @@ from safetensors.torch import load_file
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "training", "train_lomdm.py")
 TINY = [
-    "--hidden_size", "16", "--num_layers", "1", "--num_heads", "2", "--intermediate_size", "32",
-    "--schedule_hidden_size", "8", "--num_train", "64", "--train_batch_size", "4", "--lr_warmup_steps", "0",
-    "--checkpointing_steps", "2", "--report_to", "none", "--seed", "3",
-]  # fmt: skip
+    "--hidden_size",
+    "16",
+    "--num_layers",
+    "1",
+    "--num_heads",
+    "2",
+    "--intermediate_size",
+    "32",
+    "--schedule_hidden_size",
+    "8",
+    "--num_train",
+    "64",
+    "--train_batch_size",
+    "4",
+    "--lr_warmup_steps",
+    "0",
+    "--checkpointing_steps",
+    "2",
+    "--report_to",
+    "none",
+    "--seed",
+    "3",
+]
 
 
 def _script_module():
@@ -58,9 +77,27 @@ def test_tiny_run_saves_a_pipeline_that_samples_with_the_learned_order(tmp_path)
 
 
 def _launch(output_dir, steps, *extra):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           SCRIPT, "--output_dir", str(output_dir), "--max_train_steps", str(steps), *TINY, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        SCRIPT,
+        "--output_dir",
+        str(output_dir),
+        "--max_train_steps",
+        str(steps),
+        *TINY,
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": REPO}
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

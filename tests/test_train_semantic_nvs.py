@@ -11,8 +11,21 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NVS = os.path.join(REPO, "training", "train_semantic_nvs.py")
 ENCODER = os.path.join(REPO, "training", "train_semantic_encoder.py")
-TINY = ["--resolution", "8", "--block_out_channels", "8", "16", "--train_batch_size", "2", "--max_train_steps", "2",
-        "--checkpointing_steps", "1", "--report_to", "none"]  # fmt: skip
+TINY = [
+    "--resolution",
+    "8",
+    "--block_out_channels",
+    "8",
+    "16",
+    "--train_batch_size",
+    "2",
+    "--max_train_steps",
+    "2",
+    "--checkpointing_steps",
+    "1",
+    "--report_to",
+    "none",
+]
 
 
 def _run(script, *args):
@@ -22,8 +35,21 @@ def _run(script, *args):
 
 def test_encoder_then_nvs_training_give_a_working_pipeline(tmp_path):
     encoder_dir, nvs_dir = tmp_path / "encoder", tmp_path / "nvs"
-    result = _run(ENCODER, "--output_dir", str(encoder_dir), "--resolution", "8", "--train_batch_size", "2",
-                  "--max_train_steps", "2", "--num_hidden_layers", "1", "--report_to", "none")  # fmt: skip
+    result = _run(
+        ENCODER,
+        "--output_dir",
+        str(encoder_dir),
+        "--resolution",
+        "8",
+        "--train_batch_size",
+        "2",
+        "--max_train_steps",
+        "2",
+        "--num_hidden_layers",
+        "1",
+        "--report_to",
+        "none",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "heldout_patch_accuracy" in (encoder_dir / "README.md").read_text()
     result = _run(NVS, "--output_dir", str(nvs_dir), "--semantic_encoder", str(encoder_dir), *TINY)
@@ -31,8 +57,16 @@ def test_encoder_then_nvs_training_give_a_working_pipeline(tmp_path):
     assert (nvs_dir / "checkpoint-2").is_dir() and not (nvs_dir / "checkpoint-1").exists()
     # the paper's surrogate (blurred clean targets) stays available
     blur_dir = tmp_path / "nvs-blur"
-    result = _run(NVS, "--output_dir", str(blur_dir), "--semantic_encoder", str(encoder_dir), *TINY,
-                  "--iterative_surrogate", "blur")  # fmt: skip
+    result = _run(
+        NVS,
+        "--output_dir",
+        str(blur_dir),
+        "--semantic_encoder",
+        str(encoder_dir),
+        *TINY,
+        "--iterative_surrogate",
+        "blur",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "--iterative_surrogate blur" in (blur_dir / "README.md").read_text()
 
@@ -42,10 +76,16 @@ def test_encoder_then_nvs_training_give_a_working_pipeline(tmp_path):
     pipe = SemanticNVSPipeline.from_pretrained(nvs_dir)
     pipe.set_progress_bar_config(disable=True)
     scenes = sample_scene_batch(torch.Generator().manual_seed(0), 1, 2, 8)
-    out = pipe(images=scenes["images"][:, :1], input_intrinsics=scenes["intrinsics"][:, :1],
-               input_c2w=scenes["c2w"][:, :1], target_intrinsics=scenes["intrinsics"][:, 1:],
-               target_c2w=scenes["c2w"][:, 1:], depths=scenes["depths"][:, :1], num_inference_steps=2,
-               output_type="np")  # fmt: skip
+    out = pipe(
+        images=scenes["images"][:, :1],
+        input_intrinsics=scenes["intrinsics"][:, :1],
+        input_c2w=scenes["c2w"][:, :1],
+        target_intrinsics=scenes["intrinsics"][:, 1:],
+        target_c2w=scenes["c2w"][:, 1:],
+        depths=scenes["depths"][:, :1],
+        num_inference_steps=2,
+        output_type="np",
+    )
     assert out.images.shape == (1, 1, 8, 8, 3)
 
 
@@ -84,8 +124,11 @@ def _write_captures(root, with_depth):
         for view in range(3):
             pixels = (scene["images"][view].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
             Image.fromarray(pixels).save(folder / f"{view}.png")
-            frame = {"image": f"{view}.png", "intrinsics": scene["intrinsics"][view].tolist(),
-                     "c2w": scene["c2w"][view].tolist()}  # fmt: skip
+            frame = {
+                "image": f"{view}.png",
+                "intrinsics": scene["intrinsics"][view].tolist(),
+                "c2w": scene["c2w"][view].tolist(),
+            }
             if with_depth:
                 np.save(folder / f"{view}.npy", scene["depths"][view, 0].numpy())
                 frame["depth"] = f"{view}.npy"
@@ -96,14 +139,30 @@ def _write_captures(root, with_depth):
 def test_training_on_captures_from_a_folder(tmp_path):
     encoder = os.path.join(REPO, "diffusers_ext", "zoo", "procedural-semantic-encoder")
     _write_captures(tmp_path / "captures", with_depth=True)
-    result = _run(NVS, "--output_dir", str(tmp_path / "nvs"), "--semantic_encoder", encoder, *TINY,
-                  "--train_data_dir", str(tmp_path / "captures"))  # fmt: skip
+    result = _run(
+        NVS,
+        "--output_dir",
+        str(tmp_path / "nvs"),
+        "--semantic_encoder",
+        encoder,
+        *TINY,
+        "--train_data_dir",
+        str(tmp_path / "captures"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 posed multi-view scenes at 8x8" in (tmp_path / "nvs" / "README.md").read_text()
 
     _write_captures(tmp_path / "no-depth", with_depth=False)
-    result = _run(NVS, "--output_dir", str(tmp_path / "nvs2"), "--semantic_encoder", encoder, *TINY,
-                  "--train_data_dir", str(tmp_path / "no-depth"))  # fmt: skip
+    result = _run(
+        NVS,
+        "--output_dir",
+        str(tmp_path / "nvs2"),
+        "--semantic_encoder",
+        encoder,
+        *TINY,
+        "--train_data_dir",
+        str(tmp_path / "no-depth"),
+    )
     assert result.returncode == 2 and "no depth" in result.stderr.strip().splitlines()[-1]
 
 
@@ -114,18 +173,32 @@ def test_training_on_a_saved_datasets_dataset(tmp_path):
     _write_captures(tmp_path / "captures", with_depth=False)
     scenes = MultiViewSceneDataset.from_folder(str(tmp_path / "captures"), resolution=8)
     rows = [scenes[i] for i in range(len(scenes))]
-    dataset = datasets.Dataset.from_dict({
-        "images": [[(image.permute(1, 2, 0) * 255).round().byte().numpy() for image in row["images"]] for row in rows],
-        "intrinsics": [row["intrinsics"].tolist() for row in rows],
-        "c2w": [row["c2w"].tolist() for row in rows],
-    })  # fmt: skip
+    dataset = datasets.Dataset.from_dict(
+        {
+            "images": [
+                [(image.permute(1, 2, 0) * 255).round().byte().numpy() for image in row["images"]] for row in rows
+            ],
+            "intrinsics": [row["intrinsics"].tolist() for row in rows],
+            "c2w": [row["c2w"].tolist() for row in rows],
+        }
+    )
     datasets.DatasetDict({"train": dataset}).save_to_disk(str(tmp_path / "saved"))
-    result = _run(NVS, "--output_dir", str(tmp_path / "nvs"), "--no_semantics", *TINY,
-                  "--dataset_name", str(tmp_path / "saved"))  # fmt: skip
+    result = _run(
+        NVS, "--output_dir", str(tmp_path / "nvs"), "--no_semantics", *TINY, "--dataset_name", str(tmp_path / "saved")
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 posed multi-view scenes" in (tmp_path / "nvs" / "README.md").read_text()
-    result = _run(NVS, "--output_dir", str(tmp_path / "nvs2"), "--no_semantics", *TINY,
-                  "--dataset_name", str(tmp_path / "saved"), "--dataset_split", "test")  # fmt: skip
+    result = _run(
+        NVS,
+        "--output_dir",
+        str(tmp_path / "nvs2"),
+        "--no_semantics",
+        *TINY,
+        "--dataset_name",
+        str(tmp_path / "saved"),
+        "--dataset_split",
+        "test",
+    )
     assert result.returncode == 2 and "--dataset_split 'test'" in result.stderr.strip().splitlines()[-1]
 
 
@@ -140,14 +213,16 @@ def test_dropped_scenes_get_the_unconditional_branch_semantics():
     coverage = torch.zeros(2, 2, 1, 3, 3, dtype=torch.bool)
     coverage[..., 0] = True
     modes = ["warped+iterative", "warped"]
-    features, masks = script.compose_semantics(inputs, warped, coverage, modes, [iterative, None],
-                                               keep=torch.tensor([True, True]))  # fmt: skip
+    features, masks = script.compose_semantics(
+        inputs, warped, coverage, modes, [iterative, None], keep=torch.tensor([True, True])
+    )
     assert (
         (features[0, 0] == 5).all() and (features[0, 1:, :, :, 0] == 1).all() and (features[0, 1:, ..., 1:] == 2).all()
     )
     assert (masks[:, 0] == 1).all() and (masks[0, 1:] == 1).all() and (masks[1, 1:] == coverage[1]).all()
-    features, masks = script.compose_semantics(inputs, warped, coverage, modes, [iterative, None],
-                                               keep=torch.tensor([False, False]))  # fmt: skip
+    features, masks = script.compose_semantics(
+        inputs, warped, coverage, modes, [iterative, None], keep=torch.tensor([False, False])
+    )
     # unconditional: no input-view or warped features; the iterative ones stay where the scene's mode has them
     assert (features[:, 0] == 0).all() and (masks[:, 0] == 0).all()
     assert (features[0, 1:] == 2).all() and (masks[0, 1:] == 1).all()

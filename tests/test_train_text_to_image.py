@@ -12,10 +12,30 @@ from safetensors.torch import load_file
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "training", "train_text_to_image.py")
 TINY = [
-    "--num_train_samples", "24", "--vae_channels", "8", "8", "8", "--unet_channels", "8", "16",
-    "--attention_head_dim", "4", "--text_hidden_size", "16", "--train_batch_size", "4", "--lr_warmup_steps", "1",
-    "--checkpointing_steps", "2", "--report_to", "none", "--seed", "3",
-]  # fmt: skip
+    "--num_train_samples",
+    "24",
+    "--vae_channels",
+    "8",
+    "8",
+    "8",
+    "--unet_channels",
+    "8",
+    "16",
+    "--attention_head_dim",
+    "4",
+    "--text_hidden_size",
+    "16",
+    "--train_batch_size",
+    "4",
+    "--lr_warmup_steps",
+    "1",
+    "--checkpointing_steps",
+    "2",
+    "--report_to",
+    "none",
+    "--seed",
+    "3",
+]
 
 
 def _env():
@@ -23,13 +43,35 @@ def _env():
 
 
 def _run(output_dir, vae_steps, unet_steps, *extra, processes=1):
-    script = [SCRIPT, "--output_dir", str(output_dir), "--vae_steps", str(vae_steps),
-              "--max_train_steps", str(unet_steps), *TINY, *extra]  # fmt: skip
+    script = [
+        SCRIPT,
+        "--output_dir",
+        str(output_dir),
+        "--vae_steps",
+        str(vae_steps),
+        "--max_train_steps",
+        str(unet_steps),
+        *TINY,
+        *extra,
+    ]
     if processes == 1:
         cmd = [sys.executable, *script]
     else:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", str(processes),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", *script]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--cpu",
+            "--num_processes",
+            str(processes),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            *script,
+        ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout + result.stderr
@@ -43,8 +85,9 @@ def test_trains_saves_and_loads_as_a_stable_diffusion_pipeline(tmp_path):
     pipe = StableDiffusionPipeline.from_pretrained(str(out), torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     assert pipe.unet.dtype == torch.float32 and pipe.vae.config.scaling_factor != 0.18215
-    images = pipe(["a red circle", "three blue squares"], height=32, width=32, num_inference_steps=2,
-                  output_type="np").images  # fmt: skip
+    images = pipe(
+        ["a red circle", "three blue squares"], height=32, width=32, num_inference_steps=2, output_type="np"
+    ).images
     assert images.shape == (2, 32, 32, 3)
     assert pipe.tokenizer("a red circle").input_ids[0] == pipe.tokenizer.bos_token_id
     card = (out / "README.md").read_text()
@@ -120,8 +163,21 @@ def test_bad_arguments_are_rejected_by_the_parser(tmp_path, capsys, args, messag
     ],
 )
 def test_bad_runs_fail_with_one_line_error(tmp_path, args, message):
-    cmd = [sys.executable, SCRIPT, "--output_dir", str(tmp_path), "--report_to", "none", "--num_train_samples", "4",
-           "--vae_steps", "1", "--max_train_steps", "1", *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--output_dir",
+        str(tmp_path),
+        "--report_to",
+        "none",
+        "--num_train_samples",
+        "4",
+        "--vae_steps",
+        "1",
+        "--max_train_steps",
+        "1",
+        *args,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]

@@ -27,8 +27,14 @@ def test_cache_key_follows_run_settings_not_run_selection(bench, tmp_path):
     key = bench.run_cache_key(base)
     path = bench.cache_path(base, 0, "data")
     assert path.startswith(str(tmp_path)) and key[:20] in path
-    for changed in (["--max_steps", "81"], ["--retain_weight", "5"], ["--forget_classes", "3", "4"], ["--model", REPO],
-                    ["--samples_per_class", "41"], ["--level_factors", "1", "2"]):  # fmt: skip
+    for changed in (
+        ["--max_steps", "81"],
+        ["--retain_weight", "5"],
+        ["--forget_classes", "3", "4"],
+        ["--model", REPO],
+        ["--samples_per_class", "41"],
+        ["--level_factors", "1", "2"],
+    ):
         assert bench.run_cache_key(bench.parse_args(["--cache_dir", str(tmp_path), *changed])) != key, changed
     for same in (["--seeds", "0", "1", "2", "3"], ["--workers", "1"], ["--output_dir", str(tmp_path)]):
         assert bench.run_cache_key(bench.parse_args(["--cache_dir", str(tmp_path), *same])) == key, same

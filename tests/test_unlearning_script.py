@@ -12,8 +12,22 @@ from safetensors.torch import load_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "training", "train_unlearning.py")
-TINY = ["--per_device_train_batch_size", "4", "--pool_size", "8", "--pool_sampling_steps", "2", "--pool_refresh_steps", "2",
-        "--save_steps", "2", "--report_to", "none", "--seed", "3"]  # fmt: skip
+TINY = [
+    "--per_device_train_batch_size",
+    "4",
+    "--pool_size",
+    "8",
+    "--pool_sampling_steps",
+    "2",
+    "--pool_refresh_steps",
+    "2",
+    "--save_steps",
+    "2",
+    "--report_to",
+    "none",
+    "--seed",
+    "3",
+]
 
 
 def _env():
@@ -43,10 +57,33 @@ def _run(cmd, expect=0):
 
 
 def _launch(base, output_dir, steps, *extra):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT,
-           "--pretrained_model_name_or_path", base, "--output_dir", str(output_dir), "--max_steps", str(steps),
-           "--forget_classes", "3", "--constraint", "reverse_kl", *TINY, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        SCRIPT,
+        "--pretrained_model_name_or_path",
+        base,
+        "--output_dir",
+        str(output_dir),
+        "--max_steps",
+        str(steps),
+        "--forget_classes",
+        "3",
+        "--constraint",
+        "reverse_kl",
+        *TINY,
+        *extra,
+    ]
     result = _run(cmd)
     return result.stdout + result.stderr
 
@@ -85,9 +122,26 @@ def test_two_process_resume_equals_uninterrupted_run(tmp_path, base_pipeline):
 @pytest.mark.slow
 def test_data_unlearning_with_lora_merges_into_a_loadable_pipeline_and_logs(tmp_path, base_pipeline):
     out = tmp_path / "out"
-    cmd = [sys.executable, SCRIPT, "--pretrained_model_name_or_path", base_pipeline, "--output_dir", str(out),
-           "--forget_size", "8", "--constraint", "forward_kl", "--use_lora", "--lora_rank", "2", "--max_steps", "2",
-           *TINY, "--report_to", "tensorboard"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--pretrained_model_name_or_path",
+        base_pipeline,
+        "--output_dir",
+        str(out),
+        "--forget_size",
+        "8",
+        "--constraint",
+        "forward_kl",
+        "--use_lora",
+        "--lora_rank",
+        "2",
+        "--max_steps",
+        "2",
+        *TINY,
+        "--report_to",
+        "tensorboard",
+    ]
     _run(cmd)
     from diffusers_ext import load_pipeline
 
@@ -102,9 +156,27 @@ def test_data_unlearning_with_lora_merges_into_a_loadable_pipeline_and_logs(tmp_
 @pytest.mark.slow
 def test_unreachable_level_stops_cleanly_and_says_so(tmp_path, base_pipeline):
     out = tmp_path / "out"
-    cmd = [sys.executable, SCRIPT, "--pretrained_model_name_or_path", base_pipeline, "--output_dir", str(out),
-           "--forget_classes", "3", "--constraint_level", "1e9", "--lambda_max", "0.1", "--dual_learning_rate", "1",
-           "--stop_patience", "2", "--max_steps", "20", *TINY]  # fmt: skip
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--pretrained_model_name_or_path",
+        base_pipeline,
+        "--output_dir",
+        str(out),
+        "--forget_classes",
+        "3",
+        "--constraint_level",
+        "1e9",
+        "--lambda_max",
+        "0.1",
+        "--dual_learning_rate",
+        "1",
+        "--stop_patience",
+        "2",
+        "--max_steps",
+        "20",
+        *TINY,
+    ]
     result = _run(cmd)
     assert "not reachable" in result.stderr
     card = (out / "README.md").read_text()
@@ -122,8 +194,23 @@ def test_unreachable_level_stops_cleanly_and_says_so(tmp_path, base_pipeline):
     ],
 )
 def test_bad_arguments_fail_with_one_line_error(tmp_path, base_pipeline, args, message):
-    cmd = [sys.executable, SCRIPT, "--pretrained_model_name_or_path", base_pipeline, "--output_dir", str(tmp_path),
-           "--report_to", "none", "--max_steps", "1", "--pool_size", "2", "--pool_sampling_steps", "1", *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--pretrained_model_name_or_path",
+        base_pipeline,
+        "--output_dir",
+        str(tmp_path),
+        "--report_to",
+        "none",
+        "--max_steps",
+        "1",
+        "--pool_size",
+        "2",
+        "--pool_sampling_steps",
+        "1",
+        *args,
+    ]
     result = _run(cmd, expect=2)
     last = result.stderr.strip().splitlines()[-1]
     assert message in last and "error" in last, last
@@ -145,7 +232,10 @@ def _script():
         (["--forget_size", "0"], "--forget_size must be >= 1"),
         ([], "nothing to forget"),
         (["--forget_classes", "3", "--forget_size", "4"], "give a concept"),
-        (["--forget_classes", "3", "--lambda_max", "1.0"], "--lambda_max must be < 1 for constraint='reverse_kl', got 1.0"),
+        (
+            ["--forget_classes", "3", "--lambda_max", "1.0"],
+            "--lambda_max must be < 1 for constraint='reverse_kl', got 1.0",
+        ),
         (["--forget_classes", "3", "--constraint_level", "high"], "--constraint_level"),
     ],
 )
@@ -168,8 +258,21 @@ def test_bad_arguments_are_refused_by_the_parser(tmp_path, capsys, args, message
     ],
 )
 def test_bad_inputs_raise_before_training(tmp_path, base_pipeline, args, message):
-    argv = ["--pretrained_model_name_or_path", base_pipeline, "--output_dir", str(tmp_path), "--report_to", "none",
-            "--max_steps", "1", "--pool_size", "2", "--pool_sampling_steps", "1", *args]  # fmt: skip
+    argv = [
+        "--pretrained_model_name_or_path",
+        base_pipeline,
+        "--output_dir",
+        str(tmp_path),
+        "--report_to",
+        "none",
+        "--max_steps",
+        "1",
+        "--pool_size",
+        "2",
+        "--pool_sampling_steps",
+        "1",
+        *args,
+    ]
     with pytest.raises(ValueError, match=message):
         _script().main(argv)
     assert not any(name.startswith("checkpoint-") for name in os.listdir(tmp_path))
@@ -178,12 +281,27 @@ def test_bad_inputs_raise_before_training(tmp_path, base_pipeline, args, message
 def test_options_come_from_the_config_dataclasses_and_a_yaml_file(tmp_path):
     config_file = tmp_path / "run.yaml"
     config_file.write_text("forget_classes: [3]\nmax_steps: 7\nper_device_train_batch_size: 5\nlora_rank: 4\n")
-    argv = ["--pretrained_model_name_or_path", "unused", "--output_dir", str(tmp_path), "--config", str(config_file),
-            "--weight_decay", "0.1", "--use_lora", "--constraint_level_factor", "1.5"]  # fmt: skip
+    argv = [
+        "--pretrained_model_name_or_path",
+        "unused",
+        "--output_dir",
+        str(tmp_path),
+        "--config",
+        str(config_file),
+        "--weight_decay",
+        "0.1",
+        "--use_lora",
+        "--constraint_level_factor",
+        "1.5",
+    ]
     script_args, config, lora_args = _script().parse_args(argv)
     assert script_args.pretrained_model_name_or_path == "unused" and config.forget_classes == [3]
     assert (config.max_steps, config.per_device_train_batch_size, config.weight_decay) == (7, 5, 0.1)
-    assert (config.constraint_level, config.dual_learning_rate, config.constraint_level_factor) == ("auto", "auto", 1.5)
+    assert (config.constraint_level, config.dual_learning_rate, config.constraint_level_factor) == (
+        "auto",
+        "auto",
+        1.5,
+    )
     peft_config = lora_args.to_peft_config()
     assert (peft_config.r, peft_config.lora_alpha, peft_config.init_lora_weights) == (4, 4, "gaussian")
     for old in ("--max_train_steps", "--train_batch_size", "--level_factor"):
@@ -221,9 +339,28 @@ def test_prompt_unlearning_with_lora_saves_weights_that_load_lora_weights(tmp_pa
     base = tmp_path / "tiny-sd"
     StableDiffusionPipeline(**get_tiny_sd_components(seed=0)).save_pretrained(base)
     out = tmp_path / "out"
-    cmd = [sys.executable, SCRIPT, "--pretrained_model_name_or_path", str(base), "--output_dir", str(out),
-           "--forget_prompts", "a photo of a cat", "--retain_prompts", "a photo of a dog", "--use_lora", "--lora_rank", "2",
-           "--learning_rate", "1e-2", "--lambda_init", "0.5", "--max_steps", "2", *TINY]  # fmt: skip
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--pretrained_model_name_or_path",
+        str(base),
+        "--output_dir",
+        str(out),
+        "--forget_prompts",
+        "a photo of a cat",
+        "--retain_prompts",
+        "a photo of a dog",
+        "--use_lora",
+        "--lora_rank",
+        "2",
+        "--learning_rate",
+        "1e-2",
+        "--lambda_init",
+        "0.5",
+        "--max_steps",
+        "2",
+        *TINY,
+    ]
     _run(cmd)
     assert (out / "pytorch_lora_weights.safetensors").is_file() and not (out / "unet").exists()
     assert "load_lora_weights" in (out / "README.md").read_text()

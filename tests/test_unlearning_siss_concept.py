@@ -8,14 +8,28 @@ from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrai
 from diffusers_ext.testing import get_tiny_sd_components
 
 
-TINY = {"per_device_train_batch_size": 4, "pool_size": 6, "pool_sampling_steps": 2, "pool_refresh_steps": 2,
-        "save_strategy": "no", "disable_tqdm": True, "seed": 3}  # fmt: skip
+TINY = {
+    "per_device_train_batch_size": 4,
+    "pool_size": 6,
+    "pool_sampling_steps": 2,
+    "pool_refresh_steps": 2,
+    "save_strategy": "no",
+    "disable_tqdm": True,
+    "seed": 3,
+}
 
 
 def _siss(**overrides):
     components = get_tiny_sd_components(seed=0)
-    config = ConstrainedUnlearningConfig(**{**TINY, "baseline": "siss", "forget_prompts": ["a photo of a cat"],
-                                            "retain_prompts": ["a photo of a dog"], **overrides})  # fmt: skip
+    config = ConstrainedUnlearningConfig(
+        **{
+            **TINY,
+            "baseline": "siss",
+            "forget_prompts": ["a photo of a cat"],
+            "retain_prompts": ["a photo of a dog"],
+            **overrides,
+        }
+    )
     scheduler = DDPMScheduler(beta_schedule="squaredcos_cap_v2", clip_sample=False)
     return ConstrainedUnlearningTrainer(StableDiffusionPipeline(**{**components, "scheduler": scheduler}), config)
 

@@ -12,8 +12,14 @@ from diffusers_ext import ClassConditionalDDPMPipeline, ConstrainedUnlearningCon
 from diffusers_ext.testing import get_tiny_pixel_unet, get_tiny_sd_components
 
 
-TINY = {"per_device_train_batch_size": 4, "pool_size": 6, "pool_sampling_steps": 2, "pool_refresh_steps": 2,
-        "save_strategy": "no", "disable_tqdm": True}  # fmt: skip
+TINY = {
+    "per_device_train_batch_size": 4,
+    "pool_size": 6,
+    "pool_sampling_steps": 2,
+    "pool_refresh_steps": 2,
+    "save_strategy": "no",
+    "disable_tqdm": True,
+}
 
 
 def _scheduler():
@@ -43,8 +49,9 @@ def _digits_like(n, seed):
 
 
 def _data_trainer(**overrides):
-    return _trainer(forget_classes=None, forget_dataset=_digits_like(6, 0), retain_dataset=_digits_like(20, 1),
-                    **overrides)  # fmt: skip
+    return _trainer(
+        forget_classes=None, forget_dataset=_digits_like(6, 0), retain_dataset=_digits_like(20, 1), **overrides
+    )
 
 
 @pytest.mark.parametrize(
@@ -123,8 +130,14 @@ def test_primal_dual_run_logs_every_step_through_the_trackers():
 
 
 def test_unreachable_level_stops_cleanly_reporting_the_best_value(caplog):
-    trainer = _trainer(constraint="reverse_kl", constraint_level=1e9, lambda_max=0.2, dual_learning_rate=1.0,
-                       stop_patience=3, max_steps=50)  # fmt: skip
+    trainer = _trainer(
+        constraint="reverse_kl",
+        constraint_level=1e9,
+        lambda_max=0.2,
+        dual_learning_rate=1.0,
+        stop_patience=3,
+        max_steps=50,
+    )
     with caplog.at_level(logging.WARNING):
         trainer.train()
     assert trainer.global_step == 3, "lambda hits its bound at step 1; three steps of patience later it stops"
@@ -206,8 +219,9 @@ def test_lora_on_a_unet2dmodel_merges_into_an_equivalent_plain_unet():
 
 def _sd_trainer(peft_config=None, **overrides):
     components = get_tiny_sd_components(seed=0)
-    config = ConstrainedUnlearningConfig(**{**TINY, "forget_prompts": ["a photo of a cat"],
-                                            "retain_prompts": ["a photo of a dog"], **overrides})  # fmt: skip
+    config = ConstrainedUnlearningConfig(
+        **{**TINY, "forget_prompts": ["a photo of a cat"], "retain_prompts": ["a photo of a dog"], **overrides}
+    )
     pipe = StableDiffusionPipeline(**{**components, "scheduler": _scheduler()})
     return ConstrainedUnlearningTrainer(pipe, config, peft_config=peft_config), components
 
@@ -236,12 +250,14 @@ def test_prompt_with_a_token_the_tokenizer_does_not_know_is_an_error():
     from diffusers_ext.testing import get_tiny_t5_tokenizer
 
     tokenizer = get_tiny_t5_tokenizer(model_max_length=16)
-    encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), d_model=32, d_ff=64, num_layers=1, num_heads=2,
-                                      d_kv=16))  # fmt: skip
+    encoder = T5EncoderModel(
+        T5Config(vocab_size=len(tokenizer), d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16)
+    )
     components = get_tiny_sd_components(seed=0)
     config = ConstrainedUnlearningConfig(**TINY, forget_prompts=["a photo of a \u2603"])
-    pipe = StableDiffusionPipeline(**{**components, "scheduler": _scheduler(), "text_encoder": encoder,
-                                      "tokenizer": tokenizer})  # fmt: skip
+    pipe = StableDiffusionPipeline(
+        **{**components, "scheduler": _scheduler(), "text_encoder": encoder, "tokenizer": tokenizer}
+    )
     with pytest.raises(ValueError, match="does not know"):
         ConstrainedUnlearningTrainer(pipe, config)
 
@@ -277,7 +293,7 @@ def test_bad_config_raises(config_kwargs, message):
                 "retain_dataset": _digits_like(4, 0),
             },
             "is empty",
-        ),  # fmt: skip
+        ),
         (
             {
                 "forget_classes": None,
@@ -286,7 +302,7 @@ def test_bad_config_raises(config_kwargs, message):
                 "retain_dataset": _digits_like(4, 1),
             },
             "unlearns a concept",
-        ),  # fmt: skip
+        ),
         ({"forget_classes": None, "forget_dataset": _digits_like(2, 0), "constraint": "forward_kl"}, "retain_dataset"),
         ({"baseline": "neggrad_plus"}, "pass a `forget_dataset`"),
         ({"forget_classes": None, "forget_prompts": ["a cat"]}, "need a UNet2DConditionModel"),
@@ -313,8 +329,13 @@ def test_calibrated_level_is_what_the_retained_classes_read():
 
 
 def test_checkpoint_resume_in_process_equals_the_uninterrupted_run(tmp_path):
-    settings = {"constraint": "reverse_kl", "constraint_level": 50.0, "dual_learning_rate": 0.01,
-                "save_strategy": "steps", "save_steps": 2}  # fmt: skip
+    settings = {
+        "constraint": "reverse_kl",
+        "constraint_level": 50.0,
+        "dual_learning_rate": 0.01,
+        "save_strategy": "steps",
+        "save_steps": 2,
+    }
     _trainer(output_dir=str(tmp_path / "resumed"), **settings).train(max_steps=2)
     assert (tmp_path / "resumed" / "checkpoint-2" / "unlearning_state.safetensors").is_file()
     resumed = _trainer(output_dir=str(tmp_path / "resumed"), resume_from_checkpoint="latest", **settings)
@@ -330,8 +351,13 @@ def test_checkpoint_resume_in_process_equals_the_uninterrupted_run(tmp_path):
 
 
 def test_gradient_accumulation_takes_one_optimizer_and_one_dual_step_per_training_step():
-    trainer = _trainer(constraint="reverse_kl", constraint_level=50.0, dual_learning_rate=0.01,
-                       gradient_accumulation_steps=2, per_device_train_batch_size=2)  # fmt: skip
+    trainer = _trainer(
+        constraint="reverse_kl",
+        constraint_level=50.0,
+        dual_learning_rate=0.01,
+        gradient_accumulation_steps=2,
+        per_device_train_batch_size=2,
+    )
     logs = trainer.train(max_steps=1)[-1]
     steps = {int(state["step"]) for state in trainer.optimizer.optimizer.state.values()}
     assert steps == {1} and trainer.global_step == 1

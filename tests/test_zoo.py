@@ -90,8 +90,9 @@ def test_classifier_heldout_accuracy(classifier):
 
 def test_ddpm_samples_are_their_class_and_close_to_real_digits(pipe, classifier):
     assert isinstance(pipe, ClassConditionalDDPMPipeline)
-    report = evaluate_digits_generator(pipe, classifier, samples_per_class=20, num_inference_steps=25,
-                                       guidance_scale=1.0, seed=0)  # fmt: skip
+    report = evaluate_digits_generator(
+        pipe, classifier, samples_per_class=20, num_inference_steps=25, guidance_scale=1.0, seed=0
+    )
     assert report.conditional_accuracy >= 0.90, report.per_class_accuracy
     # Same-size real reference: 200 real train digits vs the held-out set.
     train, _ = load_digits_images("train", resolution=8)

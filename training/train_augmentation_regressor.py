@@ -115,9 +115,13 @@ def main(argv=None):
 
     global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
     sampler = ResumableBatchSampler(
-        len(images), args.train_batch_size, accelerator.num_processes, accelerator.process_index, args.seed,
+        len(images),
+        args.train_batch_size,
+        accelerator.num_processes,
+        accelerator.process_index,
+        args.seed,
         start_step=global_step,
-    )  # fmt: skip
+    )
     loader = iter(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images), batch_sampler=sampler))
     if accelerator.is_main_process:
         accelerator.init_trackers("train_augmentation_regressor", config={k: str(v) for k, v in vars(args).items()})

@@ -89,8 +89,14 @@ def parse_args(argv=None):
     train.add_argument("--train_batch_size", type=int, default=64, help="Batch size per process.")
     train.add_argument("--max_train_steps", type=int, default=800, help="Total optimizer steps.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
-    add_optimizer_arguments(train, learning_rate=1e-3, lr_scheduler="constant_with_warmup", lr_warmup_steps=0,
-                            weight_decay=0.0, max_grad_norm=None)  # fmt: skip
+    add_optimizer_arguments(
+        train,
+        learning_rate=1e-3,
+        lr_scheduler="constant_with_warmup",
+        lr_warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=None,
+    )
     train.add_argument("--use_ema", action="store_true", help="Keep an EMA of the weights; the saved model uses it.")
     train.add_argument("--ema_max_decay", type=float, default=0.999, help="EMA maximum decay.")
     train.add_argument("--ema_inv_gamma", type=float, default=1.0, help="EMA warm-up inverse gamma.")
@@ -114,8 +120,13 @@ def validate_args(args, parser):
                 f"--resolution {args.resolution} must be a positive multiple of {factor} for a "
                 f"{len(args.block_out_channels)}-level UNet."
             )
-    for name in ("train_batch_size", "max_train_steps", "gradient_accumulation_steps", "checkpointing_steps",
-                 "num_stages"):  # fmt: skip
+    for name in (
+        "train_batch_size",
+        "max_train_steps",
+        "gradient_accumulation_steps",
+        "checkpointing_steps",
+        "num_stages",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
     if args.num_stages > args.max_train_steps:
@@ -245,9 +256,13 @@ def main(argv=None):
     # Batches, noise and noise levels are functions of (seed, step, process) alone: a resumed run replays the
     # uninterrupted one.
     sampler = ResumableBatchSampler(
-        len(dataset), args.train_batch_size, accelerator.num_processes, accelerator.process_index, args.seed,
+        len(dataset),
+        args.train_batch_size,
+        accelerator.num_processes,
+        accelerator.process_index,
+        args.seed,
         start_step=global_step * args.gradient_accumulation_steps,
-    )  # fmt: skip
+    )
     loader = iter(torch.utils.data.DataLoader(dataset, batch_sampler=sampler))
 
     if accelerator.is_main_process:

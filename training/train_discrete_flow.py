@@ -43,13 +43,28 @@ def parse_args(argv=None):
     data.add_argument("--num_train_sequences", type=int, default=20000, help="HMM training sequences.")
     data.add_argument("--num_validation_sequences", type=int, default=500, help="Sequences for the bounds.")
     flow = parser.add_argument_group("flow")
-    flow.add_argument("--source", type=str, default="mask", choices=["mask", "multimask", "uniform"],
-                      help="Source distribution of the mixture path.")  # fmt: skip
+    flow.add_argument(
+        "--source",
+        type=str,
+        default="mask",
+        choices=["mask", "multimask", "uniform"],
+        help="Source distribution of the mixture path.",
+    )
     flow.add_argument("--num_mask_tokens", type=int, default=None, help="Mask tokens M (multimask: required).")
-    flow.add_argument("--coupling", type=str, default="independent",
-                      choices=["independent", "hamming_ot", "embedding_ot"], help="Minibatch coupling.")  # fmt: skip
-    flow.add_argument("--loss_type", type=str, default="cross_entropy", choices=["cross_entropy", "kl", "entropy"],
-                      help="Token cross-entropy, or a perplexity bound (per token) as the loss.")  # fmt: skip
+    flow.add_argument(
+        "--coupling",
+        type=str,
+        default="independent",
+        choices=["independent", "hamming_ot", "embedding_ot"],
+        help="Minibatch coupling.",
+    )
+    flow.add_argument(
+        "--loss_type",
+        type=str,
+        default="cross_entropy",
+        choices=["cross_entropy", "kl", "entropy"],
+        help="Token cross-entropy, or a perplexity bound (per token) as the loss.",
+    )
     flow.add_argument("--kappa_exponent", type=float, default=1.0, help="kappa(t) = t ** kappa_exponent.")
     model = parser.add_argument_group("model")
     model.add_argument("--hidden_size", type=int, default=64, help="Transformer width.")
@@ -71,8 +86,15 @@ def parse_args(argv=None):
 
 
 def validate_args(args, parser):
-    for name in ("train_batch_size", "max_train_steps", "gradient_accumulation_steps", "checkpointing_steps",
-                 "num_train_sequences", "num_validation_sequences", "sequence_length"):  # fmt: skip
+    for name in (
+        "train_batch_size",
+        "max_train_steps",
+        "gradient_accumulation_steps",
+        "checkpointing_steps",
+        "num_train_sequences",
+        "num_validation_sequences",
+        "sequence_length",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
     if args.coupling != "independent" and args.train_batch_size < 2:
@@ -96,9 +118,14 @@ def build_data(args):
     from diffusers_ext.data.random_hmm import RandomHMM
     from diffusers_ext.evaluation.discrete_flow import HMMJudge
 
-    hmm = RandomHMM.random(args.hmm_states, args.vocab_size, args.sequence_length, seed=args.hmm_seed,
-                           transition_concentration=args.hmm_concentration,
-                           emission_concentration=args.hmm_concentration)  # fmt: skip
+    hmm = RandomHMM.random(
+        args.hmm_states,
+        args.vocab_size,
+        args.sequence_length,
+        seed=args.hmm_seed,
+        transition_concentration=args.hmm_concentration,
+        emission_concentration=args.hmm_concentration,
+    )
     train = hmm.sample(args.num_train_sequences, seed=10_000 + args.hmm_seed)
     validation = hmm.sample(args.num_validation_sequences, seed=20_000 + args.hmm_seed)
     return train, validation, HMMJudge(hmm)
@@ -126,22 +153,32 @@ def main(argv=None):
 
     train, validation, judge = build_data(args)
     scheduler = DiscreteFlowMatchingScheduler(
-        vocab_size=args.vocab_size, source=args.source, num_mask_tokens=args.num_mask_tokens,
+        vocab_size=args.vocab_size,
+        source=args.source,
+        num_mask_tokens=args.num_mask_tokens,
         kappa_exponent=args.kappa_exponent,
-    )  # fmt: skip
+    )
     model = DiscreteFlowTransformerModel(
-        vocab_size=args.vocab_size, num_embeddings=scheduler.num_embeddings, sequence_length=train.shape[1],
-        hidden_size=args.hidden_size, num_layers=args.num_layers, num_heads=args.num_heads,
-    )  # fmt: skip
+        vocab_size=args.vocab_size,
+        num_embeddings=scheduler.num_embeddings,
+        sequence_length=train.shape[1],
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+    )
     optimizer, lr_scheduler = build_optimizer(model.parameters(), args, accelerator.num_processes)
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
     global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
 
     dataset = torch.utils.data.TensorDataset(train)
     sampler = ResumableBatchSampler(
-        len(dataset), args.train_batch_size, accelerator.num_processes, accelerator.process_index, args.seed,
+        len(dataset),
+        args.train_batch_size,
+        accelerator.num_processes,
+        accelerator.process_index,
+        args.seed,
         start_step=global_step * args.gradient_accumulation_steps,
-    )  # fmt: skip
+    )
     loader = iter(torch.utils.data.DataLoader(dataset, batch_sampler=sampler))
     if accelerator.is_main_process:
         accelerator.init_trackers("train_discrete_flow", config={k: str(v) for k, v in vars(args).items()})
@@ -162,8 +199,16 @@ def main(argv=None):
             embedding = accelerator.unwrap_model(model).token_embedding.weight
             with accelerator.accumulate(model):
                 with accelerator.autocast():
-                    loss = discrete_flow_loss(model, scheduler, x1, args.loss_type, args.coupling, generator,
-                                              embedding_weight=embedding, timings=timings)  # fmt: skip
+                    loss = discrete_flow_loss(
+                        model,
+                        scheduler,
+                        x1,
+                        args.loss_type,
+                        args.coupling,
+                        generator,
+                        embedding_weight=embedding,
+                        timings=timings,
+                    )
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -174,8 +219,11 @@ def main(argv=None):
         global_step += 1
         progress.update(1)
         step_seconds = time.perf_counter() - step_start
-        logs = {"loss": loss_sum, "lr": lr_scheduler.get_last_lr()[0],
-                "coupling_time_fraction": timings["coupling_seconds"] / step_seconds}  # fmt: skip
+        logs = {
+            "loss": loss_sum,
+            "lr": lr_scheduler.get_last_lr()[0],
+            "coupling_time_fraction": timings["coupling_seconds"] / step_seconds,
+        }
         progress.set_postfix(loss=loss_sum)
         if global_step % args.logging_steps == 0 or global_step == args.max_train_steps:
             accelerator.log(logs, step=global_step)
@@ -189,19 +237,26 @@ def main(argv=None):
         pipeline = DiscreteFlowPipeline(model=final, scheduler=scheduler)
         pipeline.save_pretrained(args.output_dir)
         bounds = estimate_nll_bounds(
-            final, scheduler, validation.to(accelerator.device), args.bound_samples,
+            final,
+            scheduler,
+            validation.to(accelerator.device),
+            args.bound_samples,
             torch.Generator(accelerator.device).manual_seed(args.seed),
-        )  # fmt: skip
+        )
         L = validation.shape[1]
-        metrics = {f"validation {kind} perplexity bound": math.exp(float(b["mean"].mean()) / L)
-                   for kind, b in bounds.items()}  # fmt: skip
+        metrics = {
+            f"validation {kind} perplexity bound": math.exp(float(b["mean"].mean()) / L) for kind, b in bounds.items()
+        }
         if judge is not None:
             metrics["validation perplexity of the true HMM"] = math.exp(float(-judge.log_prob(validation).mean()) / L)
         with open(os.path.join(args.output_dir, "validation_metrics.json"), "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2)
-        data = ("scikit-learn's binarised 8x8 digits (train split)" if args.dataset == "digits" else
-                f"{args.num_train_sequences} sequences of a random HMM ({args.hmm_states} states, "
-                f"{args.vocab_size} tokens, length {args.sequence_length}, seed {args.hmm_seed})")  # fmt: skip
+        data = (
+            "scikit-learn's binarised 8x8 digits (train split)"
+            if args.dataset == "digits"
+            else f"{args.num_train_sequences} sequences of a random HMM ({args.hmm_states} states, "
+            f"{args.vocab_size} tokens, length {args.sequence_length}, seed {args.hmm_seed})"
+        )
         write_model_card(
             args.output_dir,
             title=f"Discrete flow matching ({args.source} source, {args.coupling} coupling)",

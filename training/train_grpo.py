@@ -113,9 +113,7 @@ def parse_args(argv=None):
         raise ValueError(f"--algorithm {algorithm!r} unknown; expected one of {ALGORITHMS}.")
     parser = TrlParser((ScriptArguments, E2POConfig if algorithm == "e2po" else DiffusionGRPOConfig, LoraArguments))
     parser.set_defaults(**LORA_DEFAULTS)
-    script_args, config, lora_args, remaining = parser.parse_args_and_config(
-        args=argv, return_remaining_strings=True
-    )
+    script_args, config, lora_args, remaining = parser.parse_args_and_config(args=argv, return_remaining_strings=True)
     e2po_only = [arg for arg in remaining if arg.startswith("--e2po_")]
     if e2po_only:
         raise ValueError(f"{e2po_only[0]} is an E2PO option; pass --algorithm e2po to use it.")

@@ -55,8 +55,9 @@ def parse_args(argv=None):
     train.add_argument("--train_batch_size", type=int, default=64, help="Sequences per process and step.")
     train.add_argument("--max_train_steps", type=int, default=800, help="Total optimizer steps.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
-    add_optimizer_arguments(train, learning_rate=2e-3, lr_scheduler="constant_with_warmup", lr_warmup_steps=50,
-                            weight_decay=0.01)  # fmt: skip
+    add_optimizer_arguments(
+        train, learning_rate=2e-3, lr_scheduler="constant_with_warmup", lr_warmup_steps=50, weight_decay=0.01
+    )
     add_accelerate_arguments(train, checkpointing_steps=200, checkpoints_total_limit=2)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
     args = parser.parse_args(argv)

@@ -65,8 +65,9 @@ def parse_args(argv=None):
     train.add_argument("--train_batch_size", type=int, default=128, help="Batch size per process.")
     train.add_argument("--max_train_steps", type=int, default=6000, help="Total optimizer steps.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
-    add_optimizer_arguments(train, learning_rate=1e-3, lr_scheduler="constant_with_warmup", lr_warmup_steps=200,
-                            weight_decay=0.01)  # fmt: skip
+    add_optimizer_arguments(
+        train, learning_rate=1e-3, lr_scheduler="constant_with_warmup", lr_warmup_steps=200, weight_decay=0.01
+    )
     train.add_argument(
         "--save_dtype",
         type=str,

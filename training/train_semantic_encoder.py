@@ -95,9 +95,13 @@ def main(argv=None):
     set_seed(args.seed)
     num_labels = len(OBJECT_CLASSES) + 1  # + sky
     config = Dinov2Config(
-        hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers, num_attention_heads=2,
-        intermediate_size=4 * args.hidden_size, patch_size=args.patch_size, image_size=args.resolution,
-    )  # fmt: skip
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.num_hidden_layers,
+        num_attention_heads=2,
+        intermediate_size=4 * args.hidden_size,
+        patch_size=args.patch_size,
+        image_size=args.resolution,
+    )
     model = PatchClassifier(Dinov2Model(config), num_labels)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=1e-4)
     lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.max_train_steps)
@@ -109,8 +113,9 @@ def main(argv=None):
     progress = tqdm(range(args.max_train_steps), initial=global_step, disable=not accelerator.is_local_main_process)
     model.train()
     while global_step < args.max_train_steps:
-        batch = views(step_generator(args.seed, global_step, accelerator.process_index), args.train_batch_size,
-                      args.resolution)  # fmt: skip
+        batch = views(
+            step_generator(args.seed, global_step, accelerator.process_index), args.train_batch_size, args.resolution
+        )
         targets = patch_labels(batch["classes"], args.patch_size, num_labels).to(accelerator.device)
         with accelerator.autocast():
             logits = model(batch["images"].to(accelerator.device))

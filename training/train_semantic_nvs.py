@@ -49,27 +49,53 @@ SURROGATES = ("self_cond", "blur")
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output_dir", type=str, required=True, help="Where the pipeline and checkpoints go.")
-    parser.add_argument("--semantic_encoder", type=str, default=None,
-                        help="A transformers ViT/Dinov2 folder giving the semantic features.")  # fmt: skip
+    parser.add_argument(
+        "--semantic_encoder",
+        type=str,
+        default=None,
+        help="A transformers ViT/Dinov2 folder giving the semantic features.",
+    )
     parser.add_argument("--no_semantics", action="store_true", help="Train the baseline without semantic inputs.")
-    parser.add_argument("--train_data_dir", type=str, default=None,
-                        help="A folder of posed multi-view captures (default: procedural scenes).")  # fmt: skip
-    parser.add_argument("--dataset_name", type=str, default=None,
-                        help="A `datasets` dataset of posed captures: a folder from save_to_disk or a name for "
-                        "load_dataset (default: procedural scenes).")  # fmt: skip
+    parser.add_argument(
+        "--train_data_dir",
+        type=str,
+        default=None,
+        help="A folder of posed multi-view captures (default: procedural scenes).",
+    )
+    parser.add_argument(
+        "--dataset_name",
+        type=str,
+        default=None,
+        help="A `datasets` dataset of posed captures: a folder from save_to_disk or a name for "
+        "load_dataset (default: procedural scenes).",
+    )
     parser.add_argument("--dataset_split", type=str, default="train", help="The split of --dataset_name.")
     parser.add_argument("--resolution", type=int, default=16, help="View size.")
     parser.add_argument("--num_views", type=int, default=3, help="Views per scene: 1 input + targets.")
     parser.add_argument("--max_azimuth_span", type=float, default=90.0, help="Largest target azimuth offset (deg).")
     parser.add_argument("--block_out_channels", type=int, nargs="+", default=[32, 64], help="UNet channels.")
-    parser.add_argument("--iterative_surrogate", type=str, default="self_cond", choices=SURROGATES,
-                        help="What stands in for the iterative features in training: the model's own stop-gradient "
-                        "estimate ('self_cond') or the blurred clean target ('blur', the paper's).")  # fmt: skip
-    parser.add_argument("--self_cond_prob", type=float, default=0.5,
-                        help="With 'self_cond': probability that a scene in an iterative mode gets features of the "
-                        "model's estimate (else none, as at the first sampling step).")  # fmt: skip
-    parser.add_argument("--blur_sigma", type=float, nargs=2, default=[1.0, 3.0],
-                        help="With 'blur': range of the Gaussian blur of the surrogate (pixels).")  # fmt: skip
+    parser.add_argument(
+        "--iterative_surrogate",
+        type=str,
+        default="self_cond",
+        choices=SURROGATES,
+        help="What stands in for the iterative features in training: the model's own stop-gradient "
+        "estimate ('self_cond') or the blurred clean target ('blur', the paper's).",
+    )
+    parser.add_argument(
+        "--self_cond_prob",
+        type=float,
+        default=0.5,
+        help="With 'self_cond': probability that a scene in an iterative mode gets features of the "
+        "model's estimate (else none, as at the first sampling step).",
+    )
+    parser.add_argument(
+        "--blur_sigma",
+        type=float,
+        nargs=2,
+        default=[1.0, 3.0],
+        help="With 'blur': range of the Gaussian blur of the surrogate (pixels).",
+    )
     parser.add_argument(
         "--cond_dropout", type=float, default=0.1, help="Probability of dropping the conditioning (for guidance)."
     )
@@ -126,8 +152,14 @@ def scene_semantics(encoder, batch, generator):
     b, v, c, h, w = images.shape
     with torch.no_grad():
         inputs = semantic_feature_map(encoder, images[:, 0]).reshape(b, 1, -1, h, w)
-        warped, coverage = warp_to_targets(inputs, batch["depths"][:, :1], batch["intrinsics"][:, :1],
-                                           batch["c2w"][:, :1], batch["intrinsics"][:, 1:], batch["c2w"][:, 1:])  # fmt: skip
+        warped, coverage = warp_to_targets(
+            inputs,
+            batch["depths"][:, :1],
+            batch["intrinsics"][:, :1],
+            batch["c2w"][:, :1],
+            batch["intrinsics"][:, 1:],
+            batch["c2w"][:, 1:],
+        )
     modes = [TRAIN_MODES[m] for m in torch.randint(0, len(TRAIN_MODES), (b,), generator=generator).tolist()]
     return inputs, warped, coverage, modes
 
@@ -228,8 +260,14 @@ def main(argv=None):
     noise_scheduler = DDPMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", clip_sample=False)
     ema = None
     if args.use_ema:
-        ema = EMAModel(unet.parameters(), decay=0.999, use_ema_warmup=True, power=0.75,
-                       model_cls=SemanticMultiViewUNetModel, model_config=unet.config)  # fmt: skip
+        ema = EMAModel(
+            unet.parameters(),
+            decay=0.999,
+            use_ema_warmup=True,
+            power=0.75,
+            model_cls=SemanticMultiViewUNetModel,
+            model_config=unet.config,
+        )
         accelerator.register_for_checkpointing(ema)
     optimizer = torch.optim.AdamW(unet.parameters(), lr=args.learning_rate, weight_decay=1e-4)
     lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.max_train_steps)
@@ -246,8 +284,9 @@ def main(argv=None):
     while global_step < args.max_train_steps:
         generator = step_generator(args.seed, global_step, accelerator.process_index)
         if captures is None:
-            batch = sample_scene_batch(generator, args.train_batch_size, args.num_views, size,
-                                       max_azimuth_span_deg=args.max_azimuth_span)  # fmt: skip
+            batch = sample_scene_batch(
+                generator, args.train_batch_size, args.num_views, size, max_azimuth_span_deg=args.max_azimuth_span
+            )
         else:
             batch = captures.sample_batch(generator, args.train_batch_size, args.num_views)
         b, v = batch["images"].shape[:2]
@@ -271,9 +310,11 @@ def main(argv=None):
 
         noise = torch.randn(clean[:, 1:].shape, generator=generator)
         timesteps = torch.randint(0, 1000, (b,), generator=generator)
-        noisy = noise_scheduler.add_noise(clean[:, 1:].reshape(b * (v - 1), 3, size, size),
-                                          noise.reshape(b * (v - 1), 3, size, size),
-                                          timesteps.repeat_interleave(v - 1)).reshape(b, v - 1, 3, size, size)  # fmt: skip
+        noisy = noise_scheduler.add_noise(
+            clean[:, 1:].reshape(b * (v - 1), 3, size, size),
+            noise.reshape(b * (v - 1), 3, size, size),
+            timesteps.repeat_interleave(v - 1),
+        ).reshape(b, v - 1, 3, size, size)
         sample = torch.cat([clean[:, :1], noisy], 1)
         device = accelerator.device
         if encoder is not None and args.iterative_surrogate == "self_cond" and any(self_cond):
@@ -283,12 +324,20 @@ def main(argv=None):
             first_features, first_masks = compose_semantics(inputs, warped, coverage, modes, [None] * b)
             with torch.no_grad(), accelerator.autocast():
                 first = accelerator.unwrap_model(unet)(
-                    sample.to(device), timesteps.to(device), plucker.to(device), input_mask.to(device),
-                    input_images.to(device), first_features.to(device), first_masks.to(device),
-                ).sample[:, 1:]  # fmt: skip
-                x0 = x0_estimate(noise_scheduler, first.float().reshape(-1, 3, size, size),
-                                 noisy.to(device).reshape(-1, 3, size, size),
-                                 timesteps.to(device).repeat_interleave(v - 1))  # fmt: skip
+                    sample.to(device),
+                    timesteps.to(device),
+                    plucker.to(device),
+                    input_mask.to(device),
+                    input_images.to(device),
+                    first_features.to(device),
+                    first_masks.to(device),
+                ).sample[:, 1:]
+                x0 = x0_estimate(
+                    noise_scheduler,
+                    first.float().reshape(-1, 3, size, size),
+                    noisy.to(device).reshape(-1, 3, size, size),
+                    timesteps.to(device).repeat_interleave(v - 1),
+                )
                 estimated = iterative_semantics(encoder, x0).reshape(b, v - 1, -1, size, size).to(inputs.device)
             iterative = [estimated[scene] if use else None for scene, use in enumerate(self_cond)]
         if encoder is not None:
@@ -297,10 +346,15 @@ def main(argv=None):
         input_mask[:, 0] = keep
         input_images[:, 0] = clean[:, 0] * keep[:, None, None, None]
         with accelerator.autocast():
-            prediction = unet(sample.to(device), timesteps.to(device), plucker.to(device), input_mask.to(device),
-                              input_images.to(device),
-                              None if features is None else features.to(device),
-                              None if masks is None else masks.to(device)).sample  # fmt: skip
+            prediction = unet(
+                sample.to(device),
+                timesteps.to(device),
+                plucker.to(device),
+                input_mask.to(device),
+                input_images.to(device),
+                None if features is None else features.to(device),
+                None if masks is None else masks.to(device),
+            ).sample
         loss = F.mse_loss(prediction[:, 1:].float(), noise.to(device))
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(unet.parameters(), 1.0)
@@ -326,8 +380,10 @@ def main(argv=None):
         pipeline.save_pretrained(args.output_dir)
         kind = "without semantic conditioning (the baseline)" if encoder is None else "with semantic conditioning"
         if captures is None:
-            data = (f"procedural scenes at {size}x{size}: 1 input view and {args.num_views - 1} targets within "
-                    f"{args.max_azimuth_span:g} degrees of azimuth")  # fmt: skip
+            data = (
+                f"procedural scenes at {size}x{size}: 1 input view and {args.num_views - 1} targets within "
+                f"{args.max_azimuth_span:g} degrees of azimuth"
+            )
         else:
             data = f"{len(captures)} posed multi-view scenes at {size}x{size}: 1 input view and {args.num_views - 1} targets"
         surrogate = ""

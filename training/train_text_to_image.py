@@ -95,7 +95,7 @@ def parse_args(argv=None):
     train.add_argument("--eval_steps", type=int, default=25, help="DDIM steps of the evaluation.")
     add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=2)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
-    args = parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
     validate_args(args, parser)
     return args
 
@@ -113,8 +113,14 @@ def validate_args(args, parser):
             f"--unet_channels has {len(args.unet_channels)} levels; the latent side {args.resolution // 4} must be "
             f"a multiple of {factor}."
         )
-    for name in ("num_train_samples", "max_train_steps", "train_batch_size", "gradient_accumulation_steps",
-                 "checkpointing_steps", "eval_steps"):  # fmt: skip
+    for name in (
+        "num_train_samples",
+        "max_train_steps",
+        "train_batch_size",
+        "gradient_accumulation_steps",
+        "checkpointing_steps",
+        "eval_steps",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
     if args.vae_steps < 0 or args.eval_num_prompts < 0:
@@ -249,10 +255,14 @@ def main(argv=None):
             latent_stats = (means, stds, scaling)
             logger.info(f"latents {tuple(means.shape[1:])}, scaling factor {scaling:.4f}")
         if in_vae_phase:
-            cosine_with_warmup(vae_optimizer, global_step, args.vae_steps, args.vae_learning_rate, args.lr_warmup_steps)
+            cosine_with_warmup(
+                vae_optimizer, global_step, args.vae_steps, args.vae_learning_rate, args.lr_warmup_steps
+            )
         else:
             phase_step = global_step - args.vae_steps
-            cosine_with_warmup(unet_optimizer, phase_step, args.max_train_steps, args.learning_rate, args.lr_warmup_steps)
+            cosine_with_warmup(
+                unet_optimizer, phase_step, args.max_train_steps, args.learning_rate, args.lr_warmup_steps
+            )
         logs = {}
         for micro in range(args.gradient_accumulation_steps):
             index = torch.tensor(next(batches))

@@ -201,7 +201,11 @@ def main(argv=None):
     pipe = load_base(script_args.pretrained_model_name_or_path)
     base_pipe = copy.deepcopy(pipe)
     is_text = hasattr(pipe, "text_encoder")
-    data = build_data(script_args) if (script_args.forget_indices is not None or script_args.forget_size is not None) else None
+    data = (
+        build_data(script_args)
+        if (script_args.forget_indices is not None or script_args.forget_size is not None)
+        else None
+    )
     if data is not None and (is_text or pipe.unet.config.sample_size != 8 or pipe.unet.config.in_channels != 1):
         raise ValueError("data unlearning here forgets digits training images: it needs an 8x8 grayscale UNet2DModel.")
     if data is not None and config.constraint_level == "auto" and config.baseline is None:

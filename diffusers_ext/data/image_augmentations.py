@@ -55,8 +55,15 @@ class GreyscaleAugmentationConfig:
     def __post_init__(self):
         if not 0.0 <= self.p <= 1.0:
             raise ValueError(f"`p` must lie in [0, 1], got {self.p}.")
-        for name in ("scale_std", "rotate_max", "aspect_std", "translate_std", "blur_sigma_max", "mixup_max",
-                     "noise_std_max"):  # fmt: skip
+        for name in (
+            "scale_std",
+            "rotate_max",
+            "aspect_std",
+            "translate_std",
+            "blur_sigma_max",
+            "mixup_max",
+            "noise_std_max",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}.")
 

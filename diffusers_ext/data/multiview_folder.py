@@ -58,8 +58,13 @@ def _square_view(image: torch.Tensor, intrinsics: torch.Tensor, depth: torch.Ten
     scale = resolution / side
     intrinsics[:2] *= scale
     if side != resolution:
-        image = F.interpolate(image[None], size=(resolution, resolution), mode="bilinear", align_corners=False,
-                              antialias=side > resolution)[0].clamp(0, 1)  # fmt: skip
+        image = F.interpolate(
+            image[None],
+            size=(resolution, resolution),
+            mode="bilinear",
+            align_corners=False,
+            antialias=side > resolution,
+        )[0].clamp(0, 1)
     if depth is not None:
         depth = depth[:, top : top + side, left : left + side]
         if side != resolution:

@@ -174,8 +174,15 @@ def default_intrinsics(num_views: int, size: int, fov_deg: float = 50.0) -> torc
     return intrinsics.expand(num_views, 3, 3).clone()
 
 
-def render_orbit(scene: Scene, num_views: int, size: int, radius: float = 4.0, elevation_deg: float = 25.0,
-                 start_azimuth_deg: float = 0.0, sweep_deg: float = 360.0) -> dict[str, torch.Tensor]:  # fmt: skip
+def render_orbit(
+    scene: Scene,
+    num_views: int,
+    size: int,
+    radius: float = 4.0,
+    elevation_deg: float = 25.0,
+    start_azimuth_deg: float = 0.0,
+    sweep_deg: float = 360.0,
+) -> dict[str, torch.Tensor]:
     """Render `num_views` views on an orbit around the scene centre; also returns `"intrinsics"` and `"c2w"`."""
     c2w = orbit_trajectory(num_views, radius, elevation_deg, start_azimuth_deg, sweep_deg, center=(0.0, -0.3, 0.0))
     intrinsics = default_intrinsics(num_views, size)
@@ -208,9 +215,9 @@ def sample_scene_views(
             raise ValueError(f"`azimuth_offsets_deg` has {len(azimuth_offsets_deg)} entries for {num_views} views.")
         offsets = list(azimuth_offsets_deg)
     elevation = 20.0 + 15.0 * float(torch.rand((), generator=generator))
-    c2w = torch.cat([
-        orbit_trajectory(1, 4.0, elevation, start + offset, 0.0, center=(0.0, -0.3, 0.0)) for offset in offsets
-    ])  # fmt: skip
+    c2w = torch.cat(
+        [orbit_trajectory(1, 4.0, elevation, start + offset, 0.0, center=(0.0, -0.3, 0.0)) for offset in offsets]
+    )
     intrinsics = default_intrinsics(num_views, size)
     views = render(scene, intrinsics, c2w, size, size)
     return {**views, "intrinsics": intrinsics, "c2w": c2w, "azimuth_offsets": torch.tensor(offsets)}

@@ -48,8 +48,10 @@ class RandomHMM:
         for name, value in (("num_states", num_states), ("vocab_size", vocab_size), ("length", length)):
             if not isinstance(value, int) or value < (1 if name == "length" else 2):
                 raise ValueError(f"`{name}` must be an int >= {1 if name == 'length' else 2}, got {value!r}.")
-        for name, value in (("transition_concentration", transition_concentration),
-                            ("emission_concentration", emission_concentration)):  # fmt: skip
+        for name, value in (
+            ("transition_concentration", transition_concentration),
+            ("emission_concentration", emission_concentration),
+        ):
             if not value > 0:
                 raise ValueError(f"`{name}` must be > 0, got {value!r}.")
         rng = np.random.default_rng(seed)

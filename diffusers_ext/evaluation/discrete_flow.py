@@ -130,8 +130,10 @@ def _position_support(scheduler: DiscreteFlowMatchingScheduler, x1: torch.LongTe
         probs[torch.arange(L), x1] += kappa
         return values, probs
     values = torch.cat([x1[:, None], V + torch.arange(M).expand(L, M)], dim=1)
-    probs = torch.cat([torch.full((L, 1), kappa, dtype=torch.float64),
-                       torch.full((L, M), (1 - kappa) / M, dtype=torch.float64)], dim=1)  # fmt: skip
+    probs = torch.cat(
+        [torch.full((L, 1), kappa, dtype=torch.float64), torch.full((L, M), (1 - kappa) / M, dtype=torch.float64)],
+        dim=1,
+    )
     return values, probs
 
 

@@ -113,7 +113,9 @@ def finetune_unet(
     latents = _encode_latents(pipeline.vae, images)
     device, dtype = latents.device, latents.dtype
     with torch.no_grad():
-        embeds, _ = encode_text(pipeline.tokenizer, pipeline.text_encoder, captions + [""], pipeline.text_encoder.device)
+        embeds, _ = encode_text(
+            pipeline.tokenizer, pipeline.text_encoder, captions + [""], pipeline.text_encoder.device
+        )
     caption_embeds, empty_embed = embeds[:-1], embeds[-1:]
     alphas_cumprod = scheduler.alphas_cumprod.to(device=device, dtype=dtype)
     num_train_timesteps = len(alphas_cumprod)
@@ -164,8 +166,13 @@ def finetune_unet(
     return unet, lora_state, losses
 
 
-def unet_with_lora(pipeline, lora_state: dict, rank: int, lora_alpha: float | None = None,
-                   target_modules: tuple[str, ...] = LORA_TARGET_MODULES):  # fmt: skip
+def unet_with_lora(
+    pipeline,
+    lora_state: dict,
+    rank: int,
+    lora_alpha: float | None = None,
+    target_modules: tuple[str, ...] = LORA_TARGET_MODULES,
+):
     """A copy of `pipeline.unet` with saved adapter weights (from [`finetune_unet`]) fused in, in eval mode."""
     from peft import LoraConfig
     from peft.utils import set_peft_model_state_dict

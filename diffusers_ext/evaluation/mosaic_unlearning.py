@@ -61,8 +61,9 @@ def concept_prompt_sets(config: MosaicConfig, concept: str, sizes: dict, seed: i
             raise ValueError(f"`sizes[{name!r}]` must ask for at least one prompt of each kind, got {size!r}.")
         forget, retain = [], []
         training = name == "train"
-        stream = mosaic_records(config, 200 * (want_forget + want_retain), seed=seed * 101 + index,
-                                split="train" if training else "test")  # fmt: skip
+        stream = mosaic_records(
+            config, 200 * (want_forget + want_retain), seed=seed * 101 + index, split="train" if training else "test"
+        )
         for row in stream:
             if len(forget) >= want_forget and len(retain) >= want_retain:
                 break

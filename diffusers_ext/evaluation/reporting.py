@@ -133,8 +133,9 @@ def rebuild_results(
     if missing:
         raise ValueError(f"{path}: `replaced` names rows that are not there: {missing}.")
     if [row["name"] for row in kept] != [row["name"] for row in old]:
-        raise ValueError(f"{path}: rebuilt rows {[r['name'] for r in kept]} differ from the recorded "
-                         f"{[r['name'] for r in old]}.")  # fmt: skip
+        raise ValueError(
+            f"{path}: rebuilt rows {[r['name'] for r in kept]} differ from the recorded {[r['name'] for r in old]}."
+        )
     for before, after in zip(old, kept):
         same = _same_number(before["value"], after["value"]) and (
             isinstance(before["threshold"], str) or _same_number(before["threshold"], after["threshold"])

@@ -48,11 +48,15 @@ class SceneEvaluator(nn.Module):
             raise ValueError(f"`size` must be a positive multiple of 4, got {size}.")
         self.size = size
         self.features = nn.Sequential(
-            nn.Conv2d(3, channels // 2, 3, padding=1), nn.GELU(),
-            nn.Conv2d(channels // 2, channels, 3, stride=2, padding=1), nn.GELU(),
-            nn.Conv2d(channels, channels, 3, padding=1), nn.GELU(),
-            nn.Conv2d(channels, 2 * channels, 3, stride=2, padding=1), nn.GELU(),
-        )  # fmt: skip
+            nn.Conv2d(3, channels // 2, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(channels // 2, channels, 3, stride=2, padding=1),
+            nn.GELU(),
+            nn.Conv2d(channels, channels, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(channels, 2 * channels, 3, stride=2, padding=1),
+            nn.GELU(),
+        )
         self.embedding = nn.Sequential(
             nn.Flatten(), nn.Linear(2 * channels * (size // 4) ** 2, embedding_dim), nn.GELU()
         )
@@ -204,8 +208,10 @@ def bootstrap_frechet(
     from ..metrics import frechet_distance
 
     if generated.shape != real.shape or generated.ndim != 2 or generated.shape[0] % groups:
-        raise ValueError(f"`generated` {tuple(generated.shape)} and `real` {tuple(real.shape)} must be equal "
-                         f"(groups * k, D) matrices with groups={groups}.")  # fmt: skip
+        raise ValueError(
+            f"`generated` {tuple(generated.shape)} and `real` {tuple(real.shape)} must be equal "
+            f"(groups * k, D) matrices with groups={groups}."
+        )
     if reference is not None and reference.shape != generated.shape:
         raise ValueError(f"`reference` has shape {tuple(reference.shape)}, expected {tuple(generated.shape)}.")
     per = generated.shape[0] // groups

@@ -39,8 +39,15 @@ def oracle_order_search(
     """
     solved = []
     for start in range(0, len(prompts), batch_size):
-        solved.append(_oracle_batch(logits_fn, prompts[start : start + batch_size],
-                                    answers[start : start + batch_size], mask_token_id, beam_size))  # fmt: skip
+        solved.append(
+            _oracle_batch(
+                logits_fn,
+                prompts[start : start + batch_size],
+                answers[start : start + batch_size],
+                mask_token_id,
+                beam_size,
+            )
+        )
     return torch.cat(solved)
 
 

@@ -152,10 +152,12 @@ def plucker_raymap(
 def scene_plucker(intrinsics: torch.Tensor, c2w: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """Plücker maps `(B, V, 6, H, W)` of `B` scenes' cameras (`(B, V, 3, 3)`, `(B, V, 4, 4)`), each relative to the
     scene's first view and scale-normalised: the conditioning [`SemanticMultiViewUNetModel`] is trained with."""
-    return torch.stack([
-        plucker_raymap(intrinsics[i], c2w[i], height, width, reference_c2w=c2w[i, 0], normalize_scale=True)
-        for i in range(c2w.shape[0])
-    ])  # fmt: skip
+    return torch.stack(
+        [
+            plucker_raymap(intrinsics[i], c2w[i], height, width, reference_c2w=c2w[i, 0], normalize_scale=True)
+            for i in range(c2w.shape[0])
+        ]
+    )
 
 
 def look_at(eye: torch.Tensor, target: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:

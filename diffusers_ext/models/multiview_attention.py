@@ -16,8 +16,16 @@ class MultiViewAttnProcessor:
     def __init__(self):
         self.num_views = 1
 
-    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states=None, attention_mask=None, temb=None,
-                 *args, **kwargs) -> torch.Tensor:  # fmt: skip
+    def __call__(
+        self,
+        attn,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states=None,
+        attention_mask=None,
+        temb=None,
+        *args,
+        **kwargs,
+    ) -> torch.Tensor:
         if encoder_hidden_states is not None or attention_mask is not None:
             raise ValueError("MultiViewAttnProcessor handles self-attention without a mask only.")
         if hidden_states.ndim != 4:

@@ -147,8 +147,12 @@ class SemanticMultiViewUNetModel(ModelMixin, ConfigMixin):
         self._check("input_mask", input_mask, (b, v))
         self._check("input_images", input_images, (b, v, c, h, w))
         dtype = sample.dtype
-        parts = [sample, input_images.to(dtype), input_mask.to(dtype)[..., None, None, None].expand(b, v, 1, h, w),
-                 plucker.to(dtype)]  # fmt: skip
+        parts = [
+            sample,
+            input_images.to(dtype),
+            input_mask.to(dtype)[..., None, None, None].expand(b, v, 1, h, w),
+            plucker.to(dtype),
+        ]
         if s:
             if semantic_features is None:
                 semantic_features = sample.new_zeros(b, v, s, h, w)

@@ -255,8 +255,10 @@ class DiscreteFlowMatchingScheduler(SchedulerMixin, ConfigMixin):
         if self.num_inference_steps is None:
             raise ValueError("call `set_timesteps` before `step`.")
         if sample.dtype != torch.long or sample.ndim != 2:
-            raise ValueError(f"`sample` must be a (batch, length) LongTensor of token ids, got {sample.dtype} "
-                             f"of shape {tuple(sample.shape)}.")  # fmt: skip
+            raise ValueError(
+                f"`sample` must be a (batch, length) LongTensor of token ids, got {sample.dtype} "
+                f"of shape {tuple(sample.shape)}."
+            )
         index = self.index_for_timestep(timestep) if self._step_index is None else self._step_index
         t, s = self.time_grid[index], self.time_grid[index + 1]
         log_probs = self.denoiser_log_probs(model_output, sample, t)

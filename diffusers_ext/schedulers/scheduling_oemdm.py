@@ -210,7 +210,13 @@ class OeMDMScheduler(SchedulerMixin, ConfigMixin, DiffusionLMSchedulerMixin):
         logits[..., mask_token_id] = float("-inf")
         log_probs = torch.log_softmax(logits, dim=-1)
         if temperature > 0:
-            gumbel = -torch.log(-torch.log(draw_uniform(logits.shape[1:], generator, groups, device, torch.float64, one_draw=True).clamp_min(1e-20)))
+            gumbel = -torch.log(
+                -torch.log(
+                    draw_uniform(logits.shape[1:], generator, groups, device, torch.float64, one_draw=True).clamp_min(
+                        1e-20
+                    )
+                )
+            )
             tokens = torch.argmax(log_probs.double() / temperature + gumbel, dim=-1)
         else:
             tokens = torch.argmax(log_probs, dim=-1)
@@ -228,7 +234,9 @@ class OeMDMScheduler(SchedulerMixin, ConfigMixin, DiffusionLMSchedulerMixin):
         prob = torch.where(eligible, prob.clamp(0, 1), 0.0)
         if bool((s == 0).any()):
             prob = torch.where(eligible & (s == 0), 1.0, prob)
-        commit = eligible & (draw_uniform(sample.shape[1:], generator, groups, device, torch.float64, one_draw=True) < prob)
+        commit = eligible & (
+            draw_uniform(sample.shape[1:], generator, groups, device, torch.float64, one_draw=True) < prob
+        )
 
         output = OeMDMSchedulerOutput(
             prev_sample=torch.where(commit, tokens, sample),

@@ -430,9 +430,19 @@ class SOARScheduler(SchedulerMixin, ConfigMixin, DiffusionLMSchedulerMixin):
         num_masked = eligible.sum(-1)
         if config.transfer_schedule == "origin":
             return self._origin_step(
-                timestep, sample, eligible, tokens, token_probs, confidence, beam_scores, beam_lengths, beam_groups,
-                generator, sample_offset, return_dict,
-            )  # fmt: skip
+                timestep,
+                sample,
+                eligible,
+                tokens,
+                token_probs,
+                confidence,
+                beam_scores,
+                beam_lengths,
+                beam_groups,
+                generator,
+                sample_offset,
+                return_dict,
+            )
         if is_int(num_transfer_tokens):
             num_transfer_tokens = torch.full((num_rows,), num_transfer_tokens, dtype=torch.long, device=device)
         if num_transfer_tokens is not None:
@@ -561,9 +571,20 @@ class SOARScheduler(SchedulerMixin, ConfigMixin, DiffusionLMSchedulerMixin):
         return order
 
     def _origin_step(
-        self, timestep, sample, eligible, tokens, token_probs, confidence, scores, lengths, groups, generator,
-        offset, return_dict,
-    ):  # fmt: skip
+        self,
+        timestep,
+        sample,
+        eligible,
+        tokens,
+        token_probs,
+        confidence,
+        scores,
+        lengths,
+        groups,
+        generator,
+        offset,
+        return_dict,
+    ):
         """Dream's `alg="origin"`: every eligible position is revealed with probability `1 - s / t` (all at the
         last step), independently of the confidences. One uniform draw per eligible position, row by row (for one
         prompt, the draw Dream makes over its masked positions)."""

@@ -68,9 +68,14 @@ def timestep_indices(timestep, timesteps: torch.Tensor, atol: float | None = Non
 
 
 def draw_uniform(
-    shape, generator, groups: torch.Tensor, device, dtype: torch.dtype | None = None, offset: int = 0,
+    shape,
+    generator,
+    groups: torch.Tensor,
+    device,
+    dtype: torch.dtype | None = None,
+    offset: int = 0,
     one_draw: bool = False,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Uniform `[0, 1)` noise of shape `(N, *shape)`, `N = len(groups)`, drawn over the positions from `offset` on
     (earlier positions get 0.5 and are never used).
 

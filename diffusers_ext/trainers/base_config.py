@@ -63,8 +63,13 @@ class DiffusionTrainerConfig:
     )
 
     def __post_init__(self):
-        for name in ("max_steps", "logging_steps", "save_steps", "per_device_train_batch_size",
-                     "gradient_accumulation_steps"):  # fmt: skip
+        for name in (
+            "max_steps",
+            "logging_steps",
+            "save_steps",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
         if self.save_total_limit is not None and self.save_total_limit < 1:

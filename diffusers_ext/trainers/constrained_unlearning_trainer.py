@@ -126,9 +126,16 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         # Conditions are validated and encoded before any weights are copied or trained.
         null_class_label = getattr(pipeline.config, "null_class_label", None)
         text_encoder, tokenizer = getattr(pipeline, "text_encoder", None), getattr(pipeline, "tokenizer", None)
-        (self.sample_shape, self.forget_conds, self.retain_conds, self.reference_cond, self.forget_data,
-         self.retain_data) = build_conditions(args, unet, self.mode, self.forget_data, self.retain_data, text_encoder,
-                                              tokenizer, null_class_label)  # fmt: skip
+        (
+            self.sample_shape,
+            self.forget_conds,
+            self.retain_conds,
+            self.reference_cond,
+            self.forget_data,
+            self.retain_data,
+        ) = build_conditions(
+            args, unet, self.mode, self.forget_data, self.retain_data, text_encoder, tokenizer, null_class_label
+        )
         self._constraint_level = None if args.constraint_level == "auto" else args.constraint_level
         self._dual_learning_rate = None if args.dual_learning_rate == "auto" else args.dual_learning_rate
         self._check_auto_level(objective_class)
@@ -304,8 +311,9 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
             if self.mode == "data":
                 parts.append(self._noised(*self._pick(*self.retain_data, generator), generator, "retain"))
             elif self.retain_pool is not None:
-                parts.append(self._noised(*self._pick(self.retain_pool, self.retain_pool_conds, generator), generator,
-                                          "retain"))  # fmt: skip
+                parts.append(
+                    self._noised(*self._pick(self.retain_pool, self.retain_pool_conds, generator), generator, "retain")
+                )
         return parts
 
     @torch.no_grad()
@@ -341,8 +349,12 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         by_name = {p.name: p for p in parts}
         retain = mse(preds["retain"], by_name["retain"]) if "retain" in preds else torch.zeros((), device=x.device)
         out = self.objective.loss(preds, by_name, retain, self.lambda_)
-        metrics = {"retain_loss": retain.detach(), "constraint_estimate": out.constraint_estimate,
-                   "forget_loss": out.forget_loss.detach(), "loss": out.loss.detach()}  # fmt: skip
+        metrics = {
+            "retain_loss": retain.detach(),
+            "constraint_estimate": out.constraint_estimate,
+            "forget_loss": out.forget_loss.detach(),
+            "loss": out.loss.detach(),
+        }
         return out.loss, metrics
 
     @torch.no_grad()

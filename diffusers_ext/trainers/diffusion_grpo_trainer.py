@@ -582,7 +582,9 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         args = self.args
         rewards = ", ".join(f"`{n}` (weight {w:g})" for n, w in zip(self.reward_names, self.reward_weights.tolist()))
         lora = self.peft_config
-        what = f"A LoRA (rank {lora.r}, alpha {lora.lora_alpha:g}) of the transformer" if lora else "The full transformer"
+        what = (
+            f"A LoRA (rank {lora.r}, alpha {lora.lora_alpha:g}) of the transformer" if lora else "The full transformer"
+        )
         load = (
             "Load it with `pipe.load_lora_weights(folder)`."
             if lora is not None

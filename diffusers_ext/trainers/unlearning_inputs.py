@@ -50,9 +50,12 @@ def sample_size(unet) -> tuple[int, int]:
 def encode_prompts(prompts: list[str], text_encoder, tokenizer, name: str) -> torch.Tensor:
     """`(len(prompts), seq, dim)` text-encoder states of `prompts`; refuses prompts with unknown tokens."""
     inputs = tokenizer(
-        list(prompts), padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
+        list(prompts),
+        padding="max_length",
+        max_length=tokenizer.model_max_length,
+        truncation=True,
         return_tensors="pt",
-    )  # fmt: skip
+    )
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is not None and name != "reference_prompt":
         for prompt in prompts:  # without padding and special tokens, which may share the unknown token's id

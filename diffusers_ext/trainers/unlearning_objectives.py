@@ -449,10 +449,12 @@ class SISSObjective(_PooledObjective):
         # log q(m|a) - log q(m|x)
         log_ratio = ((part.target_x**2).flatten(1).sum(1) - (part.target_a**2).flatten(1).sum(1)) / 2
         s = self.args.siss_mixture_weight
-        part.weight_x = torch.exp(-torch.logaddexp(torch.full_like(log_ratio, math.log(1 - s)),
-                                                   math.log(s) + log_ratio))  # fmt: skip
-        part.weight_a = torch.exp(-torch.logaddexp(math.log(1 - s) - log_ratio,
-                                                   torch.full_like(log_ratio, math.log(s))))  # fmt: skip
+        part.weight_x = torch.exp(
+            -torch.logaddexp(torch.full_like(log_ratio, math.log(1 - s)), math.log(s) + log_ratio)
+        )
+        part.weight_a = torch.exp(
+            -torch.logaddexp(math.log(1 - s) - log_ratio, torch.full_like(log_ratio, math.log(s)))
+        )
 
     def loss(self, preds, parts, retain, lambda_):
         n_forget, n_retain, n = self._sizes()
@@ -475,5 +477,5 @@ OBJECTIVES: dict[str, type[UnlearningObjective]] = {
         SISSObjective,
         NegGradPlusObjective,
         RetainOnlyObjective,
-    )  # fmt: skip
+    )
 }

@@ -19,17 +19,27 @@ from ..mosaic_finetune import finetune_unet
 
 @torch.no_grad()
 def sample_mimic(
-    sd_pipe, unet, caption: str, num_samples: int = 32, num_inference_steps: int = 15, guidance_scale: float = 4.0,
+    sd_pipe,
+    unet,
+    caption: str,
+    num_samples: int = 32,
+    num_inference_steps: int = 15,
+    guidance_scale: float = 4.0,
     seed: int = 0,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Sample `caption` from `sd_pipe` with `unet` swapped in: `(num_samples, 3, H, W)` in [-1, 1]."""
     mimic = type(sd_pipe)(**{**sd_pipe.components, "unet": unet})
     mimic.set_progress_bar_config(disable=True)
     side = sd_pipe.unet.config.sample_size * 2 ** (len(sd_pipe.vae.config.block_out_channels) - 1)
     out = mimic(
-        [caption] * num_samples, height=side, width=side, num_inference_steps=num_inference_steps,
-        guidance_scale=guidance_scale, generator=torch.Generator().manual_seed(seed), output_type="pt",
-    )  # fmt: skip
+        [caption] * num_samples,
+        height=side,
+        width=side,
+        num_inference_steps=num_inference_steps,
+        guidance_scale=guidance_scale,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="pt",
+    )
     return out.images.cpu() * 2 - 1
 
 

@@ -86,8 +86,10 @@ def inversion_amplification(
         name: float(pipe.reconstruction_error(x, num_inversion_steps, inversion_strength, prompt=prompt).mean())
         for name, x in (("clean", clean), ("protected", protected), ("noise", noisy))
     }
-    latents = {name: pipe.encode_images(x.to(pipe._execution_device)) for name, x in (("c", clean), ("p", protected),
-                                                                                      ("n", noisy))}  # fmt: skip
+    latents = {
+        name: pipe.encode_images(x.to(pipe._execution_device))
+        for name, x in (("c", clean), ("p", protected), ("n", noisy))
+    }
     shift_p = float((latents["p"] - latents["c"]).flatten(1).norm(dim=1).mean())
     shift_n = float((latents["n"] - latents["c"]).flatten(1).norm(dim=1).mean())
     excess_noise = errors["noise"] - errors["clean"]

@@ -134,8 +134,12 @@ def solo_disc_scores(
     for expert, colour, seed in zip(experts, COLOURS, seeds):
         alone = DivideAndDenoisePipeline(MultiDenoiserModel([expert]), scheduler).to(device)
         alone.set_progress_bar_config(disable=True)
-        out = alone(num_inference_steps=num_inference_steps, num_images_per_prompt=num_images,
-                    generator=torch.Generator().manual_seed(seed), output_type="pt",
-                    allocator=AverageAllocator())  # fmt: skip
+        out = alone(
+            num_inference_steps=num_inference_steps,
+            num_images_per_prompt=num_images,
+            generator=torch.Generator().manual_seed(seed),
+            output_type="pt",
+            allocator=AverageAllocator(),
+        )
         scores.extend(colour_object_scores(out.images.cpu(), colour).tolist())
     return scores

@@ -52,9 +52,14 @@ def num_agents_of_call(conditioning: str, num_denoisers: int, prompt, class_labe
 
 
 def _check_scalars(
-    num_inference_steps, output_type, num_images_per_prompt, allocator, utility_momentum, alignment_scale,
+    num_inference_steps,
+    output_type,
+    num_images_per_prompt,
+    allocator,
+    utility_momentum,
+    alignment_scale,
     max_iter_to_align,
-) -> None:  # fmt: skip
+) -> None:
     check_positive_int("num_inference_steps", num_inference_steps)
     if output_type not in OUTPUT_TYPES:
         raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
@@ -194,9 +199,14 @@ class DivideAndDenoiseCallSettings:
             The other arguments are those of [`DivideAndDenoisePipeline.__call__`].
         """
         _check_scalars(
-            num_inference_steps, output_type, num_images_per_prompt, allocator, utility_momentum, alignment_scale,
+            num_inference_steps,
+            output_type,
+            num_images_per_prompt,
+            allocator,
+            utility_momentum,
+            alignment_scale,
             max_iter_to_align,
-        )  # fmt: skip
+        )
         num_agents = num_agents_of_call(conditioning, num_denoisers, prompt, class_labels)
         prompts = labels = None
         if conditioning == "text":

@@ -203,8 +203,9 @@ def lp_allocation(
     b_eq = np.ones(num_positions)
     if capacities is not None:
         cap = capacities.detach().cpu().double().numpy() * num_positions
-        a_cap = coo_matrix((np.ones(n_vars), (np.repeat(np.arange(num_agents), num_positions), cols)),
-                           shape=(num_agents, n_vars))  # fmt: skip
+        a_cap = coo_matrix(
+            (np.ones(n_vars), (np.repeat(np.arange(num_agents), num_positions), cols)), shape=(num_agents, n_vars)
+        )
         a_eq = vstack([a_eq, a_cap])
         b_eq = np.concatenate([b_eq, cap])
     out = []
@@ -227,9 +228,14 @@ def lp_allocation(
                     ub_blocks.append(row)
                     b_ub.append(0.0)
         result = linprog(
-            -u.reshape(-1), A_ub=np.stack(ub_blocks), b_ub=np.asarray(b_ub), A_eq=a_eq.tocsr(), b_eq=b_eq,
-            bounds=(0, 1), method="highs",
-        )  # fmt: skip
+            -u.reshape(-1),
+            A_ub=np.stack(ub_blocks),
+            b_ub=np.asarray(b_ub),
+            A_eq=a_eq.tocsr(),
+            b_eq=b_eq,
+            bounds=(0, 1),
+            method="highs",
+        )
         if not result.success:
             raise ValueError(f"the fair-division LP is infeasible or failed for batch item {b}: {result.message}")
         out.append(torch.from_numpy(result.x.reshape(num_agents, num_positions)))
@@ -353,9 +359,7 @@ class FairDivisionAllocator:
             raise ValueError(f"`tol` must be a number >= 0, got {tol!r}.")
         if not is_number(spatial_sigma) or spatial_sigma < 0:
             raise ValueError(f"`spatial_sigma` must be a number >= 0, got {spatial_sigma!r}.")
-        if anneal_start is not None and (
-            not is_number(anneal_start) or not 0 <= anneal_start < 1
-        ):
+        if anneal_start is not None and (not is_number(anneal_start) or not 0 <= anneal_start < 1):
             raise ValueError(f"`anneal_start` must be None or a number in [0, 1), got {anneal_start!r}.")
         for name, value in (("budgets", budgets), ("capacities", capacities)):
             if value is not None:

@@ -201,13 +201,29 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         """How the denoisers are conditioned: `"text"`, `"class"` or `"none"`."""
         return denoiser_conditioning(self.denoisers[0])
 
-    def encode_prompt(self, prompt, device=None, num_images_per_prompt: int = 1, do_classifier_free_guidance=True,
-                      negative_prompt=None, prompt_embeds=None, negative_prompt_embeds=None):  # fmt: skip
+    def encode_prompt(
+        self,
+        prompt,
+        device=None,
+        num_images_per_prompt: int = 1,
+        do_classifier_free_guidance=True,
+        negative_prompt=None,
+        prompt_embeds=None,
+        negative_prompt_embeds=None,
+    ):
         """diffusers' `encode_prompt` for the models' prompts: `(prompt_embeds, negative_prompt_embeds)`; see
         `text_encoding.encode_prompt`. Pass `num_images_per_prompt=1` to reuse them in `__call__` (one per model)."""
-        return encode_prompt(self.tokenizer, self.text_encoder, prompt, device or self._execution_device,
-                             num_images_per_prompt, do_classifier_free_guidance, negative_prompt, prompt_embeds,
-                             negative_prompt_embeds)  # fmt: skip
+        return encode_prompt(
+            self.tokenizer,
+            self.text_encoder,
+            prompt,
+            device or self._execution_device,
+            num_images_per_prompt,
+            do_classifier_free_guidance,
+            negative_prompt,
+            prompt_embeds,
+            negative_prompt_embeds,
+        )
 
     @property
     def guidance_scale(self) -> float | list[float]:
@@ -444,11 +460,26 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             check_prompt_embeds(self.conditioning, prompt, prompt_embeds, negative_prompt_embeds)
             prompt = [""] * len(prompt_embeds)  # one placeholder per model for the checks; the embeddings are used
         settings = self.check_inputs(
-            prompt, class_labels, negative_prompt, height, width, num_inference_steps, guidance_scale,
-            num_images_per_prompt, generator, latents, output_type, callback_on_step_end_tensor_inputs, allocator,
-            utility, utility_momentum, token_indices, alignment_scale, max_iter_to_align,
+            prompt,
+            class_labels,
+            negative_prompt,
+            height,
+            width,
+            num_inference_steps,
+            guidance_scale,
+            num_images_per_prompt,
+            generator,
+            latents,
+            output_type,
+            callback_on_step_end_tensor_inputs,
+            allocator,
+            utility,
+            utility_momentum,
+            token_indices,
+            alignment_scale,
+            max_iter_to_align,
             prompt_from_embeds=prompt_embeds is not None,
-        )  # fmt: skip
+        )
         self._guidance_scale, self._num_agents_running = guidance_scale, settings.num_agents
         self._interrupt = False
         timings = dict.fromkeys(TIMING_KEYS, 0.0)
@@ -462,10 +493,18 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         cond = {}
         if self.conditioning == "text":
             cond = agent_text_condition(
-                self.tokenizer, self.text_encoder, settings.prompts, negative_prompt, prompt_embeds,
-                negative_prompt_embeds, pooled_prompt_embeds, negative_pooled_prompt_embeds, token_indices, device,
+                self.tokenizer,
+                self.text_encoder,
+                settings.prompts,
+                negative_prompt,
+                prompt_embeds,
+                negative_prompt_embeds,
+                pooled_prompt_embeds,
+                negative_pooled_prompt_embeds,
+                token_indices,
+                device,
                 dtype,
-            )  # fmt: skip
+            )
         elif self.conditioning == "class":
             cond["labels"] = settings.class_labels.to(device)
 

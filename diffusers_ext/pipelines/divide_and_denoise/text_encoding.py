@@ -56,8 +56,9 @@ def check_prompt_embeds(kind: str, prompt, prompt_embeds, negative_prompt_embeds
         )
 
 
-def check_pooled_embeds(joint: bool, prompt_embeds, pooled_prompt_embeds, negative_prompt_embeds,
-                        negative_pooled_prompt_embeds) -> None:  # fmt: skip
+def check_pooled_embeds(
+    joint: bool, prompt_embeds, pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds
+) -> None:
     """Raise a `ValueError` naming the argument when the pooled embeddings do not fit the denoisers: joint
     transformers (SD3) need `prompt_embeds` with `pooled_prompt_embeds` `(K, P)` (and the negative pair, `(1, L, D)`
     and `(1, P)`, which default to zeros); other denoisers take no pooled embeddings."""

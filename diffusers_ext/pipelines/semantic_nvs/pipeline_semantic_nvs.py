@@ -154,9 +154,22 @@ class SemanticNVSPipeline(DiffusionPipeline):
         depth = torch.nn.functional.interpolate(depth[:, None].float(), size=(h, w), mode="bilinear")
         return depth.clamp(min=1e-3).reshape(b, v, 1, h, w)
 
-    def check_inputs(self, images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths,
-                     semantic_mode, num_inference_steps, guidance_scale, output_type, generator,
-                     callback_on_step_end_tensor_inputs, num_images_per_prompt=1):  # fmt: skip
+    def check_inputs(
+        self,
+        images,
+        input_intrinsics,
+        input_c2w,
+        target_intrinsics,
+        target_c2w,
+        depths,
+        semantic_mode,
+        num_inference_steps,
+        guidance_scale,
+        output_type,
+        generator,
+        callback_on_step_end_tensor_inputs,
+        num_images_per_prompt=1,
+    ):
         """Validate and batch the inputs before any model work; return them as `(B, V, ...)` tensors."""
         size = self.unet.config.sample_size
         channels = self.unet.config.image_channels
@@ -242,8 +255,11 @@ class SemanticNVSPipeline(DiffusionPipeline):
             rows = slice(i * n, (i + 1) * n)
             scene_generator = generator[rows] if isinstance(generator, list) else generator
             scene_latents = None if latents is None else latents[rows]
-            outputs.append(self(**{**kwargs, **scene, "generator": scene_generator, "latents": scene_latents,
-                                   "return_dict": True}))  # fmt: skip
+            outputs.append(
+                self(
+                    **{**kwargs, **scene, "generator": scene_generator, "latents": scene_latents, "return_dict": True}
+                )
+            )
         first = outputs[0].images
         if isinstance(first, list):
             images = [item for out in outputs for item in out.images]
@@ -325,18 +341,34 @@ class SemanticNVSPipeline(DiffusionPipeline):
         """
         if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
-        per_scene = {"images": images, "input_intrinsics": input_intrinsics, "input_c2w": input_c2w,
-                     "target_intrinsics": target_intrinsics, "target_c2w": target_c2w, "depths": depths}  # fmt: skip
+        per_scene = {
+            "images": images,
+            "input_intrinsics": input_intrinsics,
+            "input_c2w": input_c2w,
+            "target_intrinsics": target_intrinsics,
+            "target_c2w": target_c2w,
+            "depths": depths,
+        }
         if isinstance(images, (list, tuple)) and len({tuple(getattr(x, "shape", ())) for x in images}) > 1:
             call_kwargs = {k: v for k, v in locals().items() if k not in ("self", "per_scene", "__class__")}
             return self._call_scene_by_scene(per_scene, call_kwargs)
         if not isinstance(iterative_start, (int, float)) or not 0.0 <= iterative_start <= 1.0:
             raise ValueError(f"`iterative_start` must be a fraction in [0, 1], got {iterative_start!r}.")
         images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths = self.check_inputs(
-            images, input_intrinsics, input_c2w, target_intrinsics, target_c2w, depths, semantic_mode,
-            num_inference_steps, guidance_scale, output_type, generator, callback_on_step_end_tensor_inputs,
+            images,
+            input_intrinsics,
+            input_c2w,
+            target_intrinsics,
+            target_c2w,
+            depths,
+            semantic_mode,
+            num_inference_steps,
+            guidance_scale,
+            output_type,
+            generator,
+            callback_on_step_end_tensor_inputs,
             num_images_per_prompt,
-        )  # fmt: skip
+        )
         if num_images_per_prompt > 1:
             images, input_intrinsics, input_c2w, target_intrinsics, target_c2w = (
                 x.repeat_interleave(num_images_per_prompt, 0)
@@ -367,9 +399,14 @@ class SemanticNVSPipeline(DiffusionPipeline):
         if "warped" in semantic_mode:
             if depths is None:
                 depths = self.estimate_depth(images)
-            warped, coverage = warp_to_targets(input_features, depths.to(device), input_intrinsics.to(device),
-                                                   input_c2w.to(device), target_intrinsics.to(device),
-                                                   target_c2w.to(device))  # fmt: skip
+            warped, coverage = warp_to_targets(
+                input_features,
+                depths.to(device),
+                input_intrinsics.to(device),
+                input_c2w.to(device),
+                target_intrinsics.to(device),
+                target_c2w.to(device),
+            )
 
         if latents is None:
             latents = randn_tensor((b, v_t, c, h, w), generator=generator, device=device, dtype=dtype)
@@ -394,13 +431,17 @@ class SemanticNVSPipeline(DiffusionPipeline):
             feature_mask = torch.cat([input_feature_mask, target_mask], 1).to(dtype)
             sample = torch.cat([clean_inputs, self.scheduler.scale_model_input(latents, t)], 1)
             conditional = {"plucker": plucker, "input_mask": input_mask, "input_images": input_images}
-            unconditional = {"plucker": plucker, "input_mask": torch.zeros_like(input_mask),
-                             "input_images": torch.zeros_like(input_images)}  # fmt: skip
+            unconditional = {
+                "plucker": plucker,
+                "input_mask": torch.zeros_like(input_mask),
+                "input_images": torch.zeros_like(input_images),
+            }
             if semantic_channels:
                 conditional.update(semantic_features=features, semantic_mask=feature_mask)
                 # The unconditional branch keeps only the iterative features (see unconditional_target_semantics).
-                uncond_features, uncond_mask = unconditional_target_semantics(semantic_mode, warped, coverage,
-                                                                              iterative)  # fmt: skip
+                uncond_features, uncond_mask = unconditional_target_semantics(
+                    semantic_mode, warped, coverage, iterative
+                )
                 unconditional.update(
                     semantic_features=torch.cat([torch.zeros_like(input_features), uncond_features], 1).to(dtype),
                     semantic_mask=torch.cat([torch.zeros_like(input_feature_mask), uncond_mask], 1).to(dtype),
@@ -417,8 +458,9 @@ class SemanticNVSPipeline(DiffusionPipeline):
 
             if "iterative" in semantic_mode and i + 1 >= iterative_start * len(self.scheduler.timesteps):
                 # As in training: the conditional (unguided) prediction's estimate of the clean targets.
-                x0 = x0_estimate(self.scheduler, cond[:, v_in:].reshape(b * v_t, c, h, w),
-                                 latents.reshape(b * v_t, c, h, w), t)  # fmt: skip
+                x0 = x0_estimate(
+                    self.scheduler, cond[:, v_in:].reshape(b * v_t, c, h, w), latents.reshape(b * v_t, c, h, w), t
+                )
                 iterative = self.encode_semantics(estimate_to_images(x0)).reshape(b, v_t, -1, h, w)
             flat = self.scheduler.step(
                 noise_pred.reshape(b * v_t, c, h, w), t, latents.reshape(b * v_t, c, h, w), generator=step_generator

@@ -175,8 +175,10 @@ def warp_to_targets(
     warped = features.new_zeros(b, v_t, s, h, w)
     k_tgt, c_tgt = target_intrinsics.reshape(-1, 3, 3).float(), target_c2w.reshape(-1, 4, 4).float()
     for i in range(v_in):
-        per_target = [x[:, i, None].expand(b, v_t, *x.shape[2:]).reshape(b * v_t, *x.shape[2:]).float()
-                      for x in (features, depths, input_intrinsics, input_c2w)]  # fmt: skip
+        per_target = [
+            x[:, i, None].expand(b, v_t, *x.shape[2:]).reshape(b * v_t, *x.shape[2:]).float()
+            for x in (features, depths, input_intrinsics, input_c2w)
+        ]
         out, valid, out_depth = forward_warp(*per_target, k_tgt, c_tgt)
         out, valid, out_depth = (t.reshape(b, v_t, *t.shape[1:]) for t in (out, valid, out_depth))
         nearer = valid & (out_depth < best_depth)

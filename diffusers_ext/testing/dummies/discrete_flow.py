@@ -16,9 +16,13 @@ def get_components(seed: int = 0) -> dict:
     scheduler = DiscreteFlowMatchingScheduler(vocab_size=4, source="multimask", num_mask_tokens=3)
     torch.manual_seed(seed)
     model = DiscreteFlowTransformerModel(
-        vocab_size=4, num_embeddings=scheduler.num_embeddings, sequence_length=6, hidden_size=16, num_layers=1,
+        vocab_size=4,
+        num_embeddings=scheduler.num_embeddings,
+        sequence_length=6,
+        hidden_size=16,
+        num_layers=1,
         num_heads=2,
-    )  # fmt: skip
+    )
     return {"model": model.eval(), "scheduler": scheduler}
 
 

@@ -23,10 +23,14 @@ def get_components(seed: int = 0) -> dict:
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     unet = SemanticMultiViewUNetModel(
-        sample_size=SIZE, semantic_channels=SEMANTIC_CHANNELS, block_out_channels=(8, 16),
-        down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-        norm_num_groups=4, attention_head_dim=4,
-    ).eval()  # fmt: skip
+        sample_size=SIZE,
+        semantic_channels=SEMANTIC_CHANNELS,
+        block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        norm_num_groups=4,
+        attention_head_dim=4,
+    ).eval()
     encoder = Dinov2Model(
         Dinov2Config(
             hidden_size=SEMANTIC_CHANNELS,
@@ -35,7 +39,7 @@ def get_components(seed: int = 0) -> dict:
             intermediate_size=16,
             patch_size=4,
             image_size=SIZE,
-        )  # fmt: skip
+        )
     ).eval()
     torch.random.set_rng_state(generator_state)
     return {"unet": unet, "scheduler": DDIMScheduler(num_train_timesteps=100), "semantic_encoder": encoder}
