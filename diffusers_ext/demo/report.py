@@ -23,6 +23,7 @@ class Section:
         figures: PNG files written into the report folder.
         table: optional rows of `{column: value}` shown as an HTML table.
         notes: optional plain-text lines shown under the figures (settings, commands, limits).
+        error: the one-line error of a section whose builder raised (`None` when it ran); the page marks it failed.
     """
 
     title: str
@@ -30,6 +31,7 @@ class Section:
     figures: list[Figure] = field(default_factory=list)
     table: list[dict[str, object]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    error: str | None = None
 
 
 STYLE = """
@@ -40,6 +42,7 @@ figure img { image-rendering: pixelated; max-width: 520px; border: 1px solid #dd
 figcaption { font-size: 0.9em; color: #555; max-width: 520px; }
 table { border-collapse: collapse; margin: 1em 0; } td, th { border: 1px solid #ccc; padding: 0.3em 0.7em; }
 th { background: #f3f3f3; } .note { font-family: monospace; font-size: 0.85em; color: #444; }
+.error { font-family: monospace; color: #a00; background: #fee; padding: 0.5em; border-left: 4px solid #a00; }
 """
 
 
@@ -58,7 +61,11 @@ def render_report(title: str, intro: str, sections: list[Section]) -> str:
         f"<h1>{html.escape(title)}</h1><p>{html.escape(intro)}</p>",
     ]
     for section in sections:
-        parts.append(f"<h2>{html.escape(section.title)}</h2><p>{html.escape(section.summary)}</p>")
+        css = "demo-section failed" if section.error is not None else "demo-section"
+        parts.append(f'<section class="{css}"><h2>{html.escape(section.title)}</h2>')
+        if section.error is not None:
+            parts.append(f'<p class="error">This section failed: {html.escape(section.error)}</p>')
+        parts.append(f"<p>{html.escape(section.summary)}</p>")
         for fig in section.figures:
             parts.append(
                 f'<figure><img src="{html.escape(fig.filename)}" alt="{html.escape(fig.caption)}">'
@@ -72,6 +79,7 @@ def render_report(title: str, intro: str, sections: list[Section]) -> str:
                 parts.append(f"<tr>{cells}</tr>")
             parts.append("</table>")
         parts += [f'<p class="note">{html.escape(line)}</p>' for line in section.notes]
+        parts.append("</section>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
