@@ -21,7 +21,8 @@ class Section:
         title: heading of the section.
         summary: one paragraph (plain text) saying what was run and what it shows.
         figures: PNG files written into the report folder.
-        table: optional rows of `{column: value}` shown as an HTML table.
+        table: optional rows of `{column: value}` shown as an HTML table (the columns of every row; a cell a row
+            lacks is empty).
         notes: optional plain-text lines shown under the figures (settings, commands, limits).
         error: the one-line error of a section whose builder raised (`None` when it ran); the page marks it failed.
     """
@@ -72,7 +73,7 @@ def render_report(title: str, intro: str, sections: list[Section]) -> str:
                 f"<figcaption>{html.escape(fig.caption)}</figcaption></figure>"
             )
         if section.table:
-            columns = list(section.table[0])
+            columns = list(dict.fromkeys(c for row in section.table for c in row))  # every row's columns, in order
             parts.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in columns) + "</tr>")
             for row in section.table:
                 cells = "".join(f"<td>{html.escape(_format(row.get(c, '')))}</td>" for c in columns)
