@@ -56,7 +56,53 @@ def test_quick_demo_writes_a_self_contained_report(tmp_path, capsys):
         assert not name.startswith(("http", "/")) and os.path.getsize(out / name) > 1000
     assert "Digits zoo" in page and "http" not in page
     assert page.count("quick settings: ") == 8  # every section names what it ran with
+    assert page.count('<section class="demo-section">') == 8 and "demo-section failed" not in page
     assert "Committed benchmark results (not run now" in page
+
+
+def test_version():
+    from importlib.metadata import version
+
+    result = _cli("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"diffusers-ext {version('diffusers-ext')}"
+
+
+def test_demo_help_and_readme_state_the_measured_times():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    timing = json.loads((root / "benchmarks" / "results" / "demo_timing.json").read_text(encoding="utf-8"))
+    default, quick = round(timing["summary"]["default_seconds"]), round(timing["summary"]["quick_seconds"])
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert f"({default} s; `--quick` {quick} s;" in readme
+    demo_help = _cli("demo", "--help").stdout
+    assert f"({default} s on 2 CPU cores; --quick {quick} s)" in " ".join(demo_help.split())
+    assert f"the smallest settings ({quick} s on 2 CPU cores)" in " ".join(demo_help.split())
+
+
+def test_a_failed_demo_section_keeps_the_others(tmp_path, capsys, monkeypatch):
+    import diffusers_ext.demo as demo
+
+    def broken(output_dir, mode, seed, device):
+        raise ModuleNotFoundError("No module named 'datasets'\nsecond line not shown")
+
+    by_name = {entry[0]: entry for entry in demo.SECTIONS}
+    name, module, _, benchmark = by_name["DIRP"]
+    # two cheap real sections around the broken one: the one after it must still run
+    monkeypatch.setattr(demo, "SECTIONS", [by_name["mosaic"], (name, module, broken, benchmark), by_name["SOAR decoding"]])
+    out = tmp_path / "report"
+    assert main(["demo", "--quick", "--output_dir", str(out)]) == 1
+    captured = capsys.readouterr()
+    error = "ModuleNotFoundError: No module named 'datasets'"
+    assert f"demo section 'DIRP' failed: {error}" in captured.err.splitlines()
+    assert "second line not shown" not in captured.err and "Traceback" not in captured.err
+    assert f"Report written to {out / 'index.html'} (1 sections failed)" in captured.out
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert page.count('<section class="demo-section">') == 2 and page.count('<section class="demo-section failed">') == 1
+    assert f'<p class="error">This section failed: {error.replace(chr(39), "&#x27;")}</p>' in page
+    assert "<h2>mosaic: " in page and "<h2>DIRP</h2>" in page and "<h2>SOAR" in page
+    assert page.count("quick settings: ") == 3
 
 
 def test_demo_modes_are_exclusive_and_complete(capsys):

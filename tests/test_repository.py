@@ -36,3 +36,14 @@ def test_no_torchvision_anywhere_in_the_install_path():
     project = tomllib.loads(_read("pyproject.toml"))["project"]
     requirements = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
     assert not any(r.lower().startswith("torchvision") for r in requirements)
+
+
+def test_ci_runs_the_demo_from_a_bare_install_first():
+    ci = _read(".ci", "run")
+    lines = ci.splitlines()
+    venv = lines.index('python -m venv "$bare/venv"')  # bare: no --system-site-packages, no extras
+    assert "--system-site-packages" not in ci
+    assert lines.index('"$bare/venv/bin/python" -m pip install --quiet -e .') > venv
+    demo = lines.index('"$bare/venv/bin/diffusers-ext" demo --quick --output_dir "$bare/report"')
+    assert demo < lines.index(_readme_commands()[1])  # before the test extras are installed
+    assert "set -euo pipefail" in lines

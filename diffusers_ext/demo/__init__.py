@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +54,29 @@ def committed_results_note(benchmark: str | None) -> str | None:
     )
 
 
+class DemoSectionsFailed(RuntimeError):
+    """Raised by `run_demo` after it wrote the report, when one or more sections raised.
+
+    Attributes:
+        path (`str`): the path of `index.html` (every section is in it; the failed ones are marked).
+        seconds (`dict[str, float]`): the wall-clock seconds of each section.
+        failures (`dict[str, str]`): section name -> its one-line error.
+    """
+
+    def __init__(self, path: str, seconds: dict[str, float], failures: dict[str, str]):
+        self.path, self.seconds, self.failures = path, seconds, failures
+        super().__init__(
+            f"{len(failures)} of {len(seconds)} demo sections failed ({', '.join(failures)}); "
+            f"the report {path} marks them"
+        )
+
+
+def one_line_error(error: BaseException) -> str:
+    """`error` as one line: its type and the first line of its message, e.g. `ModuleNotFoundError: No module ...`."""
+    message = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
+
+
 def run_demo(
     output_dir: str, mode: str = "default", seed: int = 0, device: str = "cpu", progress: bool = True
 ) -> tuple[str, dict[str, float]]:
@@ -61,25 +85,36 @@ def run_demo(
     Args:
         output_dir (`str`): the report folder.
         mode (`str`, defaults to `"default"`): `"quick"`, `"default"` or `"full"` (the first releases' defaults).
-            `python benchmarks/demo_timing.py` measures the first two (82 s and 37 s on 2 CPU cores).
+            `python benchmarks/demo_timing.py` measures the first two (81 s and 37 s on 2 CPU cores).
         seed (`int`): seed of every sample.
         device (`str`): torch device.
         progress (`bool`): show a progress bar over the sections.
 
     Returns:
         `(path, seconds)`: the path of `index.html` and the wall-clock seconds of each section.
+
+    Raises:
+        `DemoSectionsFailed`: after the report is written, when a section raised. The other sections still ran and
+            are in the report; each failed one is shown with its one-line error, which is also printed to stderr as
+            it happens (`demo section 'NAME' failed: ERROR`).
     """
     from tqdm.auto import tqdm
 
     if mode not in MODES:
         raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
     os.makedirs(output_dir, exist_ok=True)
-    sections, seconds = [], {}
+    sections, seconds, failures = [], {}, {}
     bar = tqdm(SECTIONS, desc="diffusers-ext demo", unit="section", disable=not progress)
     for name, module, build, benchmark in bar:
         bar.set_postfix_str(name)
         start = time.perf_counter()
-        section = build(output_dir, mode, seed, device)
+        try:
+            section = build(output_dir, mode, seed, device)
+        except Exception as error:  # one failed section must not lose the others' results
+            failures[name] = one_line_error(error)
+            tqdm.write(f"demo section {name!r} failed: {failures[name]}", file=sys.stderr)
+            section = Section(title=name, summary="This section raised before it finished; nothing of it is shown.",
+                              error=failures[name])  # fmt: skip
         seconds[name] = time.perf_counter() - start
         section.notes.append(settings_note(module, mode))
         committed = committed_results_note(benchmark)
@@ -92,4 +127,9 @@ def run_demo(
         f"({mode} settings, device {device}, seed {seed}; each section names its settings). Timings: {timings}. "
         "Lines marked 'committed benchmark results' were not run now: they come from the benchmark files."
     )
-    return write_report(output_dir, "diffusers-ext demo", intro, sections), seconds
+    if failures:
+        intro += f" {len(failures)} of {len(SECTIONS)} sections failed: {', '.join(failures)} (marked below)."
+    path = write_report(output_dir, "diffusers-ext demo", intro, sections)
+    if failures:
+        raise DemoSectionsFailed(path, seconds, failures)
+    return path, seconds

@@ -22,6 +22,19 @@ SETTINGS = {
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
+def t5_window(tokenizer, prompt: str, max_sequence_length: int) -> str:
+    """The text of `prompt` that a T5 encoder with `max_sequence_length` tokens sees.
+
+    digits-sd3 was trained with `max_sequence_length=8`, so its T5 branch sees only a prompt's first characters (the
+    digit's name reaches the model through the CLIP encoders). Given as `prompt_3`, this text yields the same T5 token
+    ids as the whole prompt, without the pipeline warning that it truncated the rest. Returns `prompt` itself when the
+    window does not tokenize back to the same ids.
+    """
+    ids = tokenizer(prompt, max_length=max_sequence_length, truncation=True).input_ids
+    window = tokenizer.decode(ids, skip_special_tokens=True)
+    return window if tokenizer(window, max_length=max_sequence_length, truncation=True).input_ids == ids else prompt
+
+
 def _samples(trainer, samples_per_digit: int, seed: int):
     """Clean-prompt samples of every digit (Euler sampling, fixed seeds) and whether the classifier agrees."""
     import torch
@@ -42,8 +55,10 @@ def _samples(trainer, samples_per_digit: int, seed: int):
     images, hits = [], []
     with torch.no_grad():
         for label, name in enumerate(DIGIT_NAMES):
+            prompt = f"a handwritten digit {name}"
             out = pipe(
-                [f"a handwritten digit {name}"] * samples_per_digit,
+                [prompt] * samples_per_digit,
+                prompt_3=[t5_window(pipe.tokenizer_3, prompt, 8)] * samples_per_digit,
                 height=8,
                 width=8,
                 num_inference_steps=trainer.args.num_inference_steps,

@@ -21,8 +21,10 @@ class Section:
         title: heading of the section.
         summary: one paragraph (plain text) saying what was run and what it shows.
         figures: PNG files written into the report folder.
-        table: optional rows of `{column: value}` shown as an HTML table.
+        table: optional rows of `{column: value}` shown as an HTML table (the columns of every row; a cell a row
+            lacks is empty).
         notes: optional plain-text lines shown under the figures (settings, commands, limits).
+        error: the one-line error of a section whose builder raised (`None` when it ran); the page marks it failed.
     """
 
     title: str
@@ -30,6 +32,7 @@ class Section:
     figures: list[Figure] = field(default_factory=list)
     table: list[dict[str, object]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    error: str | None = None
 
 
 STYLE = """
@@ -40,6 +43,7 @@ figure img { image-rendering: pixelated; max-width: 520px; border: 1px solid #dd
 figcaption { font-size: 0.9em; color: #555; max-width: 520px; }
 table { border-collapse: collapse; margin: 1em 0; } td, th { border: 1px solid #ccc; padding: 0.3em 0.7em; }
 th { background: #f3f3f3; } .note { font-family: monospace; font-size: 0.85em; color: #444; }
+.error { font-family: monospace; color: #a00; background: #fee; padding: 0.5em; border-left: 4px solid #a00; }
 """
 
 
@@ -58,20 +62,25 @@ def render_report(title: str, intro: str, sections: list[Section]) -> str:
         f"<h1>{html.escape(title)}</h1><p>{html.escape(intro)}</p>",
     ]
     for section in sections:
-        parts.append(f"<h2>{html.escape(section.title)}</h2><p>{html.escape(section.summary)}</p>")
+        css = "demo-section failed" if section.error is not None else "demo-section"
+        parts.append(f'<section class="{css}"><h2>{html.escape(section.title)}</h2>')
+        if section.error is not None:
+            parts.append(f'<p class="error">This section failed: {html.escape(section.error)}</p>')
+        parts.append(f"<p>{html.escape(section.summary)}</p>")
         for fig in section.figures:
             parts.append(
                 f'<figure><img src="{html.escape(fig.filename)}" alt="{html.escape(fig.caption)}">'
                 f"<figcaption>{html.escape(fig.caption)}</figcaption></figure>"
             )
         if section.table:
-            columns = list(section.table[0])
+            columns = list(dict.fromkeys(c for row in section.table for c in row))  # every row's columns, in order
             parts.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in columns) + "</tr>")
             for row in section.table:
                 cells = "".join(f"<td>{html.escape(_format(row.get(c, '')))}</td>" for c in columns)
                 parts.append(f"<tr>{cells}</tr>")
             parts.append("</table>")
         parts += [f'<p class="note">{html.escape(line)}</p>' for line in section.notes]
+        parts.append("</section>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
