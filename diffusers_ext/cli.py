@@ -87,9 +87,17 @@ def _purify(args) -> int:
         "perceptual_weight": args.perceptual_weight,
     }
     # check every option and every image before the first (expensive) batch
-    pipe.check_inputs(options["num_inversion_steps"], options["inversion_strength"], options["num_iterations"],
-                      options["learning_rate"], options["perceptual_budget"], options["perceptual_weight"], 0.0,
-                      "pil", None)  # fmt: skip
+    pipe.check_inputs(
+        options["num_inversion_steps"],
+        options["inversion_strength"],
+        options["num_iterations"],
+        options["learning_rate"],
+        options["perceptual_budget"],
+        options["perceptual_weight"],
+        0.0,
+        "pil",
+        None,
+    )
     images = []
     for f in files:
         try:

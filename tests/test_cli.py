@@ -90,7 +90,9 @@ def test_a_failed_demo_section_keeps_the_others(tmp_path, capsys, monkeypatch):
     by_name = {entry[0]: entry for entry in demo.SECTIONS}
     name, module, _, benchmark = by_name["DIRP"]
     # two cheap real sections around the broken one: the one after it must still run
-    monkeypatch.setattr(demo, "SECTIONS", [by_name["mosaic"], (name, module, broken, benchmark), by_name["SOAR decoding"]])
+    monkeypatch.setattr(
+        demo, "SECTIONS", [by_name["mosaic"], (name, module, broken, benchmark), by_name["SOAR decoding"]]
+    )
     out = tmp_path / "report"
     assert main(["demo", "--quick", "--output_dir", str(out)]) == 1
     captured = capsys.readouterr()
@@ -99,7 +101,9 @@ def test_a_failed_demo_section_keeps_the_others(tmp_path, capsys, monkeypatch):
     assert "second line not shown" not in captured.err and "Traceback" not in captured.err
     assert f"Report written to {out / 'index.html'} (1 sections failed)" in captured.out
     page = (out / "index.html").read_text(encoding="utf-8")
-    assert page.count('<section class="demo-section">') == 2 and page.count('<section class="demo-section failed">') == 1
+    assert (
+        page.count('<section class="demo-section">') == 2 and page.count('<section class="demo-section failed">') == 1
+    )
     assert f'<p class="error">This section failed: {error.replace(chr(39), "&#x27;")}</p>' in page
     assert "<h2>mosaic: " in page and "<h2>DIRP</h2>" in page and "<h2>SOAR" in page
     assert page.count("quick settings: ") == 3
@@ -137,8 +141,20 @@ def test_purify_writes_images_and_a_report(tmp_path, capsys):
 
     _digit_pngs(tmp_path / "in", 3)
     out = tmp_path / "out"
-    code = main(["purify", str(tmp_path / "in"), "--out", str(out), "--num_iterations", "2",
-                 "--num_inversion_steps", "2", "--batch_size", "2"])  # fmt: skip
+    code = main(
+        [
+            "purify",
+            str(tmp_path / "in"),
+            "--out",
+            str(out),
+            "--num_iterations",
+            "2",
+            "--num_inversion_steps",
+            "2",
+            "--batch_size",
+            "2",
+        ]
+    )
     assert code == 0
     assert sorted(os.listdir(out)) == ["digit0.png", "digit1.png", "digit2.png", "purification.json"]
     assert PIL.Image.open(out / "digit1.png").size == (8, 8)

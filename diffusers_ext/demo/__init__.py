@@ -113,8 +113,11 @@ def run_demo(
         except Exception as error:  # one failed section must not lose the others' results
             failures[name] = one_line_error(error)
             tqdm.write(f"demo section {name!r} failed: {failures[name]}", file=sys.stderr)
-            section = Section(title=name, summary="This section raised before it finished; nothing of it is shown.",
-                              error=failures[name])  # fmt: skip
+            section = Section(
+                title=name,
+                summary="This section raised before it finished; nothing of it is shown.",
+                error=failures[name],
+            )
         seconds[name] = time.perf_counter() - start
         section.notes.append(settings_note(module, mode))
         committed = committed_results_note(benchmark)

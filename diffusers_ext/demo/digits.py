@@ -38,8 +38,9 @@ def digits_section(output_dir: str, mode: str, seed: int, device: str) -> Sectio
     grid = ((per_class.reshape(-1, *report.images.shape[1:]) + 1) / 2).permute(0, 2, 3, 1).numpy()
     save_image_grid(grid, f"{output_dir}/digits_grid.png", rows=10, row_labels=[str(c) for c in range(10)])
     accuracy = {str(c): float(a) for c, a in enumerate(report.per_class_accuracy)}
-    save_bar_plot(accuracy, f"{output_dir}/digits_accuracy.png", "Samples classified as their class",
-                  "accuracy", reference=0.9)  # fmt: skip
+    save_bar_plot(
+        accuracy, f"{output_dir}/digits_accuracy.png", "Samples classified as their class", "accuracy", reference=0.9
+    )
     save_confusion_matrix(report.confusion, f"{output_dir}/digits_confusion.png", "Classifier verdicts on samples")
 
     n = settings.samples_per_class
@@ -57,7 +58,7 @@ def digits_section(output_dir: str, mode: str, seed: int, device: str) -> Sectio
                 "digits_accuracy.png",
                 "Per-class share of samples the classifier assigns to the conditioning "
                 "class (dashed: the 90% target).",
-            ),  # fmt: skip
+            ),
             Figure("digits_confusion.png", "Confusion matrix of conditioning class vs classifier verdict."),
         ],
         table=[{"class": c, "accuracy": a} for c, a in accuracy.items()],

@@ -28,8 +28,15 @@ def dirp_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     images, labels = load_digits_images("heldout", resolution=8)
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))[:num_images]
     clean = images[order].to(device)
-    protected = protect(pipe, clean, "advdm", eps=16 / 255, num_steps=pgd_steps, step_size=1 / 255,
-                        generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    protected = protect(
+        pipe,
+        clean,
+        "advdm",
+        eps=16 / 255,
+        num_steps=pgd_steps,
+        step_size=1 / 255,
+        generator=torch.Generator().manual_seed(seed),
+    )
     schedule = {"num_inversion_steps": 5, "inversion_strength": 0.5}
     out = pipe(protected, num_iterations=iterations, output_type="pt", gradient_checkpointing=False, **schedule)
     purified = out.images * 2 - 1
@@ -64,8 +71,12 @@ def dirp_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
                 "PSNR to clean (dB)": psnr(purified),
                 "reconstruction error": float(out.recon_error_after.mean()),
             },
-            {"images": "DiffPure", "PSNR to clean (dB)": psnr(baseline), "reconstruction error": float(baseline_error.mean())},
+            {
+                "images": "DiffPure",
+                "PSNR to clean (dB)": psnr(baseline),
+                "reconstruction error": float(baseline_error.mean()),
+            },
             {"images": "clean", "PSNR to clean (dB)": float("inf"), "reconstruction error": float(clean_error.mean())},
-        ],  # fmt: skip
+        ],
         notes=["every protection and purifier at two budgets, with the downstream test: python benchmarks/dirp.py"],
     )

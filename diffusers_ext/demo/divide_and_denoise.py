@@ -93,17 +93,22 @@ def divide_and_denoise_section(output_dir: str, mode: str, seed: int, device: st
     disc_regions = layout_regions(centres)
     disc_rows, disc_scores, disc_allocation = [], {}, None
     for method in METHODS:
-        out = pipe(num_inference_steps=settings.disc_steps, num_images_per_prompt=settings.disc_images,
-                   generator=torch.Generator().manual_seed(seed), output_type="pt",
-                   **method_kwargs(method, disc_regions))  # fmt: skip
+        out = pipe(
+            num_inference_steps=settings.disc_steps,
+            num_images_per_prompt=settings.disc_images,
+            generator=torch.Generator().manual_seed(seed),
+            output_type="pt",
+            **method_kwargs(method, disc_regions),
+        )
         disc_scores[method] = float(
             colour_success(out.images.cpu(), list(COLOURS)[:2], min_intensity=threshold).mean()
         )
         disc_rows.append(out.images.cpu().permute(0, 2, 3, 1).numpy())
         if method == "divide_and_denoise":
             disc_allocation = out.allocations[:, 0]
-    save_image_grid(np.concatenate(disc_rows), f"{output_dir}/dnd_discs.png", rows=len(METHODS),
-                    row_labels=list(METHODS))  # fmt: skip
+    save_image_grid(
+        np.concatenate(disc_rows), f"{output_dir}/dnd_discs.png", rows=len(METHODS), row_labels=list(METHODS)
+    )
     save_image_grid(allocation_pictures(disc_allocation), f"{output_dir}/dnd_discs_allocation.png", rows=1, scale=8)
 
     ddpm = zoo.load("digits-ddpm").to(device)
@@ -119,17 +124,25 @@ def divide_and_denoise_section(output_dir: str, mode: str, seed: int, device: st
     for p in range(settings.digit_prompts):
         digits, slots = rng.sample(range(10), 2), rng.sample(range(3), 2)
         first_prompt = first_prompt or (digits, slots)
-        composer = DivideAndDenoisePipeline(MultiDenoiserModel([windows[s] for s in slots]), ddpm.scheduler,
-                                            null_class_label=ddpm.config.null_class_label)  # fmt: skip
+        composer = DivideAndDenoisePipeline(
+            MultiDenoiserModel([windows[s] for s in slots]),
+            ddpm.scheduler,
+            null_class_label=ddpm.config.null_class_label,
+        )
         composer.set_progress_bar_config(disable=True)
         regions = torch.zeros(2, 8, 24)
         for k, s in enumerate(slots):
             regions[k, :, 8 * s : 8 * (s + 1)] = 1.0
         for method in METHODS:
-            out = composer(class_labels=digits, width=24, num_inference_steps=settings.digit_steps,
-                           num_images_per_prompt=settings.digit_images, output_type="pt",
-                           generator=torch.Generator().manual_seed(seed * 1000 + p),
-                           **method_kwargs(method, regions))  # fmt: skip
+            out = composer(
+                class_labels=digits,
+                width=24,
+                num_inference_steps=settings.digit_steps,
+                num_images_per_prompt=settings.digit_images,
+                output_type="pt",
+                generator=torch.Generator().manual_seed(seed * 1000 + p),
+                **method_kwargs(method, regions),
+            )
             present, labels = score_digit_slots(classifier, out.images * 2 - 1)
             digit_hits[method].extend(digits_success(present, labels, digits).tolist())
             digit_rows[method].append(out.images[:2].cpu().permute(0, 2, 3, 1).numpy())

@@ -84,15 +84,30 @@ def e2po_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     rows = [{"prompt": f"a handwritten digit {name}", "label": label} for label, name in enumerate(DIGIT_NAMES)]
     with tempfile.TemporaryDirectory() as scratch:
         config = E2POConfig(
-            output_dir=scratch, max_steps=settings.steps, seed=seed, num_generations=8,
-            per_device_train_batch_size=8 * settings.prompts_per_step, num_inference_steps=6, guidance_scale=1.0,
-            height=8, width=8, max_sequence_length=8, learning_rate=1e-3, epsilon=0.2,
-            timestep_fraction=1.0, save_strategy="no", report_to="none", disable_tqdm=True,
-        )  # fmt: skip
+            output_dir=scratch,
+            max_steps=settings.steps,
+            seed=seed,
+            num_generations=8,
+            per_device_train_batch_size=8 * settings.prompts_per_step,
+            num_inference_steps=6,
+            guidance_scale=1.0,
+            height=8,
+            width=8,
+            max_sequence_length=8,
+            learning_rate=1e-3,
+            epsilon=0.2,
+            timestep_fraction=1.0,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+        )
         trainer = E2POTrainer(
-            zoo.load("digits-sd3"), [ClassifierReward(classifier, mode="correct")], config, train_dataset=rows,
+            zoo.load("digits-sd3"),
+            [ClassifierReward(classifier, mode="correct")],
+            config,
+            train_dataset=rows,
             peft_config=LoraConfig(r=8, lora_alpha=16, init_lora_weights="gaussian"),
-        )  # fmt: skip
+        )
         trainer.classifier = classifier
         before, accuracy_before = _samples(trainer, settings.samples_per_digit, seed)
         history = trainer.train()
@@ -101,10 +116,18 @@ def e2po_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     shown = min(8, settings.samples_per_digit)
     for name, images in (("before", before), ("after", after)):
         grid = images.view(10, settings.samples_per_digit, *images.shape[1:])[:, :shown].reshape(-1, *images.shape[1:])
-        save_image_grid(grid.permute(0, 2, 3, 1).numpy(), f"{output_dir}/e2po_{name}.png", rows=10,
-                        row_labels=[str(c) for c in range(10)])  # fmt: skip
-    save_bar_plot({"before": accuracy_before, "after": accuracy_after}, f"{output_dir}/e2po_accuracy.png",
-                  "Clean-prompt samples showing the prompted digit", "accuracy")  # fmt: skip
+        save_image_grid(
+            grid.permute(0, 2, 3, 1).numpy(),
+            f"{output_dir}/e2po_{name}.png",
+            rows=10,
+            row_labels=[str(c) for c in range(10)],
+        )
+    save_bar_plot(
+        {"before": accuracy_before, "after": accuracy_after},
+        f"{output_dir}/e2po_accuracy.png",
+        "Clean-prompt samples showing the prompted digit",
+        "accuracy",
+    )
     scales = [log["e2po/scale"] for log in history]
     return Section(
         title="E2PO: RL alignment of a text-to-image model",
@@ -128,6 +151,6 @@ def e2po_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
                 "e2po/scale": log["e2po/scale"],
             }
             for log in history
-        ],  # fmt: skip
+        ],
         notes=[f"seed {seed}; perturbation scale over training {min(scales):.3f} - {max(scales):.3f}"],
     )

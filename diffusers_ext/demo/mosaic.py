@@ -50,8 +50,13 @@ def mosaic_section(output_dir: str, mode: str, seed: int, device: str) -> Sectio
     records = [rows[i] for i in range(len(rows))]
     verdicts = judge.evaluate_batch(list(images), records)
     real = np.stack([np.asarray(r["image"].convert("RGB"), dtype=np.float32) / 255.0 for r in records])
-    save_image_grid(np.concatenate([real, images]), f"{output_dir}/mosaic.png", rows=2, scale=6,
-                    row_labels=["real render", "mosaic-t2i"])  # fmt: skip
+    save_image_grid(
+        np.concatenate([real, images]),
+        f"{output_dir}/mosaic.png",
+        rows=2,
+        scale=6,
+        row_labels=["real render", "mosaic-t2i"],
+    )
     accuracy = summarize(verdicts, records)
     # the judge's reason: the objects it detected in each generation, which its per-skill verdicts compare to the prompt
     seen = [_detected(judge.detect(image)) for image in images]

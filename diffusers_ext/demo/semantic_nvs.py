@@ -24,18 +24,25 @@ def semantic_nvs_section(output_dir: str, mode: str, seed: int, device: str) -> 
     semantic = SemanticNVSPipeline.from_pretrained(zoo.path("procedural-nvs")).to(device)
     baseline = SemanticNVSPipeline.from_pretrained(zoo.path("procedural-nvs-baseline")).to(device)
     size = semantic.unet.config.sample_size
-    scenes = sample_scene_batch(torch.Generator().manual_seed(10**9 + seed), num_scenes, 3, size,
-                                azimuth_offsets_deg=[0.0, 60.0, -60.0])  # fmt: skip
+    scenes = sample_scene_batch(
+        torch.Generator().manual_seed(10**9 + seed), num_scenes, 3, size, azimuth_offsets_deg=[0.0, 60.0, -60.0]
+    )
     rows, labels = [], []
 
     def run(pipe, mode):
         pipe.set_progress_bar_config(disable=True)
         return pipe(
-            images=scenes["images"][:, :1], input_intrinsics=scenes["intrinsics"][:, :1],
-            input_c2w=scenes["c2w"][:, :1], target_intrinsics=scenes["intrinsics"][:, 1:],
-            target_c2w=scenes["c2w"][:, 1:], depths=scenes["depths"][:, :1], semantic_mode=mode,
-            num_inference_steps=steps, generator=torch.Generator().manual_seed(seed), output_type="np",
-        )  # fmt: skip
+            images=scenes["images"][:, :1],
+            input_intrinsics=scenes["intrinsics"][:, :1],
+            input_c2w=scenes["c2w"][:, :1],
+            target_intrinsics=scenes["intrinsics"][:, 1:],
+            target_c2w=scenes["c2w"][:, 1:],
+            depths=scenes["depths"][:, :1],
+            semantic_mode=mode,
+            num_inference_steps=steps,
+            generator=torch.Generator().manual_seed(seed),
+            output_type="np",
+        )
 
     def row(targets):  # (B, 2, H, W, 3) -> per scene: input | target 1 | target 2
         inputs = scenes["images"][:, 0].permute(0, 2, 3, 1).numpy()

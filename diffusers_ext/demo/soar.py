@@ -55,10 +55,18 @@ def soar_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
             }
         )
         texts[name] = out.texts
-    save_bar_plot({r["decoder"]: r["exact match"] for r in rows}, f"{output_dir}/soar_accuracy.png",
-                  "Exact match on addition test problems", "exact match")  # fmt: skip
-    save_bar_plot({r["decoder"]: r["NFE per prompt"] for r in rows}, f"{output_dir}/soar_nfe.png",
-                  "Model forward calls per prompt", "NFE")  # fmt: skip
+    save_bar_plot(
+        {r["decoder"]: r["exact match"] for r in rows},
+        f"{output_dir}/soar_accuracy.png",
+        "Exact match on addition test problems",
+        "exact match",
+    )
+    save_bar_plot(
+        {r["decoder"]: r["NFE per prompt"] for r in rows},
+        f"{output_dir}/soar_nfe.png",
+        "Model forward calls per prompt",
+        "NFE",
+    )
     examples = [
         f"{int(a):03d}+{int(b):03d}= -> " + ", ".join(f"{name}: {texts[name][i]!r}" for name in DECODERS)
         for i, (a, b) in enumerate(pairs[:3].tolist())
