@@ -435,7 +435,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     from diffusers_ext.evaluation.reporting import command, write_results
 
-    results = {"command": command(__file__, argv), **run(args)}
+    results = {"command": command(__file__, argv, omit=("--dirp_output_dir",)), **run(args)}
     grids = LAST_GRIDS
     write_results(
         os.path.join(args.dirp_output_dir, "latent_world_dirp"),

@@ -604,7 +604,7 @@ def main(argv=None) -> None:
     from diffusers_ext.evaluation.reporting import command
 
     results = run(args)
-    results["command"] = command(__file__, argv)
+    results["command"] = command(__file__, argv, omit=("--dnd_output_dir",))
     write_report(results, os.path.join(args.dnd_output_dir, NAME))
     print(json.dumps(results["summary"], indent=2))
 

@@ -35,19 +35,29 @@ JSON_INDENT = 1
 _TARGET_FIELDS = ("name", "value", "comparison", "threshold", "met")
 
 
-def command(script: str, argv: Sequence[str] | None = None) -> str:
+def command(script: str, argv: Sequence[str] | None = None, omit: Sequence[str] = ()) -> str:
     """The command a results file records: `"python benchmarks/<script> <argv...>"`.
 
     Args:
         script (`str`): the script's file name or path (`__file__` works); only its base name is kept.
         argv (`Sequence[str]`, *optional*): the arguments the script was given; `None` reads `sys.argv[1:]`.
+        omit (`Sequence[str]`, *optional*): options that only say where files go (e.g. `--output_dir`), left out with
+            their value (`--opt VALUE` or `--opt=VALUE`), so the recorded command names no folder of one machine.
     """
     if not isinstance(script, str) or not script.endswith(".py"):
         raise ValueError(f"`script` must be a `.py` file name, got {script!r}.")
     argv = sys.argv[1:] if argv is None else list(argv)
     if not all(isinstance(a, str) for a in argv):
         raise TypeError(f"`argv` must hold strings, got {argv!r}.")
-    return " ".join(["python", f"benchmarks/{os.path.basename(script)}", *argv])
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in omit:
+            skip = True
+        elif not any(arg.startswith(f"{option}=") for option in omit):
+            kept.append(arg)
+    return " ".join(["python", f"benchmarks/{os.path.basename(script)}", *kept])
 
 
 def _cell(text: Any) -> str:
