@@ -3,11 +3,11 @@
 import importlib.util
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from script_launch import accelerate_cpu_launch
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,18 +93,7 @@ def test_bad_arguments_fail_with_one_line_error(tmp_path, args, message):
 
 def _launch(output_dir, steps, *extra):
     cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
+        *accelerate_cpu_launch(),
         SCRIPT,
         "--output_dir",
         str(output_dir),

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
+from script_launch import accelerate_cpu_launch
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,18 +48,7 @@ def _feature_network(folder):
 
 def _launch(output_dir, steps, *extra):
     cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
+        *accelerate_cpu_launch(),
         SCRIPT,
         "--output_dir",
         str(output_dir),

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
+from script_launch import accelerate_cpu_launch
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,18 +71,7 @@ def tiny_sd3(tmp_path_factory):
 
 def _launch(model, output_dir, steps, *extra):
     cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
+        *accelerate_cpu_launch(),
         SCRIPT,
         "--pretrained_model_name_or_path",
         model,

@@ -4,11 +4,11 @@ under a two-process accelerate launch."""
 import importlib.util
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from script_launch import accelerate_cpu_launch
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,18 +78,7 @@ def test_tiny_run_saves_a_pipeline_that_samples_with_the_learned_order(tmp_path)
 
 def _launch(output_dir, steps, *extra):
     cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
+        *accelerate_cpu_launch(),
         SCRIPT,
         "--output_dir",
         str(output_dir),

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
+from script_launch import accelerate_cpu_launch
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,18 +59,7 @@ def _run(output_dir, vae_steps, unet_steps, *extra, processes=1):
         cmd = [sys.executable, *script]
     else:
         cmd = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--cpu",
-            "--num_processes",
-            str(processes),
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
+            *accelerate_cpu_launch(processes),
             *script,
         ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)

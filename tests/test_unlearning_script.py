@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
+from script_launch import accelerate_cpu_launch
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,18 +59,7 @@ def _run(cmd, expect=0):
 
 def _launch(base, output_dir, steps, *extra):
     cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
+        *accelerate_cpu_launch(),
         SCRIPT,
         "--pretrained_model_name_or_path",
         base,
