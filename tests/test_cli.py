@@ -4,8 +4,10 @@ import subprocess
 import sys
 
 import pytest
+from PIL import Image
 
 from diffusers_ext.cli import main
+from diffusers_ext.demo.plots import MIN_TEXT_PX
 
 
 def _cli(*args):
@@ -55,6 +57,12 @@ def test_quick_demo_writes_a_self_contained_report(tmp_path, capsys):
     for name in images:
         assert not name.startswith(("http", "/")) and os.path.getsize(out / name) > 1000
     assert "Digits zoo" in page and "http" not in page
+    # Every figure at the size the page shows it: no text under MIN_TEXT_PX, none cut off (see demo/plots.py).
+    for name in images:
+        with Image.open(out / name) as png:
+            assert png.text["texts_outside_figure"] == "0", name
+            shown = png.text["displayed_min_text_px"]
+            assert shown == "" or float(shown) >= MIN_TEXT_PX, (name, shown)
     assert page.count("quick settings: ") == 8  # every section names what it ran with
     assert page.count('<section class="demo-section">') == 8 and "demo-section failed" not in page
     assert "Committed benchmark results (not run now" in page

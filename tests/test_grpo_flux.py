@@ -2,6 +2,7 @@
 
 import re
 
+import pytest
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 from test_grpo_trainer import tiny_lora
@@ -130,3 +131,15 @@ def test_e2po_on_flux_perturbs_t5_and_pooled_embeddings(tmp_path):
         assert (group[2] - group[0]).abs().max() > 0
         torch.testing.assert_close((group[2] + group[3]) / 2, group[0], atol=1e-5, rtol=0)
     assert trainer.train()[-1]["e2po/scale"] > 0
+
+
+def test_flux_rows_take_prompt_2_and_refuse_prompt_3(tmp_path):
+    """Flux: a row's `prompt_2` reaches T5 (as `FluxPipeline(prompt_2=...)`); `prompt_3` is refused."""
+    config = DiffusionGRPOConfig(output_dir=str(tmp_path), **SETTINGS)
+    with pytest.raises(ValueError, match=r"'prompt_3' column.*\['prompt', 'prompt_2'\]"):
+        DiffusionGRPOTrainer(tiny_flux(), [BrightnessReward(1.0)], config, [{"prompt": "a", "prompt_3": "b"}])
+    trainer = DiffusionGRPOTrainer(tiny_flux(), [BrightnessReward(1.0)], config, [{"prompt": "a", "prompt_2": "b"}])
+    cond, _ = trainer.adapter.encode(["a"], "", 1.0, 8, {"prompt_2": ["b"]})
+    expected, pooled, _ = trainer.pipeline.encode_prompt(["a"], ["b"], max_sequence_length=8)
+    torch.testing.assert_close(cond["prompt_embeds"], expected)
+    torch.testing.assert_close(cond["pooled_prompt_embeds"], pooled)

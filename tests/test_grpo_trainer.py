@@ -146,6 +146,26 @@ def test_reward_weights_and_dataset_columns_reach_reward_functions(tmp_path):
     torch.testing.assert_close(rollout.rewards, 2 * torch.tensor([float(x) for x in seen["label"]]))
 
 
+def test_rows_give_each_text_encoder_its_own_prompt_as_the_pipeline_does(tmp_path):
+    """A row's `prompt_3` reaches the T5 encoder (as `StableDiffusion3Pipeline(prompt_3=...)`), `prompt` the others."""
+    dataset = [{"prompt": p, "prompt_3": "a photo", "label": i} for i, p in enumerate(PROMPTS)]
+    trainer = tiny_trainer(tmp_path, dataset=dataset)
+    cond, _ = trainer.adapter.encode(PROMPTS[:2], "", 1.0, 8, {"prompt_3": ["a photo", "a photo"]})
+    pe, _, pooled, _ = trainer.pipeline.encode_prompt(
+        PROMPTS[:2], PROMPTS[:2], ["a photo"] * 2, do_classifier_free_guidance=False, max_sequence_length=8
+    )
+    torch.testing.assert_close(cond["prompt_embeds"], pe)
+    torch.testing.assert_close(cond["pooled_prompt_embeds"], pooled)
+    plain, _ = trainer.adapter.encode(PROMPTS[:2], "", 1.0, 8)
+    assert not torch.equal(plain["prompt_embeds"], pe), "the T5 part must follow prompt_3"
+    seen = {}
+    trainer.adapter.encode = lambda *args: seen.setdefault("args", args) and (plain, None)
+    trainer.generate(trainer.prompt_indices(0), 0)
+    assert seen["args"][4] == {"prompt_3": ["a photo", "a photo"]}
+    with pytest.raises(ValueError, match="row 0 has no non-empty 'prompt_3'"):
+        tiny_trainer(tmp_path, dataset=[{"prompt": "a cat", "prompt_3": ""}])
+
+
 @pytest.mark.parametrize(
     "reward, message",
     [

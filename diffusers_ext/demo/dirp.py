@@ -47,7 +47,7 @@ def dirp_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
     rows = [clean, protected, (protected - clean) * 4, purified, baseline]
     labels = ["clean", "AdvDM 16/255", "perturbation x4", "DIRP", "DiffPure"]
     grid = np.concatenate([((r.cpu().clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1).numpy() for r in rows])
-    save_image_grid(grid, f"{output_dir}/dirp.png", rows=len(rows), scale=8, row_labels=labels)
+    save_image_grid(grid, f"{output_dir}/dirp.png", rows=len(rows), row_labels=labels)
 
     def psnr(x):
         return float(peak_signal_noise_ratio(x.cpu(), clean.cpu(), data_range=2.0).mean())

@@ -109,7 +109,7 @@ def divide_and_denoise_section(output_dir: str, mode: str, seed: int, device: st
     save_image_grid(
         np.concatenate(disc_rows), f"{output_dir}/dnd_discs.png", rows=len(METHODS), row_labels=list(METHODS)
     )
-    save_image_grid(allocation_pictures(disc_allocation), f"{output_dir}/dnd_discs_allocation.png", rows=1, scale=8)
+    save_image_grid(allocation_pictures(disc_allocation), f"{output_dir}/dnd_discs_allocation.png", rows=1)
 
     ddpm = zoo.load("digits-ddpm").to(device)
     classifier = zoo.load("digits-classifier").to(device).eval()
@@ -150,7 +150,7 @@ def divide_and_denoise_section(output_dir: str, mode: str, seed: int, device: st
                 digit_allocation = out.allocations[:, 0]
     grid = np.concatenate([np.concatenate(digit_rows[m]) for m in METHODS])
     save_image_grid(grid, f"{output_dir}/dnd_digits.png", rows=len(METHODS), row_labels=list(METHODS))
-    save_image_grid(allocation_pictures(digit_allocation), f"{output_dir}/dnd_digits_allocation.png", rows=1, scale=8)
+    save_image_grid(allocation_pictures(digit_allocation), f"{output_dir}/dnd_digits_allocation.png", rows=1)
     digit_scores = {m: float(np.mean(v)) for m, v in digit_hits.items()}
 
     (d0, d1), (s0, s1) = first_prompt

@@ -54,7 +54,6 @@ def mosaic_section(output_dir: str, mode: str, seed: int, device: str) -> Sectio
         np.concatenate([real, images]),
         f"{output_dir}/mosaic.png",
         rows=2,
-        scale=6,
         row_labels=["real render", "mosaic-t2i"],
     )
     accuracy = summarize(verdicts, records)

@@ -4,6 +4,8 @@ import html
 import os
 from dataclasses import dataclass, field
 
+from .plots import DISPLAY_WIDTH
+
 
 @dataclass
 class Figure:
@@ -39,12 +41,12 @@ STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
 h1 { border-bottom: 2px solid #444; } h2 { margin-top: 2em; border-bottom: 1px solid #ccc; }
 figure { display: inline-block; margin: 0.5em 1em 0.5em 0; vertical-align: top; }
-figure img { image-rendering: pixelated; max-width: 520px; border: 1px solid #ddd; }
+figure img { image-rendering: pixelated; max-width: DISPLAY_WIDTHpx; border: 1px solid #ddd; }
 figcaption { font-size: 0.9em; color: #555; max-width: 520px; }
 table { border-collapse: collapse; margin: 1em 0; } td, th { border: 1px solid #ccc; padding: 0.3em 0.7em; }
 th { background: #f3f3f3; } .note { font-family: monospace; font-size: 0.85em; color: #444; }
 .error { font-family: monospace; color: #a00; background: #fee; padding: 0.5em; border-left: 4px solid #a00; }
-"""
+""".replace("DISPLAY_WIDTH", str(DISPLAY_WIDTH))
 
 
 def _format(value) -> str:

@@ -59,7 +59,7 @@ def semantic_nvs_section(output_dir: str, mode: str, seed: int, device: str) -> 
         labels.append(mode)
         if mode == "warped":
             coverage = float(out.coverage.float().mean())
-    save_image_grid(np.concatenate(rows), f"{output_dir}/semantic_nvs.png", rows=len(rows), scale=8, row_labels=labels)
+    save_image_grid(np.concatenate(rows), f"{output_dir}/semantic_nvs.png", rows=len(rows), row_labels=labels)
     return Section(
         title="SemanticNVS: novel views of procedural scenes",
         summary=(

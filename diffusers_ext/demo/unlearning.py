@@ -3,7 +3,7 @@
 import copy
 from dataclasses import dataclass
 
-from .plots import save_image_grid
+from .plots import pyplot, save_figure, save_image_grid
 from .report import Figure, Section
 
 
@@ -14,9 +14,10 @@ class UnlearningDemoSettings:
     samples_per_class: int
 
 
+# Steps: at 40 (batch 16) half the 3s survive; from 80 on none do (seed 0, 20 samples, zoo classifier).
 SETTINGS = {
-    "quick": UnlearningDemoSettings(max_steps=40, per_device_train_batch_size=16, samples_per_class=10),
-    "default": UnlearningDemoSettings(max_steps=100, per_device_train_batch_size=32, samples_per_class=40),
+    "quick": UnlearningDemoSettings(max_steps=80, per_device_train_batch_size=16, samples_per_class=10),
+    "default": UnlearningDemoSettings(max_steps=120, per_device_train_batch_size=16, samples_per_class=40),
     "full": UnlearningDemoSettings(max_steps=150, per_device_train_batch_size=32, samples_per_class=100),
 }
 FORGET_CLASS = 3
@@ -24,11 +25,7 @@ SHOWN = 10
 
 
 def _save_trajectory(history, level, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, left = plt.subplots(figsize=(6, 3), dpi=100)
     steps = [h["step"] for h in history]
     left.plot(steps, [h["lambda"] for h in history], color="#1f77b4", label="lambda")
@@ -39,8 +36,7 @@ def _save_trajectory(history, level, path):
     right.axhline(level, color="#d62728", linestyle="--", linewidth=1)
     right.set_ylabel("path KL estimate (dashed: level b)", color="#d62728")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def unlearning_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
@@ -91,6 +87,14 @@ def unlearning_section(output_dir: str, mode: str, seed: int, device: str) -> Se
         {"class": c, "accuracy before": b, "accuracy after": a}
         for c, (b, a) in enumerate(zip(before.per_class_accuracy, after.per_class_accuracy))
     ]
+    final = trainer.history[-1]["constraint_ema"] if trainer.history else float("nan")
+    reached = final >= trainer.constraint_level
+    if after.forgotten_rate <= 0.1:
+        row = f"After: row {FORGET_CLASS} no longer draws a {FORGET_CLASS}"
+    else:
+        row = f"After: row {FORGET_CLASS} still draws {FORGET_CLASS}s (this run is too short to forget)"
+    row += f" (the classifier calls {after.forgotten_rate:.0%} of its {n} samples {FORGET_CLASS}; before: "
+    row += f"{before.forgotten_rate:.0%})."
     return Section(
         title=f"Constrained unlearning: forgetting the digit {FORGET_CLASS}",
         summary=(
@@ -104,8 +108,14 @@ def unlearning_section(output_dir: str, mode: str, seed: int, device: str) -> Se
         ),
         figures=[
             Figure("unlearning_before.png", f"Before: row c holds samples conditioned on the digit c ({SHOWN} each)."),
-            Figure("unlearning_after.png", f"After: row {FORGET_CLASS} no longer draws a {FORGET_CLASS}."),
-            Figure("unlearning_lambda.png", "The dual variable and the constraint estimate during training."),
+            Figure("unlearning_after.png", row),
+            Figure(
+                "unlearning_lambda.png",
+                f"The dual variable and the smoothed constraint estimate during training: it ended at {final:.3g}, "
+                + ("above" if reached else "below")
+                + f" its level {trainer.constraint_level:.3g}"
+                + ("." if reached else " (the constraint is not yet met)."),
+            ),
         ],
         table=table,
         notes=[

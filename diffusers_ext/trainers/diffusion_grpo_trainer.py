@@ -65,8 +65,12 @@ def _reward_name(func) -> str:
     return getattr(func, "__name__", None) or type(func).__name__
 
 
-def _as_rows(train_dataset) -> list[dict]:
-    """Dataset rows as dicts with a non-empty `prompt` (a list of strings, of dicts, or a `datasets.Dataset`)."""
+def _as_rows(train_dataset, encoder_prompt_keys: tuple[str, ...]) -> list[dict]:
+    """Dataset rows as dicts with a non-empty `prompt` (a list of strings, of dicts, or a `datasets.Dataset`).
+
+    A row may also give the pipeline's per-text-encoder prompts (`prompt_2`, `prompt_3` for SD3; `prompt_2` for
+    Flux), the arguments of the same names of the pipeline's `__call__`.
+    """
     if train_dataset is None:
         raise ValueError("`train_dataset` is required: a list of prompts, of dicts with 'prompt', or a Dataset.")
     rows = [{"prompt": row} if isinstance(row, str) else dict(row) for row in train_dataset]
@@ -76,6 +80,14 @@ def _as_rows(train_dataset) -> list[dict]:
         prompt = row.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"`train_dataset` row {index} has no non-empty 'prompt' string: {row!r}.")
+        for key in ("prompt_2", "prompt_3"):
+            if key in row and key not in encoder_prompt_keys:
+                raise ValueError(
+                    f"`train_dataset` row {index} has a {key!r} column, but this pipeline's text encoders take only "
+                    f"{['prompt', *encoder_prompt_keys]}."
+                )
+            if key in row and (not isinstance(row[key], str) or not row[key].strip()):
+                raise ValueError(f"`train_dataset` row {index} has no non-empty {key!r} string: {row[key]!r}.")
     keys = set(rows[0])
     for index, row in enumerate(rows):
         if set(row) != keys:
@@ -102,7 +114,9 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
             is a float tensor `(batch, channels, height, width)` in [0, 1]; the other dataset columns are passed by
             name, one entry per image. See `diffusers_ext.rewards`.
         args ([`DiffusionGRPOConfig`], *optional*): the configuration.
-        train_dataset: prompts (a list of strings, of dicts with a `"prompt"` key, or a `datasets.Dataset`).
+        train_dataset: prompts (a list of strings, of dicts with a `"prompt"` key, or a `datasets.Dataset`). Rows
+            may give `"prompt_2"` / `"prompt_3"` too: the prompts of the second / third text encoder, as the
+            pipeline's arguments of those names (otherwise every encoder reads `"prompt"`).
         peft_config (`peft.LoraConfig`, *optional*): train this LoRA adapter of the transformer (its
             `target_modules` default to the attention projections of SD3/Flux, `SD3_LORA_TARGETS`); None trains the
             whole transformer, as in TRL.
@@ -145,7 +159,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
                 f"`reward_weights` has {len(weights)} entries for {len(self.reward_funcs)} reward functions."
             )
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
-        self.rows = _as_rows(train_dataset)
+        self.rows = _as_rows(train_dataset, self.adapter.encoder_prompt_keys)
 
         pipeline.scheduler = FlowMatchSDEScheduler.from_config(
             pipeline.scheduler.config,
@@ -286,8 +300,15 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         height, width = self._image_size()
 
         with self._timed("model_forward"):
+            encoder_prompts = {
+                key: [row[key] for row in rows] for key in adapter.encoder_prompt_keys if key in rows[0]
+            }
             cond, uncond = adapter.encode(
-                [row["prompt"] for row in rows], args.negative_prompt, args.guidance_scale, args.max_sequence_length
+                [row["prompt"] for row in rows],
+                args.negative_prompt,
+                args.guidance_scale,
+                args.max_sequence_length,
+                encoder_prompts,
             )
         cond = {k: v.repeat_interleave(G, dim=0) for k, v in cond.items()}
         uncond = None if uncond is None else {k: v.repeat_interleave(G, dim=0) for k, v in uncond.items()}

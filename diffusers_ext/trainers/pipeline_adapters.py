@@ -31,9 +31,23 @@ class FlowPipelineAdapter(ABC):
     def uses_cfg(self, guidance_scale: float) -> bool:
         return False
 
+    #: the pipeline's per-text-encoder prompt arguments (`prompt_2`, `prompt_3`) that dataset rows may carry
+    encoder_prompt_keys: tuple[str, ...] = ()
+
     @abstractmethod
-    def encode(self, prompts: list[str], negative_prompt: str, guidance_scale: float, max_sequence_length: int):
-        """Return `(cond, uncond)`: dicts of tensors with one row per prompt; `uncond` is None without CFG."""
+    def encode(
+        self,
+        prompts: list[str],
+        negative_prompt: str,
+        guidance_scale: float,
+        max_sequence_length: int,
+        encoder_prompts: dict[str, list[str]] | None = None,
+    ):
+        """Return `(cond, uncond)`: dicts of tensors with one row per prompt; `uncond` is None without CFG.
+
+        `encoder_prompts` maps some of `encoder_prompt_keys` to one prompt per row for that text encoder, as the
+        pipeline's own `prompt_2` / `prompt_3` arguments do; an encoder without one is given `prompts`.
+        """
 
     @abstractmethod
     def prepare_latents(self, batch_size, height, width, generator, device, dtype) -> torch.Tensor:
@@ -58,12 +72,15 @@ class SD3Adapter(FlowPipelineAdapter):
     def uses_cfg(self, guidance_scale: float) -> bool:
         return guidance_scale > 1.0
 
-    def encode(self, prompts, negative_prompt, guidance_scale, max_sequence_length):
+    encoder_prompt_keys = ("prompt_2", "prompt_3")
+
+    def encode(self, prompts, negative_prompt, guidance_scale, max_sequence_length, encoder_prompts=None):
         cfg = self.uses_cfg(guidance_scale)
+        encoder_prompts = encoder_prompts or {}
         pe, ne, pp, npp = self.pipeline.encode_prompt(
             prompts,
-            prompts,
-            prompts,
+            encoder_prompts.get("prompt_2", prompts),
+            encoder_prompts.get("prompt_3", prompts),
             device=self.pipeline._execution_device,
             do_classifier_free_guidance=cfg,
             negative_prompt=[negative_prompt] * len(prompts) if cfg else None,
@@ -123,9 +140,14 @@ class SD3Adapter(FlowPipelineAdapter):
 class FluxAdapter(FlowPipelineAdapter):
     """[`FluxPipeline`]: guidance-distilled (the guidance scale is a transformer input), packed latents."""
 
-    def encode(self, prompts, negative_prompt, guidance_scale, max_sequence_length):
+    encoder_prompt_keys = ("prompt_2",)
+
+    def encode(self, prompts, negative_prompt, guidance_scale, max_sequence_length, encoder_prompts=None):
         pe, pp, text_ids = self.pipeline.encode_prompt(
-            prompts, prompts, device=self.pipeline._execution_device, max_sequence_length=max_sequence_length
+            prompts,
+            (encoder_prompts or {}).get("prompt_2", prompts),
+            device=self.pipeline._execution_device,
+            max_sequence_length=max_sequence_length,
         )
         self._text_ids = text_ids
         return {"prompt_embeds": pe, "pooled_prompt_embeds": pp}, None
