@@ -22,8 +22,13 @@ TINY = {
 }
 
 
-def _scheduler():
-    return DDPMScheduler(beta_schedule="squaredcos_cap_v2", clip_sample=False)
+def _scheduler(**overrides):
+    return DDPMScheduler(beta_schedule="squaredcos_cap_v2", clip_sample=False, **overrides)
+
+
+def _sd_scheduler():
+    """The tiny schedule as Stable Diffusion configures it (`steps_offset=1`: the pipeline warns otherwise)."""
+    return _scheduler(steps_offset=1)
 
 
 def _pipeline(unet=None, scheduler=None):
@@ -222,7 +227,7 @@ def _sd_trainer(peft_config=None, **overrides):
     config = ConstrainedUnlearningConfig(
         **{**TINY, "forget_prompts": ["a photo of a cat"], "retain_prompts": ["a photo of a dog"], **overrides}
     )
-    pipe = StableDiffusionPipeline(**{**components, "scheduler": _scheduler()})
+    pipe = StableDiffusionPipeline(**{**components, "scheduler": _sd_scheduler()})
     return ConstrainedUnlearningTrainer(pipe, config, peft_config=peft_config), components
 
 
@@ -256,7 +261,7 @@ def test_prompt_with_a_token_the_tokenizer_does_not_know_is_an_error():
     components = get_tiny_sd_components(seed=0)
     config = ConstrainedUnlearningConfig(**TINY, forget_prompts=["a photo of a \u2603"])
     pipe = StableDiffusionPipeline(
-        **{**components, "scheduler": _scheduler(), "text_encoder": encoder, "tokenizer": tokenizer}
+        **{**components, "scheduler": _sd_scheduler(), "text_encoder": encoder, "tokenizer": tokenizer}
     )
     with pytest.raises(ValueError, match="does not know"):
         ConstrainedUnlearningTrainer(pipe, config)
