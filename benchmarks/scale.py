@@ -1,0 +1,662 @@
+#!/usr/bin/env python
+"""Cost at realistic shapes, random weights: the pack's decoders and pipelines against plain loops of the same work.
+
+    python benchmarks/scale.py                      # every part at the issue's shapes
+    python benchmarks/scale.py --parts dlm --gen_length 64 --steps 64 --repetitions 2   # a smaller run
+
+Speed and memory do not need trained weights, so every model here is built from a config at the width its users run
+(or a stated fraction of it) and initialised at random. Each part runs the pack's code and a baseline doing the same
+model work in one process, alternating, on the same inputs and seeds; ratios are taken within one run (min and
+median over `--repetitions`). These are CPU figures of this machine, not accelerator figures.
+
+Parts:
+- `dlm`: a LLaDA-shaped bidirectional Llama (hidden 512, 8 layers, vocabulary 32k; 128-token prompt, 256 generated,
+  blocks of 32, one token per step). Greedy low-confidence decoding by `DiffusionLMPipeline` + `SOARScheduler
+  (max_beam_size=1)` against the LLaDA `generate` rule written out here as a plain loop (argmax, softmax, top-k
+  commit per block), and, with `--llada_repo PATH` (a local copy of the public LLaDA code, never committed), its own
+  `generate`. The tokens must agree. Also the time outside the model forward, and SOAR at beam 4: the cost outside
+  the forward per beam row per step.
+- `dnd`: Divide-and-Denoise with 3 experts (SD1.5's UNet block structure at a fifth of its width), 64x64 latents,
+  against the same number of plain UNet forwards on the same inputs.
+- `dirp`: one DIRP iteration (the differentiable DDIM round trip and its backward) against a plain inversion +
+  reconstruction without gradients, at 64x64 latents with an SD-shaped UNet and VAE at reduced width: peak memory
+  (torch's CPU allocator events, `diffusers_ext.metrics.peak_memory_bytes`) and time.
+
+Writes `benchmarks/results/scale.json` and `scale.md`.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+PARTS = ("dlm", "dnd", "dirp")
+
+# Targets of the performance issue (issue 28).
+DLM_WALL_RATIO_TARGET = 0.85  # package / LLaDA `generate`, greedy low-confidence
+DLM_OUTSIDE_FRACTION_TARGET = 0.10  # time outside the model forward / decode time
+SOAR_OUTSIDE_MS_TARGET = 10.0  # per beam row per step, beam 4
+DND_RATIO_TARGET = 1.03  # D&D wall / plain UNet forwards
+DIRP_MEMORY_RATIO_TARGET = 3.0  # one iteration / plain inversion + reconstruction
+DIRP_TIME_RATIO_TARGET = 3.5
+
+
+def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
+    parser.add_argument("--repetitions", type=int, default=3, help="Alternating repetitions of every comparison.")
+    parser.add_argument("--seed", type=int, default=0)
+    # dlm
+    parser.add_argument("--hidden_size", type=int, default=512)
+    parser.add_argument("--num_layers", type=int, default=8)
+    parser.add_argument("--vocab_size", type=int, default=32000)
+    parser.add_argument("--prompt_length", type=int, default=128)
+    parser.add_argument("--gen_length", type=int, default=256)
+    parser.add_argument("--block_length", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=256, help="Decoding steps (gen_length: one token per step).")
+    parser.add_argument("--soar_steps", type=int, default=16, help="SOAR beam-4 steps timed (a prefix of a decode).")
+    parser.add_argument("--llada_repo", default=None, help="A local copy of the LLaDA code; its generate() is timed.")
+    # dnd / dirp
+    parser.add_argument("--latent_size", type=int, default=64, help="Latent side of the dnd and dirp parts.")
+    parser.add_argument("--width_fraction", type=float, default=0.2, help="UNet width as a fraction of SD1.5's.")
+    parser.add_argument("--dnd_steps", type=int, default=4, help="Divide-and-Denoise denoising steps.")
+    parser.add_argument("--dirp_inversion_steps", type=int, default=4, help="DDIM inversion steps of the dirp part.")
+    parser.add_argument("--output_dir", default=RESULTS, help="Where scale.json/.md go.")
+    add_from_results_argument(parser)
+    args = parser.parse_args(argv)
+    from diffusers_ext.utils import check_positive_int
+
+    for name in ("repetitions", "hidden_size", "num_layers", "vocab_size", "prompt_length", "gen_length"):
+        check_positive_int(name, getattr(args, name))
+    for name in ("block_length", "steps", "soar_steps", "latent_size", "dnd_steps", "dirp_inversion_steps"):
+        check_positive_int(name, getattr(args, name))
+    if args.gen_length % args.block_length or args.steps % (args.gen_length // args.block_length):
+        parser.error(
+            f"--gen_length {args.gen_length} must be a multiple of --block_length {args.block_length}, and --steps "
+            f"{args.steps} a multiple of the number of blocks."
+        )
+    if not 0 < args.width_fraction <= 1:
+        parser.error(f"--width_fraction must be in (0, 1], got {args.width_fraction}.")
+    if args.llada_repo is not None and not os.path.isfile(os.path.join(args.llada_repo, "generate.py")):
+        parser.error(f"--llada_repo {args.llada_repo!r} has no generate.py; expected a copy of the LLaDA repository.")
+    return args
+
+
+class ForwardTimer:
+    """Wall-clock seconds spent inside `module.forward` (forward pre/post hooks), and the number of calls."""
+
+    def __init__(self, module):
+        self.seconds, self.calls, self._start = 0.0, 0, None
+        self._handles = [
+            module.register_forward_pre_hook(self._pre),
+            module.register_forward_hook(self._post),
+        ]
+
+    def _pre(self, module, args):
+        self._start = time.perf_counter()
+
+    def _post(self, module, args, output):
+        self.seconds += time.perf_counter() - self._start
+        self.calls += 1
+
+    def reset(self):
+        self.seconds, self.calls = 0.0, 0
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def _spread(values: list[float]) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "all": values}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# dlm: greedy low-confidence decoding and SOAR at LLaDA's shape
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def build_llada_shaped_lm(args):
+    """A bidirectional Llama at the benchmark's shape (random weights), and the tiny tokenizer for its special ids."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from diffusers_ext.models.tiny_tokenizers import get_tiny_lm_tokenizer
+
+    tokenizer = get_tiny_lm_tokenizer()
+    heads = max(1, args.hidden_size // 64)
+    config = LlamaConfig(
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        intermediate_size=int(args.hidden_size * 8 / 3) // 64 * 64,
+        num_hidden_layers=args.num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=args.prompt_length + args.gen_length,
+        tie_word_embeddings=False,
+        use_cache=False,
+        is_causal=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        mask_token_id=tokenizer.mask_token_id,
+        shift_logits=False,
+    )
+    torch.manual_seed(args.seed)
+    model = LlamaForCausalLM(config).eval()
+    return model, tokenizer
+
+
+def llada_generate_loop(model, prompt, steps: int, gen_length: int, block_length: int, mask_id: int):
+    """LLaDA's `generate` rule at temperature 0 with low-confidence remasking, written as a plain loop.
+
+    `prompt` `(1, P)`; returns `(1, P + gen_length)`. Per block, the masks are filled over `steps / blocks` steps with
+    an even quota; each step commits the quota's most confident masked positions of the current block, confidence
+    being the softmax probability of the argmax token (positions after the block excluded).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.cat([prompt, torch.full((1, gen_length), mask_id, dtype=prompt.dtype)], dim=1)
+    prompt_length = prompt.shape[1]
+    blocks = gen_length // block_length
+    steps_per_block = steps // blocks
+    for block in range(blocks):
+        start = prompt_length + block * block_length
+        end = start + block_length
+        block_masks = (x[:, start:end] == mask_id).sum(dim=1)
+        quota = torch.full((1, steps_per_block), int(block_masks) // steps_per_block, dtype=torch.long)
+        quota[:, : int(block_masks) % steps_per_block] += 1
+        for step in range(steps_per_block):
+            masked = x == mask_id
+            logits = model(x).logits
+            x0 = logits.argmax(dim=-1)
+            p = F.softmax(logits.float(), dim=-1)
+            confidence = torch.gather(p, -1, x0.unsqueeze(-1)).squeeze(-1)
+            confidence[:, end:] = -float("inf")
+            x0 = torch.where(masked, x0, x)
+            confidence = torch.where(masked, confidence, torch.tensor(-float("inf")))
+            chosen = torch.topk(confidence[0], k=int(quota[0, step])).indices
+            x[0, chosen] = x0[0, chosen]
+    return x
+
+
+def measure_dlm(args) -> dict:
+    import torch
+
+    from diffusers_ext import DiffusionLMPipeline, SOARScheduler
+
+    model, tokenizer = build_llada_shaped_lm(args)
+    mask_id = tokenizer.mask_token_id
+    generator = torch.Generator().manual_seed(args.seed)
+    prompt = torch.randint(6, min(args.vocab_size, 32000), (1, args.prompt_length), generator=generator)
+    pipe = DiffusionLMPipeline(model, SOARScheduler(block_length=args.block_length, max_beam_size=1), tokenizer)
+    pipe.set_progress_bar_config(disable=True)
+
+    reference_generate = None
+    if args.llada_repo is not None:
+        sys.path.insert(0, args.llada_repo)
+        from generate import generate as reference_generate  # the public LLaDA code, run from the given copy
+
+    def ours():
+        return pipe(
+            input_ids=prompt,
+            gen_length=args.gen_length,
+            block_length=args.block_length,
+            num_inference_steps=args.steps,
+            eos_early_stop=False,
+            output_type="seq",
+        ).sequences
+
+    def plain():
+        return llada_generate_loop(model, prompt, args.steps, args.gen_length, args.block_length, mask_id)
+
+    def reference():
+        return reference_generate(
+            model,
+            prompt,
+            steps=args.steps,
+            gen_length=args.gen_length,
+            block_length=args.block_length,
+            temperature=0.0,
+            remasking="low_confidence",
+            mask_id=mask_id,
+        )
+
+    decoders = {"package": ours, "plain_loop": plain}
+    if reference_generate is not None:
+        decoders["llada_reference"] = reference
+    timer = ForwardTimer(model)
+    wall = {name: [] for name in decoders}
+    inside = {name: [] for name in decoders}
+    tokens = {}
+    with torch.no_grad():
+        for _ in range(args.repetitions):
+            for name, fn in decoders.items():
+                timer.reset()
+                seconds, out = _timed(fn)
+                wall[name].append(seconds)
+                inside[name].append(timer.seconds)
+                tokens[name] = out[:, -args.gen_length :].tolist()
+    agree = {name: tokens[name] == tokens["package"] for name in decoders}
+
+    # SOAR at beam 4: cost outside the forward per beam row per step, over a prefix of a decode.
+    soar = DiffusionLMPipeline(model, SOARScheduler(block_length=args.block_length, max_beam_size=4), tokenizer)
+    soar.set_progress_bar_config(disable=True)
+    rows_steps, outside = [], []
+    batch_sizes = []
+
+    def count_rows(module, margs, kwargs):
+        x = margs[0] if margs else kwargs["input_ids"]
+        batch_sizes.append(x.shape[0])
+
+    handle = model.register_forward_pre_hook(count_rows, with_kwargs=True)
+    with torch.no_grad():
+        for _ in range(args.repetitions):
+            timer.reset()
+            batch_sizes.clear()
+            seconds, _ = _timed(
+                lambda: soar(
+                    input_ids=prompt,
+                    gen_length=args.block_length,
+                    block_length=args.block_length,
+                    num_inference_steps=min(args.soar_steps, args.block_length),
+                    eos_early_stop=False,
+                    output_type="seq",
+                )
+            )
+            rows_steps.append(sum(batch_sizes))
+            outside.append((seconds - timer.seconds) / max(1, sum(batch_sizes)) * 1000)
+    handle.remove()
+    timer.remove()
+
+    ratios = {name: [w / p for w, p in zip(wall[name], wall["package"])] for name in decoders}
+    baseline = "llada_reference" if "llada_reference" in decoders else "plain_loop"
+    return {
+        "shape": {
+            "hidden_size": args.hidden_size,
+            "num_layers": args.num_layers,
+            "vocab_size": args.vocab_size,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "prompt_length": args.prompt_length,
+            "gen_length": args.gen_length,
+            "block_length": args.block_length,
+            "steps": args.steps,
+        },
+        "wall_seconds": {name: _spread(v) for name, v in wall.items()},
+        "outside_forward_fraction": {
+            name: _spread([1 - i / w for i, w in zip(inside[name], wall[name])]) for name in decoders
+        },
+        "package_over_baseline": _spread([1 / r for r in ratios[baseline]]),
+        "baseline": baseline,
+        "tokens_agree": agree,
+        "soar_beam4": {"rows_times_steps": rows_steps, "outside_ms_per_row_step": _spread(outside)},
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# dnd and dirp: SD-shaped UNets at a fraction of the width
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _sd_unet(width_fraction: float, cross_attention_dim: int, seed: int):
+    """SD1.5's UNet block structure (4 levels, 2 layers per block, cross-attention on three) at a fraction of the width."""
+    import torch
+    from diffusers import UNet2DConditionModel
+
+    channels = [max(32, int(c * width_fraction) // 32 * 32) for c in (320, 640, 1280, 1280)]
+    torch.manual_seed(seed)
+    return UNet2DConditionModel(
+        sample_size=64,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=2,
+        block_out_channels=channels,
+        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+        cross_attention_dim=cross_attention_dim,
+        attention_head_dim=8,
+        norm_num_groups=32,
+    ).eval()
+
+
+def _sd_pipelines(args, experts: int):
+    import torch
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from diffusers_ext.models.tiny_tokenizers import get_tiny_clip_tokenizer
+
+    tokenizer = get_tiny_clip_tokenizer()
+    hidden = max(64, int(768 * args.width_fraction) // 32 * 32)
+    torch.manual_seed(args.seed)
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            intermediate_size=4 * hidden,
+            num_hidden_layers=2,
+            num_attention_heads=max(1, hidden // 64),
+            max_position_embeddings=77,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    ).eval()
+    vae_channels = [max(32, int(c * args.width_fraction) // 32 * 32) for c in (128, 256, 512, 512)]
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=vae_channels,
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=32,
+        sample_size=args.latent_size * 8,
+    ).eval()
+    scheduler = DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
+    pipes = []
+    for k in range(experts):
+        pipes.append(
+            StableDiffusionPipeline(
+                vae=vae,
+                text_encoder=text_encoder,
+                tokenizer=tokenizer,
+                unet=_sd_unet(args.width_fraction, hidden, args.seed + k),
+                scheduler=scheduler,
+                safety_checker=None,
+                feature_extractor=None,
+                requires_safety_checker=False,
+            )
+        )
+    return pipes
+
+
+def measure_dnd(args) -> dict:
+    import torch
+
+    from diffusers_ext import DivideAndDenoisePipeline
+
+    pipes = _sd_pipelines(args, experts=3)
+    pipe = DivideAndDenoisePipeline.from_pipelines(pipes)
+    pipe.set_progress_bar_config(disable=True)
+    size = args.latent_size * 8
+    prompts = ["a red cube", "a blue ball", "a green tree"]
+    recorded = []  # (unet index, sample, timestep, encoder states) of every UNet call of one D&D run
+
+    def recorder(index):
+        def hook(module, margs, kwargs):
+            sample = margs[0] if margs else kwargs["sample"]
+            t = margs[1] if len(margs) > 1 else kwargs["timestep"]
+            states = kwargs.get("encoder_hidden_states", margs[2] if len(margs) > 2 else None)
+            recorded.append((index, sample.detach().clone(), t, states.detach().clone()))
+
+        return hook
+
+    handles = [p.unet.register_forward_pre_hook(recorder(k), with_kwargs=True) for k, p in enumerate(pipes)]
+
+    def ours():
+        return pipe(
+            prompt=prompts,
+            height=size,
+            width=size,
+            num_inference_steps=args.dnd_steps,
+            output_type="latent",
+            generator=torch.Generator().manual_seed(args.seed),
+        )
+
+    ours()  # records the calls to replay
+    for handle in handles:
+        handle.remove()
+    calls = list(recorded)
+
+    @torch.no_grad()
+    def plain():
+        for index, sample, t, states in calls:
+            pipes[index].unet(sample, t, encoder_hidden_states=states)
+
+    wall = {"divide_and_denoise": [], "plain_unet_forwards": []}
+    for _ in range(args.repetitions):
+        wall["divide_and_denoise"].append(_timed(ours)[0])
+        wall["plain_unet_forwards"].append(_timed(plain)[0])
+    ratios = [a / b for a, b in zip(wall["divide_and_denoise"], wall["plain_unet_forwards"])]
+    return {
+        "shape": {
+            "experts": 3,
+            "latent_size": args.latent_size,
+            "unet_channels": list(pipes[0].unet.config.block_out_channels),
+            "unet_parameters": sum(p.numel() for p in pipes[0].unet.parameters()),
+            "num_inference_steps": args.dnd_steps,
+            "unet_calls": len(calls),
+        },
+        "wall_seconds": {name: _spread(v) for name, v in wall.items()},
+        "ratio": _spread(ratios),
+    }
+
+
+def measure_dirp(args) -> dict:
+    import torch
+
+    from diffusers_ext import DIRPPipeline
+    from diffusers_ext.metrics import peak_memory_bytes
+
+    sd = _sd_pipelines(args, experts=1)[0]
+    pipe = DIRPPipeline(
+        unet=sd.unet, scheduler=sd.scheduler, vae=sd.vae, text_encoder=sd.text_encoder, tokenizer=sd.tokenizer
+    )
+    pipe.set_progress_bar_config(disable=True)
+    for module in (pipe.unet, pipe.vae, pipe.text_encoder):
+        module.requires_grad_(False)
+    size = args.latent_size * 8
+    generator = torch.Generator().manual_seed(args.seed)
+    images = torch.rand((1, 3, size, size), generator=generator) * 2 - 1
+    K = args.dirp_inversion_steps
+    noise_fn = pipe.noise_function(1, images.device, "")
+
+    def iteration():
+        x = images.clone().requires_grad_(True)
+        recon = pipe.reconstruct(x, K, 0.5, "", gradient_checkpointing=True, noise_fn=noise_fn)
+        (recon - x).pow(2).mean().backward()
+        return x.grad
+
+    @torch.no_grad()
+    def plain():
+        return pipe.reconstruct(images, K, 0.5, "", noise_fn=noise_fn)
+
+    memory = {"dirp_iteration": peak_memory_bytes(iteration), "plain_round_trip": peak_memory_bytes(plain)}
+    wall = {"dirp_iteration": [], "plain_round_trip": []}
+    for _ in range(args.repetitions):
+        wall["dirp_iteration"].append(_timed(iteration)[0])
+        wall["plain_round_trip"].append(_timed(plain)[0])
+    ratios = [a / b for a, b in zip(wall["dirp_iteration"], wall["plain_round_trip"])]
+    return {
+        "shape": {
+            "latent_size": args.latent_size,
+            "image_size": size,
+            "num_inversion_steps": K,
+            "unet_channels": list(pipe.unet.config.block_out_channels),
+            "vae_channels": list(pipe.vae.config.block_out_channels),
+        },
+        "peak_memory_bytes": memory,
+        "memory_ratio": memory["dirp_iteration"] / memory["plain_round_trip"],
+        "wall_seconds": {name: _spread(v) for name, v in wall.items()},
+        "time_ratio": _spread(ratios),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def scale_targets(summary: dict) -> list[dict]:
+    """Every target of the parts that ran, from the recorded medians."""
+    from diffusers_ext.evaluation.protocol import target
+
+    targets = []
+    dlm = summary.get("dlm")
+    if dlm:
+        baseline = dlm["baseline"]
+        targets += [
+            target(
+                f"dlm greedy: package wall / {baseline} wall (median)",
+                dlm["package_over_baseline"]["median"],
+                DLM_WALL_RATIO_TARGET,
+                "<=",
+            ),
+            target(
+                "dlm greedy: package time outside the forward / decode (median)",
+                dlm["outside_forward_fraction"]["package"]["median"],
+                DLM_OUTSIDE_FRACTION_TARGET,
+                "<=",
+            ),
+            target(
+                "dlm SOAR beam 4: outside-forward ms per beam row per step (median)",
+                dlm["soar_beam4"]["outside_ms_per_row_step"]["median"],
+                SOAR_OUTSIDE_MS_TARGET,
+                "<=",
+            ),
+        ]
+    if summary.get("dnd"):
+        targets.append(
+            target(
+                "dnd 3 experts: wall / plain UNet forwards (median)",
+                summary["dnd"]["ratio"]["median"],
+                DND_RATIO_TARGET,
+                "<=",
+            )
+        )
+    if summary.get("dirp"):
+        targets += [
+            target(
+                "dirp: peak memory of one iteration / plain round trip",
+                summary["dirp"]["memory_ratio"],
+                DIRP_MEMORY_RATIO_TARGET,
+                "<=",
+            ),
+            target(
+                "dirp: time of one iteration / plain round trip (median)",
+                summary["dirp"]["time_ratio"]["median"],
+                DIRP_TIME_RATIO_TARGET,
+                "<=",
+            ),
+        ]
+    return targets
+
+
+def report_sections(results: dict) -> list[str]:
+    summary = results["summary"]
+    lines = [
+        f"CPU figures ({results['machine']['torch_threads']} torch threads, {results['machine']['platform']}); "
+        "random weights; every comparison alternates in one process on the same inputs.",
+        "",
+    ]
+    dlm = summary.get("dlm")
+    if dlm:
+        shape = dlm["shape"]
+        lines += [
+            "## dlm: greedy low-confidence decoding",
+            "",
+            f"Bidirectional Llama, hidden {shape['hidden_size']}, {shape['num_layers']} layers, vocabulary "
+            f"{shape['vocab_size']} ({shape['parameters']:,} parameters); prompt {shape['prompt_length']}, "
+            f"{shape['gen_length']} generated in blocks of {shape['block_length']}, {shape['steps']} steps.",
+            "",
+            "| decoder | wall s (min) | wall s (median) | outside the forward (median) | same tokens as the package |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for name, wall in dlm["wall_seconds"].items():
+            outside = dlm["outside_forward_fraction"][name]["median"]
+            lines.append(
+                f"| {name} | {wall['min']:.2f} | {wall['median']:.2f} | {outside:.1%} | {dlm['tokens_agree'][name]} |"
+            )
+        soar = dlm["soar_beam4"]["outside_ms_per_row_step"]
+        lines += ["", f"SOAR beam 4: {soar['median']:.1f} ms outside the forward per beam row per step (median).", ""]
+    if summary.get("dnd"):
+        dnd = summary["dnd"]
+        lines += [
+            "## dnd: Divide-and-Denoise against plain UNet forwards",
+            "",
+            f"3 experts, UNet channels {dnd['shape']['unet_channels']} ({dnd['shape']['unet_parameters']:,} parameters "
+            f"each), {dnd['shape']['latent_size']}x{dnd['shape']['latent_size']} latents, "
+            f"{dnd['shape']['num_inference_steps']} steps, {dnd['shape']['unet_calls']} UNet calls. Ratio "
+            f"{dnd['ratio']['median']:.3f} (median), {dnd['ratio']['min']:.3f} (min).",
+            "",
+        ]
+    if summary.get("dirp"):
+        dirp = summary["dirp"]
+        memory = dirp["peak_memory_bytes"]
+        lines += [
+            "## dirp: one iteration against a plain round trip",
+            "",
+            f"{dirp['shape']['image_size']} px images ({dirp['shape']['latent_size']}x{dirp['shape']['latent_size']} "
+            f"latents), {dirp['shape']['num_inversion_steps']} inversion steps; peak memory "
+            f"{memory['dirp_iteration'] / 2**20:.0f} MiB vs {memory['plain_round_trip'] / 2**20:.0f} MiB "
+            f"({dirp['memory_ratio']:.2f}x); time {dirp['time_ratio']['median']:.2f}x (median).",
+            "",
+        ]
+    return lines
+
+
+def main(argv=None) -> dict:
+    import platform
+
+    import torch
+
+    from diffusers_ext.evaluation.reporting import command, rebuild_results, write_results
+
+    args = parse_args(argv)
+    if args.from_results:
+        results = rebuild_results(args.from_results, lambda r: scale_targets(r["summary"]), rel_to=REPO)
+    else:
+        start = time.perf_counter()
+        measure = {"dlm": measure_dlm, "dnd": measure_dnd, "dirp": measure_dirp}
+        summary = {}
+        for part in args.parts:
+            summary[part] = measure[part](args)
+        summary["targets"] = scale_targets(summary)
+        results = {
+            "command": command(__file__, argv, omit=("--output_dir", "--llada_repo")),
+            "settings": {
+                **{k: v for k, v in vars(args).items() if k not in ("output_dir", "from_results", "llada_repo")},
+                "llada_repo_given": args.llada_repo is not None,  # its path names one machine's folder
+            },
+            "machine": {
+                "platform": platform.platform(),
+                "cpu_count": os.cpu_count(),
+                "torch_threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+            },
+            "wall_seconds": time.perf_counter() - start,
+            "summary": summary,
+        }
+    write_results(
+        os.path.join(args.output_dir, "scale"),
+        results,
+        "Cost at realistic shapes (CPU, random weights)",
+        report_sections(results),
+    )
+    return results
+
+
+if __name__ == "__main__":
+    main()
