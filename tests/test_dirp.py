@@ -115,6 +115,64 @@ def test_checkpointing_lowers_peak_memory(digits_pipe, threes):
     assert with_checkpoint < 0.6 * without, (with_checkpoint, without)
 
 
+def test_checkpointing_covers_the_vae_where_it_dominates_memory():
+    """One DDIM step and a VAE at 64 px: the VAE holds most activations; checkpointing must cover its blocks too."""
+    from diffusers import AutoencoderKL
+
+    components = get_components(0)
+    torch.manual_seed(0)
+    components["vae"] = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(32, 32, 32),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=32,
+    ).eval()
+    pipe = DIRPPipeline(**components)
+    for module in (pipe.unet, pipe.vae, pipe.text_encoder):
+        module.requires_grad_(False)
+    images = torch.rand((1, 3, 64, 64), generator=seeded(0)) * 2 - 1
+    noise_fn = pipe.noise_function(1, "cpu", "")
+
+    def iteration(checkpointing: bool):
+        def run():
+            x = images.clone().requires_grad_(True)
+            recon = pipe.reconstruct(x, 1, 0.5, gradient_checkpointing=checkpointing, noise_fn=noise_fn)
+            (recon - x).pow(2).mean().backward()
+            return x.grad
+
+        return run
+
+    torch.testing.assert_close(iteration(True)(), iteration(False)())
+    with_checkpoint, without = peak_memory_bytes(iteration(True)), peak_memory_bytes(iteration(False))
+    assert with_checkpoint < 0.6 * without, (with_checkpoint, without)
+    assert not pipe.vae.is_gradient_checkpointing  # the VAE's own setting is restored
+
+
+def test_bf16_models_keep_the_ddim_arithmetic_in_float32(sd_pipe):
+    """With bf16 models the latents between denoiser calls stay float32 (bf16 rounding would add to the error)."""
+    import copy
+
+    pipe = copy.deepcopy(sd_pipe).to(torch.bfloat16)
+    seen = []
+    pipe.unet.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
+    images = torch.rand((1, 3, 32, 32), generator=seeded(0)) * 2 - 1
+    noise_fn = pipe.noise_function(1, "cpu", "")
+    moved = []
+    original = noise_fn
+
+    def spy(z, t):
+        moved.append(z.dtype)
+        return original(z, t)
+
+    with torch.no_grad():
+        out = pipe.reconstruct(images, 2, 0.5, noise_fn=spy)
+    assert out.dtype == torch.float32 and set(moved) == {torch.float32} and set(seen) == {torch.bfloat16}
+
+
 # -------------------------------------------------------------------------------------------------- purification
 
 

@@ -12,7 +12,8 @@ Everything is plain tensor arithmetic, so gradients flow through the denoiser; e
 checkpointed so that backpropagating through `2K` calls stores only the `2K` step inputs.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -69,6 +70,23 @@ def _call(noise_fn: NoiseFn, z: torch.Tensor, t: torch.Tensor, use_checkpoint: b
         # Recompute the denoiser's activations in the backward pass: memory holds one call's activations at a time.
         return checkpoint(noise_fn, z, t, use_reentrant=False)
     return noise_fn(z, t)
+
+
+@contextmanager
+def vae_block_checkpointing(vae, enabled: bool) -> Iterator[None]:
+    """Within the block, `vae` (if any) recomputes each encoder/decoder block's activations in the backward pass
+    (diffusers' own gradient checkpointing of `AutoencoderKL`) when `enabled`; its previous setting is restored."""
+    if not enabled or vae is None or not getattr(vae, "_supports_gradient_checkpointing", False):
+        yield
+        return
+    was_on = vae.is_gradient_checkpointing
+    if not was_on:
+        vae.enable_gradient_checkpointing()
+    try:
+        yield
+    finally:
+        if not was_on:
+            vae.disable_gradient_checkpointing()
 
 
 def ddim_invert(
