@@ -136,3 +136,26 @@ def test_digit_slot_scoring():
     np.testing.assert_array_equal(digits_success(present, labels, []), [False, False])
     with pytest.raises(ValueError, match="images"):
         score_digit_slots(classifier, torch.zeros(1, 1, 8, 20))
+
+
+def test_attention_recorders_install_on_the_text_layers_without_walking_the_model_each_call(monkeypatch):
+    """Recording is swapped in per expert and step: the text-attention layers are found once per model."""
+    from diffusers_ext.pipelines.divide_and_denoise.utilities import ConceptAttentionStore, record_cross_attention
+    from diffusers_ext.testing import get_tiny_sd_components
+
+    unet = get_tiny_sd_components(seed=0)["unet"]
+    before = dict(unet.attn_processors)
+    store = ConceptAttentionStore((8, 8))
+    sample, states = torch.randn(1, 4, 8, 8), torch.randn(1, 77, unet.config.cross_attention_dim)
+    with torch.no_grad(), record_cross_attention(unet, store):
+        plain_ids = {name for name, p in unet.attn_processors.items() if p is before[name]}
+        unet(sample, 10, encoder_hidden_states=states)
+    assert plain_ids == {name for name in before if not name.endswith("attn2.processor")}
+    assert store.num_layers == sum(name.endswith("attn2.processor") for name in before) > 0
+    assert all(unet.attn_processors[name] is p for name, p in before.items())  # restored
+
+    monkeypatch.setattr(unet, "named_modules", lambda *a, **k: pytest.fail("the model was walked again"))
+    store.reset()
+    with torch.no_grad(), record_cross_attention(unet, store):
+        unet(sample, 10, encoder_hidden_states=states)
+    assert store.num_layers > 0

@@ -12,6 +12,7 @@ All return non-negative maps of shape `(batch, height, width)` at the sample's r
 
 import contextlib
 import math
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -132,33 +133,50 @@ class ConceptAttentionProcessor:
         return hidden_states / attn.rescale_output_factor
 
 
+# model -> its text-attention layers, found once per model: [(layer, joint?)]
+_TEXT_ATTENTION_LAYERS: "weakref.WeakKeyDictionary[torch.nn.Module, list[tuple[Attention, bool]]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def text_attention_layers(model: torch.nn.Module) -> list[tuple[Attention, bool]]:
+    """`model`'s layers that attend to text, as `(layer, is_joint)`: a `UNet2DConditionModel`'s cross-attention
+    (`attn2`) layers, or the joint (image + text) attention layers of an `SD3Transformer2DModel`. Found once per
+    model (the walk over every module is what made installing recorders cost milliseconds per call)."""
+    layers = _TEXT_ATTENTION_LAYERS.get(model)
+    if layers is None:
+        layers = []
+        for name, module in model.named_modules():
+            if is_joint_attention(module):
+                layers.append((module, True))
+            elif isinstance(module, Attention) and name.rsplit(".", 1)[-1] == "attn2":
+                layers.append((module, False))
+        _TEXT_ATTENTION_LAYERS[model] = layers
+    return layers
+
+
 @contextlib.contextmanager
 def record_cross_attention(model: torch.nn.Module, store: ConceptAttentionStore) -> Iterator[ConceptAttentionStore]:
     """Install recording processors on every text-attention layer of `model` for the block.
 
     A `UNet2DConditionModel`'s cross-attention layers (`attn2`) get [`ConceptAttentionProcessor`]s; the joint
     (image + text) attention layers of an `SD3Transformer2DModel` get [`JointConceptAttentionProcessor`]s, which
-    record the image-to-text block. The model's own processors are restored on exit; other layers keep theirs.
+    record the image-to-text block. The layers' own processors are restored on exit; other layers are not touched.
     """
-    original = model.attn_processors
-    processors = {}
-    for name, processor in original.items():
-        module = model.get_submodule(name[: -len(".processor")])
-        if is_joint_attention(module):
-            processors[name] = JointConceptAttentionProcessor(store)
-        elif name.endswith("attn2.processor"):
-            processors[name] = ConceptAttentionProcessor(store)
-        else:
-            processors[name] = processor
-    if all(processors[name] is original[name] for name in original):
+    layers = text_attention_layers(model)
+    if not layers:
         raise ValueError(
             f"{type(model).__name__} has no cross- or joint-attention layers to read concept-token attention from."
         )
-    model.set_attn_processor(processors)
+    original = [layer.processor for layer, _ in layers]
+    recorders = (JointConceptAttentionProcessor(store), ConceptAttentionProcessor(store))
+    for layer, joint in layers:
+        layer.set_processor(recorders[0] if joint else recorders[1])
     try:
         yield store
     finally:
-        model.set_attn_processor(original)
+        for (layer, _), processor in zip(layers, original):
+            layer.set_processor(processor)
 
 
 def agent_utility_maps(
