@@ -18,6 +18,29 @@ def check_callback_tensor_inputs(pipeline, names) -> None:
         )
 
 
+def check_supported_denoiser(model, argument: str, user: str) -> None:
+    """Raise a `ValueError` naming `argument` when `model` is a denoiser family `user` does not run.
+
+    The pack's image methods condition a UNet on the prompt's token embeddings alone (SD 1.x / 2.x), or run SD3's
+    transformer. SDXL-style UNets also need pooled text embeddings and size/crop time ids (`added_cond_kwargs`),
+    and Flux transformers take packed 2x2 latent patches and a distilled guidance input; neither is wired in, so
+    they are refused here, before any work, rather than failing inside the model with an unrelated message.
+    """
+    config = getattr(model, "config", None)
+    addition = getattr(config, "addition_embed_type", None)
+    if addition is not None:
+        raise ValueError(
+            f"`{argument}` is a UNet with `addition_embed_type={addition!r}` (SDXL-style: it needs pooled text "
+            f"embeddings and time ids), which {user} does not support; use SD 1.x / 2.x-style UNets (see the "
+            "method's page in docs/, 'Supported models')."
+        )
+    if type(model).__name__ == "FluxTransformer2DModel":
+        raise ValueError(
+            f"`{argument}` is a FluxTransformer2DModel (packed 2x2 latents, distilled guidance), which {user} does "
+            "not support (see the method's page in docs/, 'Supported models')."
+        )
+
+
 # VAE latents ---------------------------------------------------------------------------------------------------------
 
 

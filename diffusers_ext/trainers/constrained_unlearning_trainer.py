@@ -6,6 +6,7 @@ import os
 import torch
 from diffusers.utils import logging
 
+from ..pipelines.pipeline_utils import check_supported_denoiser
 from ..training_utils import step_generator
 from ..utils import public
 from .base_trainer import DiffusionTrainer
@@ -92,6 +93,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
                 "`pipeline` must be a diffusers pipeline whose `unet` is a UNet2DModel or UNet2DConditionModel, got "
                 f"{type(pipeline).__name__} with unet {type(unet).__name__}."
             )
+        check_supported_denoiser(unet, "pipeline.unet", "ConstrainedUnlearningTrainer")
         scheduler = getattr(pipeline, "scheduler", None)
         if not hasattr(scheduler, "alphas_cumprod") or not hasattr(scheduler, "add_noise"):
             raise TypeError(

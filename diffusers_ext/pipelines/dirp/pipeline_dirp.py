@@ -19,6 +19,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from ...utils import check_positive_int, is_int, is_number, public
 from ..pipeline_utils import (
     check_callback_tensor_inputs,
+    check_supported_denoiser,
     decode_vae_latents,
     encode_text,
     encode_vae_latents,
@@ -124,6 +125,8 @@ class DIRPPipeline(DiffusionPipeline):
         null_class_label: int | None = None,
     ):
         super().__init__()
+        if unet is not None:
+            check_supported_denoiser(unet, "unet", "DIRPPipeline")
         self.register_modules(unet=unet, scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
         self.register_to_config(null_class_label=null_class_label)
         self.image_processor = VaeImageProcessor(do_resize=False)

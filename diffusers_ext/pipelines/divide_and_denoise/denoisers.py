@@ -23,6 +23,7 @@ from diffusers.utils import logging
 
 from ...loading import resolve_model_class
 from ...utils import is_int, public
+from ..pipeline_utils import check_supported_denoiser
 
 
 logger = logging.get_logger(__name__)
@@ -79,6 +80,7 @@ class MultiDenoiserModel(ModelMixin, ConfigMixin):
         for i, model in enumerate(denoisers):
             if not isinstance(model, torch.nn.Module):
                 raise TypeError(f"`denoisers[{i}]` must be a torch.nn.Module, got {type(model).__name__}.")
+            check_supported_denoiser(model, f"denoisers[{i}]", "Divide-and-Denoise")
         self.denoisers = torch.nn.ModuleList(denoisers)
         classes = [[type(m).__module__.split(".")[0], type(m).__name__] for m in denoisers]
         self.register_to_config(denoiser_classes=classes)

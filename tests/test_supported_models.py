@@ -1,0 +1,64 @@
+"""SDXL-style UNets and Flux transformers are refused up front, with the argument named, by the methods that do not
+run them (Divide-and-Denoise, DIRP, constrained unlearning), instead of failing inside the model."""
+
+import pytest
+import torch
+from diffusers import DDPMScheduler, FluxTransformer2DModel, UNet2DConditionModel
+
+from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer, DIRPPipeline, MultiDenoiserModel
+from diffusers_ext.testing import get_tiny_sd_components
+
+
+def sdxl_style_unet():
+    torch.manual_seed(0)
+    return UNet2DConditionModel(
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(32, 64),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=(2, 4),
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=80,
+        norm_num_groups=32,
+    )
+
+
+def flux_transformer():
+    torch.manual_seed(0)
+    return FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=16,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        axes_dims_rope=[4, 4, 8],
+    )
+
+
+@pytest.mark.parametrize(
+    "model, family", [(sdxl_style_unet, "addition_embed_type='text_time'"), (flux_transformer, "Flux")]
+)
+def test_divide_and_denoise_and_dirp_refuse_them(model, family):
+    denoiser = model()
+    with pytest.raises(ValueError, match=rf"`denoisers\[1\]` is .*{family}.*Divide-and-Denoise does not support"):
+        MultiDenoiserModel([get_tiny_sd_components(0)["unet"], denoiser])
+    with pytest.raises(ValueError, match=rf"`unet` is .*{family}.*DIRPPipeline does not support"):
+        DIRPPipeline(unet=denoiser, scheduler=DDPMScheduler())
+
+
+def test_constrained_unlearning_refuses_an_sdxl_style_unet():
+    from diffusers import StableDiffusionPipeline
+
+    components = get_tiny_sd_components(0)
+    pipe = StableDiffusionPipeline(**{**components, "unet": sdxl_style_unet()})
+    config = ConstrainedUnlearningConfig(output_dir="unused", forget_prompts=["a cat"], retain_prompts=["a dog"])
+    with pytest.raises(ValueError, match="`pipeline.unet` is a UNet with `addition_embed_type='text_time'`"):
+        ConstrainedUnlearningTrainer(pipe, config)
