@@ -2,6 +2,7 @@
 [`SOARScheduler`]: the standard decoders (low-confidence remasking, Fast-dLLM thresholds, position beam search) and
 SOAR."""
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,13 @@ from ...utils import check_positive_int, is_int, is_number, public
 from .adapters import ADAPTERS, DiffusionLMAdapter, HFLogitsAdapter, get_diffusion_lm_adapter
 from .pll_rescoring import rescore_by_pll
 from .prompt_inputs import declared_options, prepare_input_ids
+from .remote_code import (
+    is_remote_code_model,
+    load_remote_code_model,
+    record_remote_code_model,
+    remote_code_auto_class,
+    saved_remote_code_auto_class,
+)
 
 
 logger = logging.get_logger(__name__)
@@ -88,6 +96,29 @@ class DiffusionLMPipeline(DiffusionPipeline):
         self.adapter = get_diffusion_lm_adapter(model, adapter)
         if self.config.adapter is None:
             logger.warning(f"adapter {type(self.adapter).__name__} is not a known family: it will not be saved.")
+
+    def save_pretrained(self, save_directory, **kwargs):
+        """diffusers' `save_pretrained`. A model with its own modeling code (LLaDA, Dream through
+        `trust_remote_code`) is saved with its modeling files and `auto_map`, so that `from_pretrained(..., trust_remote_code=True)` loads the folder again."""
+        remote_code = is_remote_code_model(self.model)
+        if remote_code:
+            remote_code_auto_class(self.model)  # an error now, before anything is written, if it has none
+        super().save_pretrained(save_directory, **kwargs)
+        if remote_code:
+            record_remote_code_model(save_directory)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> "DiffusionLMPipeline":
+        """diffusers' `from_pretrained`; a saved model with its own modeling code needs `trust_remote_code=True`
+        (as in transformers) and is loaded through the auto class recorded by [`save_pretrained`]."""
+        folder = pretrained_model_name_or_path
+        auto_class = saved_remote_code_auto_class(folder) if os.path.isdir(folder) else None
+        if auto_class is not None and kwargs.get("model") is None:
+            model_kwargs = {k: kwargs[k] for k in ("torch_dtype", "dtype") if k in kwargs}
+            kwargs["model"] = load_remote_code_model(
+                folder, auto_class, kwargs.get("trust_remote_code", False), **model_kwargs
+            )
+        return super().from_pretrained(folder, **kwargs)
 
     @property
     def adapter(self) -> DiffusionLMAdapter:
