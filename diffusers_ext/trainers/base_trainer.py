@@ -118,22 +118,56 @@ class DiffusionTrainer(abc.ABC):
             eps=args.adam_epsilon,
         )
 
-    def clip_gradients(self, parameters) -> float:
-        """Clip the gradients to `max_grad_norm` (none when <= 0); return their norm before clipping."""
+    def clip_gradients(self, parameters, model: torch.nn.Module | None = None) -> float:
+        """Clip the gradients to `max_grad_norm` (none when <= 0); return their norm before clipping.
+
+        Args:
+            parameters: the trained parameters (a LoRA subset, say).
+            model (`torch.nn.Module`, *optional*): the prepared model holding them. Under FSDP the norm must be taken
+                by the model itself over its shards (accelerate does that only when `parameters` are all of the
+                model's; for a subset it would fall back to a local norm of this process's shard): with `model`, all
+                its parameters are passed, which is the same norm, frozen parameters having no gradient.
+
+        Under DeepSpeed, clipping is DeepSpeed's (its `gradient_clipping` setting) and accelerate returns no norm
+        before the engine's first step: the result is then NaN, not an error.
+        """
+        from accelerate.utils import DistributedType
+
         max_norm = self.args.max_grad_norm if self.args.max_grad_norm > 0 else math.inf
-        return float(self.accelerator.clip_grad_norm_(parameters, max_norm))
+        if model is not None and self.accelerator.distributed_type == DistributedType.FSDP:
+            parameters = list(model.parameters())
+        norm = self.accelerator.clip_grad_norm_(parameters, max_norm)
+        return math.nan if norm is None else float(norm)
 
     def log_metric(self, name: str, value: float) -> None:
         """Record one value of a metric for the current step (averaged with the step's other values)."""
         self._metrics[name].append(float(value))
 
     def reduce_metrics(self, values: dict[str, float | torch.Tensor]) -> dict[str, float]:
-        """Average each metric over the processes; returns plain floats, in the given order."""
-        if not values:
+        """Average each metric over the processes that measured it; returns plain floats.
+
+        Processes may log different metrics in a step (one whose images were all dropped computes no loss): the
+        names are gathered first, so every process takes part in the same reduction, and a metric is the mean over
+        the processes that have it (NaN if none has a value). The order is this process's, then the others' names.
+        """
+        accelerator = self.accelerator
+        names = list(values)
+        if accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            for other in gather_object([names]):
+                names += [name for name in other if name not in names]
+        if not names:
             return {}
-        stacked = torch.stack([torch.as_tensor(v, dtype=torch.float32).reshape(()) for v in values.values()])
-        reduced = self.accelerator.reduce(stacked.to(self.accelerator.device), reduction="mean")
-        return dict(zip(values.keys(), reduced.tolist()))
+        sums = torch.zeros(len(names), dtype=torch.float64)
+        counts = torch.zeros(len(names), dtype=torch.float64)
+        for i, name in enumerate(names):
+            if name in values:
+                sums[i] = float(torch.as_tensor(values[name], dtype=torch.float64).reshape(()))
+                counts[i] = 1.0
+        totals = accelerator.reduce(torch.stack([sums, counts]).to(accelerator.device), reduction="sum").cpu()
+        means = torch.where(totals[1] > 0, totals[0] / totals[1].clamp_min(1), torch.full_like(totals[0], math.nan))
+        return dict(zip(names, means.tolist()))
 
     # ------------------------------------------------------------------------------------------------------------
     # The loop

@@ -430,7 +430,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
                 loss, metrics = self.compute_loss(parts)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
-                    metrics["grad_norm"] = torch.tensor(self.clip_gradients(self.trainable_parameters))
+                    metrics["grad_norm"] = torch.tensor(self.clip_gradients(self.trainable_parameters, self.unet))
                 self.optimizer.step()
                 self.optimizer.zero_grad()
             micro_metrics.append(metrics)

@@ -510,7 +510,9 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
                             for key, value in metrics.items():
                                 self._metrics[key].append(value)
                         if self.accelerator.sync_gradients:
-                            self.log_metric("grad_norm", self.clip_gradients(self.trainable_parameters))
+                            self.log_metric(
+                                "grad_norm", self.clip_gradients(self.trainable_parameters, self.transformer)
+                            )
                         self.optimizer.step()
                         self.optimizer.zero_grad()
             # One optimizer step per iteration; counting them from the step keeps a resumed run's EMA identical.
