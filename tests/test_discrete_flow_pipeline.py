@@ -44,7 +44,7 @@ def test_model_save_load_round_trip(tmp_path):
     t = torch.tensor([0.2, 0.7])
     assert torch.allclose(model(ids, t).logits, loaded(ids, t).logits)
     assert (tmp_path / "diffusion_pytorch_model.safetensors").exists()
-    half = DiscreteFlowTransformerModel.from_pretrained(tmp_path, torch_dtype=torch.bfloat16)
+    half = DiscreteFlowTransformerModel.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert next(half.parameters()).dtype == torch.bfloat16
 
 

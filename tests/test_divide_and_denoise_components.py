@@ -77,7 +77,7 @@ def test_multi_denoiser_model_saves_each_denoiser(tmp_path):
     analytic = EmpiricalOptimalDenoiser.from_templates(torch.ones(2, 1, 8, 8))
     multi = MultiDenoiserModel([unet, analytic])
     multi.save_pretrained(tmp_path)
-    loaded = MultiDenoiserModel.from_pretrained(tmp_path, torch_dtype=torch.float64)
+    loaded = MultiDenoiserModel.from_pretrained(tmp_path, dtype=torch.float64)
     assert [type(m).__name__ for m in loaded] == ["UNet2DModel", "EmpiricalOptimalDenoiser"]
     # an evaluation model keeps the name ["diffusers_ext", Class] that folders saved before the move hold
     assert loaded.config.denoiser_classes[1] == ["diffusers_ext", "EmpiricalOptimalDenoiser"]

@@ -128,7 +128,7 @@ class MultiDenoiserModel(ModelMixin, ConfigMixin):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "MultiDenoiserModel":
-        """Load a folder written by `save_pretrained`; `kwargs` (e.g. `torch_dtype`) go to each denoiser's loader."""
+        """Load a folder written by `save_pretrained`; `kwargs` (e.g. `dtype`) go to each denoiser's loader."""
         subfolder = kwargs.pop("subfolder", None)
         folder = os.path.join(pretrained_model_name_or_path, subfolder) if subfolder else pretrained_model_name_or_path
         if not os.path.isdir(folder):

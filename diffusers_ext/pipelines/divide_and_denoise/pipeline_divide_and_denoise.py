@@ -150,7 +150,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         folder lacks is a `ValueError` naming the variants it has."""
         variant, folder = kwargs.get("variant"), pretrained_model_name_or_path
         if variant is not None and os.path.isdir(folder):
-            load_kwargs = {k: kwargs[k] for k in ("torch_dtype",) if k in kwargs}
+            load_kwargs = {k: kwargs[k] for k in ("dtype", "torch_dtype") if k in kwargs}
             kwargs.update(load_variant_components(str(folder), variant, set(kwargs), **load_kwargs))
             kwargs.pop("variant")
         return super().from_pretrained(folder, **kwargs)

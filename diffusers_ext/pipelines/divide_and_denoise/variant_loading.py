@@ -36,7 +36,7 @@ def load_variant_components(folder: str, variant: str, passed: set[str], **load_
         folder (`str`): a local folder written by `save_pretrained`.
         variant (`str`): the weight variant, e.g. `"fp16"`.
         passed (`set[str]`): components the caller passes itself (not loaded here).
-        **load_kwargs: given to every component's `from_pretrained` (e.g. `torch_dtype`).
+        **load_kwargs: given to every component's `from_pretrained` (e.g. `dtype`).
 
     Raises:
         `ValueError`: when no component of `folder` has weights of `variant`.
