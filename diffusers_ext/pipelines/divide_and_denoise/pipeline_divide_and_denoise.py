@@ -1,6 +1,5 @@
 """Divide-and-Denoise: several pretrained diffusion models share one sample through a per-step fair division."""
 
-import inspect
 import os
 import time
 from collections.abc import Callable
@@ -18,7 +17,14 @@ from diffusers.utils.torch_utils import randn_tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from ...utils import is_int, public
-from ..pipeline_utils import check_callback_tensor_inputs, decode_vae_latents, prediction_to_x0
+from ..pipeline_utils import (
+    check_callback_tensor_inputs,
+    check_eta,
+    decode_vae_latents,
+    prediction_to_x0,
+    prepare_extra_step_kwargs,
+    prepare_initial_noise,
+)
 from .agent_predictions import is_flow_matching, noise_levels, predict_agents, prediction_type
 from .alignment import alignment_step
 from .baseline_allocators import FixedAllocator
@@ -297,11 +303,13 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         alignment_scale,
         max_iter_to_align,
         prompt_from_embeds: bool = False,
+        eta=0.0,
     ) -> DivideAndDenoiseCallSettings:
         """Check the arguments of a call and resolve them into the settings the loop reads: raise a
         `ValueError`/`TypeError` naming the first bad argument, before any model work (see
         [`DivideAndDenoiseCallSettings.from_call`])."""
         check_callback_tensor_inputs(self, callback_on_step_end_tensor_inputs)
+        check_eta(eta)
         kind = self.conditioning
         channels = denoiser_in_channels(self.denoisers[0])
         settings = DivideAndDenoiseCallSettings.from_call(
@@ -367,6 +375,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         num_inference_steps: int = 50,
         guidance_scale: float | list[float] = 1.0,
         num_images_per_prompt: int = 1,
+        eta: float = 0.0,
         generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,
         prompt_embeds: torch.Tensor | None = None,
@@ -397,6 +406,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             guidance_scale (`float` or `list[float]`, defaults to 1.0): classifier-free guidance per model (one value
                 for all, or one per model); `1.0` disables it.
             num_images_per_prompt (`int`, defaults to 1): images to generate, each a composition of all models.
+            eta (`float`, defaults to 0.0): the noise weight of [`DDIMScheduler`] (0: deterministic DDIM, 1: DDPM's
+                variance); schedulers whose `step` takes no `eta` ignore it.
             generator (`torch.Generator` or `list[torch.Generator]`, *optional*): one generator, or one per image.
             latents (`torch.Tensor` of shape `(num_images_per_prompt, channels, height, width)`, *optional*): the
                 starting noise (latent resolution).
@@ -479,6 +490,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             alignment_scale,
             max_iter_to_align,
             prompt_from_embeds=prompt_embeds is not None,
+            eta=eta,
         )
         self._guidance_scale, self._num_agents_running = guidance_scale, settings.num_agents
         self._interrupt = False
@@ -514,17 +526,13 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             latents = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
         else:
             latents = latents.to(device=device, dtype=dtype)
-        latents = latents * getattr(self.scheduler, "init_noise_sigma", 1.0)
 
-        # 5. Prepare timesteps
-        self.scheduler.set_timesteps(num_inference_steps, device=device)
-        timesteps = self.scheduler.timesteps
+        # 5. Prepare timesteps, then scale the noise (`init_noise_sigma` of Euler, Heun, ... depends on them)
+        latents, timesteps = prepare_initial_noise(self.scheduler, num_inference_steps, latents, device)
         self._num_timesteps = len(timesteps)
 
-        # 6. Prepare extra step kwargs: stochastic schedulers take the generator; others (PNDM, ...) have no such argument
-        step_kwargs = (
-            {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
-        )
+        # 6. Prepare extra step kwargs: `generator` and `eta` only for the schedulers whose `step` takes them
+        step_kwargs = prepare_extra_step_kwargs(self.scheduler, generator, eta)
         batch, height_l, width_l = shape[0], shape[2], shape[3]
         if not settings.fair:
             fixed = allocator.allocation(batch, num_agents, height_l, width_l, device)
