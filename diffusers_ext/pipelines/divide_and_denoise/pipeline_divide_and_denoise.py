@@ -93,7 +93,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
     Parameters:
         denoisers ([`MultiDenoiserModel`]): the models (`UNet2DConditionModel`, `SD3Transformer2DModel`,
             `UNet2DModel`, ...); all share one sample space (channels and size). With one denoiser every agent uses
-            it; otherwise agent `k` uses `denoisers[k]`. SD3 transformers take their text as embeddings.
+            it; otherwise agent `k` uses `denoisers[k]`. SD3 transformers take their text as embeddings. `None`
+            (as diffusers allows for any component) builds a pipeline that only encodes prompts ([`encode_prompt`]).
         scheduler ([`SchedulerMixin`]): a diffusers scheduler with `alphas_cumprod` (DDPM, DDIM, PNDM, Euler, DPM-Solver,
             ...) or a flow-matching one (`FlowMatchEulerDiscreteScheduler`), shared by all models.
         vae ([`AutoencoderKL`], *optional*): the shared autoencoder of latent models (SD family); pixel models have none.
@@ -108,7 +109,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
 
     def __init__(
         self,
-        denoisers: MultiDenoiserModel,
+        denoisers: MultiDenoiserModel | None,
         scheduler: SchedulerMixin,
         vae: AutoencoderKL | None = None,
         text_encoder: CLIPTextModel | None = None,
@@ -116,8 +117,20 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         null_class_label: int | None = None,
     ):
         super().__init__()
+        if denoisers is not None:
+            self._check_components(denoisers, scheduler, vae, text_encoder, tokenizer)
+        self.register_modules(
+            denoisers=denoisers, scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer
+        )
+        self.register_to_config(null_class_label=null_class_label)
+        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1) if vae is not None else 1
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
+
+    @staticmethod
+    def _check_components(denoisers, scheduler, vae, text_encoder, tokenizer) -> None:
+        """Raise unless the components fit together (one conditioning kind, one sample space, a usable schedule)."""
         if not isinstance(denoisers, MultiDenoiserModel):
-            raise TypeError(f"`denoisers` must be a MultiDenoiserModel, got {type(denoisers).__name__}.")
+            raise TypeError(f"`denoisers` must be a MultiDenoiserModel or None, got {type(denoisers).__name__}.")
         kinds = {denoiser_conditioning(m) for m in denoisers}
         if len(kinds) > 1:
             raise ValueError(f"`denoisers` mix conditioning kinds {sorted(kinds)}; use models of one kind.")
@@ -142,21 +155,21 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                 "Divide-and-Denoise needs a DDPM-family scheduler (DDPM, DDIM, PNDM, Euler, DPM-Solver, ...) or a "
                 "flow-matching one (FlowMatchEulerDiscreteScheduler)."
             )
-        self.register_modules(
-            denoisers=denoisers, scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer
-        )
-        self.register_to_config(null_class_label=null_class_label)
-        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1) if vae is not None else 1
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> "DivideAndDenoisePipeline":
-        """diffusers' `from_pretrained`; with `variant` on a local folder, the components holding that variant are
-        loaded here first (diffusers' variant scan cannot read the nested `denoisers/` folder), and a variant the
-        folder lacks is a `ValueError` naming the variants it has."""
+        """diffusers' `from_pretrained`; with `variant`, the components holding that variant are loaded here first
+        (diffusers' variant scan cannot read the nested `denoisers/` folder), and a variant the folder lacks is a
+        `ValueError` naming the variants it has. A Hub id is first resolved to its snapshot folder in the cache
+        (`cache_dir`, `revision`, `local_files_only`, `token` apply; offline, the cached snapshot is used)."""
         variant, folder = kwargs.get("variant"), pretrained_model_name_or_path
+        if variant is not None and not os.path.isdir(folder):
+            from huggingface_hub import snapshot_download
+
+            hub_keys = ("cache_dir", "revision", "local_files_only", "token", "proxies", "force_download")
+            folder = snapshot_download(str(folder), **{k: kwargs.pop(k) for k in hub_keys if k in kwargs})
         if variant is not None and os.path.isdir(folder):
-            load_kwargs = {k: kwargs[k] for k in ("torch_dtype",) if k in kwargs}
+            load_kwargs = {k: kwargs[k] for k in ("torch_dtype", "dtype") if k in kwargs}
             kwargs.update(load_variant_components(str(folder), variant, set(kwargs), **load_kwargs))
             kwargs.pop("variant")
         return super().from_pretrained(folder, **kwargs)
@@ -459,6 +472,11 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         Returns:
             [`DivideAndDenoisePipelineOutput`] or `tuple`: images, the per-step allocations and the timings.
         """
+        if self.denoisers is None:
+            raise ValueError(
+                "this pipeline has no `denoisers` (it was built with `denoisers=None`, e.g. to run only "
+                "`encode_prompt`); set them to generate."
+            )
         if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
 

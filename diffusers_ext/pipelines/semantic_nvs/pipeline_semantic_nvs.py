@@ -131,9 +131,16 @@ class SemanticNVSPipeline(DiffusionPipeline):
     # ------------------------------------------------------------------------------------------- inputs
     def _as_scene_batch(self, name: str, value, trailing: tuple[int, ...]) -> torch.Tensor:
         if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
-            if len({tuple(v.shape) for v in value}) > 1:
+            # one scene per entry: `(views, ...)` or a batch of one `(1, views, ...)`
+            scenes = [v[0] if v.ndim == len(trailing) + 2 and v.shape[0] == 1 else v for v in value]
+            if any(v.ndim != len(trailing) + 1 for v in scenes):
+                raise ValueError(
+                    f"`{name}` is a list of tensors of shapes {[tuple(v.shape) for v in value]}; each entry is one "
+                    f"scene: (views, {', '.join(map(str, trailing))}) or (1, views, {', '.join(map(str, trailing))})."
+                )
+            if len({tuple(v.shape) for v in scenes}) > 1:
                 raise ValueError(f"`{name}` is a list of tensors of different shapes; expected one shape.")
-            value = torch.stack(list(value))
+            value = torch.stack(scenes)
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"`{name}` must be a torch.Tensor, got {type(value).__name__}.")
         if value.ndim == len(trailing) + 1:
@@ -312,9 +319,10 @@ class SemanticNVSPipeline(DiffusionPipeline):
 
         Args:
             images (`torch.Tensor` of shape `(V_in, 3, H, W)` or `(B, V_in, 3, H, W)`, or a list of `B` per-scene
-                `(V_in, 3, H, W)` tensors): input views in [0, 1]. Every per-scene argument may be such a list; when
-                the scenes differ in their number of views, each scene runs on its own and the outputs are
-                concatenated (then `generator` is one per output and a callback is called scene by scene).
+                `(V_in, 3, H, W)` or `(1, V_in, 3, H, W)` tensors): input views in [0, 1]. Every per-scene argument
+                may be such a list; when the scenes differ in their number of views, each scene runs on its own and
+                the outputs are concatenated (then `generator` is one per output and a callback is called scene by
+                scene).
             input_intrinsics (`torch.Tensor` of shape `([B,] V_in, 3, 3)`), input_c2w (`([B,] V_in, 4, 4)`): the
                 input cameras (OpenCV axes, camera-to-world; see [`~geometry.camera`]).
             target_intrinsics (`torch.Tensor` of shape `([B,] V_t, 3, 3)`), target_c2w (`([B,] V_t, 4, 4)`): the
