@@ -118,3 +118,11 @@ else:
         module_spec=__spec__,
         extra_objects={"__version__": __version__},
     )
+
+    # `diffusers.DiffusionPipeline.from_pretrained(folder)` resolves a saved folder's `_class_name` in `diffusers`:
+    # let that module answer the pack's pipeline names too (lazily; see `_lazy_module.register_pipeline_names`).
+    from ._lazy_module import register_pipeline_names
+
+    register_pipeline_names(
+        name for names in _import_structure.values() for name in names if name.endswith("Pipeline")
+    )

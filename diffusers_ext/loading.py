@@ -60,8 +60,10 @@ def resolve_model_class(library: str, class_name: str) -> type:
 def load_pipeline(path: str | os.PathLike, **kwargs) -> DiffusionPipeline:
     """Load a saved pipeline folder whose ``_class_name`` is a diffusers_ext or diffusers pipeline.
 
-    ``DiffusionPipeline.from_pretrained`` only resolves diffusers' own classes; this reads the folder's
-    ``model_index.json`` and calls ``from_pretrained`` on the right class.
+    This reads the folder's ``model_index.json`` and calls ``from_pretrained`` on the right class, so a folder's
+    own class loader runs (e.g. `DivideAndDenoisePipeline`'s `variant=` handling). diffusers' generic
+    ``DiffusionPipeline.from_pretrained(folder)`` also resolves the pack's pipeline classes once ``diffusers_ext``
+    is imported (see `diffusers_ext._lazy_module.register_pipeline_names`).
 
     Args:
         path (`str` or `os.PathLike`): a local folder written by `save_pretrained`.

@@ -505,3 +505,55 @@ def test_call_settings_are_resolved_once_from_the_call():
         pipe.check_inputs(
             None, [0, 1], None, None, 12, 2, [1.0], 1, None, None, "np", None, None, "auto", 0.5, None, 0.1, 10
         )
+
+
+def test_denoisers_none_builds_a_prompt_encoder_only():
+    components = get_tiny_sd_components(seed=0)
+    pipe = DivideAndDenoisePipeline(
+        None, components["scheduler"], components["vae"], components["text_encoder"], components["tokenizer"]
+    )
+    embeds, negative = pipe.encode_prompt(["a cat", "a dog"], do_classifier_free_guidance=True)
+    assert embeds.shape[0] == 2 and negative.shape[0] == 1  # one prompt per model, one shared negative
+    with pytest.raises(ValueError, match="no `denoisers`"):
+        pipe(prompt=["a cat", "a dog"], num_inference_steps=2)
+    with pytest.raises(TypeError, match="MultiDenoiserModel or None"):
+        DivideAndDenoisePipeline(components["unet"], components["scheduler"])
+
+
+def test_a_variant_loads_from_a_snapshot_style_hub_cache(tmp_path, monkeypatch):
+    import hashlib
+    import os
+
+    pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = {"prompt": ["a cat", "a dog"], "num_inference_steps": 2, "output_type": "np"}
+    expected = pipe(**kwargs, generator=torch.Generator().manual_seed(0)).images
+    saved = tmp_path / "saved"
+    pipe.save_pretrained(saved, variant="fp16")
+    # the Hub cache layout: models--{org}--{name}/snapshots/{commit}/... as links to blobs/, refs/main
+    repo, commit = tmp_path / "hub" / "models--local--composition", "0123456789abcdef0123456789abcdef01234567"
+    for root, _, files in os.walk(saved):
+        for name in files:
+            data = open(os.path.join(root, name), "rb").read()
+            blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            blob.write_bytes(data)
+            link = repo / "snapshots" / commit / os.path.relpath(os.path.join(root, name), saved)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cache = str(tmp_path / "hub")
+    for loaded in (
+        DivideAndDenoisePipeline.from_pretrained("local/composition", cache_dir=cache, variant="fp16"),
+        DivideAndDenoisePipeline.from_pretrained(
+            "local/composition", cache_dir=cache, variant="fp16", local_files_only=True
+        ),
+        DivideAndDenoisePipeline.from_pretrained(str(repo / "snapshots" / commit), variant="fp16"),
+    ):
+        loaded.set_progress_bar_config(disable=True)
+        images = loaded(**kwargs, generator=torch.Generator().manual_seed(0)).images
+        np.testing.assert_allclose(images, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="'bf16'.*fp16"):
+        DivideAndDenoisePipeline.from_pretrained("local/composition", cache_dir=cache, variant="bf16")

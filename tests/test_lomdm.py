@@ -330,3 +330,16 @@ class TestLoMDMPipelineConformance(PipelineConformanceTests):
         # unchanged. On the tiny LoMDM denoiser the prompt barely moves the logits, so even guidance 100 rarely
         # changes a sample, and a check that cannot see a change would prove nothing here.
         raise unittest.SkipTest("guidance is DiffusionLMPipeline's loop, checked by TestDiffusionLMPipeline")
+
+
+def test_a_prompt_character_outside_the_alphabet_is_named():
+    pipe = _pipe(OeMDMScheduler.from_preset("lomdm"))
+    with pytest.raises(ValueError, match=r"`prompt` holds the character\(s\) \['Z', '!'\]"):
+        pipe(prompt=["<|bos|>", "<|bos|>Z!Z"], gen_length=4, num_inference_steps=4, output_type="seq")
+
+
+def test_diffusion_lm_schedulers_list_themselves_as_compatible():
+    from diffusers_ext import DiscreteFlowMatchingScheduler, SOARScheduler
+
+    for scheduler in (SOARScheduler(), OeMDMScheduler(), DiscreteFlowMatchingScheduler(vocab_size=5)):
+        assert type(scheduler) in scheduler.compatibles, (type(scheduler).__name__, scheduler.compatibles)

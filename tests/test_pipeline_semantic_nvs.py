@@ -258,3 +258,17 @@ def test_depth_estimator_must_be_metric_and_come_with_its_processor():
     pipe = SemanticNVSPipeline(**get_components(0))
     with pytest.raises(ValueError, match="depth_estimator"):
         pipe(**get_inputs(0) | {"depths": None})
+
+
+def test_a_list_of_batch_one_scenes_is_a_batch():
+    pipe = _pipe()
+    inputs = get_dummy_inputs(SemanticNVSPipeline, seed=0)
+    batched = pipe(**inputs).images
+    as_list = {k: ([v, v] if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}  # (1, V, ...) each
+    as_list["generator"] = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)]
+    images = pipe(**as_list).images
+    assert images.shape == (2, *batched.shape[1:])
+    np.testing.assert_allclose(images[0], batched[0], atol=1e-5)
+    bad = {**as_list, "images": [inputs["images"].repeat(2, 1, 1, 1, 1)]}
+    with pytest.raises(ValueError, match="each entry is one scene"):
+        pipe(**bad)

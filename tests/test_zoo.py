@@ -109,3 +109,66 @@ def test_unconditional_samples_differ_from_a_fixed_class(pipe, classifier):
     predictions, _ = classifier_predictions(classifier, images)
     # Unconditional samples cover many digits, not one.
     assert len(torch.unique(predictions)) >= 8
+
+
+def _tiny_call(name, loaded):
+    """One small call of the loaded entry `name`; returns its output tensor (or the texts of a language model)."""
+    generator = torch.Generator().manual_seed(0)
+    if name in ("digits-classifier", "digits-augmentation-regressor"):
+        return loaded(torch.zeros(2, 1, 8, 8))[0]
+    if name == "procedural-semantic-encoder":
+        size = loaded.config.image_size
+        return loaded(pixel_values=torch.zeros(1, loaded.config.num_channels, size, size)).last_hidden_state
+    if name == "digits-ddpm":
+        return loaded(class_labels=[3], num_inference_steps=2, generator=generator, output_type="pt").images
+    if name == "digits-cm":
+        return loaded(batch_size=1, num_inference_steps=1, generator=generator, output_type="pt").images
+    if name == "digits-sd3":
+        images = loaded("3", height=8, width=8, max_sequence_length=8, num_inference_steps=2, output_type="pt")
+        return images.images
+    if name == "mosaic-t2i":
+        return loaded("a red circle", height=32, width=32, num_inference_steps=2, output_type="pt").images
+    if name in ("addition-mdm", "sudoku-mdm", "lomdm-markov"):
+        prompt = "<|bos|>" if name == "lomdm-markov" else "1"
+        out = loaded(prompt=prompt, gen_length=4, num_inference_steps=4, generator=generator, output_type="seq")
+        return out.sequences.float()
+    if name.startswith("procedural-nvs"):
+        from diffusers_ext.data.procedural_scenes import sample_scene_batch
+
+        scene = sample_scene_batch(torch.Generator().manual_seed(0), 1, 2, loaded.unet.config.sample_size)
+        mode = "none" if loaded.semantic_encoder is None else "warped+iterative"
+        return loaded(
+            images=scene["images"][:, :1],
+            input_intrinsics=scene["intrinsics"][:, :1],
+            input_c2w=scene["c2w"][:, :1],
+            target_intrinsics=scene["intrinsics"][:, 1:],
+            target_c2w=scene["c2w"][:, 1:],
+            depths=scene["depths"][:, :1],
+            semantic_mode=mode,
+            num_inference_steps=2,
+            generator=generator,
+            output_type="pt",
+        ).images
+    raise AssertionError(f"no tiny call for the zoo entry {name!r}: add one")
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_every_entry_loads_in_float32_and_runs_as_loaded(name):
+    loaded = zoo.load(name)
+    modules = loaded.components.values() if hasattr(loaded, "components") else [loaded]
+    for module in modules:
+        if isinstance(module, torch.nn.Module):
+            dtypes = {p.dtype for p in module.parameters() if p.is_floating_point()}
+            assert dtypes <= {torch.float32}, (name, type(module).__name__, dtypes)
+    if hasattr(loaded, "set_progress_bar_config"):
+        loaded.set_progress_bar_config(disable=True)
+    with torch.no_grad():
+        output = _tiny_call(name, loaded)
+    assert torch.isfinite(output).all()
+
+
+def test_an_explicit_dtype_wins():
+    pipe = zoo.load("digits-ddpm", dtype=torch.float16)
+    assert pipe.unet.dtype == torch.float16
+    encoder = zoo.load("procedural-semantic-encoder", dtype=torch.bfloat16)
+    assert encoder.dtype == torch.bfloat16

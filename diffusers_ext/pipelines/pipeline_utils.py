@@ -1,7 +1,12 @@
 """What every pipeline of the package shares: input checks, the VAE's latent scaling, prediction conversions and
 CLIP-style prompt encoding."""
 
+import inspect
+import math
+
 import torch
+
+from ..utils import is_number
 
 
 X0_PREDICTION_TYPES = ("epsilon", "v_prediction", "sample", "flow")
@@ -39,6 +44,44 @@ def check_supported_denoiser(model, argument: str, user: str) -> None:
             f"`{argument}` is a FluxTransformer2DModel (packed 2x2 latents, distilled guidance), which {user} does "
             "not support (see the method's page in docs/, 'Supported models')."
         )
+
+
+# scheduler steps -----------------------------------------------------------------------------------------------------
+
+
+def check_eta(eta) -> None:
+    """Raise unless `eta` (DDIM's noise weight) is a finite number >= 0: a `TypeError` for a non-number, else a
+    `ValueError`."""
+    if not is_number(eta):
+        raise TypeError(f"`eta` must be a number, got {type(eta).__name__}.")
+    if not math.isfinite(eta) or eta < 0:
+        raise ValueError(f"`eta` must be a finite number >= 0 (0: deterministic DDIM, 1: DDPM-like), got {eta!r}.")
+
+
+def prepare_extra_step_kwargs(scheduler, generator=None, eta: float | None = None) -> dict:
+    """The keyword arguments of `scheduler.step` that only some schedulers take (diffusers'
+    `prepare_extra_step_kwargs`): `generator` for stochastic schedulers (DDPM, DDIM, Euler ancestral, ...) and `eta`
+    (DDIM's noise weight, in [0, 1]) for those whose `step` declares it; the others (PNDM, UniPC, Heun, LMS, ...)
+    get neither, so every diffusers scheduler swaps in."""
+    parameters = inspect.signature(scheduler.step).parameters
+    kwargs = {}
+    if eta is not None and "eta" in parameters:
+        kwargs["eta"] = eta
+    if "generator" in parameters:
+        kwargs["generator"] = generator
+    return kwargs
+
+
+def prepare_initial_noise(scheduler, num_inference_steps: int, latents: torch.Tensor, device, **options):
+    """Set the scheduler's timesteps, then scale the starting noise `latents` by its `init_noise_sigma`, in that
+    order (diffusers' pipelines): sigma-parameterised schedulers (Euler, Heun, LMS, ...) compute `init_noise_sigma`
+    from the timesteps just set, so scaling first would use the previous call's (or the training schedule's) value.
+
+    Returns:
+        `(latents, timesteps)`: the scaled noise, of the shape of `latents`, and `scheduler.timesteps`.
+    """
+    scheduler.set_timesteps(num_inference_steps, device=device, **options)
+    return latents * getattr(scheduler, "init_noise_sigma", 1.0), scheduler.timesteps
 
 
 # VAE latents ---------------------------------------------------------------------------------------------------------

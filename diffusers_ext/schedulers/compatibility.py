@@ -60,3 +60,13 @@ def compatible_schedulers(scheduler) -> list[type]:
     }
     found.add(cls)
     return sorted(found, key=lambda c: c.__name__)
+
+
+class CompatiblesMixin:
+    """Give a diffusers_ext scheduler diffusers' `compatibles` contract (the list holds at least the class itself):
+    its `_compatibles` names resolve in `diffusers_ext` as well as `diffusers` (see [`compatible_schedulers`]). List
+    it before `SchedulerMixin` among the bases."""
+
+    @classmethod
+    def _get_compatibles(cls) -> list[type]:
+        return compatible_schedulers(cls)

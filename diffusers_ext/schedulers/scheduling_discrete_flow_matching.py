@@ -24,6 +24,7 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 
 from ..utils import public
+from .compatibility import CompatiblesMixin
 from .scheduling_utils import draw_uniform, timestep_indices
 
 
@@ -83,7 +84,7 @@ def sample_categorical(log_probs: torch.Tensor, generator=None) -> torch.LongTen
 
 
 @public
-class DiscreteFlowMatchingScheduler(SchedulerMixin, ConfigMixin):
+class DiscreteFlowMatchingScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin):
     r"""
     CTMC Euler sampling for discrete flow matching on mixture paths, with masked, Multimask and uniform sources.
 

@@ -17,6 +17,7 @@ from diffusers.utils import BaseOutput
 from diffusers.utils.torch_utils import randn_tensor
 
 from ..utils import public
+from .compatibility import CompatiblesMixin
 
 
 SDE_TYPES = ("sde", "cps")
@@ -43,7 +44,7 @@ class FlowMatchSDESchedulerOutput(BaseOutput):
 
 
 @public
-class FlowMatchSDEScheduler(FlowMatchEulerDiscreteScheduler):
+class FlowMatchSDEScheduler(CompatiblesMixin, FlowMatchEulerDiscreteScheduler):
     r"""
     A flow-matching scheduler that samples with a stochastic differential equation and reports log-probabilities.
 
@@ -121,13 +122,6 @@ class FlowMatchSDEScheduler(FlowMatchEulerDiscreteScheduler):
             time_shift_type=time_shift_type,
             stochastic_sampling=False,
         )
-
-    @classmethod
-    def _get_compatibles(cls) -> list[type]:
-        # diffusers resolves `_compatibles` names in the `diffusers` module only, which would miss this class
-        from .compatibility import compatible_schedulers
-
-        return compatible_schedulers(cls)
 
     def is_stochastic_step(self, step_index: int) -> bool:
         """Whether step `step_index` samples from the SDE (inside `sde_window`, with a positive noise level)."""

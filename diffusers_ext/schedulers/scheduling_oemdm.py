@@ -26,6 +26,7 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 
 from ..utils import check_positive_int, public
+from .compatibility import CompatiblesMixin
 from .scheduling_utils import DiffusionLMSchedulerMixin, draw_uniform, timestep_indices
 
 
@@ -60,7 +61,7 @@ class OeMDMSchedulerOutput(BaseOutput):
 
 
 @public
-class OeMDMScheduler(SchedulerMixin, ConfigMixin, DiffusionLMSchedulerMixin):
+class OeMDMScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSchedulerMixin):
     """Per-position-schedule ancestral sampler for masked diffusion LMs (MDLM, AR, block diffusion, LoMDM).
 
     Each step moves from time `t` to the next time `s` on `linspace(1, 0, num_inference_steps + 1)`; the last step

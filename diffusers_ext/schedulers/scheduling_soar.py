@@ -23,6 +23,7 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 
 from ..utils import check_positive_int, is_int, public
+from .compatibility import CompatiblesMixin
 from .scheduling_utils import DiffusionLMSchedulerMixin, timestep_indices
 from .token_proposal import propose_tokens
 
@@ -101,7 +102,7 @@ PRESETS = {
 
 
 @public
-class SOARScheduler(SchedulerMixin, ConfigMixin, DiffusionLMSchedulerMixin):
+class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSchedulerMixin):
     """Confidence-switched position beam search ("Search Or AcceleRate") for masked diffusion language models.
 
     At every step, for every row (a beam of a prompt) the scheduler proposes a token at each masked position, scores

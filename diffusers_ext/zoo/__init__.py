@@ -7,10 +7,16 @@ rebuilt it and its measured quality (see `benchmarks/results/zoo.json`).
     >>> zoo.names()
     ['addition-mdm', 'digits-classifier', 'digits-ddpm', 'digits-sd3', ...]
     >>> pipe = zoo.load("digits-ddpm")
+
+Every entry loads in float32 unless `torch_dtype` (or `dtype`) says otherwise: some store their weights in float16 to
+keep the package small, and a pipeline whose components disagree in dtype does not run.
 """
 
 import os
 from dataclasses import dataclass
+
+
+DEFAULT_DTYPE = "float32"
 
 
 @dataclass(frozen=True)
@@ -94,8 +100,7 @@ ENTRIES = {
         ZooEntry(
             "mosaic-t2i",
             "Small latent text-to-image StableDiffusionPipeline of 32x32 mosaic scenes (shapes, colours, counts, "
-            "relations); float16 weights, load with torch_dtype=torch.float32; judged by "
-            "diffusers_ext.evaluation.mosaic.",
+            "relations); float16 weights, loaded in float32; judged by diffusers_ext.evaluation.mosaic.",
             "StableDiffusionPipeline",
             library="diffusers",
         ),
@@ -128,9 +133,17 @@ def path(name: str) -> str:
 
 
 def load(name: str, **kwargs):
-    """Load the bundled checkpoint `name` with its class's `from_pretrained` (`kwargs` are passed on)."""
+    """Load the bundled checkpoint `name` with its class's `from_pretrained` (`kwargs` are passed on).
+
+    Every component loads in float32 (the stored weights of some entries are float16) unless `torch_dtype` (or
+    `dtype`) is given, so the result runs as loaded.
+    """
     import importlib
+
+    import torch
 
     entry = _entry(name)
     cls = getattr(importlib.import_module(entry.library), entry.class_name)
+    if "torch_dtype" not in kwargs and "dtype" not in kwargs:
+        kwargs["dtype"] = getattr(torch, DEFAULT_DTYPE)  # `torch_dtype` is deprecated in diffusers and transformers
     return cls.from_pretrained(path(name), **kwargs)

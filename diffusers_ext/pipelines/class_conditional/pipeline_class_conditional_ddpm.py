@@ -11,7 +11,12 @@ from diffusers.utils import logging
 from diffusers.utils.torch_utils import randn_tensor
 
 from ...utils import check_positive_int, is_int, is_number, public
-from ..pipeline_utils import check_callback_tensor_inputs
+from ..pipeline_utils import (
+    check_callback_tensor_inputs,
+    check_eta,
+    prepare_extra_step_kwargs,
+    prepare_initial_noise,
+)
 
 
 logger = logging.get_logger(__name__)
@@ -84,9 +89,11 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
         output_type,
         callback_on_step_end_tensor_inputs,
         num_images_per_prompt=1,
+        eta=0.0,
     ) -> torch.Tensor | None:
         """Validate the call's arguments before any model work; return the labels as a `(batch,)` LongTensor."""
         check_positive_int("num_inference_steps", num_inference_steps)
+        check_eta(eta)
         if not is_number(guidance_scale):
             raise TypeError(f"`guidance_scale` must be a number, got {type(guidance_scale).__name__}.")
         if output_type not in OUTPUT_TYPES:
@@ -146,6 +153,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
         num_inference_steps: int = 50,
         guidance_scale: float = 1.0,
         num_images_per_prompt: int = 1,
+        eta: float = 0.0,
         generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,
         output_type: str = "pil",
@@ -165,6 +173,8 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
                 `1.0` disables guidance (one UNet pass per step instead of two).
             num_images_per_prompt (`int`, defaults to 1): images per class label (or per unconditional image), one
                 after the other in the output.
+            eta (`float`, defaults to 0.0): the noise weight of [`DDIMScheduler`] (0: deterministic DDIM, 1: DDPM's
+                variance); schedulers whose `step` takes no `eta` ignore it.
             generator (`torch.Generator` or `list[torch.Generator]`, *optional*): one generator, or one per image
                 for per-image reproducibility.
             latents (`torch.Tensor` of shape `(batch_size, in_channels, height, width)`, *optional*):
@@ -203,6 +213,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
             output_type,
             callback_on_step_end_tensor_inputs,
             num_images_per_prompt,
+            eta,
         )
         self._guidance_scale = float(guidance_scale)
         self._interrupt = False
@@ -222,11 +233,10 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
             latents = randn_tensor(self._sample_shape(n), generator=generator, device=device, dtype=self.unet.dtype)
         else:
             latents = latents.to(device=device, dtype=self.unet.dtype)
-        latents = latents * self.scheduler.init_noise_sigma
-
-        self.scheduler.set_timesteps(num_inference_steps, device=device)
-        timesteps = self.scheduler.timesteps
+        # timesteps first: `init_noise_sigma` of sigma schedulers (Euler, Heun, ...) depends on them
+        latents, timesteps = prepare_initial_noise(self.scheduler, num_inference_steps, latents, device)
         self._num_timesteps = len(timesteps)
+        extra_step_kwargs = prepare_extra_step_kwargs(self.scheduler, generator, eta)
 
         for i, t in enumerate(self.progress_bar(timesteps)):
             if self.interrupt:
@@ -238,7 +248,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
                 noise_uncond, noise_cond = noise_pred.chunk(2)
                 noise_pred = noise_uncond + self.guidance_scale * (noise_cond - noise_uncond)
 
-            latents = self.scheduler.step(noise_pred, t, latents, generator=generator).prev_sample
+            latents = self.scheduler.step(noise_pred, t, latents, **extra_step_kwargs).prev_sample
 
             if callback_on_step_end is not None:
                 step_tensors = {"latents": latents, "noise_pred": noise_pred}

@@ -26,10 +26,40 @@ def declared_options(scheduler, declared: str, **options) -> dict:
     return {name: value for name, value in options.items() if name in accepted}
 
 
-def encode_texts(tokenizer, texts: list[str]) -> tuple[torch.LongTensor, torch.LongTensor]:
+def _characters_outside_vocabulary(tokenizer, texts: list[str]) -> list[str]:
+    """The characters of `texts` (outside the tokenizer's added tokens, e.g. `<|bos|>`) that the tokenizer cannot
+    encode on their own, in order of first appearance."""
+    added = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
+    unknown = []
+    for text in texts:
+        for token in added:
+            text = text.replace(token, "")
+        for character in dict.fromkeys(text):
+            if character in unknown:
+                continue
+            try:
+                tokenizer(character, add_special_tokens=False)
+            except Exception:  # the `tokenizers` backend raises a plain Exception (WordLevel without [UNK])
+                unknown.append(character)
+    return unknown
+
+
+def encode_texts(tokenizer, texts: list[str], name: str = "prompt") -> tuple[torch.LongTensor, torch.LongTensor]:
+    """Left-padded ids and attention mask `(batch, length)` of `texts` (the argument `name` of the call); a
+    character the tokenizer's vocabulary lacks (a character-level tokenizer without an unknown token) raises a
+    `ValueError` naming it."""
     if tokenizer is None:
         raise ValueError("`prompt` and `messages` need a tokenizer; pass `input_ids` instead.")
-    encoded = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    try:
+        encoded = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    except Exception as error:  # `tokenizers` raises a plain Exception for text outside a vocabulary without [UNK]
+        unknown = _characters_outside_vocabulary(tokenizer, texts)
+        if not unknown:
+            raise
+        raise ValueError(
+            f"`{name}` holds the character(s) {unknown}, which the tokenizer's vocabulary does not contain (and it "
+            "has no unknown token); use only characters of the model's alphabet."
+        ) from error
     return encoded["input_ids"], encoded["attention_mask"]
 
 
@@ -60,7 +90,7 @@ def prepare_input_ids(
             tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=False)
             for c in conversations
         ]
-        ids, mask = encode_texts(tokenizer, texts)
+        ids, mask = encode_texts(tokenizer, texts, "messages")
     else:
         ids = torch.as_tensor(input_ids)
         if ids.ndim == 1:

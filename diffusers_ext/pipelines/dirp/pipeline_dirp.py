@@ -369,6 +369,11 @@ class DIRPPipeline(DiffusionPipeline):
             )
         if not isinstance(inversion_strength, (int, float)) or not 0.0 < inversion_strength <= 1.0:
             raise ValueError(f"`inversion_strength` must lie in (0, 1], got {inversion_strength!r}.")
+        if num_inversion_steps > 0 and getattr(self.scheduler, "alphas_cumprod", None) is None:
+            raise TypeError(
+                f"DDIM inversion reads the noise schedule `alphas_cumprod` of a DDPM-family scheduler (DDIM, DDPM, "
+                f"Euler, PNDM, ...); the pipeline's {type(self.scheduler).__name__} has none (flow matching?)."
+            )
         prediction_type = self.scheduler.config.prediction_type
         if num_inversion_steps > 0 and prediction_type not in SUPPORTED_PREDICTION_TYPES:
             raise ValueError(

@@ -1,6 +1,5 @@
 """Divide-and-Denoise: several pretrained diffusion models share one sample through a per-step fair division."""
 
-import inspect
 import os
 import time
 from collections.abc import Callable
@@ -18,7 +17,14 @@ from diffusers.utils.torch_utils import randn_tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
 from ...utils import is_int, public
-from ..pipeline_utils import check_callback_tensor_inputs, decode_vae_latents, prediction_to_x0
+from ..pipeline_utils import (
+    check_callback_tensor_inputs,
+    check_eta,
+    decode_vae_latents,
+    prediction_to_x0,
+    prepare_extra_step_kwargs,
+    prepare_initial_noise,
+)
 from .agent_predictions import is_flow_matching, noise_levels, predict_agents, prediction_type
 from .alignment import alignment_step
 from .baseline_allocators import FixedAllocator
@@ -87,7 +93,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
     Parameters:
         denoisers ([`MultiDenoiserModel`]): the models (`UNet2DConditionModel`, `SD3Transformer2DModel`,
             `UNet2DModel`, ...); all share one sample space (channels and size). With one denoiser every agent uses
-            it; otherwise agent `k` uses `denoisers[k]`. SD3 transformers take their text as embeddings.
+            it; otherwise agent `k` uses `denoisers[k]`. SD3 transformers take their text as embeddings. `None`
+            (as diffusers allows for any component) builds a pipeline that only encodes prompts ([`encode_prompt`]).
         scheduler ([`SchedulerMixin`]): a diffusers scheduler with `alphas_cumprod` (DDPM, DDIM, PNDM, Euler, DPM-Solver,
             ...) or a flow-matching one (`FlowMatchEulerDiscreteScheduler`), shared by all models.
         vae ([`AutoencoderKL`], *optional*): the shared autoencoder of latent models (SD family); pixel models have none.
@@ -102,7 +109,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
 
     def __init__(
         self,
-        denoisers: MultiDenoiserModel,
+        denoisers: MultiDenoiserModel | None,
         scheduler: SchedulerMixin,
         vae: AutoencoderKL | None = None,
         text_encoder: CLIPTextModel | None = None,
@@ -110,8 +117,20 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         null_class_label: int | None = None,
     ):
         super().__init__()
+        if denoisers is not None:
+            self._check_components(denoisers, scheduler, vae, text_encoder, tokenizer)
+        self.register_modules(
+            denoisers=denoisers, scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer
+        )
+        self.register_to_config(null_class_label=null_class_label)
+        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1) if vae is not None else 1
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
+
+    @staticmethod
+    def _check_components(denoisers, scheduler, vae, text_encoder, tokenizer) -> None:
+        """Raise unless the components fit together (one conditioning kind, one sample space, a usable schedule)."""
         if not isinstance(denoisers, MultiDenoiserModel):
-            raise TypeError(f"`denoisers` must be a MultiDenoiserModel, got {type(denoisers).__name__}.")
+            raise TypeError(f"`denoisers` must be a MultiDenoiserModel or None, got {type(denoisers).__name__}.")
         kinds = {denoiser_conditioning(m) for m in denoisers}
         if len(kinds) > 1:
             raise ValueError(f"`denoisers` mix conditioning kinds {sorted(kinds)}; use models of one kind.")
@@ -136,21 +155,21 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                 "Divide-and-Denoise needs a DDPM-family scheduler (DDPM, DDIM, PNDM, Euler, DPM-Solver, ...) or a "
                 "flow-matching one (FlowMatchEulerDiscreteScheduler)."
             )
-        self.register_modules(
-            denoisers=denoisers, scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer
-        )
-        self.register_to_config(null_class_label=null_class_label)
-        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1) if vae is not None else 1
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> "DivideAndDenoisePipeline":
-        """diffusers' `from_pretrained`; with `variant` on a local folder, the components holding that variant are
-        loaded here first (diffusers' variant scan cannot read the nested `denoisers/` folder), and a variant the
-        folder lacks is a `ValueError` naming the variants it has."""
+        """diffusers' `from_pretrained`; with `variant`, the components holding that variant are loaded here first
+        (diffusers' variant scan cannot read the nested `denoisers/` folder), and a variant the folder lacks is a
+        `ValueError` naming the variants it has. A Hub id is first resolved to its snapshot folder in the cache
+        (`cache_dir`, `revision`, `local_files_only`, `token` apply; offline, the cached snapshot is used)."""
         variant, folder = kwargs.get("variant"), pretrained_model_name_or_path
+        if variant is not None and not os.path.isdir(folder):
+            from huggingface_hub import snapshot_download
+
+            hub_keys = ("cache_dir", "revision", "local_files_only", "token", "proxies", "force_download")
+            folder = snapshot_download(str(folder), **{k: kwargs.pop(k) for k in hub_keys if k in kwargs})
         if variant is not None and os.path.isdir(folder):
-            load_kwargs = {k: kwargs[k] for k in ("dtype", "torch_dtype") if k in kwargs}
+            load_kwargs = {k: kwargs[k] for k in ("torch_dtype", "dtype") if k in kwargs}
             kwargs.update(load_variant_components(str(folder), variant, set(kwargs), **load_kwargs))
             kwargs.pop("variant")
         return super().from_pretrained(folder, **kwargs)
@@ -297,11 +316,13 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         alignment_scale,
         max_iter_to_align,
         prompt_from_embeds: bool = False,
+        eta=0.0,
     ) -> DivideAndDenoiseCallSettings:
         """Check the arguments of a call and resolve them into the settings the loop reads: raise a
         `ValueError`/`TypeError` naming the first bad argument, before any model work (see
         [`DivideAndDenoiseCallSettings.from_call`])."""
         check_callback_tensor_inputs(self, callback_on_step_end_tensor_inputs)
+        check_eta(eta)
         kind = self.conditioning
         channels = denoiser_in_channels(self.denoisers[0])
         settings = DivideAndDenoiseCallSettings.from_call(
@@ -367,6 +388,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         num_inference_steps: int = 50,
         guidance_scale: float | list[float] = 1.0,
         num_images_per_prompt: int = 1,
+        eta: float = 0.0,
         generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,
         prompt_embeds: torch.Tensor | None = None,
@@ -397,6 +419,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             guidance_scale (`float` or `list[float]`, defaults to 1.0): classifier-free guidance per model (one value
                 for all, or one per model); `1.0` disables it.
             num_images_per_prompt (`int`, defaults to 1): images to generate, each a composition of all models.
+            eta (`float`, defaults to 0.0): the noise weight of [`DDIMScheduler`] (0: deterministic DDIM, 1: DDPM's
+                variance); schedulers whose `step` takes no `eta` ignore it.
             generator (`torch.Generator` or `list[torch.Generator]`, *optional*): one generator, or one per image.
             latents (`torch.Tensor` of shape `(num_images_per_prompt, channels, height, width)`, *optional*): the
                 starting noise (latent resolution).
@@ -448,6 +472,11 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         Returns:
             [`DivideAndDenoisePipelineOutput`] or `tuple`: images, the per-step allocations and the timings.
         """
+        if self.denoisers is None:
+            raise ValueError(
+                "this pipeline has no `denoisers` (it was built with `denoisers=None`, e.g. to run only "
+                "`encode_prompt`); set them to generate."
+            )
         if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
 
@@ -479,6 +508,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             alignment_scale,
             max_iter_to_align,
             prompt_from_embeds=prompt_embeds is not None,
+            eta=eta,
         )
         self._guidance_scale, self._num_agents_running = guidance_scale, settings.num_agents
         self._interrupt = False
@@ -514,17 +544,13 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             latents = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
         else:
             latents = latents.to(device=device, dtype=dtype)
-        latents = latents * getattr(self.scheduler, "init_noise_sigma", 1.0)
 
-        # 5. Prepare timesteps
-        self.scheduler.set_timesteps(num_inference_steps, device=device)
-        timesteps = self.scheduler.timesteps
+        # 5. Prepare timesteps, then scale the noise (`init_noise_sigma` of Euler, Heun, ... depends on them)
+        latents, timesteps = prepare_initial_noise(self.scheduler, num_inference_steps, latents, device)
         self._num_timesteps = len(timesteps)
 
-        # 6. Prepare extra step kwargs: stochastic schedulers take the generator; others (PNDM, ...) have no such argument
-        step_kwargs = (
-            {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
-        )
+        # 6. Prepare extra step kwargs: `generator` and `eta` only for the schedulers whose `step` takes them
+        step_kwargs = prepare_extra_step_kwargs(self.scheduler, generator, eta)
         batch, height_l, width_l = shape[0], shape[2], shape[3]
         if not settings.fair:
             fixed = allocator.allocation(batch, num_agents, height_l, width_l, device)

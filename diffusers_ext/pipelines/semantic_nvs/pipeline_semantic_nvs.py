@@ -15,7 +15,12 @@ from diffusers.utils.torch_utils import randn_tensor
 from ...geometry.camera import check_intrinsics, check_rigid, scale_intrinsics, scene_plucker
 from ...models.semantic_multiview_unet import SemanticMultiViewUNetModel
 from ...utils import check_positive_int, is_number, public
-from ..pipeline_utils import check_callback_tensor_inputs
+from ..pipeline_utils import (
+    check_callback_tensor_inputs,
+    check_eta,
+    prepare_extra_step_kwargs,
+    prepare_initial_noise,
+)
 from .conditioning import (
     SEMANTIC_MODES,
     estimate_to_images,
@@ -126,9 +131,16 @@ class SemanticNVSPipeline(DiffusionPipeline):
     # ------------------------------------------------------------------------------------------- inputs
     def _as_scene_batch(self, name: str, value, trailing: tuple[int, ...]) -> torch.Tensor:
         if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
-            if len({tuple(v.shape) for v in value}) > 1:
+            # one scene per entry: `(views, ...)` or a batch of one `(1, views, ...)`
+            scenes = [v[0] if v.ndim == len(trailing) + 2 and v.shape[0] == 1 else v for v in value]
+            if any(v.ndim != len(trailing) + 1 for v in scenes):
+                raise ValueError(
+                    f"`{name}` is a list of tensors of shapes {[tuple(v.shape) for v in value]}; each entry is one "
+                    f"scene: (views, {', '.join(map(str, trailing))}) or (1, views, {', '.join(map(str, trailing))})."
+                )
+            if len({tuple(v.shape) for v in scenes}) > 1:
                 raise ValueError(f"`{name}` is a list of tensors of different shapes; expected one shape.")
-            value = torch.stack(list(value))
+            value = torch.stack(scenes)
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"`{name}` must be a torch.Tensor, got {type(value).__name__}.")
         if value.ndim == len(trailing) + 1:
@@ -169,8 +181,10 @@ class SemanticNVSPipeline(DiffusionPipeline):
         generator,
         callback_on_step_end_tensor_inputs,
         num_images_per_prompt=1,
+        eta=0.0,
     ):
         """Validate and batch the inputs before any model work; return them as `(B, V, ...)` tensors."""
+        check_eta(eta)
         size = self.unet.config.sample_size
         channels = self.unet.config.image_channels
         images = self._as_scene_batch("images", images, (channels, size, size))
@@ -292,6 +306,7 @@ class SemanticNVSPipeline(DiffusionPipeline):
         num_inference_steps: int = 50,
         guidance_scale: float = 2.0,
         num_images_per_prompt: int = 1,
+        eta: float = 0.0,
         generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,
         output_type: str = "pil",
@@ -304,9 +319,10 @@ class SemanticNVSPipeline(DiffusionPipeline):
 
         Args:
             images (`torch.Tensor` of shape `(V_in, 3, H, W)` or `(B, V_in, 3, H, W)`, or a list of `B` per-scene
-                `(V_in, 3, H, W)` tensors): input views in [0, 1]. Every per-scene argument may be such a list; when
-                the scenes differ in their number of views, each scene runs on its own and the outputs are
-                concatenated (then `generator` is one per output and a callback is called scene by scene).
+                `(V_in, 3, H, W)` or `(1, V_in, 3, H, W)` tensors): input views in [0, 1]. Every per-scene argument
+                may be such a list; when the scenes differ in their number of views, each scene runs on its own and
+                the outputs are concatenated (then `generator` is one per output and a callback is called scene by
+                scene).
             input_intrinsics (`torch.Tensor` of shape `([B,] V_in, 3, 3)`), input_c2w (`([B,] V_in, 4, 4)`): the
                 input cameras (OpenCV axes, camera-to-world; see [`~geometry.camera`]).
             target_intrinsics (`torch.Tensor` of shape `([B,] V_t, 3, 3)`), target_c2w (`([B,] V_t, 4, 4)`): the
@@ -327,6 +343,8 @@ class SemanticNVSPipeline(DiffusionPipeline):
                 through `pipe._guidance_scale`.
             num_images_per_prompt (`int`, defaults to 1): renderings of each scene's targets, one after the other
                 in the output (`B * num_images_per_prompt` rows).
+            eta (`float`, defaults to 0.0): the noise weight of [`DDIMScheduler`] (0: deterministic DDIM, 1: DDPM's
+                variance); schedulers whose `step` takes no `eta` ignore it.
             generator (`torch.Generator` or one per output scene, *optional*): for the initial noise and the
                 scheduler.
             latents (`torch.Tensor` of shape `(B, V_t, C, H, W)`, *optional*): initial noise of the target views.
@@ -368,6 +386,7 @@ class SemanticNVSPipeline(DiffusionPipeline):
             generator,
             callback_on_step_end_tensor_inputs,
             num_images_per_prompt,
+            eta,
         )
         if num_images_per_prompt > 1:
             images, input_intrinsics, input_c2w, target_intrinsics, target_c2w = (
@@ -410,26 +429,29 @@ class SemanticNVSPipeline(DiffusionPipeline):
 
         if latents is None:
             latents = randn_tensor((b, v_t, c, h, w), generator=generator, device=device, dtype=dtype)
-        latents = latents.to(device, dtype) * self.scheduler.init_noise_sigma
+        latents = latents.to(device, dtype)
         clean_inputs = (images * 2 - 1).to(dtype)
         input_mask = torch.cat([torch.ones(b, v_in, dtype=torch.bool), torch.zeros(b, v_t, dtype=torch.bool)], 1).to(
             device
         )
         input_images = torch.cat([clean_inputs, torch.zeros_like(latents)], 1)
 
-        self.scheduler.set_timesteps(num_inference_steps, device=device)
-        self._num_timesteps = len(self.scheduler.timesteps)
+        # timesteps first, then the noise scale: `init_noise_sigma` of Euler, Heun, ... depends on them
+        latents, timesteps = prepare_initial_noise(self.scheduler, num_inference_steps, latents, device)
+        self._num_timesteps = len(timesteps)
         iterative = None  # features of the current estimate of the clean target views
         input_feature_mask = torch.full((b, v_in, 1, h, w), float(semantic_mode != "none"), device=device)
         # The scheduler steps all target views as one batch: each scene's generator serves its views.
         step_generator = [g for g in generator for _ in range(v_t)] if isinstance(generator, list) else generator
-        for i, t in enumerate(self.progress_bar(self.scheduler.timesteps)):
+        extra_step_kwargs = prepare_extra_step_kwargs(self.scheduler, step_generator, eta)
+        for i, t in enumerate(self.progress_bar(timesteps)):
             if self.interrupt:
                 continue
             target_features, target_mask = target_semantics(semantic_mode, warped, coverage, iterative)
             features = torch.cat([input_features, target_features], 1).to(dtype)
             feature_mask = torch.cat([input_feature_mask, target_mask], 1).to(dtype)
-            sample = torch.cat([clean_inputs, self.scheduler.scale_model_input(latents, t)], 1)
+            scaled = self.scheduler.scale_model_input(latents, t)  # (B, V_t, C, H, W)
+            sample = torch.cat([clean_inputs, scaled], 1)
             conditional = {"plucker": plucker, "input_mask": input_mask, "input_images": input_images}
             unconditional = {
                 "plucker": plucker,
@@ -456,14 +478,15 @@ class SemanticNVSPipeline(DiffusionPipeline):
                 prediction = cond = self.unet(sample, t.expand(b).to(device), **conditional).sample
             noise_pred = prediction[:, v_in:]
 
-            if "iterative" in semantic_mode and i + 1 >= iterative_start * len(self.scheduler.timesteps):
-                # As in training: the conditional (unguided) prediction's estimate of the clean targets.
+            if "iterative" in semantic_mode and i + 1 >= iterative_start * len(timesteps):
+                # As in training: the conditional (unguided) prediction's estimate of the clean targets, from the
+                # model's own (scaled) input `sqrt(alpha_bar) x_0 + sqrt(1 - alpha_bar) e`.
                 x0 = x0_estimate(
-                    self.scheduler, cond[:, v_in:].reshape(b * v_t, c, h, w), latents.reshape(b * v_t, c, h, w), t
+                    self.scheduler, cond[:, v_in:].reshape(b * v_t, c, h, w), scaled.reshape(b * v_t, c, h, w), t
                 )
                 iterative = self.encode_semantics(estimate_to_images(x0)).reshape(b, v_t, -1, h, w)
             flat = self.scheduler.step(
-                noise_pred.reshape(b * v_t, c, h, w), t, latents.reshape(b * v_t, c, h, w), generator=step_generator
+                noise_pred.reshape(b * v_t, c, h, w), t, latents.reshape(b * v_t, c, h, w), **extra_step_kwargs
             )
             latents = flat.prev_sample
             latents = latents.reshape(b, v_t, c, h, w)
