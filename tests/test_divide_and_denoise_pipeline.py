@@ -557,3 +557,47 @@ def test_a_variant_loads_from_a_snapshot_style_hub_cache(tmp_path, monkeypatch):
         np.testing.assert_allclose(images, expected, atol=1e-5)
     with pytest.raises(ValueError, match="'bf16'.*fp16"):
         DivideAndDenoisePipeline.from_pretrained("local/composition", cache_dir=cache, variant="bf16")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# reduced precision at SD-sized latents
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("utility", ["cross_attention", "x0_saliency"])
+def test_float16_stable_diffusion_composition_stays_finite_at_64x64_latents(utility):
+    # at high noise x0 = (x_t - noise * eps) / signal is several times x_t; in float16 its saliency over a 64x64
+    # canvas overflowed (non-finite utilities), and the alignment's normalised gradient underflowed to 0/0 (NaN)
+    pipes = _sd_pipelines()
+    for p in pipes:
+        p.to(torch.float16)
+    pipe = DivideAndDenoisePipeline.from_pipelines(pipes)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(
+        prompt=["a red cat", "a blue dog"],
+        height=128,
+        width=128,
+        num_inference_steps=3,  # first timestep 667: alpha_bar 0.10
+        guidance_scale=7.5,
+        utility=utility,
+        generator=torch.Generator().manual_seed(0),
+        output_type="latent",
+    )
+    assert out.images.dtype == torch.float16 and out.images.shape == (1, 4, 64, 64)
+    assert torch.isfinite(out.images).all()
+    assert torch.isfinite(out.allocations).all()
+
+
+def test_alignment_step_in_float16_matches_float32_at_sd_scale():
+    from diffusers_ext.pipelines.divide_and_denoise.alignment import alignment_step
+
+    gen = torch.Generator().manual_seed(0)
+    latents = torch.randn(1, 4, 64, 64, generator=gen)
+    x0 = 15 * torch.randn(1, 2, 4, 64, 64, generator=gen)  # x0 at SD's first step: x_t / sqrt(alpha_bar) ~ 15 x_t
+    allocation = torch.rand(1, 2, 64, 64, generator=gen)
+    allocation = allocation / allocation.sum(dim=1, keepdim=True)
+    noise = torch.tensor(0.9976)
+    ref = alignment_step(latents, latents, x0, allocation, noise, 0.1)
+    half = alignment_step(latents.half(), latents.half(), x0.half(), allocation.half(), noise.half(), 0.1)
+    assert half.dtype == torch.float16 and torch.isfinite(half).all()
+    torch.testing.assert_close(half.float(), ref, atol=2e-2, rtol=1e-2)

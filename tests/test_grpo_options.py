@@ -20,6 +20,21 @@ def test_ratio_clips_only_with_several_optimizer_steps_per_rollout(tmp_path):
     assert max(log["clip_ratio/region_mean"] for log in several.train()) > 0
 
 
+def test_in_bf16_the_ratio_is_one_at_one_iteration(tmp_path):
+    # the trajectory stores the bf16-rounded sample and the loss rescores it; the old log-prob scored the float32
+    # sample, so 58% of the tiny SD3's transitions clipped at epsilon 1e-4
+    trainer = tiny_trainer(tmp_path, max_steps=2, num_iterations=1, epsilon=1e-4)
+    trainer.pipeline.to(torch.bfloat16)
+    rollout = trainer.generate(trainer.prompt_indices(0), 0)
+    assert rollout.latents.dtype == torch.bfloat16
+    index = torch.arange(rollout.latents.shape[0])
+    for i in trainer.timesteps_to_train(0):
+        with torch.no_grad():
+            log_prob, _, _ = trainer.step_log_prob(trainer.transformer, rollout, index, i)
+        assert (log_prob - rollout.log_probs[:, i]).abs().max() < 1e-5
+    assert all(log["clip_ratio/region_mean"] == 0 for log in trainer.train())
+
+
 def half_constant_reward(prompts, images, **kwargs):
     """Constant for "a cat" (a group without spread), brightness otherwise."""
     brightness = BrightnessReward(1.0)(prompts, images)

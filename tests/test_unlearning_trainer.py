@@ -386,3 +386,83 @@ def test_save_model_writes_the_pipeline_with_the_unlearned_unet_and_a_model_card
     assert all(torch.equal(v, unlearned[k]) for k, v in loaded.unet.state_dict().items())
     card = (tmp_path / "README.md").read_text()
     assert "tiny-digits with class 3 unlearned" in card and "KL(q || p_u) >= b" in card and "final lambda" in card
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# half-precision UNets, and the LoRA reference
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _bf16_unet():
+    return get_tiny_pixel_unet(seed=1, num_class_embeds=11).to(torch.bfloat16)
+
+
+@pytest.fixture
+def fresh_accelerator_state():
+    """`mixed_precision` can only be chosen by the first Accelerator of a process: reset accelerate's state."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+    PartialState._reset_state()
+
+
+@pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
+def test_a_bf16_unet_trains_with_or_without_mixed_precision(mixed_precision, fresh_accelerator_state):
+    # float32 noise and samples met the bf16 UNet outside autocast (the reference, the pools, the targets)
+    trainer = _trainer(
+        unet=_bf16_unet(),
+        constraint="reverse_kl",
+        lambda_init=0.5,
+        learning_rate=1e-2,
+        mixed_precision=mixed_precision,
+    )
+    before = copy.deepcopy(trainer.accelerator.unwrap_model(trainer.unet).state_dict())
+    history = trainer.train(max_steps=2)
+    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in history)
+    after = trainer.accelerator.unwrap_model(trainer.unet).state_dict()
+    assert all(v.dtype == torch.bfloat16 for v in after.values())
+    assert any(not torch.equal(before[k], after[k]) for k in after)
+    assert trainer.retain_pool.dtype == torch.float32  # pools and targets stay float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lora_reference_is_the_adapter_disabled_unet_not_a_copy(dtype):
+    unet = get_tiny_pixel_unet(seed=1, num_class_embeds=11).to(dtype)
+    pretrained = copy.deepcopy(unet)
+    trainer = _trainer(unet=unet, constraint="reverse_kl", peft_config=_lora(2), learning_rate=1e-2, lambda_init=0.5)
+    assert not list(trainer.ref_unet.parameters())  # no second set of weights
+    x, t, c = (
+        torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(0)).to(dtype),
+        torch.tensor([10, 500]),
+        torch.tensor([3, 4]),
+    )
+    trainer.train(max_steps=2)
+    trained = trainer.accelerator.unwrap_model(trainer.unet)
+    assert trained.training
+    with torch.no_grad():
+        reference = trainer.ref_unet(x, t, class_labels=c).sample
+        expected = pretrained(x, t, class_labels=c).sample
+        lora_out = trained.eval()(x, t, class_labels=c).sample
+    assert torch.equal(reference, expected)  # exactly the pretrained computation, after training too
+    assert not torch.allclose(lora_out.float(), reference.float(), atol=1e-6)  # and the adapters are back on
+    merged = trainer.unlearned_unet()
+    assert merged.dtype == dtype
+
+
+def test_prompt_unlearning_with_lora_on_a_bf16_stable_diffusion():
+    components = get_tiny_sd_components(seed=0)
+    for name in ("unet", "vae", "text_encoder"):
+        components[name] = components[name].to(torch.bfloat16)
+    config = ConstrainedUnlearningConfig(
+        **{**TINY, "forget_prompts": ["a photo of a cat"], "retain_prompts": ["a photo of a dog"]},
+        constraint="reverse_kl",
+        lambda_init=0.5,
+        learning_rate=1e-2,
+    )
+    pipe = StableDiffusionPipeline(**{**components, "scheduler": _scheduler()})
+    trainer = ConstrainedUnlearningTrainer(pipe, config, peft_config=_lora(2))
+    history = trainer.train(max_steps=2)
+    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in history)
+    assert not list(trainer.ref_unet.parameters())

@@ -27,7 +27,8 @@ from diffusers.utils import BaseOutput
 
 from ..utils import check_positive_int, public
 from .compatibility import CompatiblesMixin
-from .scheduling_utils import DiffusionLMSchedulerMixin, draw_uniform, timestep_indices
+from .scheduling_utils import DiffusionLMSchedulerMixin, draw_uniform, draw_uniform_at, timestep_indices
+from .token_proposal import gather_positions, scatter_positions
 
 
 SCHEDULES = ("mdm", "ar", "block", "learned")
@@ -41,7 +42,8 @@ class OeMDMSchedulerOutput(BaseOutput):
     Args:
         prev_sample (`torch.LongTensor` of shape `(N, L)`): the sequences after this step's unmasking.
         transfer_index (`torch.BoolTensor` of shape `(N, L)`): the positions unmasked in this step.
-        sampled_tokens (`torch.LongTensor` of shape `(N, L)`): the token drawn at every position.
+        sampled_tokens (`torch.LongTensor` of shape `(N, L)`): the token drawn at every eligible position (still
+            masked and in the step's `transfer_mask`); the mask token elsewhere.
         confidence (`torch.Tensor` of shape `(N, L)`): the unmasking probability of every eligible position (0
             elsewhere).
         beam_scores (`torch.DoubleTensor` of shape `(N,)`): running sums of the committed tokens' log-probabilities.
@@ -206,22 +208,29 @@ class OeMDMScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMS
         if beam_lengths is None:
             beam_lengths = torch.zeros(num_rows, dtype=torch.long, device=device)
 
+        # tokens are drawn only where they can be committed: every vocabulary-sized intermediate is (P, V) for the P
+        # eligible positions, and the Gumbel noise is drawn as over every position (same numbers) and gathered
+        eligible = (sample == mask_token_id) & transfer_mask
+        selected, flat = gather_positions(logits, eligible)
+        selected = selected.float()
         # the mask token is never a prediction (MDLM's zero-masking parameterisation)
-        logits = logits.float().clone()
-        logits[..., mask_token_id] = float("-inf")
-        log_probs = torch.log_softmax(logits, dim=-1)
+        selected[:, mask_token_id] = float("-inf")
+        log_probs = torch.log_softmax(selected, dim=-1)
+        del selected
         if temperature > 0:
-            gumbel = -torch.log(
-                -torch.log(
-                    draw_uniform(logits.shape[1:], generator, groups, device, torch.float64, one_draw=True).clamp_min(
-                        1e-20
-                    )
-                )
+            uniform = draw_uniform_at(
+                eligible, logits.shape[2:], generator, groups, device, torch.float64, one_draw=True
             )
-            tokens = torch.argmax(log_probs.double() / temperature + gumbel, dim=-1)
+            gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-20)))
+            del uniform
+            picked = torch.argmax(log_probs.double() / temperature + gumbel, dim=-1)
+            del gumbel
         else:
-            tokens = torch.argmax(log_probs, dim=-1)
-        token_log_probs = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+            picked = torch.argmax(log_probs, dim=-1)
+        picked_log_probs = log_probs.gather(-1, picked.unsqueeze(-1)).squeeze(-1)
+        del log_probs
+        tokens = scatter_positions(picked, flat, sample.shape, mask_token_id)
+        token_log_probs = scatter_positions(picked_log_probs, flat, sample.shape, 0.0)
 
         t = t.to(device).expand(num_rows).unsqueeze(1)
         s = s.to(device).expand(num_rows).unsqueeze(1)
@@ -231,7 +240,6 @@ class OeMDMScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMS
         alpha_s = self.alpha(s, rank, count, exponents)
         still_masked = 1 - alpha_t
         prob = torch.where(still_masked > 0, (alpha_s - alpha_t) / still_masked.clamp_min(1e-300), 1.0)
-        eligible = (sample == mask_token_id) & transfer_mask
         prob = torch.where(eligible, prob.clamp(0, 1), 0.0)
         if bool((s == 0).any()):
             prob = torch.where(eligible & (s == 0), 1.0, prob)
@@ -244,7 +252,7 @@ class OeMDMScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMS
             transfer_index=commit,
             sampled_tokens=tokens,
             confidence=prob.float(),
-            beam_scores=beam_scores.double() + (token_log_probs.double() * commit).sum(-1),
+            beam_scores=beam_scores.double() + torch.where(commit, token_log_probs.double(), 0.0).sum(-1),
             beam_lengths=beam_lengths + commit.sum(-1),
             beam_groups=groups,
             parent_index=torch.arange(num_rows, device=device),

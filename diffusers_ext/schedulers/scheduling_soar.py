@@ -34,6 +34,7 @@ TRANSFER_SCHEDULES = ("uniform", "linear", "origin", "block")
 COLLAPSE_RULES = ("any_accelerated", "best_multi_token")
 CONFIDENCE_PRECISIONS = ("float32", "model")
 BEAM_SCORES = ("path", "pll")
+PROPOSAL_POSITIONS = ("eligible", "all")
 
 # The largest value each confidence measure can take: a threshold above it can never be reached.
 _MEASURE_MAX = {"prob": 1.0, "margin": 1.0, "neg_entropy": 0.0, "random": 1.0}
@@ -50,10 +51,13 @@ class SOARSchedulerOutput(BaseOutput):
     Args:
         prev_sample (`torch.LongTensor` of shape `(N', L)`): the kept sequences after this step's commits.
         transfer_index (`torch.BoolTensor` of shape `(N', L)`): the positions each kept row committed in this step.
-        sampled_tokens (`torch.LongTensor` of shape `(N', L)`): the token proposed at every position of the kept
-            row's parent (argmax, or a Gumbel-max sample when `temperature > 0`).
-        sampled_probs (`torch.Tensor` of shape `(N', L)`): the model probability of each proposed token.
-        confidence (`torch.Tensor` of shape `(N', L)`): the configured confidence measure at every position.
+        sampled_tokens (`torch.LongTensor` of shape `(N', L)`): the token proposed at each position the step could
+            commit in the kept row's parent (argmax, or a Gumbel-max sample when `temperature > 0`); the mask token
+            elsewhere (at every position with `proposal_positions="all"`).
+        sampled_probs (`torch.Tensor` of shape `(N', L)`): the model probability of each proposed token (0 where
+            none was proposed).
+        confidence (`torch.Tensor` of shape `(N', L)`): the configured confidence measure at each position the step
+            could commit (the dtype's lowest finite value elsewhere; at every position with `proposal_positions="all"`).
         beam_scores (`torch.DoubleTensor` of shape `(N',)`): running score sums (see `score` in the config).
         beam_lengths (`torch.LongTensor` of shape `(N',)`): tokens committed so far by each kept row.
         beam_groups (`torch.LongTensor` of shape `(N',)`): the prompt (group) each kept row belongs to; rows of a
@@ -177,6 +181,7 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
         "confidence_suppress_token_ids",
         "num_transfer_tokens",
         "sample_offset",
+        "proposal_positions",
     )
     set_timesteps_options = ("block_length",)
 
@@ -340,6 +345,7 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
         confidence_suppress_token_ids: tuple[int, ...] = (),
         num_transfer_tokens: int | torch.LongTensor | None = None,
         sample_offset: int = 0,
+        proposal_positions: str | None = None,
         return_dict: bool = True,
     ) -> SOARSchedulerOutput | tuple:
         """Commit tokens in every row and select the beams to keep.
@@ -373,6 +379,11 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
                 (an int) or of each row, overriding the schedule (`timestep` is then unused); the reference SOAR
                 loop's global step budget uses 1.
             sample_offset (`int`, defaults to 0): the first position of the generated region (see `generator`).
+            proposal_positions (`str`, *optional*, defaults to `"eligible"`): where tokens are proposed and
+                confidences measured: `"eligible"`, only the masked positions of `transfer_mask`, the ones the step
+                can commit (the full-vocabulary softmax, filtering and sampling run on those alone); `"all"`, every
+                position (for callers that read `sampled_tokens` / `confidence` elsewhere; the commits are the
+                same either way, and so are the random draws).
             return_dict (`bool`, defaults to `True`): return a [`SOARSchedulerOutput`] or a plain tuple.
         """
         if mask_token_id is None:
@@ -384,6 +395,9 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
             )
         if temperature < 0:
             raise ValueError(f"`temperature` must be >= 0, got {temperature!r}.")
+        proposal_positions = "eligible" if proposal_positions is None else proposal_positions
+        if proposal_positions not in PROPOSAL_POSITIONS:
+            raise ValueError(f"`proposal_positions` must be one of {PROPOSAL_POSITIONS}, got {proposal_positions!r}.")
         num_rows, length = sample.shape
         device = sample.device
         config = self.config
@@ -427,6 +441,7 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
             suppress_token_ids=tuple(suppress_token_ids),
             confidence_suppress_token_ids=tuple(confidence_suppress_token_ids),
             offset=sample_offset,
+            positions=eligible if proposal_positions == "eligible" else None,
         )
         num_masked = eligible.sum(-1)
         if config.transfer_schedule == "origin":
@@ -495,7 +510,7 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
             gains = torch.log(token_probs[rows].to(torch.float64).clamp_min(torch.finfo(torch.float64).tiny))
         else:
             gains = confidence[rows].to(torch.float64)
-        new_scores = beam_scores[rows].to(torch.float64) + (gains * commit).sum(-1)
+        new_scores = beam_scores[rows].to(torch.float64) + torch.where(commit, gains, 0.0).sum(-1)
         new_lengths = beam_lengths[rows] + commit.sum(-1)
         groups = beam_groups[rows]
 
@@ -613,7 +628,7 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
             sampled_tokens=tokens,
             sampled_probs=token_probs,
             confidence=confidence,
-            beam_scores=scores.to(torch.float64) + (gains * commit).sum(-1),
+            beam_scores=scores.to(torch.float64) + torch.where(commit, gains, 0.0).sum(-1),
             beam_lengths=lengths + commit.sum(-1),
             beam_groups=groups,
             parent_index=rows,

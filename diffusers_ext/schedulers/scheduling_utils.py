@@ -1,6 +1,8 @@
 """What the package's schedulers share: timestep lookup, per-row uniform noise, and the contract between
 [`DiffusionLMPipeline`] and its schedulers."""
 
+import math
+
 import torch
 
 
@@ -109,3 +111,57 @@ def draw_uniform(
         row[offset:] = noise
         rows.append(row)
     return torch.stack(rows) if rows else torch.empty((0, *shape), dtype=dtype, device=device)
+
+
+# float64 noise values a CPU generator draws per call when it draws a row position by position (~32 MiB)
+_DRAW_CHUNK_NUMEL = 1 << 22
+
+
+def draw_uniform_at(
+    positions: torch.BoolTensor,
+    size,
+    generator,
+    groups: torch.Tensor,
+    device,
+    dtype: torch.dtype | None = None,
+    offset: int = 0,
+    one_draw: bool = False,
+) -> torch.Tensor:
+    """The values of `draw_uniform((L, *size), generator, groups, device, dtype, offset, one_draw)` at `positions`
+    `(N, L)`, of shape `(P, *size)` in the order of `positions.nonzero()`: the same numbers, drawn with the same
+    consumption of every generator, without holding the whole `(N, L, *size)` noise.
+
+    A row is drawn and gathered before the next one is drawn; from a CPU generator (or the global CPU RNG) a row is
+    drawn in chunks of positions (a CPU generator gives the same numbers however a draw is split), so at most
+    `_DRAW_CHUNK_NUMEL` values are alive at a time. On another device with one generator and `one_draw`, the whole
+    tensor is drawn at once (splitting it would change the numbers there) and then gathered.
+    """
+    size = tuple(size)
+    length = positions.shape[1]
+    dtype = dtype if dtype is not None else torch.get_default_dtype()
+
+    def source_of(g):
+        return g.device if g is not None else torch.device(device)
+
+    single = not isinstance(generator, (list, tuple))
+    if one_draw and single and source_of(generator).type != "cpu":
+        return draw_uniform((length, *size), generator, groups, device, dtype, offset, one_draw=True)[positions]
+    per_position = math.prod(size)
+    counts = positions.sum(1).tolist()
+    out = torch.full((sum(counts), *size), 0.5, dtype=dtype, device=device)
+    first = 0
+    for row, g in enumerate(groups.tolist()):
+        source = generator if single else generator[g]
+        source_device = source_of(source)
+        cols = positions[row].nonzero(as_tuple=True)[0].to(source_device)
+        drawn = length - offset
+        step = drawn if source_device.type != "cpu" else max(1, _DRAW_CHUNK_NUMEL // max(1, per_position))
+        for start in range(0, drawn, step):
+            stop = min(start + step, drawn)
+            noise = torch.rand((stop - start, *size), generator=source, dtype=dtype, device=source_device)
+            inside = ((cols >= offset + start) & (cols < offset + stop)).nonzero(as_tuple=True)[0]
+            if len(inside):
+                out[first + inside.to(out.device)] = noise[cols[inside] - offset - start].to(device)
+            del noise  # before the next chunk is drawn
+        first += counts[row]
+    return out

@@ -1,13 +1,32 @@
-"""How the SOAR scheduler proposes tokens and measures confidence at every masked position (shared by all its
-decoders), and the per-row uniform noise it draws."""
+"""How the SOAR scheduler proposes tokens and measures confidence at the masked positions it may commit (shared by
+all its decoders), and the per-row uniform noise it draws."""
 
 import torch
 
-from .scheduling_utils import draw_uniform
+from .scheduling_utils import draw_uniform, draw_uniform_at
 
 
 # keeps log(p) finite for the entropy confidence
 _ENTROPY_EPS = 1e-10
+
+
+def gather_positions(logits: torch.Tensor, positions: torch.BoolTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits `(P, V)` at `positions` `(N, L)` (a copy of those positions only) and their flat indices `(P,)`
+    into `N * L`, in the row-major order of `positions.nonzero()`."""
+    num_rows, length = logits.shape[:2]
+    if tuple(positions.shape) != (num_rows, length):
+        raise ValueError(
+            f"`positions` must have shape {(num_rows, length)} (the logits' rows and positions), got "
+            f"{tuple(positions.shape)}."
+        )
+    return logits[positions], positions.reshape(-1).nonzero(as_tuple=True)[0]
+
+
+def scatter_positions(values: torch.Tensor, flat: torch.Tensor, shape, fill) -> torch.Tensor:
+    """`values` `(P,)` placed back at the flat indices `flat` of a tensor of `shape` `(N, L)` filled with `fill`."""
+    out = torch.full((shape[0] * shape[1],), fill, dtype=values.dtype, device=values.device)
+    out[flat] = values
+    return out.reshape(shape)
 
 
 def propose_tokens(
@@ -23,43 +42,61 @@ def propose_tokens(
     suppress_token_ids=(),
     confidence_suppress_token_ids=(),
     offset: int = 0,
+    positions: torch.BoolTensor | None = None,
 ):
     """Proposed tokens, their probabilities and the confidence (`confidence_measure`: `"prob"`, `"margin"`,
-    `"neg_entropy"` or `"random"`) at every position, each of shape `(N, L)`, from logits `(N, L, V)`.
+    `"neg_entropy"` or `"random"`), each of shape `(N, L)`, from logits `(N, L, V)`, computed at `positions`
+    `(N, L)` only (by default every position). Elsewhere the token is `mask_token_id`, the probability 0 and the
+    confidence the lowest finite value of its dtype (below every real confidence, and finite). Only the `P` selected positions are copied out of the logits: every vocabulary-sized
+    intermediate is `(P, V)`, not `(N, L, V)`, and the logits themselves are never written.
 
     Order of operations (LLaDA's and Dream's): suppressed tokens' logits are set to -inf; top-p then top-k
     filtering (Dream's `top_p_logits` / `top_k_logits`); the token is the argmax, or at `temperature > 0` a
-    Gumbel-max sample in float64 (LLaDA's `add_gumbel_noise`); the mask token is never proposed. Probabilities
-    and confidences come from the softmax of the (filtered) logits, in float32 or, with
+    Gumbel-max sample in float64 (LLaDA's `add_gumbel_noise`; its noise is drawn over every position from `offset`
+    on, as before, so the generators advance the same way whatever `positions` is); the mask token is never
+    proposed. Probabilities and confidences come from the softmax of the (filtered) logits, in float32 or, with
     `confidence_precision="model"`, in the logits' own dtype like the references; tokens in
     `confidence_suppress_token_ids` are removed from that softmax after the tokens are chosen (LLaDA's
-    `confidence_eos_eot_inf`).
+    `confidence_eos_eot_inf`). Each position is computed exactly as over the whole tensor (every operation is per
+    position), so the tokens and confidences at `positions` do not depend on which other positions are selected.
     """
+    shape = logits.shape[:2]
+    if positions is None:
+        positions = torch.ones(shape, dtype=torch.bool, device=logits.device)
+    selected, flat = gather_positions(logits, positions)  # (P, V), a copy: the caller's logits are never written
     if suppress_token_ids:
-        logits = logits.clone()
-        logits[..., list(suppress_token_ids)] = float("-inf")
+        selected[:, list(suppress_token_ids)] = float("-inf")
     if top_p is not None and top_p < 1:
-        sorted_logits, sorted_index = torch.sort(logits, dim=-1, descending=True)
+        sorted_logits, sorted_index = torch.sort(selected, dim=-1, descending=True)
         outside = torch.softmax(sorted_logits, dim=-1).cumsum(-1) > top_p
         outside[..., 1:] = outside[..., :-1].clone()  # keep the token that crosses top_p
         outside[..., 0] = False
         remove = torch.zeros_like(outside).scatter_(-1, sorted_index, outside)
-        logits = logits.masked_fill(remove, torch.finfo(logits.dtype).min)
+        selected.masked_fill_(remove, torch.finfo(selected.dtype).min)
+        del sorted_logits, sorted_index, outside, remove
     if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
-    choice = logits.clone()
-    choice[..., mask_token_id] = float("-inf")
+        kth = torch.topk(selected, min(top_k, selected.shape[-1]), dim=-1).values[..., -1:]
+        selected.masked_fill_(selected < kth, torch.finfo(selected.dtype).min)
     if temperature > 0:
-        noise = draw_uniform(logits.shape[1:], generator, groups, logits.device, torch.float64, offset)
-        tokens = torch.argmax(choice.to(torch.float64).exp() / (-torch.log(noise)) ** temperature, dim=-1)
+        noise = draw_uniform_at(positions, logits.shape[2:], generator, groups, logits.device, torch.float64, offset)
+        weights = selected.to(torch.float64)
+        weights[:, mask_token_id] = float("-inf")
+        # LLaDA's `exp(logits) / (-log(noise)) ** temperature`, in place on the gathered (P, V) copies
+        weights.exp_().div_(noise.log_().neg_().pow_(temperature))
+        del noise
+        tokens = torch.argmax(weights, dim=-1)
+        del weights
     else:
-        tokens = torch.argmax(choice, dim=-1)
+        # the mask token is excluded in place and restored (no copy of the logits)
+        kept = selected[:, mask_token_id].clone()
+        selected[:, mask_token_id] = float("-inf")
+        tokens = torch.argmax(selected, dim=-1)
+        selected[:, mask_token_id] = kept
     if confidence_suppress_token_ids:
-        logits = logits.clone()
-        logits[..., list(confidence_suppress_token_ids)] = float("-inf")
+        selected[:, list(confidence_suppress_token_ids)] = float("-inf")
     precise = confidence_precision == "float32"
-    probs = torch.softmax(logits.float() if precise else logits, dim=-1)
+    probs = torch.softmax(selected.float() if precise else selected, dim=-1)
+    del selected
     token_probs = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     measure = confidence_measure
     if measure == "prob":
@@ -69,6 +106,14 @@ def propose_tokens(
         confidence = top2[..., 0] - top2[..., 1]
     elif measure == "neg_entropy":
         confidence = (probs * torch.log(probs + _ENTROPY_EPS)).sum(-1)
-    else:  # LLaDA's remasking="random": positions ranked by uniform noise, drawn after the token noise
-        confidence = draw_uniform(logits.shape[1:2], generator, groups, logits.device, torch.float32, offset)
+    del probs
+    tokens = scatter_positions(tokens, flat, shape, mask_token_id)
+    token_probs = scatter_positions(token_probs, flat, shape, 0.0)
+    if (
+        measure == "random"
+    ):  # LLaDA's remasking="random": positions ranked by uniform noise, drawn after the token noise
+        confidence = draw_uniform(shape[1:], generator, groups, logits.device, torch.float32, offset)
+        confidence = confidence.masked_fill(~positions, torch.finfo(confidence.dtype).min)
+    else:
+        confidence = scatter_positions(confidence, flat, shape, torch.finfo(confidence.dtype).min)
     return tokens, token_probs, confidence

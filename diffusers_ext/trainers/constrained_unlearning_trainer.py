@@ -20,6 +20,47 @@ logger = logging.get_logger(__name__)
 STATE_FILE = "unlearning_state.safetensors"
 
 
+class AdapterDisabledReference(torch.nn.Module):
+    """The pretrained UNet as the LoRA-trained UNet with its adapters disabled, called like the UNet.
+
+    Every call runs the UNet in eval mode with its LoRA layers off (peft's base-layer path: exactly the pretrained
+    computation) and restores both afterwards. The UNet is held, not registered as a submodule, so this module owns
+    no parameters and the weights are not copied.
+    """
+
+    def __init__(self, unet):
+        super().__init__()
+        self._unet = (unet,)
+
+    @property
+    def unet(self):
+        return self._unet[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.unet.dtype
+
+    @property
+    def config(self):
+        return self.unet.config
+
+    def forward(self, *args, **kwargs):
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        unet = self.unet
+        layers = [m for m in unet.modules() if isinstance(m, BaseTunerLayer)]
+        was_training = unet.training
+        unet.eval()
+        for layer in layers:
+            layer.enable_adapters(False)
+        try:
+            return unet(*args, **kwargs)
+        finally:
+            for layer in layers:
+                layer.enable_adapters(True)
+            unet.train(was_training)
+
+
 @public
 class ConstrainedUnlearningTrainer(DiffusionTrainer):
     r"""
@@ -56,7 +97,8 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         retain_dataset (*optional*): the remaining training examples, `(images, labels)`.
         peft_config (`peft.LoraConfig`, *optional*): train these LoRA adapters instead of all weights; without
             `target_modules` they go on the attention projections (`to_q`, `to_k`, `to_v`, `to_out.0`), and for a
-            `UNet2DModel` also on `conv1`, `conv2` and `time_emb_proj`.
+            `UNet2DModel` also on `conv1`, `conv2` and `time_emb_proj`. The frozen pretrained reference is then the
+            same UNet with its adapters disabled ([`AdapterDisabledReference`]), not a copy.
         accelerator (`accelerate.Accelerator`, *optional*): built from `args` when omitted.
 
     Attributes:
@@ -142,12 +184,16 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         self._dual_learning_rate = None if args.dual_learning_rate == "auto" else args.dual_learning_rate
         self._check_auto_level(objective_class)
 
-        self.ref_unet = copy.deepcopy(unet).requires_grad_(False).eval()
-        unet.train()
+        # the UNet's own dtype (float16 / bfloat16 checkpoints): its inputs are cast to it, its outputs to float32
+        self.unet_dtype = unet.dtype
         if peft_config is not None:
+            # the reference is the same UNet with its adapters disabled: no second copy of the weights
             add_lora(unet, peft_config, self.is_text)
+            self.ref_unet = AdapterDisabledReference(unet)
         else:
+            self.ref_unet = copy.deepcopy(unet).requires_grad_(False).eval()
             unet.requires_grad_(True)
+        unet.train()
         self.trainable_parameters = [p for p in unet.parameters() if p.requires_grad]
         self.unet, self.optimizer = accelerator.prepare(unet, self.create_optimizer(self.trainable_parameters))
         self.ref_unet.to(accelerator.device)
@@ -224,11 +270,14 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def _eps(self, unet, x, t, cond):
+        """The noise prediction of `unet` at `(x, t)` under `cond`, in float32: the sample and text embeddings are
+        cast to the UNet's dtype (a float16 / bfloat16 UNet then runs with or without autocast)."""
+        x = x.to(self.unet_dtype)
         if self.is_text:
-            return unet(x, t, encoder_hidden_states=cond).sample
+            return unet(x, t, encoder_hidden_states=cond.to(self.unet_dtype)).sample.float()
         if cond is None:
-            return unet(x, t).sample
-        return unet(x, t, class_labels=cond).sample
+            return unet(x, t).sample.float()
+        return unet(x, t, class_labels=cond).sample.float()
 
     @torch.no_grad()
     def sample(self, unet, conds: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -509,7 +558,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         state = {k.replace(".base_layer", ""): v for k, v in merged.state_dict().items() if "lora_" not in k}
         plain = type(unet).from_config(unet.config)
         plain.load_state_dict(state)
-        return plain
+        return plain.to(self.unet_dtype)
 
     def lora_state_dict(self) -> dict[str, torch.Tensor]:
         """The LoRA weights in diffusers' format (for `save_lora_weights`), for a UNet2DConditionModel with LoRA."""
@@ -551,7 +600,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         return f"{len(self.forget_data[0])} training images"
 
     def _card_title(self, base_model):
-        name = os.path.basename(os.path.normpath(base_model)) if base_model else type(self.ref_unet).__name__
+        name = os.path.basename(os.path.normpath(base_model)) if base_model else type(self.pipeline.unet).__name__
         return f"{name} with {self.unlearned_description()} unlearned"
 
     def _card_description(self) -> str:

@@ -330,10 +330,14 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
             output = self.scheduler.step(velocity.float(), t, latents.float(), generator=generator)
             latents = output.prev_sample.to(dtype)
             trajectory.append(latents)
+            log_prob = output.log_prob
+            if log_prob is not None and latents.dtype != output.prev_sample.dtype:
+                # the trajectory keeps the sample rounded to the model's dtype and the loss rescores that one, so
+                # the old log-prob scores it too (else the on-policy ratio is not 1 in bf16/fp16)
+                std = output.std_dev.reshape(-1, *([1] * (latents.ndim - 1)))
+                log_prob = self.scheduler.gaussian_log_prob(latents, output.prev_sample_mean, std)
             log_probs.append(
-                output.log_prob
-                if output.log_prob is not None
-                else torch.full((len(prompts),), math.nan, device=device)
+                log_prob if log_prob is not None else torch.full((len(prompts),), math.nan, device=device)
             )
         with self._timed("model_forward"):
             images = adapter.decode(latents, height, width)

@@ -14,7 +14,7 @@ from diffusers.utils import BaseOutput, logging
 from ...schedulers.scheduling_soar import SOARScheduler
 from ...utils import check_positive_int, is_int, is_number, public
 from .adapters import ADAPTERS, DiffusionLMAdapter, HFLogitsAdapter, get_diffusion_lm_adapter
-from .pll_rescoring import rescore_by_pll
+from .pll_rescoring import DEFAULT_PLL_CHUNK_SIZE, rescore_by_pll
 from .prompt_inputs import declared_options, prepare_input_ids
 from .remote_code import (
     is_remote_code_model,
@@ -219,6 +219,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
         step_budget="per_block",
         top_p=None,
         top_k=None,
+        pll_chunk_size=DEFAULT_PLL_CHUNK_SIZE,
     ):
         """Check the call's arguments before any model forward. `prompt_length` is given for adapters whose blocks
         are aligned to absolute positions (LLaDA2): the first block then ends at the next multiple of
@@ -231,6 +232,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
             raise ValueError(f"`top_p` must be a number in (0, 1], got {top_p!r}.")
         if top_k is not None:
             check_positive_int("top_k", top_k)
+        check_positive_int("pll_chunk_size", pll_chunk_size)
         if prompt_length is not None:
             first = prompt_length // block_length
             num_blocks = -(-(prompt_length + gen_length) // block_length) - first
@@ -308,6 +310,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
         callback_on_step_end: Callable[..., dict[str, Any]] | None = None,
         callback_on_step_end_tensor_inputs: list[str] | None = None,
         num_images_per_prompt: int | None = None,
+        pll_chunk_size: int = DEFAULT_PLL_CHUNK_SIZE,
     ) -> DiffusionLMPipelineOutput | tuple:
         """Generate `gen_length` tokens after each prompt.
 
@@ -366,9 +369,14 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 every step; it may return replacements for the tensors it was given.
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): tensors passed to the callback, among
                 `sequences` (all rows, `(N, prompt + gen_length)`), `transfer_index`, `confidence` and
-                `beam_scores`.
+                `beam_scores`. Asking for `confidence` makes a [`SOARScheduler`] measure it at every position
+                (`proposal_positions="all"`: a full-vocabulary pass over the whole sequence per step); otherwise it
+                proposes only at the masked positions of the current block.
             num_images_per_prompt (`int`, *optional*): the diffusers name of `num_return_sequences`, accepted as an
                 alias (the conformance suites of image pipelines pass it).
+            pll_chunk_size (`int`, defaults to 16): with `beam_score="pll"`, the probes (a complete beam with one
+                generated position masked) per forward of the rescoring: its peak memory is one chunk's logits
+                `(pll_chunk_size, L, V)` in the model's dtype. The result does not depend on it.
 
         Returns:
             [`DiffusionLMPipelineOutput`], or its fields as a tuple (`texts` left out for `output_type="seq"`).
@@ -401,6 +409,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
             step_budget=step_budget,
             top_p=top_p,
             top_k=top_k,
+            pll_chunk_size=pll_chunk_size,
         )
         mask_id = self.resolve_mask_token_id(mask_token_id)
         if eos_token_id is None and self.tokenizer is not None:
@@ -459,6 +468,8 @@ class DiffusionLMPipeline(DiffusionPipeline):
             # the reference SOAR loop's global budget: every step commits one token per row (more when it accelerates)
             num_transfer_tokens=1 if global_budget else None,
             sample_offset=prompt_length,
+            # the scheduler proposes only where it can commit, unless a callback reads the confidence everywhere
+            proposal_positions="all" if "confidence" in (callback_on_step_end_tensor_inputs or ()) else None,
         )
         steps_per_block = num_inference_steps if global_budget else num_inference_steps // num_blocks
         set_timesteps_options = declared_options(self.scheduler, "set_timesteps_options", block_length=block_length)
@@ -584,6 +595,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
                         mask_id,
                         nfe,
                         row_forwards,
+                        chunk_size=pll_chunk_size,
                     )
                 results[done_groups] = best[done]
                 keep = ~torch.isin(groups, done_groups)

@@ -4,9 +4,10 @@ decoding options a scheduler declares (see `schedulers.scheduling_utils.Diffusio
 import torch
 
 
-# options a scheduler may ignore without changing what a caller asked for: the noise layout, and the block length
-# (the pipeline itself confines each step to the current block)
-IGNORABLE_OPTIONS = ("sample_offset", "block_length")
+# options a scheduler may ignore without changing what a caller asked for: the noise layout, the block length (the
+# pipeline itself confines each step to the current block), and where a scheduler computes its proposals (a cost
+# choice: the commits are the same)
+IGNORABLE_OPTIONS = ("sample_offset", "block_length", "proposal_positions")
 
 
 def declared_options(scheduler, declared: str, **options) -> dict:

@@ -24,7 +24,14 @@ def alignment_step(
     (layout-guidance form). Its gradient goes through `x0_k`, which moves with `x_t` (by `1 / signal` for noise
     predictions, by 1 for flow velocities) with the network output held fixed (no backpropagation through the
     models), which is what keeps alignment cheap. The step is normalised, so that positive factor drops out.
+
+    The arithmetic runs in float32 whatever the inputs' dtype (in float16 the saliency sums over an SD-sized canvas
+    overflow, the normalised gradient underflows and `clamp_min(1e-12)` is 0, so the step is 0/0); the returned
+    latents have the dtype of `latents`.
     """
+    dtype = latents.dtype
+    latents, scaled, x0 = latents.float(), scaled.float(), x0.float()
+    allocation, noise = allocation.float(), torch.as_tensor(noise, device=latents.device).float()
     background = x0.flatten(3).median(dim=3).values[..., None, None]  # (B, K, C, 1, 1)
     deviation = x0 - background
     saliency = deviation.pow(2).sum(dim=2)  # (B, K, H, W)
@@ -38,4 +45,4 @@ def alignment_step(
     step = scale * noise * grad / norm
     # the scheduler may scale its model input (Euler: x / sqrt(sigma^2 + 1)); move the latents accordingly
     ratio = (scaled.flatten(1).norm(dim=1) / latents.flatten(1).norm(dim=1).clamp_min(1e-12)).view(-1, 1, 1, 1)
-    return latents - step / ratio
+    return (latents - step / ratio).to(dtype)

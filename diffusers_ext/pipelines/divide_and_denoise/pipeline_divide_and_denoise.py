@@ -570,8 +570,11 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
 
             if settings.fair:
                 start = time.perf_counter()
-                signal, noise = noise_levels(self.scheduler, t, i, guided)
-                x0 = prediction_to_x0(guided, scaled.unsqueeze(1), signal, noise, pred_type)  # (B, K, C, H, W)
+                # x0 (B, K, C, H, W) in float32 whatever the models' dtype: at high noise it is several times x_t,
+                # and in float16 its saliency and the alignment's sums over an SD-sized canvas overflow
+                guided32 = guided.float()
+                signal, noise = noise_levels(self.scheduler, t, i, guided32)
+                x0 = prediction_to_x0(guided32, scaled.unsqueeze(1).float(), signal, noise, pred_type)
                 new = agent_utility_maps(
                     settings.utility, x0, cond_out, uncond_out, attention, cond.get("token_indices")
                 )

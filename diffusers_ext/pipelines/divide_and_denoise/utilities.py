@@ -199,7 +199,9 @@ def agent_utility_maps(
     if utility == "x0_saliency":
         maps = torch.stack([x0_saliency(x0[:, k]) for k in range(x0.shape[1])], dim=1)
     elif utility == "guidance_delta":
-        maps = torch.stack([guidance_delta(cond_out[:, k], uncond_out[:, k]) for k in range(x0.shape[1])], dim=1)
+        maps = torch.stack(
+            [guidance_delta(cond_out[:, k].float(), uncond_out[:, k].float()) for k in range(x0.shape[1])], dim=1
+        )
     else:
         per_agent = []
         for k, indices in enumerate(token_indices):
