@@ -134,11 +134,20 @@ def save_checkpoint(accelerator, output_dir: str, step: int, total_limit: int | 
 
 
 def command_line() -> str:
-    """The command that started this process, as a user would retype it (accelerate launchers included)."""
+    """The command that started this process, as a user would retype it (launcher included).
+
+    accelerate's launchers set `ACCELERATE_MIXED_PRECISION`; a bare `torchrun` sets only `LOCAL_RANK` and
+    `LOCAL_WORLD_SIZE` (with `ACCELERATE_USE_CPU=true` for CPU processes), so the two are told apart.
+    """
     argv = [os.path.relpath(sys.argv[0]) if os.path.isabs(sys.argv[0]) else sys.argv[0], *sys.argv[1:]]
-    launcher = (
-        "accelerate launch" if "ACCELERATE_MIXED_PRECISION" in os.environ or "LOCAL_RANK" in os.environ else "python"
-    )
+    processes = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    if "ACCELERATE_MIXED_PRECISION" in os.environ:
+        launcher = "accelerate launch" + (f" --multi_gpu --num_processes {processes}" if processes != "1" else "")
+    elif "LOCAL_RANK" in os.environ:
+        cpu = "ACCELERATE_USE_CPU=true " if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") else ""
+        launcher = f"{cpu}torchrun --standalone --nproc_per_node {processes}"
+    else:
+        launcher = "python"
     return " ".join([launcher, *argv])
 
 

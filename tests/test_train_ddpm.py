@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch
+from script_launch import accelerate_cpu_launch, assert_world_size
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,8 +63,8 @@ def _unet_weights(folder):
 
 def test_two_process_resume_equals_uninterrupted_run(tmp_path):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
-    _launch(resumed, 3)
-    assert (resumed / "checkpoint-3").is_dir()
+    log = _launch(resumed, 3)
+    assert_world_size(log, resumed / "checkpoint-3")
     log = _launch(resumed, 6, "--resume_from_checkpoint", "latest")
     assert "Resuming from" in log and "checkpoint-3" in log
     _launch(straight, 6)
@@ -83,7 +83,8 @@ def test_two_process_resume_equals_uninterrupted_run(tmp_path):
     pipe.set_progress_bar_config(disable=True)
     images = pipe(class_labels=[0, 1], num_inference_steps=2, output_type="np").images
     assert images.shape == (2, 8, 8, 1)
-    assert (resumed / "README.md").read_text().count("train_ddpm.py") >= 1
+    card = (resumed / "README.md").read_text()
+    assert "ACCELERATE_USE_CPU=true torchrun --standalone --nproc_per_node 2 " in card and "train_ddpm.py" in card
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch
+from script_launch import accelerate_cpu_launch, assert_world_size
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,8 +90,8 @@ def _launch(model, output_dir, steps, *extra):
 @pytest.mark.slow
 def test_two_process_e2po_resume_equals_uninterrupted_run_and_lora_loads(tmp_path, tiny_sd3):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
-    _launch(tiny_sd3, resumed, 2, "--algorithm", "e2po", "--e2po_num_directions", "1")
-    assert (resumed / "checkpoint-2").is_dir()
+    log = _launch(tiny_sd3, resumed, 2, "--algorithm", "e2po", "--e2po_num_directions", "1")
+    assert_world_size(log, resumed / "checkpoint-2")
     log = _launch(
         tiny_sd3, resumed, 4, "--algorithm", "e2po", "--e2po_num_directions", "1", "--resume_from_checkpoint", "latest"
     )

@@ -6,6 +6,7 @@ import torch
 from diffusers_ext.training_utils import (
     ResumableBatchSampler,
     checkpoint_step,
+    command_line,
     list_checkpoints,
     resolve_resume_checkpoint,
     save_checkpoint,
@@ -84,6 +85,30 @@ def test_model_card(tmp_path):
     text = open(path).read()
     assert text.startswith("---\nlibrary_name: diffusers")
     assert "python x.py --a 1" in text and "| acc | 0.5 |" in text and "- t" in text
+
+
+@pytest.mark.parametrize(
+    "env, launcher",
+    [
+        ({}, "python"),
+        ({"ACCELERATE_MIXED_PRECISION": "no", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}, "accelerate launch"),
+        (
+            {"ACCELERATE_MIXED_PRECISION": "no", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"},
+            "accelerate launch --multi_gpu --num_processes 2",
+        ),
+        (
+            {"ACCELERATE_USE_CPU": "true", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+            "ACCELERATE_USE_CPU=true torchrun --standalone --nproc_per_node 2",
+        ),
+    ],
+)
+def test_command_line_names_the_launcher_that_ran(monkeypatch, env, launcher):
+    for name in ("ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("sys.argv", ["training/train_ddpm.py", "--output_dir", "out"])
+    assert command_line() == f"{launcher} training/train_ddpm.py --output_dir out"
 
 
 def test_optimizer_flags_build_adamw_and_scaled_schedule():

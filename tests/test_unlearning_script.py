@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch
+from script_launch import accelerate_cpu_launch, assert_world_size
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,8 +80,9 @@ def _launch(base, output_dir, steps, *extra):
 
 def test_two_process_resume_equals_uninterrupted_run(tmp_path, base_pipeline):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
-    _launch(base_pipeline, resumed, 3)
+    log = _launch(base_pipeline, resumed, 3)
     assert (resumed / "checkpoint-3" / "unlearning_state.safetensors").is_file()
+    assert_world_size(log, resumed / "checkpoint-3")
     log = _launch(base_pipeline, resumed, 6, "--resume_from_checkpoint", "latest")
     assert "Resuming from" in log and "checkpoint-3" in log
     _launch(base_pipeline, straight, 6)

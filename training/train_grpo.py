@@ -148,6 +148,7 @@ def main(argv=None):
         pipeline, reward_funcs, config, train_dataset=prompts, peft_config=lora_args.to_peft_config()
     )
     accelerator = trainer.accelerator
+    logger.info(accelerator.state)
     logger.info(
         f"{script_args.algorithm}: {config.max_steps} steps, {trainer.generation_batch_size} images per step "
         f"({trainer.images_per_process} per process, {accelerator.num_processes} processes)"
