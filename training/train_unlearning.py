@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 from accelerate import PartialState
 from accelerate.logging import get_logger
-from accelerate.utils import set_seed
+from accelerate.utils import parse_flag_from_env, set_seed
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -195,7 +195,10 @@ def main(argv=None):
     from diffusers_ext import ConstrainedUnlearningTrainer
 
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
-    PartialState()  # the process state the trainer's Accelerator joins; accelerate's logger needs it before that
+    # The process state the trainer's Accelerator joins (accelerate's logger needs it before that). Unlike
+    # `Accelerator`, `PartialState` does not read ACCELERATE_USE_CPU itself: without it, torchrun's CPU processes
+    # would each run alone instead of joining one gloo group.
+    PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     set_seed(config.seed)
 
     pipe = load_base(script_args.pretrained_model_name_or_path)
