@@ -1,6 +1,7 @@
 """Helpers shared by the `training/` scripts: exact-resume batch sampling, safe checkpoints, model cards, learning-rate
 schedules and the one-forward training modules of a latent text-to-image model."""
 
+import argparse
 import math
 import os
 import re
@@ -10,6 +11,8 @@ from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Sampler
+
+from .utils import check_output_dir
 
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -222,6 +225,16 @@ def maybe_resume(accelerator, output_dir: str, resume_from_checkpoint: str | Non
         logger.info(f"Resuming from {path}")
     accelerator.load_state(path)
     return checkpoint_step(path)
+
+
+def output_dir_arg(value: str) -> str:
+    """The argparse `type=` of `--output_dir`: a folder, or a path where one can be created (see
+    [`~diffusers_ext.utils.check_output_dir`]), so that a file there fails at parse time, not at the first save."""
+    try:
+        check_output_dir("--output_dir", value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--output_dir ")) from None
+    return value
 
 
 def add_accelerate_arguments(parser, checkpointing_steps: int = 500, checkpoints_total_limit: int | None = None):

@@ -1,5 +1,6 @@
 """Small helpers shared across the package."""
 
+import os
 from typing import TypeVar
 
 
@@ -35,3 +36,22 @@ def check_positive_int(name: str, value, minimum: int = 1, error: type[Exception
     if not is_int(value) or value < minimum:
         expected = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise error(f"`{name}` must be {expected}, got {value!r}.")
+
+
+def check_output_dir(name: str, path) -> None:
+    """Raise a `ValueError` naming the argument `name` (a field name, or a flag such as `"--output_dir"`) unless
+    `path` is a folder or can be created as one: an existing file (at `path` or at one of its parents) or a parent
+    folder without write access is refused, so a run fails before its work rather than at its first save."""
+    label = name if name.startswith("-") else f"`{name}`"
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ValueError(f"{label} must be a folder path, got {path!r}.")
+    path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{label} {path!r} is an existing file, not a folder; give a folder path.")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{label} {path!r} cannot be created: {existing!r} is a file, not a folder.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{label} {path!r} cannot be written: no write permission in {existing!r}.")

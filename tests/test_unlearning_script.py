@@ -228,6 +228,7 @@ def _script():
             "--lambda_max must be < 1 for constraint='reverse_kl', got 1.0",
         ),
         (["--forget_classes", "3", "--constraint_level", "high"], "--constraint_level"),
+        (["--forget_classes", "3", "--eval_classifier", "/missing"], "--eval_classifier '/missing' is not a"),
     ],
 )
 def test_bad_arguments_are_refused_by_the_parser(tmp_path, capsys, args, message):
@@ -236,6 +237,16 @@ def test_bad_arguments_are_refused_by_the_parser(tmp_path, capsys, args, message
         _script().parse_args(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_output_dir_that_is_a_file_is_refused_by_the_parser(tmp_path, capsys):
+    target = tmp_path / "a-file"
+    target.write_text("")
+    argv = ["--pretrained_model_name_or_path", "unused", "--output_dir", str(target), "--forget_classes", "3"]
+    with pytest.raises(SystemExit) as exit_info:
+        _script().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert "--output_dir" in (err := capsys.readouterr().err) and "is an existing file, not a folder" in err
 
 
 @pytest.mark.parametrize(

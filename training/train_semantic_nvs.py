@@ -38,7 +38,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments
+from diffusers_ext.training_utils import add_accelerate_arguments, output_dir_arg
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -48,7 +48,9 @@ SURROGATES = ("self_cond", "blur")
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", type=str, required=True, help="Where the pipeline and checkpoints go.")
+    parser.add_argument(
+        "--output_dir", type=output_dir_arg, required=True, help="Where the pipeline and checkpoints go."
+    )
     parser.add_argument(
         "--semantic_encoder",
         type=str,

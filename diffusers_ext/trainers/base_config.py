@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field, fields
 
-from ..utils import check_positive_int, public
+from ..utils import check_output_dir, check_positive_int, public
 
 
 SAVE_STRATEGIES = ("no", "steps")
@@ -63,6 +63,8 @@ class DiffusionTrainerConfig:
     )
 
     def __post_init__(self):
+        if self.output_dir is not None:  # None: a script's "required" sentinel, checked by the script
+            check_output_dir("output_dir", self.output_dir)
         for name in (
             "max_steps",
             "logging_steps",
