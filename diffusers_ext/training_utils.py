@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
-from .utils import check_output_dir
+from .utils import check_output_dir, positive_int_arg
 
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -118,6 +118,8 @@ def save_checkpoint(accelerator, output_dir: str, step: int, total_limit: int | 
     The state is written to a temporary folder and renamed into place once complete; older checkpoints beyond
     `total_limit` are removed only after that. Call on every process.
     """
+    if total_limit is not None and (not isinstance(total_limit, int) or total_limit < 1):
+        raise ValueError(f"`total_limit` must be None (keep all) or an int >= 1, got {total_limit!r}.")
     final = os.path.join(output_dir, f"{CHECKPOINT_PREFIX}{step}")
     partial = final + ".partial"
     if accelerator.is_main_process and os.path.isdir(partial):
@@ -255,9 +257,9 @@ def add_accelerate_arguments(parser, checkpointing_steps: int = 500, checkpoints
     )
     parser.add_argument(
         "--checkpoints_total_limit",
-        type=int,
+        type=positive_int_arg,
         default=checkpoints_total_limit,
-        help="Keep at most N checkpoints (the newest).",
+        help="Keep at most N checkpoints (the newest; N >= 1). Default: keep all.",
     )
     parser.add_argument(
         "--resume_from_checkpoint",

@@ -1,5 +1,6 @@
 """Small helpers shared across the package."""
 
+import argparse
 import os
 from typing import TypeVar
 
@@ -25,8 +26,9 @@ def is_int(value) -> bool:
 
 
 def is_number(value) -> bool:
-    """Whether `value` is an `int` or a `float` and not a `bool`."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """Whether `value` is an `int` or a `float`, not a `bool` and not NaN (NaN compares false with everything, so a
+    range check such as `guidance_scale > 1` would silently pass it through as "off")."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
 def check_positive_int(name: str, value, minimum: int = 1, error: type[Exception] = ValueError) -> None:
@@ -55,3 +57,15 @@ def check_output_dir(name: str, path) -> None:
         raise ValueError(f"{label} {path!r} cannot be created: {existing!r} is a file, not a folder.")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{label} {path!r} cannot be written: no write permission in {existing!r}.")
+
+
+def positive_int_arg(value: str) -> int:
+    """The argparse `type=` of a count or side length that must be >= 1 (a 0 would otherwise read as "off" or
+    "all", e.g. `--checkpoints_total_limit 0` keeping every checkpoint)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {number}")
+    return number
