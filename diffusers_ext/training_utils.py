@@ -156,6 +156,30 @@ def command_line() -> str:
     return " ".join([launcher, *argv])
 
 
+def base_model_license(base_model: str) -> str:
+    """The `license` of `base_model`'s model card (its `README.md` front matter, read from the folder or the Hub):
+    weights fine-tuned from it carry its licence, not the pack's. `"other"` when the card names none, or when the
+    Hub can not be reached (a warning says so)."""
+    import logging
+
+    from huggingface_hub import metadata_load
+
+    card = os.path.join(base_model, "README.md")
+    if os.path.isdir(base_model):
+        metadata = metadata_load(card) if os.path.isfile(card) else None
+    else:
+        try:
+            from huggingface_hub import model_info
+
+            data = model_info(base_model).card_data
+            metadata = data.to_dict() if data is not None else None
+        except Exception as error:  # offline, gated or unknown: the card says "other" and the log says why
+            logging.getLogger(__name__).warning(f"licence of {base_model!r} unknown ({error}); writing 'other'.")
+            metadata = None
+    license = (metadata or {}).get("license")
+    return license if isinstance(license, str) and license else "other"
+
+
 def write_model_card(
     output_dir: str,
     title: str,
@@ -164,9 +188,16 @@ def write_model_card(
     metrics: dict[str, float] | None = None,
     tags: list[str] | None = None,
     base_model: str | None = None,
+    license: str | None = None,
 ) -> str:
-    """Write a Hub-style `README.md` model card (YAML front matter + text) into `output_dir`; return its path."""
-    lines = ["---", "library_name: diffusers", "license: apache-2.0"]
+    """Write a Hub-style `README.md` model card (YAML front matter + text) into `output_dir`; return its path.
+
+    `license` defaults to the base model's ([`base_model_license`]) when there is one, else `apache-2.0` (weights
+    trained from scratch by the pack's Apache-2.0 scripts).
+    """
+    if license is None:
+        license = base_model_license(base_model) if base_model else "apache-2.0"
+    lines = ["---", "library_name: diffusers", f"license: {license}"]
     if base_model:
         lines.append(f"base_model: {base_model}")
     lines.append("tags:")
@@ -274,6 +305,46 @@ def add_accelerate_arguments(parser, checkpointing_steps: int = 500, checkpoints
         help="accelerate tracker: 'tensorboard', 'wandb', 'all' or 'none'.",
     )
     parser.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")
+    add_hub_arguments(parser)
+
+
+def add_hub_arguments(parser):
+    """`--push_to_hub`, `--hub_model_id` and `--hub_token`, as in diffusers' examples (read by [`maybe_push_to_hub`])."""
+    parser.add_argument("--push_to_hub", action="store_true", help="Upload the result to the Hub at the end.")
+    parser.add_argument(
+        "--hub_model_id", type=str, default=None, help="Hub repository (default: the output folder's name)."
+    )
+    parser.add_argument("--hub_token", type=str, default=None, help="Hub token (default: the logged-in one).")
+
+
+HUB_IGNORE_PATTERNS = [f"{CHECKPOINT_PREFIX}*", "*.partial", "logs/*", "step_*", "epoch_*"]
+
+
+def push_to_hub(output_dir: str, hub_model_id: str | None = None, hub_token: str | None = None, logger=None) -> str:
+    """Create the Hub repository `hub_model_id` (default: `output_dir`'s folder name) if needed and upload
+    `output_dir` to it without checkpoints or tracker logs (`HUB_IGNORE_PATTERNS`); return the repository id."""
+    from huggingface_hub import create_repo, upload_folder
+
+    repo_id = hub_model_id or os.path.basename(os.path.abspath(output_dir))
+    repo_id = create_repo(repo_id, exist_ok=True, token=hub_token).repo_id
+    upload_folder(
+        repo_id=repo_id,
+        folder_path=output_dir,
+        commit_message="End of training",
+        ignore_patterns=HUB_IGNORE_PATTERNS,
+        token=hub_token,
+    )
+    if logger is not None:
+        logger.info(f"Pushed {output_dir} to https://huggingface.co/{repo_id}")
+    return repo_id
+
+
+def maybe_push_to_hub(args, logger=None) -> str | None:
+    """[`push_to_hub`] with a script's `--output_dir`, `--hub_model_id` and `--hub_token` when `--push_to_hub` is
+    set (call on the main process, after the result and its model card are written); None otherwise."""
+    if not getattr(args, "push_to_hub", False):
+        return None
+    return push_to_hub(args.output_dir, args.hub_model_id, args.hub_token, logger)
 
 
 def add_optimizer_arguments(

@@ -85,6 +85,7 @@ def main(argv=None):
         ResumableBatchSampler,
         build_accelerator,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         step_generator,
@@ -170,6 +171,7 @@ def main(argv=None):
             metrics={"heldout_r2": r2},
             tags=["consistency-training", "feature-network"],
         )
+        maybe_push_to_hub(args, logger)
     accelerator.end_training()
 
 

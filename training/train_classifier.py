@@ -74,6 +74,7 @@ def main(argv=None):
         ResumableBatchSampler,
         build_accelerator,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         step_generator,
@@ -157,6 +158,7 @@ def main(argv=None):
             metrics={"heldout_accuracy": heldout_accuracy, "heldout_size": len(heldout_labels)},
             tags=["image-classification"],
         )
+        maybe_push_to_hub(args, logger)
     accelerator.end_training()
 
 

@@ -207,6 +207,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         start_run,
@@ -379,6 +380,7 @@ def main(argv=None):
             tags=["consistency-models", "unconditional-image-generation" if not conditional else "class-conditional"],
             base_model=args.pretrained_model_name_or_path,
         )
+        maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}")
     accelerator.end_training()
 

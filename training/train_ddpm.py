@@ -266,6 +266,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         start_run,
@@ -403,6 +404,7 @@ def main(argv=None):
             command=command_line(),
             tags=["ddpm", "unconditional-image-generation" if not args.class_conditional else "class-conditional"],
         )
+        maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}")
     accelerator.end_training()
 

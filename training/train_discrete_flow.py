@@ -149,6 +149,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         start_run,
@@ -277,6 +278,7 @@ def main(argv=None):
             metrics=metrics,
             tags=["discrete-flow-matching", args.source, args.coupling],
         )
+        maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}: {metrics}")
     accelerator.end_training()
 

@@ -143,6 +143,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         start_run,
@@ -291,6 +292,7 @@ def main(argv=None):
             },
             tags=["masked-diffusion-lm", "lomdm", "oemdm", "text-generation"],
         )
+        maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}; validation NELBO {val_per_token:.4f} nats/token")
     accelerator.end_training()
 

@@ -191,6 +191,7 @@ def main(argv=None):
         ResumableBatchSampler,
         checkpoint_step,
         command_line,
+        maybe_push_to_hub,
         resolve_resume_checkpoint,
         save_checkpoint,
         start_run,
@@ -295,6 +296,7 @@ def main(argv=None):
             command=command_line(),
             tags=["masked-diffusion-lm", "soar", "text-generation"],
         )
+        maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}")
     accelerator.end_training()
 

@@ -86,6 +86,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         build_accelerator,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         step_generator,
@@ -157,6 +158,7 @@ def main(argv=None):
             metrics={"heldout_patch_accuracy": accuracy, "heldout_views": 256},
             tags=["semantic-features", "semantic-nvs"],
         )
+        maybe_push_to_hub(args, logger)
     accelerator.end_training()
 
 

@@ -233,6 +233,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         build_accelerator,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         step_generator,
@@ -408,6 +409,7 @@ def main(argv=None):
             command=command_line(),
             tags=["novel-view-synthesis", "semantic-nvs"],
         )
+        maybe_push_to_hub(args, logger)
     accelerator.end_training()
 
 

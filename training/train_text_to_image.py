@@ -188,6 +188,7 @@ def main(argv=None):
         command_line,
         cosine_with_warmup,
         encode_posteriors,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         start_run,
@@ -339,6 +340,7 @@ def main(argv=None):
             pipe.to(torch.float16)
         pipe.save_pretrained(args.output_dir)
         write_card(args, pipe, metrics, command_line(), write_model_card)
+        maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}")
     accelerator.end_training()
 

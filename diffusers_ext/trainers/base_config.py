@@ -49,6 +49,11 @@ class DiffusionTrainerConfig:
         default=None, metadata={"help": "'no', 'fp16' or 'bf16'; None takes accelerate's configuration."}
     )
     disable_tqdm: bool = field(default=False, metadata={"help": "Hide the progress bar."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Upload the saved result to the Hub (`save_model`)."})
+    hub_model_id: str | None = field(
+        default=None, metadata={"help": "Hub repository of `push_to_hub` (default: the output folder's name)."}
+    )
+    hub_token: str | None = field(default=None, metadata={"help": "Hub token (default: the logged-in one)."})
 
     # Optimisation
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate (constant)."})
