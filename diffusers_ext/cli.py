@@ -4,12 +4,29 @@ import argparse
 import os
 import sys
 
+from .utils import positive_int_arg
+
+
+def _check_device(device: str) -> None:
+    """Refuse a `--device` this torch can not use (a bad name, or CUDA/MPS/XPU absent) before any model loads."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {device!r} is not a torch device name (e.g. cpu, cuda, cuda:1, mps).") from None
+    backend = getattr(torch, kind, None) if kind in ("cuda", "mps", "xpu") else None
+    if backend is not None and not backend.is_available():
+        build = f"torch {torch.__version__}"
+        raise ValueError(f"--device {device!r}: {build} sees no {kind.upper()} device here; use --device cpu.")
+
 
 def _demo(args) -> int:
     from .demo import DemoSectionsFailed, run_demo
 
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise ValueError(f"--output_dir {args.output_dir!r} exists and is not a folder.")
+    _check_device(args.device)
     mode = "quick" if args.quick else "full" if args.full else "default"
     try:
         path, _ = run_demo(args.output_dir, mode=mode, seed=args.seed, device=args.device)
@@ -61,6 +78,34 @@ def _image_files(inputs: list[str]) -> list[str]:
     return files
 
 
+def _native_size(pipe) -> tuple[int, int] | None:
+    """`(width, height)` in pixels of the images the pipeline's model was built for, or None if it does not say."""
+    size = getattr(pipe.unet.config, "sample_size", None)
+    if isinstance(size, int):
+        size = (size, size)
+    if not (isinstance(size, (list, tuple)) and len(size) == 2):
+        return None
+    height, width = (int(side) * pipe.vae_scale_factor for side in size)
+    return width, height
+
+
+def _output_names(files: list[str]) -> list[str]:
+    """One output PNG name per input: its basename, with `-2`, `-3`, ... added where inputs share one (so that
+    `a/x.png` and `b/x.jpg` do not overwrite each other)."""
+    names, taken = [], set()
+    for f in files:
+        stem = os.path.splitext(os.path.basename(f))[0]
+        name, copy = f"{stem}.png", 1
+        while name in taken:
+            copy += 1
+            name = f"{stem}-{copy}.png"
+        if copy > 1:
+            print(f"{f}: written as {name} ({stem}.png is taken by another input)")
+        taken.add(name)
+        names.append(name)
+    return names
+
+
 def _purify(args) -> int:
     import json
 
@@ -75,6 +120,7 @@ def _purify(args) -> int:
     model = zoo.path(args.model) if args.model in zoo.names() else args.model
     if not os.path.isdir(model):
         raise FileNotFoundError(f"--model {args.model!r} is neither a zoo name ({zoo.names()}) nor a folder")
+    _check_device(args.device)
     pipe = DIRPPipeline.from_pretrained(model).to(args.device)
     options = {
         "prompt": args.prompt,
@@ -98,23 +144,43 @@ def _purify(args) -> int:
         "pil",
         None,
     )
+    channels = pipe.image_channels
+    native = _native_size(pipe)
     images = []
     for f in files:
         try:
             image = PIL.Image.open(f)
         except PIL.UnidentifiedImageError:
             raise ValueError(f"input {f!r} is not an image PIL can read") from None
-        if args.resolution:
-            image = image.resize((args.resolution, args.resolution), PIL.Image.BICUBIC)
+        bands = len(image.getbands())
+        if bands != channels or image.mode == "P":
+            target = "L" if channels == 1 else "RGB"
+            if not args.convert:
+                raise ValueError(
+                    f"input {f!r} is {image.mode} ({bands} channels), but {args.model!r} takes {channels}-channel "
+                    f"({target}) images; pass --convert to convert it to {target}."
+                )
+            print(f"{f}: converted {image.mode} -> {target} (--convert)")
+            image = image.convert(target)
+        if args.resolution is not None:
+            if image.size != (args.resolution, args.resolution):
+                print(f"{f}: resized {image.size[0]}x{image.size[1]} -> {args.resolution}x{args.resolution}")
+                image = image.resize((args.resolution, args.resolution), PIL.Image.BICUBIC)
+        elif native is not None and image.size != native:
+            raise ValueError(
+                f"input {f!r} is {image.size[0]}x{image.size[1]}, but {args.model!r} works at {native[0]}x{native[1]}; "
+                f"pass --resolution {native[0]} to resize it (or another size the model can take)."
+            )
         pipe.preprocess(image)
         images.append(image)
+    names = _output_names(files)
     os.makedirs(args.out, exist_ok=True)
     report = {"model": args.model, "options": options, "images": {}}
     for start in range(0, len(images), args.batch_size):
         batch = images[start : start + args.batch_size]
         out = pipe(batch, generator=torch.Generator().manual_seed(args.seed), **options)
         for i, image in enumerate(out.images):
-            name = os.path.splitext(os.path.basename(files[start + i]))[0] + ".png"
+            name = names[start + i]
             image.save(os.path.join(args.out, name))
             report["images"][name] = {
                 "source": files[start + i],
@@ -160,7 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", default="digits-ddpm", help="a zoo name or a pipeline folder (default: digits-ddpm)"
     )
     purify.add_argument("--prompt", default="", help="prompt of a text-conditioned model during inversion")
-    purify.add_argument("--resolution", type=int, default=None, help="resize images to this square side first")
+    purify.add_argument(
+        "--resolution",
+        type=positive_int_arg,
+        default=None,
+        help="resize images to this square side first (default: images must have the model's size)",
+    )
+    purify.add_argument(
+        "--convert",
+        action="store_true",
+        help="convert images whose channels differ from the model's (e.g. RGB to grayscale); off: refuse them",
+    )
     purify.add_argument("--num_inversion_steps", type=int, default=10)
     purify.add_argument("--inversion_strength", type=float, default=0.5)
     purify.add_argument("--num_iterations", type=int, default=100)
@@ -173,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     purify.add_argument("--perceptual_budget", type=float, default=0.02)
     purify.add_argument("--perceptual_weight", type=float, default=1.0)
-    purify.add_argument("--batch_size", type=int, default=8)
+    purify.add_argument("--batch_size", type=positive_int_arg, default=8)
     purify.add_argument("--seed", type=int, default=0)
     purify.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     purify.set_defaults(func=_purify)

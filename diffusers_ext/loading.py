@@ -14,7 +14,14 @@ def _pipeline_class_name(path: str | os.PathLike) -> str:
     if not os.path.isfile(index_file):
         raise ValueError(f"`path` {str(path)!r} has no model_index.json; expected a saved pipeline folder.")
     with open(index_file, encoding="utf-8") as f:
-        class_name = json.load(f).get("_class_name")
+        try:
+            index = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{index_file} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}); "
+                "a saved pipeline folder's model_index.json is a JSON object."
+            ) from None
+    class_name = index.get("_class_name") if isinstance(index, dict) else None
     if not isinstance(class_name, str):
         raise ValueError(f"{index_file} has no `_class_name` string; got {class_name!r}.")
     return class_name

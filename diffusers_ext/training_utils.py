@@ -1,6 +1,7 @@
 """Helpers shared by the `training/` scripts: exact-resume batch sampling, safe checkpoints, model cards, learning-rate
 schedules and the one-forward training modules of a latent text-to-image model."""
 
+import argparse
 import math
 import os
 import re
@@ -10,6 +11,8 @@ from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Sampler
+
+from .utils import check_output_dir, positive_int_arg
 
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -115,6 +118,8 @@ def save_checkpoint(accelerator, output_dir: str, step: int, total_limit: int | 
     The state is written to a temporary folder and renamed into place once complete; older checkpoints beyond
     `total_limit` are removed only after that. Call on every process.
     """
+    if total_limit is not None and (not isinstance(total_limit, int) or total_limit < 1):
+        raise ValueError(f"`total_limit` must be None (keep all) or an int >= 1, got {total_limit!r}.")
     final = os.path.join(output_dir, f"{CHECKPOINT_PREFIX}{step}")
     partial = final + ".partial"
     if accelerator.is_main_process and os.path.isdir(partial):
@@ -134,12 +139,45 @@ def save_checkpoint(accelerator, output_dir: str, step: int, total_limit: int | 
 
 
 def command_line() -> str:
-    """The command that started this process, as a user would retype it (accelerate launchers included)."""
+    """The command that started this process, as a user would retype it (launcher included).
+
+    accelerate's launchers set `ACCELERATE_MIXED_PRECISION`; a bare `torchrun` sets only `LOCAL_RANK` and
+    `LOCAL_WORLD_SIZE` (with `ACCELERATE_USE_CPU=true` for CPU processes), so the two are told apart.
+    """
     argv = [os.path.relpath(sys.argv[0]) if os.path.isabs(sys.argv[0]) else sys.argv[0], *sys.argv[1:]]
-    launcher = (
-        "accelerate launch" if "ACCELERATE_MIXED_PRECISION" in os.environ or "LOCAL_RANK" in os.environ else "python"
-    )
+    processes = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    if "ACCELERATE_MIXED_PRECISION" in os.environ:
+        launcher = "accelerate launch" + (f" --multi_gpu --num_processes {processes}" if processes != "1" else "")
+    elif "LOCAL_RANK" in os.environ:
+        cpu = "ACCELERATE_USE_CPU=true " if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") else ""
+        launcher = f"{cpu}torchrun --standalone --nproc_per_node {processes}"
+    else:
+        launcher = "python"
     return " ".join([launcher, *argv])
+
+
+def base_model_license(base_model: str) -> str:
+    """The `license` of `base_model`'s model card (its `README.md` front matter, read from the folder or the Hub):
+    weights fine-tuned from it carry its licence, not the pack's. `"other"` when the card names none, or when the
+    Hub can not be reached (a warning says so)."""
+    import logging
+
+    from huggingface_hub import metadata_load
+
+    card = os.path.join(base_model, "README.md")
+    if os.path.isdir(base_model):
+        metadata = metadata_load(card) if os.path.isfile(card) else None
+    else:
+        try:
+            from huggingface_hub import model_info
+
+            data = model_info(base_model).card_data
+            metadata = data.to_dict() if data is not None else None
+        except Exception as error:  # offline, gated or unknown: the card says "other" and the log says why
+            logging.getLogger(__name__).warning(f"licence of {base_model!r} unknown ({error}); writing 'other'.")
+            metadata = None
+    license = (metadata or {}).get("license")
+    return license if isinstance(license, str) and license else "other"
 
 
 def write_model_card(
@@ -150,9 +188,16 @@ def write_model_card(
     metrics: dict[str, float] | None = None,
     tags: list[str] | None = None,
     base_model: str | None = None,
+    license: str | None = None,
 ) -> str:
-    """Write a Hub-style `README.md` model card (YAML front matter + text) into `output_dir`; return its path."""
-    lines = ["---", "library_name: diffusers", "license: apache-2.0"]
+    """Write a Hub-style `README.md` model card (YAML front matter + text) into `output_dir`; return its path.
+
+    `license` defaults to the base model's ([`base_model_license`]) when there is one, else `apache-2.0` (weights
+    trained from scratch by the pack's Apache-2.0 scripts).
+    """
+    if license is None:
+        license = base_model_license(base_model) if base_model else "apache-2.0"
+    lines = ["---", "library_name: diffusers", f"license: {license}"]
     if base_model:
         lines.append(f"base_model: {base_model}")
     lines.append("tags:")
@@ -215,6 +260,16 @@ def maybe_resume(accelerator, output_dir: str, resume_from_checkpoint: str | Non
     return checkpoint_step(path)
 
 
+def output_dir_arg(value: str) -> str:
+    """The argparse `type=` of `--output_dir`: a folder, or a path where one can be created (see
+    [`~diffusers_ext.utils.check_output_dir`]), so that a file there fails at parse time, not at the first save."""
+    try:
+        check_output_dir("--output_dir", value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--output_dir ")) from None
+    return value
+
+
 def add_accelerate_arguments(parser, checkpointing_steps: int = 500, checkpoints_total_limit: int | None = None):
     """Add the flags every training script shares: mixed precision, checkpoints, resume and trackers.
 
@@ -233,9 +288,9 @@ def add_accelerate_arguments(parser, checkpointing_steps: int = 500, checkpoints
     )
     parser.add_argument(
         "--checkpoints_total_limit",
-        type=int,
+        type=positive_int_arg,
         default=checkpoints_total_limit,
-        help="Keep at most N checkpoints (the newest).",
+        help="Keep at most N checkpoints (the newest; N >= 1). Default: keep all.",
     )
     parser.add_argument(
         "--resume_from_checkpoint",
@@ -250,6 +305,46 @@ def add_accelerate_arguments(parser, checkpointing_steps: int = 500, checkpoints
         help="accelerate tracker: 'tensorboard', 'wandb', 'all' or 'none'.",
     )
     parser.add_argument("--logging_dir", type=str, default="logs", help="Tracker folder, relative to output_dir.")
+    add_hub_arguments(parser)
+
+
+def add_hub_arguments(parser):
+    """`--push_to_hub`, `--hub_model_id` and `--hub_token`, as in diffusers' examples (read by [`maybe_push_to_hub`])."""
+    parser.add_argument("--push_to_hub", action="store_true", help="Upload the result to the Hub at the end.")
+    parser.add_argument(
+        "--hub_model_id", type=str, default=None, help="Hub repository (default: the output folder's name)."
+    )
+    parser.add_argument("--hub_token", type=str, default=None, help="Hub token (default: the logged-in one).")
+
+
+HUB_IGNORE_PATTERNS = [f"{CHECKPOINT_PREFIX}*", "*.partial", "logs/*", "step_*", "epoch_*"]
+
+
+def push_to_hub(output_dir: str, hub_model_id: str | None = None, hub_token: str | None = None, logger=None) -> str:
+    """Create the Hub repository `hub_model_id` (default: `output_dir`'s folder name) if needed and upload
+    `output_dir` to it without checkpoints or tracker logs (`HUB_IGNORE_PATTERNS`); return the repository id."""
+    from huggingface_hub import create_repo, upload_folder
+
+    repo_id = hub_model_id or os.path.basename(os.path.abspath(output_dir))
+    repo_id = create_repo(repo_id, exist_ok=True, token=hub_token).repo_id
+    upload_folder(
+        repo_id=repo_id,
+        folder_path=output_dir,
+        commit_message="End of training",
+        ignore_patterns=HUB_IGNORE_PATTERNS,
+        token=hub_token,
+    )
+    if logger is not None:
+        logger.info(f"Pushed {output_dir} to https://huggingface.co/{repo_id}")
+    return repo_id
+
+
+def maybe_push_to_hub(args, logger=None) -> str | None:
+    """[`push_to_hub`] with a script's `--output_dir`, `--hub_model_id` and `--hub_token` when `--push_to_hub` is
+    set (call on the main process, after the result and its model card are written); None otherwise."""
+    if not getattr(args, "push_to_hub", False):
+        return None
+    return push_to_hub(args.output_dir, args.hub_model_id, args.hub_token, logger)
 
 
 def add_optimizer_arguments(

@@ -1,5 +1,7 @@
 """Small helpers shared across the package."""
 
+import argparse
+import os
 from typing import TypeVar
 
 
@@ -24,8 +26,9 @@ def is_int(value) -> bool:
 
 
 def is_number(value) -> bool:
-    """Whether `value` is an `int` or a `float` and not a `bool`."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """Whether `value` is an `int` or a `float`, not a `bool` and not NaN (NaN compares false with everything, so a
+    range check such as `guidance_scale > 1` would silently pass it through as "off")."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
 def check_positive_int(name: str, value, minimum: int = 1, error: type[Exception] = ValueError) -> None:
@@ -35,3 +38,34 @@ def check_positive_int(name: str, value, minimum: int = 1, error: type[Exception
     if not is_int(value) or value < minimum:
         expected = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise error(f"`{name}` must be {expected}, got {value!r}.")
+
+
+def check_output_dir(name: str, path) -> None:
+    """Raise a `ValueError` naming the argument `name` (a field name, or a flag such as `"--output_dir"`) unless
+    `path` is a folder or can be created as one: an existing file (at `path` or at one of its parents) or a parent
+    folder without write access is refused, so a run fails before its work rather than at its first save."""
+    label = name if name.startswith("-") else f"`{name}`"
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ValueError(f"{label} must be a folder path, got {path!r}.")
+    path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{label} {path!r} is an existing file, not a folder; give a folder path.")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{label} {path!r} cannot be created: {existing!r} is a file, not a folder.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{label} {path!r} cannot be written: no write permission in {existing!r}.")
+
+
+def positive_int_arg(value: str) -> int:
+    """The argparse `type=` of a count or side length that must be >= 1 (a 0 would otherwise read as "off" or
+    "all", e.g. `--checkpoints_total_limit 0` keeping every checkpoint)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {number}")
+    return number

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch
+from script_launch import accelerate_cpu_launch, assert_world_size
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,7 +110,8 @@ def _launch(output_dir, steps, *extra):
 @pytest.mark.slow
 def test_two_process_resume_equals_uninterrupted_run(tmp_path):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
-    _launch(resumed, 2)
+    log = _launch(resumed, 2)
+    assert_world_size(log, resumed / "checkpoint-2")
     log = _launch(resumed, 4, "--resume_from_checkpoint", "latest")
     assert "Resuming from" in log and "checkpoint-2" in log
     _launch(straight, 4)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch
+from script_launch import accelerate_cpu_launch, assert_world_size
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,8 +67,9 @@ def test_two_process_mfd_resume_equals_uninterrupted_run_and_samples_with_diffus
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
     # 4 steps over 2 ECT stages: the first is denoising (r = 0), the second a real consistency step. The run is
     # interrupted after its checkpoint at step 2 (a copy of that checkpoint alone) and resumed to the end.
-    _launch(straight, 4, "--loss", "mfd", "--feature_network", features)
+    log = _launch(straight, 4, "--loss", "mfd", "--feature_network", features)
     assert (straight / "checkpoint-2").is_dir() and (straight / "checkpoint-4").is_dir()
+    assert_world_size(log, straight / "checkpoint-4")
     shutil.copytree(straight / "checkpoint-2", resumed / "checkpoint-2")
     log = _launch(resumed, 4, "--loss", "mfd", "--feature_network", features, "--resume_from_checkpoint", "latest")
     assert "Resuming from" in log and "checkpoint-2" in log

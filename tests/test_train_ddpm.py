@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch
+from script_launch import accelerate_cpu_launch, assert_world_size
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,8 +63,8 @@ def _unet_weights(folder):
 
 def test_two_process_resume_equals_uninterrupted_run(tmp_path):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
-    _launch(resumed, 3)
-    assert (resumed / "checkpoint-3").is_dir()
+    log = _launch(resumed, 3)
+    assert_world_size(log, resumed / "checkpoint-3")
     log = _launch(resumed, 6, "--resume_from_checkpoint", "latest")
     assert "Resuming from" in log and "checkpoint-3" in log
     _launch(straight, 6)
@@ -83,7 +83,8 @@ def test_two_process_resume_equals_uninterrupted_run(tmp_path):
     pipe.set_progress_bar_config(disable=True)
     images = pipe(class_labels=[0, 1], num_inference_steps=2, output_type="np").images
     assert images.shape == (2, 8, 8, 1)
-    assert (resumed / "README.md").read_text().count("train_ddpm.py") >= 1
+    card = (resumed / "README.md").read_text()
+    assert "ACCELERATE_USE_CPU=true torchrun --standalone --nproc_per_node 2 " in card and "train_ddpm.py" in card
 
 
 @pytest.mark.parametrize(
@@ -174,3 +175,29 @@ def test_image_folder_with_too_small_images_is_a_one_line_error(tmp_path):
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert result.returncode == 2
     assert "smaller than --resolution 8" in result.stderr.strip().splitlines()[-1]
+
+
+def _bad_run(tmp_path, *args):
+    cmd = [sys.executable, SCRIPT, "--max_train_steps", "1", "--report_to", "none", "--resolution", "8", *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_unreadable_image_is_named_before_training(tmp_path):
+    data = _image_folder(tmp_path / "data", 12)
+    (data / "b" / "2.png").write_bytes(b"not a png at all")
+    out = tmp_path / "out"
+    last = _bad_run(tmp_path, "--output_dir", str(out), "--train_data_dir", str(data))
+    assert "2.png" in last and "is not a readable image" in last, last
+    assert not out.exists() or not any(out.glob("checkpoint-*"))
+
+
+def test_output_dir_that_is_a_file_fails_at_once(tmp_path):
+    target = tmp_path / "model.safetensors"
+    target.write_bytes(b"")
+    last = _bad_run(tmp_path, "--output_dir", str(target))
+    assert "argument --output_dir" in last and "is an existing file, not a folder" in last, last
+    last = _bad_run(tmp_path, "--output_dir", str(target / "sub"))
+    assert "cannot be created" in last and "is a file, not a folder" in last, last

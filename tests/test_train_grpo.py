@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch
+from script_launch import accelerate_cpu_launch, assert_world_size
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,8 +90,8 @@ def _launch(model, output_dir, steps, *extra):
 @pytest.mark.slow
 def test_two_process_e2po_resume_equals_uninterrupted_run_and_lora_loads(tmp_path, tiny_sd3):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
-    _launch(tiny_sd3, resumed, 2, "--algorithm", "e2po", "--e2po_num_directions", "1")
-    assert (resumed / "checkpoint-2").is_dir()
+    log = _launch(tiny_sd3, resumed, 2, "--algorithm", "e2po", "--e2po_num_directions", "1")
+    assert_world_size(log, resumed / "checkpoint-2")
     log = _launch(
         tiny_sd3, resumed, 4, "--algorithm", "e2po", "--e2po_num_directions", "1", "--resume_from_checkpoint", "latest"
     )
@@ -190,3 +190,65 @@ def test_prompt_files_and_reward_names(tmp_path):
     assert train_grpo.load_prompts(str(text)) == ["a cat", "a dog"]
     with pytest.raises(ValueError, match="needs a model path"):
         train_grpo.build_reward("clip_score")
+
+
+def test_bad_jsonl_line_names_the_file_and_its_line(tmp_path):
+    train_grpo = _script_module()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a cat"}\n\n{"prompt": "a dog"}\n{"prompt": oops}\n')
+    with pytest.raises(ValueError, match=r"prompts\.jsonl' line 4 is not JSON"):
+        train_grpo.load_prompts(str(prompts))
+    prompts.write_text('{"prompt": "a cat"}\n["a dog"]\n')
+    with pytest.raises(ValueError, match=r"prompts\.jsonl' line 2: expected an object with a 'prompt' string"):
+        train_grpo.load_prompts(str(prompts))
+    prompts.write_text("\n\n")
+    with pytest.raises(ValueError, match="holds no prompts"):
+        train_grpo.load_prompts(str(prompts))
+
+
+def _main_without_loading(train_grpo, monkeypatch, model, *extra, output_dir):
+    def no_loading(path):
+        raise AssertionError("the pipeline was loaded before the bad input was found")
+
+    monkeypatch.setattr(train_grpo, "load_pipeline", no_loading)
+    argv = ["--pretrained_model_name_or_path", model, "--output_dir", str(output_dir), "--reward_funcs", "brightness"]
+    train_grpo.main([*argv, *extra])
+
+
+def test_non_flow_model_is_refused_before_loading(tmp_path, monkeypatch):
+    from diffusers import DDIMScheduler
+
+    from diffusers_ext import ClassConditionalDDPMPipeline
+    from diffusers_ext.testing import get_tiny_pixel_unet
+
+    folder = tmp_path / "ddpm"
+    ClassConditionalDDPMPipeline(
+        get_tiny_pixel_unet(seed=0, num_class_embeds=11), DDIMScheduler(), 10
+    ).save_pretrained(folder)
+    train_grpo = _script_module()
+    with pytest.raises(ValueError, match="is a ClassConditionalDDPMPipeline; train_grpo.py trains flow-matching"):
+        _main_without_loading(train_grpo, monkeypatch, str(folder), output_dir=tmp_path / "out")
+    with pytest.raises(ValueError, match="--pretrained_model_name_or_path '/nonexistent' is not a diffusers pipeline"):
+        _main_without_loading(train_grpo, monkeypatch, "/nonexistent", output_dir=tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--height", "7"], "--height 7 does not fit"),
+        (["--width", "10"], r"--width 10 does not fit .*multiple of 4 \(VAE downsampling 2 x patch size 2\)"),
+    ],
+)
+def test_geometry_the_model_can_not_take_is_refused_before_loading(tmp_path, monkeypatch, tiny_sd3, args, message):
+    train_grpo = _script_module()
+    with pytest.raises(ValueError, match=message):
+        _main_without_loading(train_grpo, monkeypatch, tiny_sd3, *args, output_dir=tmp_path / "out")
+    train_grpo.check_model(tiny_sd3, 16, 12)  # multiples of 4 fit
+
+
+def test_output_dir_that_is_a_file_fails_before_loading(tmp_path):
+    train_grpo = _script_module()
+    target = tmp_path / "file"
+    target.write_text("")
+    with pytest.raises(ValueError, match="`output_dir` .* is an existing file, not a folder"):
+        train_grpo.parse_args(["--pretrained_model_name_or_path", "x", "--output_dir", str(target)])

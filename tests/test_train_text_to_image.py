@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch
+from script_launch import accelerate_cpu_launch, assert_world_size
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,7 +89,8 @@ def test_trains_saves_and_loads_as_a_stable_diffusion_pipeline(tmp_path):
 @pytest.mark.slow
 def test_two_process_resume_across_phases_equals_an_uninterrupted_run(tmp_path):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
-    _run(resumed, 2, 3, processes=2)  # checkpoints at 2 (end of the VAE phase) and 4 (inside the UNet phase)
+    log = _run(resumed, 2, 3, processes=2)  # checkpoints at 2 (end of the VAE phase) and 4 (inside the UNet phase)
+    assert_world_size(log, resumed / "checkpoint-4")
     (resumed / "checkpoint-5").rename(resumed / "unused")  # resume from step 4, mid phase 2
     log = _run(resumed, 2, 3, "--resume_from_checkpoint", "latest", processes=2)
     assert "checkpoint-4" in log

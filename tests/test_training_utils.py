@@ -6,6 +6,7 @@ import torch
 from diffusers_ext.training_utils import (
     ResumableBatchSampler,
     checkpoint_step,
+    command_line,
     list_checkpoints,
     resolve_resume_checkpoint,
     save_checkpoint,
@@ -86,6 +87,30 @@ def test_model_card(tmp_path):
     assert "python x.py --a 1" in text and "| acc | 0.5 |" in text and "- t" in text
 
 
+@pytest.mark.parametrize(
+    "env, launcher",
+    [
+        ({}, "python"),
+        ({"ACCELERATE_MIXED_PRECISION": "no", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}, "accelerate launch"),
+        (
+            {"ACCELERATE_MIXED_PRECISION": "no", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"},
+            "accelerate launch --multi_gpu --num_processes 2",
+        ),
+        (
+            {"ACCELERATE_USE_CPU": "true", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+            "ACCELERATE_USE_CPU=true torchrun --standalone --nproc_per_node 2",
+        ),
+    ],
+)
+def test_command_line_names_the_launcher_that_ran(monkeypatch, env, launcher):
+    for name in ("ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("sys.argv", ["training/train_ddpm.py", "--output_dir", "out"])
+    assert command_line() == f"{launcher} training/train_ddpm.py --output_dir out"
+
+
 def test_optimizer_flags_build_adamw_and_scaled_schedule():
     import argparse
 
@@ -108,3 +133,71 @@ def test_optimizer_flags_build_adamw_and_scaled_schedule():
         lr_scheduler.step()
     assert lrs[0] == 0.0 and abs(max(lrs) - 1e-2) < 1e-12 and lrs.index(max(lrs)) == 4
     assert lrs[-1] < lrs[5]
+
+
+class _FakeHub:
+    """Stands in for `huggingface_hub.create_repo` / `upload_folder` (no network in tests)."""
+
+    def __init__(self, monkeypatch):
+        import types
+
+        import huggingface_hub
+
+        self.calls = []
+
+        def create_repo(repo_id, exist_ok=False, token=None, **kwargs):
+            self.calls.append(("create_repo", repo_id, exist_ok, token))
+            return types.SimpleNamespace(repo_id=repo_id if "/" in repo_id else f"user/{repo_id}")
+
+        def upload_folder(repo_id, folder_path, token=None, ignore_patterns=None, **kwargs):
+            self.calls.append(("upload_folder", repo_id, folder_path, token, ignore_patterns))
+            self.uploaded = sorted(os.listdir(folder_path))
+
+        monkeypatch.setattr(huggingface_hub, "create_repo", create_repo)
+        monkeypatch.setattr(huggingface_hub, "upload_folder", upload_folder)
+
+
+def test_push_to_hub_creates_the_repo_and_uploads_the_folder_without_checkpoints(tmp_path, monkeypatch):
+    from diffusers_ext.training_utils import push_to_hub
+
+    hub = _FakeHub(monkeypatch)
+    out = tmp_path / "my-model"
+    out.mkdir()
+    assert push_to_hub(str(out), None, "tok") == "user/my-model"
+    assert hub.calls[0] == ("create_repo", "my-model", True, "tok")
+    name, repo_id, folder, token, ignore = hub.calls[1]
+    assert (name, repo_id, folder, token) == ("upload_folder", "user/my-model", str(out), "tok")
+    assert "checkpoint-*" in ignore and "logs/*" in ignore
+
+
+def test_training_script_pushes_its_result_when_asked(tmp_path, monkeypatch):
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "training"))
+    try:
+        import train_classifier
+    finally:
+        sys.path.pop(0)
+    hub = _FakeHub(monkeypatch)
+    out = tmp_path / "out"
+    argv = ["--output_dir", str(out), "--max_train_steps", "1", "--report_to", "none", "--push_to_hub"]
+    train_classifier.main([*argv, "--hub_model_id", "me/digits-classifier", "--hub_token", "tok"])
+    assert [call[0] for call in hub.calls] == ["create_repo", "upload_folder"]
+    assert hub.calls[1][1:4] == ("me/digits-classifier", str(out), "tok")
+    assert "README.md" in hub.uploaded and "config.json" in hub.uploaded
+    hub.calls.clear()
+    train_classifier.main(["--output_dir", str(tmp_path / "local"), "--max_train_steps", "1", "--report_to", "none"])
+    assert hub.calls == []  # no --push_to_hub, no upload
+
+
+def test_model_card_licence_is_the_base_models(tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "README.md").write_text("---\nlicense: openrail++\nlibrary_name: diffusers\n---\n# Base\n")
+    card = open(write_model_card(str(tmp_path / "a"), "T", "D.", "cmd", base_model=str(base))).read()
+    assert "license: openrail++" in card and f"base_model: {base}" in card
+    (base / "README.md").unlink()
+    card = open(write_model_card(str(tmp_path / "b"), "T", "D.", "cmd", base_model=str(base))).read()
+    assert "license: other" in card  # a base model whose card names no licence
+    card = open(write_model_card(str(tmp_path / "c"), "T", "D.", "cmd")).read()
+    assert "license: apache-2.0" in card  # trained from scratch by the pack's scripts

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch
+from script_launch import accelerate_cpu_launch, assert_world_size
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,8 +80,9 @@ def _launch(base, output_dir, steps, *extra):
 
 def test_two_process_resume_equals_uninterrupted_run(tmp_path, base_pipeline):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
-    _launch(base_pipeline, resumed, 3)
+    log = _launch(base_pipeline, resumed, 3)
     assert (resumed / "checkpoint-3" / "unlearning_state.safetensors").is_file()
+    assert_world_size(log, resumed / "checkpoint-3")
     log = _launch(base_pipeline, resumed, 6, "--resume_from_checkpoint", "latest")
     assert "Resuming from" in log and "checkpoint-3" in log
     _launch(base_pipeline, straight, 6)
@@ -227,6 +228,7 @@ def _script():
             "--lambda_max must be < 1 for constraint='reverse_kl', got 1.0",
         ),
         (["--forget_classes", "3", "--constraint_level", "high"], "--constraint_level"),
+        (["--forget_classes", "3", "--eval_classifier", "/missing"], "--eval_classifier '/missing' is not a"),
     ],
 )
 def test_bad_arguments_are_refused_by_the_parser(tmp_path, capsys, args, message):
@@ -235,6 +237,16 @@ def test_bad_arguments_are_refused_by_the_parser(tmp_path, capsys, args, message
         _script().parse_args(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_output_dir_that_is_a_file_is_refused_by_the_parser(tmp_path, capsys):
+    target = tmp_path / "a-file"
+    target.write_text("")
+    argv = ["--pretrained_model_name_or_path", "unused", "--output_dir", str(target), "--forget_classes", "3"]
+    with pytest.raises(SystemExit) as exit_info:
+        _script().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert "--output_dir" in (err := capsys.readouterr().err) and "is an existing file, not a folder" in err
 
 
 @pytest.mark.parametrize(

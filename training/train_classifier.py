@@ -17,7 +17,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments
+from diffusers_ext.training_utils import add_accelerate_arguments, output_dir_arg
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -25,7 +25,9 @@ logger = get_logger(__name__, log_level="INFO")
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", type=str, required=True, help="Where the classifier and checkpoints go.")
+    parser.add_argument(
+        "--output_dir", type=output_dir_arg, required=True, help="Where the classifier and checkpoints go."
+    )
     parser.add_argument("--resolution", type=int, default=8, help="Image side (the digits are resized to it).")
     parser.add_argument("--block_out_channels", type=int, nargs="+", default=[32, 64], help="Channels per block.")
     parser.add_argument("--feature_dim", type=int, default=128, help="Size of the penultimate features.")
@@ -72,6 +74,7 @@ def main(argv=None):
         ResumableBatchSampler,
         build_accelerator,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         step_generator,
@@ -155,6 +158,7 @@ def main(argv=None):
             metrics={"heldout_accuracy": heldout_accuracy, "heldout_size": len(heldout_labels)},
             tags=["image-classification"],
         )
+        maybe_push_to_hub(args, logger)
     accelerator.end_training()
 
 

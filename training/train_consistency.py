@@ -26,7 +26,12 @@ import torch
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments, add_optimizer_arguments, build_optimizer
+from diffusers_ext.training_utils import (
+    add_accelerate_arguments,
+    add_optimizer_arguments,
+    build_optimizer,
+    output_dir_arg,
+)
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -84,7 +89,9 @@ def parse_args(argv=None):
     cm.add_argument("--sigma_max", type=float, default=80.0, help="Largest noise level (scheduler config).")
     cm.add_argument("--sigma_data", type=float, default=0.5, help="Data standard deviation (scheduler config).")
     train = parser.add_argument_group("training")
-    train.add_argument("--output_dir", type=str, required=True, help="Where the pipeline and checkpoints go.")
+    train.add_argument(
+        "--output_dir", type=output_dir_arg, required=True, help="Where the pipeline and checkpoints go."
+    )
     train.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and noise.")
     train.add_argument("--train_batch_size", type=int, default=64, help="Batch size per process.")
     train.add_argument("--max_train_steps", type=int, default=800, help="Total optimizer steps.")
@@ -200,6 +207,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         start_run,
@@ -372,6 +380,7 @@ def main(argv=None):
             tags=["consistency-models", "unconditional-image-generation" if not conditional else "class-conditional"],
             base_model=args.pretrained_model_name_or_path,
         )
+        maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}")
     accelerator.end_training()
 

@@ -20,7 +20,12 @@ import torch.nn.functional as F
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments, add_optimizer_arguments, build_optimizer
+from diffusers_ext.training_utils import (
+    add_accelerate_arguments,
+    add_optimizer_arguments,
+    build_optimizer,
+    output_dir_arg,
+)
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -85,7 +90,9 @@ def parse_args(argv=None):
         help="What the UNet predicts.",
     )
     train = parser.add_argument_group("training")
-    train.add_argument("--output_dir", type=str, required=True, help="Where the pipeline and checkpoints go.")
+    train.add_argument(
+        "--output_dir", type=output_dir_arg, required=True, help="Where the pipeline and checkpoints go."
+    )
     train.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and noise.")
     train.add_argument("--train_batch_size", type=int, default=64, help="Batch size per process.")
     train.add_argument("--max_train_steps", type=int, default=6000, help="Total optimizer steps.")
@@ -151,7 +158,36 @@ class ImageFolderTensors(torch.utils.data.Dataset):
         self.num_classes = len(names) if names else None
         if len(self.data) == 0:
             raise ValueError(f"--train_data_dir {folder!r} holds no images.")
-        self[0]  # fail on a wrong image size now, not after the model is built
+        self.paths = self._check_images()
+
+    def _check_images(self) -> list[str]:
+        """Open every image's header (no decoding) before training: an unreadable file or one smaller than the
+        resolution is an error naming the file now, not when the sampler reaches it. Returns the file names."""
+        import io
+
+        from datasets import Image as ImageFeature
+        from PIL import Image
+
+        files = self.data.cast_column(self.image_column, ImageFeature(decode=False))[self.image_column]
+        paths = []
+        for index, item in enumerate(files):
+            name = item.get("path") or f"image {index}"
+            paths.append(name)
+            try:
+                source = io.BytesIO(item["bytes"]) if item.get("bytes") is not None else item["path"]
+                with Image.open(source) as image:
+                    size = image.size
+                    image.verify()
+            except Exception as error:  # PIL raises several types for a bad file; all mean "not an image"
+                raise ValueError(
+                    f"--train_data_dir: {name!r} is not a readable image ({type(error).__name__}: {error})."
+                ) from error
+            if min(size) < self.resolution:
+                raise ValueError(
+                    f"--train_data_dir: {name!r} is {size[0]}x{size[1]}, smaller than --resolution "
+                    f"{self.resolution}; pass a smaller --resolution."
+                )
+        return paths
 
     def __len__(self) -> int:
         return len(self.data)
@@ -160,13 +196,13 @@ class ImageFolderTensors(torch.utils.data.Dataset):
         import numpy as np
         from PIL import Image
 
-        row = self.data[index]
-        image = row[self.image_column].convert("L" if self.channels == 1 else "RGB")
-        if min(image.size) < self.resolution:
+        try:
+            row = self.data[index]
+            image = row[self.image_column].convert("L" if self.channels == 1 else "RGB")
+        except Exception as error:  # a file that passed the header check but does not decode
             raise ValueError(
-                f"image {index} of the image folder is {image.size[0]}x{image.size[1]}, smaller than "
-                f"--resolution {self.resolution}; pass a smaller --resolution."
-            )
+                f"--train_data_dir: {self.paths[index]!r} does not decode ({type(error).__name__}: {error})."
+            ) from error
         scale = self.resolution / min(image.size)
         image = image.resize(
             (max(self.resolution, round(image.size[0] * scale)), max(self.resolution, round(image.size[1] * scale))),
@@ -230,6 +266,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         start_run,
@@ -367,6 +404,7 @@ def main(argv=None):
             command=command_line(),
             tags=["ddpm", "unconditional-image-generation" if not args.class_conditional else "class-conditional"],
         )
+        maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}")
     accelerator.end_training()
 

@@ -23,7 +23,12 @@ import torch
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments, add_optimizer_arguments, build_optimizer
+from diffusers_ext.training_utils import (
+    add_accelerate_arguments,
+    add_optimizer_arguments,
+    build_optimizer,
+    output_dir_arg,
+)
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -71,7 +76,9 @@ def parse_args(argv=None):
     model.add_argument("--num_layers", type=int, default=2, help="Transformer layers.")
     model.add_argument("--num_heads", type=int, default=4, help="Attention heads.")
     train = parser.add_argument_group("training")
-    train.add_argument("--output_dir", type=str, required=True, help="Where the pipeline and checkpoints go.")
+    train.add_argument(
+        "--output_dir", type=output_dir_arg, required=True, help="Where the pipeline and checkpoints go."
+    )
     train.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and paths.")
     train.add_argument("--train_batch_size", type=int, default=256, help="Batch size per process (= OT minibatch).")
     train.add_argument("--max_train_steps", type=int, default=3000, help="Total optimizer steps.")
@@ -142,6 +149,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         start_run,
@@ -270,6 +278,7 @@ def main(argv=None):
             metrics=metrics,
             tags=["discrete-flow-matching", args.source, args.coupling],
         )
+        maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}: {metrics}")
     accelerator.end_training()
 

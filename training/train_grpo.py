@@ -53,11 +53,30 @@ def load_prompts(dataset: str) -> list:
         return [{"prompt": f"a handwritten digit {name}", "label": label} for label, name in enumerate(names)]
     if not os.path.isfile(dataset):
         raise ValueError(f"--dataset {dataset!r} is neither 'digits' nor a .txt/.jsonl file.")
+    rows = []
     with open(dataset, encoding="utf-8") as f:
-        lines = [line.strip() for line in f if line.strip()]
-    if dataset.endswith(".jsonl"):
-        return [json.loads(line) for line in lines]
-    return lines
+        for number, line in enumerate(f, start=1):  # 1-based, blank lines counted, as an editor shows them
+            line = line.strip()
+            if not line:
+                continue
+            if not dataset.endswith(".jsonl"):
+                rows.append(line)
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"--dataset {dataset!r} line {number} is not JSON: {error.msg} (column {error.colno})."
+                ) from None
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise ValueError(
+                    f"--dataset {dataset!r} line {number}: expected an object with a 'prompt' string, "
+                    f"got {line[:80]!r}."
+                )
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"--dataset {dataset!r} holds no prompts.")
+    return rows
 
 
 def build_reward(spec: str):
@@ -124,6 +143,55 @@ def parse_args(argv=None):
     return script_args, config, lora_args
 
 
+FLOW_PIPELINES = ("StableDiffusion3Pipeline", "FluxPipeline")
+
+
+def check_model(path: str, height: int | None, width: int | None) -> None:
+    """Read only the JSON configs of `--pretrained_model_name_or_path` and refuse, before any weights load, a
+    pipeline that is not a flow-matching SD3/Flux one or a `--height`/`--width` its VAE and transformer can not
+    take (a multiple of the VAE's downsampling times the transformer's patch: 16 for SD3 and Flux)."""
+    import importlib
+
+    from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
+
+    flag = "--pretrained_model_name_or_path"
+    try:
+        index = DiffusionPipeline.load_config(path)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{flag} {path!r} is not a diffusers pipeline folder or Hub id: {error}") from None
+    name = index.get("_class_name")
+    if name not in FLOW_PIPELINES:
+        raise ValueError(
+            f"{flag} {path!r} is a {name}; train_grpo.py trains flow-matching pipelines "
+            f"({' or '.join(FLOW_PIPELINES)})."
+        )
+
+    def component_class(component):
+        library, class_name = (index.get(component) or [None, None])[:2]
+        return getattr(importlib.import_module(library), class_name, None) if library and class_name else None
+
+    scheduler_class = component_class("scheduler")
+    if not (isinstance(scheduler_class, type) and issubclass(scheduler_class, FlowMatchEulerDiscreteScheduler)):
+        raise ValueError(
+            f"{flag} {path!r} has a {(index.get('scheduler') or [None, None])[1]} scheduler; GRPO here needs a "
+            "FlowMatchEulerDiscreteScheduler (the SDE of a rectified flow)."
+        )
+    vae = component_class("vae").load_config(path, subfolder="vae")
+    transformer = component_class("transformer").load_config(path, subfolder="transformer")
+    vae_scale = 2 ** (len(vae["block_out_channels"]) - 1)
+    if name == "StableDiffusion3Pipeline":
+        patch, what = transformer.get("patch_size", 1), "patch size"
+    else:
+        patch, what = 2, "latent packing"  # Flux packs 2x2 latent patches
+    multiple = vae_scale * patch
+    for option, value in (("--height", height), ("--width", width)):
+        if value is not None and (value < multiple or value % multiple):
+            raise ValueError(
+                f"{option} {value} does not fit {path!r}: it must be a positive multiple of {multiple} "
+                f"(VAE downsampling {vae_scale} x {what} {patch})."
+            )
+
+
 def load_pipeline(path: str):
     from diffusers import DiffusionPipeline
 
@@ -142,12 +210,14 @@ def main(argv=None):
     # Cheap inputs first: a bad prompt file or reward name fails before the model loads.
     prompts = load_prompts(script_args.dataset)
     reward_funcs = [build_reward(spec) for spec in script_args.reward_funcs]
+    check_model(script_args.pretrained_model_name_or_path, config.height, config.width)
     pipeline = load_pipeline(script_args.pretrained_model_name_or_path)
     trainer_class = E2POTrainer if script_args.algorithm == "e2po" else DiffusionGRPOTrainer
     trainer = trainer_class(
         pipeline, reward_funcs, config, train_dataset=prompts, peft_config=lora_args.to_peft_config()
     )
     accelerator = trainer.accelerator
+    logger.info(accelerator.state)
     logger.info(
         f"{script_args.algorithm}: {config.max_steps} steps, {trainer.generation_batch_size} images per step "
         f"({trainer.images_per_process} per process, {accelerator.num_processes} processes)"

@@ -23,7 +23,12 @@ import torch
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments, add_optimizer_arguments, build_optimizer
+from diffusers_ext.training_utils import (
+    add_accelerate_arguments,
+    add_optimizer_arguments,
+    build_optimizer,
+    output_dir_arg,
+)
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -50,7 +55,9 @@ def parse_args(argv=None):
     model.add_argument("--intermediate_size", type=int, default=128, help="Denoiser MLP width.")
     model.add_argument("--schedule_hidden_size", type=int, default=32, help="Width of each schedule network.")
     train = parser.add_argument_group("training")
-    train.add_argument("--output_dir", type=str, required=True, help="Where the pipeline and checkpoints go.")
+    train.add_argument(
+        "--output_dir", type=output_dir_arg, required=True, help="Where the pipeline and checkpoints go."
+    )
     train.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and masking.")
     train.add_argument("--train_batch_size", type=int, default=64, help="Sequences per process and step.")
     train.add_argument("--max_train_steps", type=int, default=800, help="Total optimizer steps.")
@@ -136,6 +143,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         start_run,
@@ -284,6 +292,7 @@ def main(argv=None):
             },
             tags=["masked-diffusion-lm", "lomdm", "oemdm", "text-generation"],
         )
+        maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}; validation NELBO {val_per_token:.4f} nats/token")
     accelerator.end_training()
 

@@ -31,7 +31,12 @@ from diffusers_ext.losses.masked_diffusion import (
     sample_mask,
     sample_mask_probability,
 )
-from diffusers_ext.training_utils import add_accelerate_arguments, add_optimizer_arguments, build_optimizer
+from diffusers_ext.training_utils import (
+    add_accelerate_arguments,
+    add_optimizer_arguments,
+    build_optimizer,
+    output_dir_arg,
+)
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -60,7 +65,9 @@ def parse_args(argv=None):
     model.add_argument("--intermediate_size", type=int, default=512, help="MLP width.")
     model.add_argument("--mask_eps", type=float, default=1e-3, help="Smallest masking probability.")
     train = parser.add_argument_group("training")
-    train.add_argument("--output_dir", type=str, required=True, help="Where the pipeline and checkpoints go.")
+    train.add_argument(
+        "--output_dir", type=output_dir_arg, required=True, help="Where the pipeline and checkpoints go."
+    )
     train.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and masking.")
     train.add_argument("--train_batch_size", type=int, default=128, help="Batch size per process.")
     train.add_argument("--max_train_steps", type=int, default=6000, help="Total optimizer steps.")
@@ -184,6 +191,7 @@ def main(argv=None):
         ResumableBatchSampler,
         checkpoint_step,
         command_line,
+        maybe_push_to_hub,
         resolve_resume_checkpoint,
         save_checkpoint,
         start_run,
@@ -288,6 +296,7 @@ def main(argv=None):
             command=command_line(),
             tags=["masked-diffusion-lm", "soar", "text-generation"],
         )
+        maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}")
     accelerator.end_training()
 

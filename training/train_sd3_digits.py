@@ -22,6 +22,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from diffusers_ext.training_utils import add_hub_arguments, output_dir_arg
+
 
 logger = logging.getLogger("train_sd3_digits")
 
@@ -36,7 +38,7 @@ def digit_prompt(label: int) -> str:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", type=str, required=True, help="Where the pipeline folder goes.")
+    parser.add_argument("--output_dir", type=output_dir_arg, required=True, help="Where the pipeline folder goes.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of every initialisation and random draw.")
     parser.add_argument("--vae_steps", type=int, default=600, help="Optimizer steps of the autoencoder.")
     parser.add_argument("--vae_kl_weight", type=float, default=1e-4, help="Weight of the autoencoder's KL term.")
@@ -50,6 +52,7 @@ def parse_args(argv=None):
     parser.add_argument("--eval_samples_per_class", type=int, default=30, help="Samples per digit for the card.")
     parser.add_argument("--eval_steps", type=int, default=10, help="Sampling steps of the evaluation.")
     parser.add_argument("--eval_guidance_scale", type=float, default=1.0, help="Guidance of the evaluation.")
+    add_hub_arguments(parser)
     args = parser.parse_args(argv)
     for name in ("vae_steps", "train_steps", "batch_size", "eval_samples_per_class", "eval_steps"):
         if getattr(args, name) < 1:
@@ -161,7 +164,7 @@ def main(argv=None):
     from diffusers_ext import zoo
     from diffusers_ext.data.digits import load_digits_images
     from diffusers_ext.models.tiny_components import get_tiny_sd3_components
-    from diffusers_ext.training_utils import command_line, write_model_card
+    from diffusers_ext.training_utils import command_line, maybe_push_to_hub, write_model_card
 
     start = time.perf_counter()
     torch.manual_seed(args.seed)
@@ -219,6 +222,7 @@ def main(argv=None):
         tags=["text-to-image", "stable-diffusion-3", "flow-matching"],
     )
     logger.info(f"Saved the pipeline to {args.output_dir}")
+    maybe_push_to_hub(args, logger)
 
 
 def evaluate_prompt_following(

@@ -17,7 +17,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments
+from diffusers_ext.training_utils import add_accelerate_arguments, output_dir_arg
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -25,7 +25,9 @@ logger = get_logger(__name__, log_level="INFO")
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", type=str, required=True, help="Where the encoder and checkpoints go.")
+    parser.add_argument(
+        "--output_dir", type=output_dir_arg, required=True, help="Where the encoder and checkpoints go."
+    )
     parser.add_argument("--resolution", type=int, default=32, help="Rendered view size.")
     parser.add_argument("--patch_size", type=int, default=4, help="ViT patch size.")
     parser.add_argument("--hidden_size", type=int, default=16, help="Feature channels (the semantic channels).")
@@ -84,6 +86,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         build_accelerator,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         step_generator,
@@ -155,6 +158,7 @@ def main(argv=None):
             metrics={"heldout_patch_accuracy": accuracy, "heldout_views": 256},
             tags=["semantic-features", "semantic-nvs"],
         )
+        maybe_push_to_hub(args, logger)
     accelerator.end_training()
 
 

@@ -38,7 +38,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments
+from diffusers_ext.training_utils import add_accelerate_arguments, output_dir_arg
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -48,7 +48,9 @@ SURROGATES = ("self_cond", "blur")
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", type=str, required=True, help="Where the pipeline and checkpoints go.")
+    parser.add_argument(
+        "--output_dir", type=output_dir_arg, required=True, help="Where the pipeline and checkpoints go."
+    )
     parser.add_argument(
         "--semantic_encoder",
         type=str,
@@ -231,6 +233,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         build_accelerator,
         command_line,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         step_generator,
@@ -406,6 +409,7 @@ def main(argv=None):
             command=command_line(),
             tags=["novel-view-synthesis", "semantic-nvs"],
         )
+        maybe_push_to_hub(args, logger)
     accelerator.end_training()
 
 

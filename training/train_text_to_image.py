@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments
+from diffusers_ext.training_utils import add_accelerate_arguments, output_dir_arg
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -71,7 +71,9 @@ def parse_args(argv=None):
     model.add_argument("--text_layers", type=int, default=2, help="CLIP text encoder layers.")
     model.add_argument("--max_length", type=int, default=16, help="Tokens per prompt (with start/end tokens).")
     train = parser.add_argument_group("training")
-    train.add_argument("--output_dir", type=str, required=True, help="Where the pipeline and checkpoints go.")
+    train.add_argument(
+        "--output_dir", type=output_dir_arg, required=True, help="Where the pipeline and checkpoints go."
+    )
     train.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and noise.")
     train.add_argument("--vae_steps", type=int, default=1500, help="Optimizer steps of the autoencoder (phase 1).")
     train.add_argument("--vae_learning_rate", type=float, default=2e-3, help="Peak learning rate of phase 1.")
@@ -186,6 +188,7 @@ def main(argv=None):
         command_line,
         cosine_with_warmup,
         encode_posteriors,
+        maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
         start_run,
@@ -337,6 +340,7 @@ def main(argv=None):
             pipe.to(torch.float16)
         pipe.save_pretrained(args.output_dir)
         write_card(args, pipe, metrics, command_line(), write_model_card)
+        maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}")
     accelerator.end_training()
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 from accelerate import PartialState
 from accelerate.logging import get_logger
-from accelerate.utils import set_seed
+from accelerate.utils import parse_flag_from_env, set_seed
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -120,6 +120,21 @@ def validate_args(script_args, config, parser):
         parser.error("give a concept (--forget_classes/--forget_prompts) or data (--forget_indices/--forget_size).")
     if script_args.forget_indices is not None and script_args.forget_size is not None:
         parser.error("give --forget_indices or --forget_size, not both.")
+    classifier = script_args.eval_classifier
+    if classifier not in (None, "zoo") and not os.path.isfile(os.path.join(classifier, "config.json")):
+        parser.error(
+            f"--eval_classifier {classifier!r} is not a ConvImageClassifier folder (no config.json there); "
+            "give a folder saved with save_pretrained, or 'zoo' for the zoo digits classifier."
+        )
+
+
+def load_classifier(path):
+    """The `--eval_classifier` network (None without it), loaded before training so a bad one fails first."""
+    if path is None:
+        return None
+    from diffusers_ext import ConvImageClassifier, zoo
+
+    return zoo.load("digits-classifier") if path == "zoo" else ConvImageClassifier.from_pretrained(path)
 
 
 def load_base(path):
@@ -195,12 +210,21 @@ def main(argv=None):
     from diffusers_ext import ConstrainedUnlearningTrainer
 
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
-    PartialState()  # the process state the trainer's Accelerator joins; accelerate's logger needs it before that
+    # The process state the trainer's Accelerator joins (accelerate's logger needs it before that). Unlike
+    # `Accelerator`, `PartialState` does not read ACCELERATE_USE_CPU itself: without it, torchrun's CPU processes
+    # would each run alone instead of joining one gloo group.
+    PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     set_seed(config.seed)
 
     pipe = load_base(script_args.pretrained_model_name_or_path)
     base_pipe = copy.deepcopy(pipe)
     is_text = hasattr(pipe, "text_encoder")
+    if script_args.eval_classifier is not None and is_text:
+        raise ValueError(
+            f"--eval_classifier judges samples of a class-conditional digits pipeline; "
+            f"{type(pipe).__name__} is text-conditioned. Drop --eval_classifier."
+        )
+    classifier = load_classifier(script_args.eval_classifier)
     data = (
         build_data(script_args)
         if (script_args.forget_indices is not None or script_args.forget_size is not None)
@@ -231,15 +255,6 @@ def main(argv=None):
     metrics = {}
     if accelerator.is_main_process and not trainer.saves_lora_only:
         unlearned = trainer.unlearned_pipeline()
-        classifier = None
-        if script_args.eval_classifier is not None:
-            from diffusers_ext import ConvImageClassifier, zoo
-
-            classifier = (
-                zoo.load("digits-classifier")
-                if script_args.eval_classifier == "zoo"
-                else ConvImageClassifier.from_pretrained(script_args.eval_classifier)
-            )
         unlearned.set_progress_bar_config(disable=True)
         base_pipe.set_progress_bar_config(disable=True)
         metrics = measure(script_args, config, unlearned, base_pipe, classifier, data)

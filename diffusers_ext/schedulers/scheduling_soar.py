@@ -38,6 +38,8 @@ PROPOSAL_POSITIONS = ("eligible", "all")
 
 # The largest value each confidence measure can take: a threshold above it can never be reached.
 _MEASURE_MAX = {"prob": 1.0, "margin": 1.0, "neg_entropy": 0.0, "random": 1.0}
+# the lowest value of the bounded measures (the negative entropy's, -log(vocabulary size), depends on the model)
+_MEASURE_MIN = {"prob": 0.0, "margin": 0.0}
 
 
 @public
@@ -234,6 +236,13 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
         if confidence_threshold is not None:
             if not isinstance(confidence_threshold, (int, float)) or math.isnan(confidence_threshold):
                 raise ValueError(f"`confidence_threshold` must be a number or None, got {confidence_threshold!r}.")
+            lowest = _MEASURE_MIN.get(confidence_measure)
+            if lowest is not None and confidence_threshold < lowest:
+                raise ValueError(
+                    f"`confidence_threshold`={confidence_threshold} is below every value of "
+                    f"`confidence_measure`={confidence_measure!r} (at least {lowest}): every masked position would "
+                    "count as confident. Give a threshold in [0, 1), or None to disable the accelerate branch."
+                )
             highest = _MEASURE_MAX[confidence_measure]
             if confidence_threshold >= highest:
                 raise ValueError(

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field, fields
 
-from ..utils import check_positive_int, public
+from ..utils import check_output_dir, check_positive_int, public
 
 
 SAVE_STRATEGIES = ("no", "steps")
@@ -49,6 +49,11 @@ class DiffusionTrainerConfig:
         default=None, metadata={"help": "'no', 'fp16' or 'bf16'; None takes accelerate's configuration."}
     )
     disable_tqdm: bool = field(default=False, metadata={"help": "Hide the progress bar."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Upload the saved result to the Hub (`save_model`)."})
+    hub_model_id: str | None = field(
+        default=None, metadata={"help": "Hub repository of `push_to_hub` (default: the output folder's name)."}
+    )
+    hub_token: str | None = field(default=None, metadata={"help": "Hub token (default: the logged-in one)."})
 
     # Optimisation
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate (constant)."})
@@ -63,6 +68,8 @@ class DiffusionTrainerConfig:
     )
 
     def __post_init__(self):
+        if self.output_dir is not None:  # None: a script's "required" sentinel, checked by the script
+            check_output_dir("output_dir", self.output_dir)
         for name in (
             "max_steps",
             "logging_steps",

@@ -38,7 +38,14 @@ from collections import defaultdict
 import torch
 from diffusers.utils import logging
 
-from ..training_utils import build_accelerator, command_line, maybe_resume, save_checkpoint, write_model_card
+from ..training_utils import (
+    build_accelerator,
+    command_line,
+    maybe_resume,
+    push_to_hub,
+    save_checkpoint,
+    write_model_card,
+)
 from ..utils import public
 from .base_config import DiffusionTrainerConfig
 
@@ -271,8 +278,8 @@ class DiffusionTrainer(abc.ABC):
     def save_model(self, output_dir: str | None = None, base_model: str | None = None, metrics: dict | None = None):
         """Save the trained weights (`_save_weights`) and a model card into `output_dir` (default `args.output_dir`).
 
-        `metrics` (e.g. measured quality) are added to the card's table. Call on every process; only the main one
-        writes. Returns `output_dir`.
+        `metrics` (e.g. measured quality) are added to the card's table; with `args.push_to_hub` the folder is then
+        uploaded to `args.hub_model_id`. Call on every process; only the main one writes. Returns `output_dir`.
         """
         output_dir = output_dir or self.args.output_dir
         self.accelerator.wait_for_everyone()
@@ -288,6 +295,8 @@ class DiffusionTrainer(abc.ABC):
                 tags=self._card_tags(),
                 base_model=base_model,
             )
+            if self.args.push_to_hub:
+                push_to_hub(output_dir, self.args.hub_model_id, self.args.hub_token, logger)
         self.accelerator.wait_for_everyone()
         return output_dir
 

@@ -204,6 +204,15 @@ class DiffusionLMPipeline(DiffusionPipeline):
             )
         return resolved
 
+    def _max_positions(self) -> tuple[str, int] | None:
+        """`(config attribute, value)` of the most positions the model takes, or None when its config says none."""
+        config = getattr(self.model, "config", None)
+        for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            value = getattr(config, name, None)
+            if is_int(value) and value > 0:
+                return name, value
+        return None
+
     def check_inputs(
         self,
         batch_size,
@@ -220,11 +229,20 @@ class DiffusionLMPipeline(DiffusionPipeline):
         top_p=None,
         top_k=None,
         pll_chunk_size=DEFAULT_PLL_CHUNK_SIZE,
+        num_prompt_tokens=None,
     ):
         """Check the call's arguments before any model forward. `prompt_length` is given for adapters whose blocks
         are aligned to absolute positions (LLaDA2): the first block then ends at the next multiple of
-        `block_length` and `gen_length` need not be a multiple of it."""
+        `block_length` and `gen_length` need not be a multiple of it. `num_prompt_tokens` (the padded prompt
+        length) plus `gen_length` must fit the model's positions (`max_position_embeddings` or the like)."""
         check_positive_int("gen_length", gen_length)
+        limit = self._max_positions()
+        if limit is not None and num_prompt_tokens is not None and num_prompt_tokens + gen_length > limit[1]:
+            raise ValueError(
+                f"the prompt ({num_prompt_tokens} tokens) plus `gen_length` {gen_length} need "
+                f"{num_prompt_tokens + gen_length} positions, but the model has {limit[1]} (`{limit[0]}` in its "
+                "config); shorten the prompt or lower `gen_length`."
+            )
         check_positive_int("block_length", block_length)
         if step_budget not in STEP_BUDGETS:
             raise ValueError(f"`step_budget` must be one of {STEP_BUDGETS}, got {step_budget!r}.")
@@ -254,9 +272,9 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 f"multiple of the number of blocks ({gen_length} / {block_length} = {num_blocks}), the same number "
                 "of steps per block."
             )
-        if not isinstance(temperature, (int, float)) or temperature < 0:
+        if not is_number(temperature) or not temperature >= 0:
             raise ValueError(f"`temperature` must be a number >= 0, got {temperature!r}.")
-        if not is_number(guidance_scale) or guidance_scale < 1:
+        if not is_number(guidance_scale) or not guidance_scale >= 1:  # `not >=` also refuses NaN
             raise ValueError(
                 f"`guidance_scale` must be a number >= 1 (diffusers convention: 1 disables guidance), got "
                 f"{guidance_scale!r}. LLaDA's cfg_scale w corresponds to guidance_scale = w + 1."
@@ -410,6 +428,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
             top_p=top_p,
             top_k=top_k,
             pll_chunk_size=pll_chunk_size,
+            num_prompt_tokens=prompt_length,
         )
         mask_id = self.resolve_mask_token_id(mask_token_id)
         if eos_token_id is None and self.tokenizer is not None:
