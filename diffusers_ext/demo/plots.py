@@ -31,21 +31,26 @@ def save_figure(fig, path: str):
     """Save `fig` as PNG, with the displayed size of its smallest text and the number of texts it clips.
 
     The displayed size is the font size in the file's pixels times the factor by which the report shrinks a figure
-    wider than `DISPLAY_WIDTH`; a text counts as clipped when its drawn box leaves the figure.
+    wider than `DISPLAY_WIDTH`; an axes (with its tick labels, labels and title) or a figure text counts as clipped
+    when what is drawn of it leaves the figure.
     """
     plt = pyplot()
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     width_px, height_px = fig.get_size_inches() * fig.dpi
     shrink = min(1.0, DISPLAY_WIDTH / width_px)
-    sizes, outside = [], 0
-    for text in fig.findobj(lambda artist: hasattr(artist, "get_fontsize") and hasattr(artist, "get_text")):
-        if not text.get_visible() or not text.get_text().strip():
-            continue
-        sizes.append(text.get_fontsize() * fig.dpi / 72 * shrink)
-        box = text.get_window_extent(renderer)
-        if box.x0 < -0.5 or box.y0 < -0.5 or box.x1 > width_px + 0.5 or box.y1 > height_px + 0.5:
-            outside += 1
+
+    def leaves_figure(box) -> bool:
+        return box.x0 < -0.5 or box.y0 < -0.5 or box.x1 > width_px + 0.5 or box.y1 > height_px + 0.5
+
+    sizes = [
+        text.get_fontsize() * fig.dpi / 72 * shrink
+        for text in fig.findobj(lambda artist: hasattr(artist, "get_fontsize") and hasattr(artist, "get_text"))
+        if text.get_visible() and text.get_text().strip()
+    ]
+    # What is drawn: each axes' tight box (its tick labels in view, labels, title, legend) and the figure's texts.
+    outside = sum(leaves_figure(ax.get_tightbbox(renderer)) for ax in fig.axes if ax.get_visible())
+    outside += sum(leaves_figure(t.get_window_extent(renderer)) for t in fig.texts if t.get_text().strip())
     metadata = {
         "displayed_min_text_px": f"{min(sizes):.2f}" if sizes else "",
         "texts_outside_figure": str(outside),
