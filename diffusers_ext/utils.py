@@ -2,6 +2,8 @@
 
 from typing import TypeVar
 
+import torch
+
 
 T = TypeVar("T", bound=type)
 
@@ -35,3 +37,9 @@ def check_positive_int(name: str, value, minimum: int = 1, error: type[Exception
     if not is_int(value) or value < minimum:
         expected = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise error(f"`{name}` must be {expected}, got {value!r}.")
+
+
+def exact_dtype(device) -> torch.dtype:
+    """The dtype of small exact-as-possible bookkeeping (beam scores, camera geometry) on `device`: float64, or
+    float32 on Apple's MPS, which has no float64."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
