@@ -2,7 +2,11 @@
 
 import argparse
 import os
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+
+if TYPE_CHECKING:
+    import torch
 
 
 T = TypeVar("T", bound=type)
@@ -69,3 +73,11 @@ def positive_int_arg(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {number}")
     return number
+
+
+def exact_dtype(device) -> "torch.dtype":
+    """The dtype of small exact-as-possible bookkeeping (beam scores, camera geometry) on `device`: float64, or
+    float32 on Apple's MPS, which has no float64."""
+    import torch  # here, so that importing the package's small helpers stays free of torch
+
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64

@@ -5,7 +5,7 @@ import pytest
 import torch
 from diffusers import DDPMScheduler
 
-from diffusers_ext import ConvImageClassifier, MultiDenoiserModel, WindowedDenoiser
+from diffusers_ext import ConvImageClassifier, DivideAndDenoisePipeline, MultiDenoiserModel, WindowedDenoiser
 from diffusers_ext.evaluation import EmpiricalOptimalDenoiser
 from diffusers_ext.evaluation.divide_and_denoise.composition import (
     BLUE,
@@ -17,7 +17,7 @@ from diffusers_ext.evaluation.divide_and_denoise.composition import (
     score_digit_slots,
 )
 from diffusers_ext.pipelines.divide_and_denoise.utilities import guidance_delta, x0_saliency
-from diffusers_ext.testing import get_tiny_pixel_unet
+from diffusers_ext.testing import get_dummy_components, get_dummy_inputs, get_tiny_pixel_unet
 
 
 def test_empirical_optimal_denoiser_is_the_posterior_mean():
@@ -159,3 +159,25 @@ def test_attention_recorders_install_on_the_text_layers_without_walking_the_mode
     with torch.no_grad(), record_cross_attention(unet, store):
         unet(sample, 10, encoder_hidden_states=states)
     assert store.num_layers > 0
+
+
+def test_a_compiled_denoiser_is_classified_saved_and_run_as_the_module_it_compiles(tmp_path):
+    from diffusers_ext.pipelines.divide_and_denoise.denoisers import denoiser_conditioning
+    from diffusers_ext.testing import get_tiny_sd_components
+
+    sd_unet = get_tiny_sd_components(seed=0)["unet"]
+    compiled = torch.compile(sd_unet, backend="eager")
+    assert denoiser_conditioning(compiled) == "text"  # was "none": isinstance on the compiled wrapper
+    model = MultiDenoiserModel([compiled])
+    assert model.config.denoiser_classes == [["diffusers", "UNet2DConditionModel"]]
+    model.save_pretrained(tmp_path)
+    loaded = MultiDenoiserModel.from_pretrained(tmp_path)
+    assert type(loaded[0]).__name__ == "UNet2DConditionModel"
+
+    pipe_plain = DivideAndDenoisePipeline(**get_dummy_components(DivideAndDenoisePipeline, seed=0))
+    components = get_dummy_components(DivideAndDenoisePipeline, seed=0)
+    components["denoisers"] = MultiDenoiserModel([torch.compile(components["denoisers"][0], backend="eager")])
+    pipe_compiled = DivideAndDenoisePipeline(**components)
+    assert pipe_compiled.conditioning == "class"
+    outs = [pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0)).images for pipe in (pipe_plain, pipe_compiled)]
+    np.testing.assert_allclose(outs[1], outs[0], atol=1e-5)

@@ -120,3 +120,27 @@ def test_bad_input(overrides, message):
     args.update(overrides)
     with pytest.raises(ValueError, match=message):
         forward_warp(**args)
+
+
+@pytest.mark.parametrize("mode", ["zbuffer", "softmax"])
+def test_float32_geometry_where_the_device_has_no_float64(mode, monkeypatch):
+    import diffusers_ext.pipelines.semantic_nvs.warp as warp
+    from diffusers_ext.utils import exact_dtype
+
+    assert exact_dtype("mps") == torch.float32 and exact_dtype("cpu") == torch.float64
+    generator = torch.Generator().manual_seed(0)
+    source = torch.randn(2, 5, SIZE, SIZE, generator=generator)
+    depth = torch.rand(2, 1, SIZE, SIZE, generator=generator) + 1.0
+    eye = torch.eye(4).expand(2, 4, 4)
+    k = K.float().expand(2, 3, 3)
+    target = look_at(torch.tensor([0.3, -0.2, 0.1]), torch.tensor([0.0, 0.0, 6.0])).float().expand(2, 4, 4)
+    exact = forward_warp(source, depth, k, eye, k, target, mode=mode)
+    monkeypatch.setattr(warp, "exact_dtype", lambda device: torch.float32)  # what MPS gets
+    identity = forward_warp(source, depth, k, eye, k, eye, mode=mode)
+    assert torch.equal(identity[0], source) and identity[1].all()  # still snapped onto the pixel centres
+    moved = forward_warp(source, depth, k, eye, k, target, mode=mode)
+    both = exact[1] & moved[1]
+    assert both.float().mean() > 0.95 * exact[1].float().mean()
+    torch.testing.assert_close(
+        moved[0][both.expand_as(moved[0])], exact[0][both.expand_as(exact[0])], atol=1e-3, rtol=0
+    )

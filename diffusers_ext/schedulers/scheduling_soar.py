@@ -22,7 +22,7 @@ from diffusers import ConfigMixin, SchedulerMixin
 from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 
-from ..utils import check_positive_int, is_int, public
+from ..utils import check_positive_int, exact_dtype, is_int, public
 from .compatibility import CompatiblesMixin
 from .scheduling_utils import DiffusionLMSchedulerMixin, timestep_indices
 from .token_proposal import propose_tokens
@@ -60,7 +60,8 @@ class SOARSchedulerOutput(BaseOutput):
             none was proposed).
         confidence (`torch.Tensor` of shape `(N', L)`): the configured confidence measure at each position the step
             could commit (the dtype's lowest finite value elsewhere; at every position with `proposal_positions="all"`).
-        beam_scores (`torch.DoubleTensor` of shape `(N',)`): running score sums (see `score` in the config).
+        beam_scores (`torch.DoubleTensor` of shape `(N',)`): running score sums (see `score` in the config); float32
+            on MPS, which has no float64.
         beam_lengths (`torch.LongTensor` of shape `(N',)`): tokens committed so far by each kept row.
         beam_groups (`torch.LongTensor` of shape `(N',)`): the prompt (group) each kept row belongs to; rows of a
             group are contiguous and groups stay in their input order.
@@ -410,9 +411,10 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
         num_rows, length = sample.shape
         device = sample.device
         config = self.config
+        score_dtype = exact_dtype(device)  # float64 (float32 on MPS)
 
         if beam_scores is None:
-            beam_scores = torch.zeros(num_rows, dtype=torch.float64, device=device)
+            beam_scores = torch.zeros(num_rows, dtype=exact_dtype(device), device=device)
         if beam_lengths is None:
             beam_lengths = torch.zeros(num_rows, dtype=torch.long, device=device)
         if beam_groups is None:
@@ -516,10 +518,10 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
         new_samples = torch.where(commit, tokens[rows], sample[rows])
 
         if config.score == "logprob":
-            gains = torch.log(token_probs[rows].to(torch.float64).clamp_min(torch.finfo(torch.float64).tiny))
+            gains = torch.log(token_probs[rows].to(score_dtype).clamp_min(torch.finfo(score_dtype).tiny))
         else:
-            gains = confidence[rows].to(torch.float64)
-        new_scores = beam_scores[rows].to(torch.float64) + torch.where(commit, gains, 0.0).sum(-1)
+            gains = confidence[rows].to(score_dtype)
+        new_scores = beam_scores[rows].to(score_dtype) + torch.where(commit, gains, 0.0).sum(-1)
         new_lengths = beam_lengths[rows] + commit.sum(-1)
         groups = beam_groups[rows]
 
@@ -625,10 +627,11 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
             draws[row, eligible[row]] = torch.rand(int(eligible[row].sum()), generator=source, device=sample.device)
         commit = eligible & (draws < p_transfer.unsqueeze(1))
         new_samples = torch.where(commit, tokens, sample)
+        score_dtype = exact_dtype(sample.device)
         gains = (
-            confidence.to(torch.float64)
+            confidence.to(score_dtype)
             if self.config.score != "logprob"
-            else torch.log(token_probs.to(torch.float64).clamp_min(torch.finfo(torch.float64).tiny))
+            else torch.log(token_probs.to(score_dtype).clamp_min(torch.finfo(score_dtype).tiny))
         )
         rows = torch.arange(sample.shape[0], device=sample.device)
         output = SOARSchedulerOutput(
@@ -637,7 +640,7 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
             sampled_tokens=tokens,
             sampled_probs=token_probs,
             confidence=confidence,
-            beam_scores=scores.to(torch.float64) + torch.where(commit, gains, 0.0).sum(-1),
+            beam_scores=scores.to(score_dtype) + torch.where(commit, gains, 0.0).sum(-1),
             beam_lengths=lengths + commit.sum(-1),
             beam_groups=groups,
             parent_index=rows,

@@ -12,7 +12,7 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput, logging
 
 from ...schedulers.scheduling_soar import SOARScheduler
-from ...utils import check_positive_int, is_int, is_number, public
+from ...utils import check_positive_int, exact_dtype, is_int, is_number, public
 from .adapters import ADAPTERS, DiffusionLMAdapter, HFLogitsAdapter, get_diffusion_lm_adapter
 from .pll_rescoring import DEFAULT_PLL_CHUNK_SIZE, rescore_by_pll
 from .prompt_inputs import declared_options, prepare_input_ids
@@ -507,7 +507,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
         if latents is not None:
             x[:, prompt_length:] = latents.to(device)
         groups = torch.arange(batch_size, device=device)
-        scores = torch.zeros(batch_size, dtype=torch.float64, device=device)
+        scores = torch.zeros(batch_size, dtype=exact_dtype(device), device=device)
         lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         block_steps = torch.zeros(batch_size, dtype=torch.long, device=device)
 

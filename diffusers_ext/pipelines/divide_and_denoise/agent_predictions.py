@@ -7,8 +7,8 @@ Denoisers are called the way their class expects: a `UNet2DModel`/`UNet2DConditi
 """
 
 import torch
-from diffusers import SD3Transformer2DModel
 
+from .denoisers import is_joint_transformer, uncompiled
 from .utilities import ConceptAttentionStore, record_cross_attention
 
 
@@ -38,7 +38,7 @@ def prediction_type(scheduler) -> str:
 
 
 def _call_denoiser(denoisers, index: int, model, model_input, timestep, kwargs) -> torch.Tensor:
-    if isinstance(model, SD3Transformer2DModel):
+    if is_joint_transformer(model):
         return denoisers(
             index,
             hidden_states=model_input,
@@ -104,7 +104,7 @@ def predict_agents(
         store = None
         if record_attention:
             store = ConceptAttentionStore(sample.shape[-2:])
-            with record_cross_attention(model, store):
+            with record_cross_attention(uncompiled(model), store):
                 out = _call_denoiser(denoisers, index, model, model_input, timestep, kwargs)
         else:
             out = _call_denoiser(denoisers, index, model, model_input, timestep, kwargs)

@@ -80,9 +80,9 @@ class MultiDenoiserModel(ModelMixin, ConfigMixin):
         for i, model in enumerate(denoisers):
             if not isinstance(model, torch.nn.Module):
                 raise TypeError(f"`denoisers[{i}]` must be a torch.nn.Module, got {type(model).__name__}.")
-            check_supported_denoiser(model, f"denoisers[{i}]", "Divide-and-Denoise")
+            check_supported_denoiser(uncompiled(model), f"denoisers[{i}]", "Divide-and-Denoise")
         self.denoisers = torch.nn.ModuleList(denoisers)
-        classes = [[type(m).__module__.split(".")[0], type(m).__name__] for m in denoisers]
+        classes = [[type(m).__module__.split(".")[0], type(m).__name__] for m in map(uncompiled, denoisers)]
         self.register_to_config(denoiser_classes=classes)
 
     def __len__(self) -> int:
@@ -110,7 +110,8 @@ class MultiDenoiserModel(ModelMixin, ConfigMixin):
         `safe_serialization` and `variant` are named (diffusers' `DiffusionPipeline.save_pretrained` passes them only
         to loaders whose signature names them) and given to every denoiser, with the other `kwargs`.
         """
-        for i, model in enumerate(self.denoisers):
+        models = [uncompiled(model) for model in self.denoisers]  # a compiled denoiser saves its own module
+        for i, model in enumerate(models):
             if not isinstance(model, ModelMixin) or type(model).__module__.split(".")[0] not in _LIBRARIES:
                 raise ValueError(
                     f"denoiser {i} is a {type(model).__name__}; only diffusers or diffusers_ext ModelMixin classes can "
@@ -118,7 +119,7 @@ class MultiDenoiserModel(ModelMixin, ConfigMixin):
                 )
         os.makedirs(save_directory, exist_ok=True)
         self.save_config(save_directory)
-        for i, model in enumerate(self.denoisers):
+        for i, model in enumerate(models):
             model.save_pretrained(
                 os.path.join(save_directory, f"denoiser_{i}"),
                 safe_serialization=safe_serialization,
@@ -224,14 +225,21 @@ class WindowedDenoiser(ModelMixin, ConfigMixin):
 # What the pipeline needs to know about a denoiser, whatever its class --------------------------------------------
 
 
+def uncompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a `torch.compile` wrapper holds (`_orig_mod`), or `model` itself: what a denoiser *is*."""
+    return getattr(model, "_orig_mod", model)
+
+
 def is_joint_transformer(model: torch.nn.Module) -> bool:
     """Whether `model` is a joint-attention transformer (SD3's `SD3Transformer2DModel`), conditioned on text
-    embeddings and pooled embeddings."""
-    return isinstance(model, SD3Transformer2DModel)
+    embeddings and pooled embeddings (a `torch.compile`d one too)."""
+    return isinstance(uncompiled(model), SD3Transformer2DModel)
 
 
 def denoiser_conditioning(model: torch.nn.Module) -> str:
-    """`"text"` (cross- or joint attention), `"class"` (class embedding) or `"none"`."""
+    """`"text"` (cross- or joint attention), `"class"` (class embedding) or `"none"`; a `torch.compile`d denoiser
+    is classified by the module it compiles."""
+    model = uncompiled(model)
     if isinstance(model, (UNet2DConditionModel, SD3Transformer2DModel)):
         return "text"
     return "class" if denoiser_num_class_embeds(model) is not None else "none"
@@ -239,6 +247,7 @@ def denoiser_conditioning(model: torch.nn.Module) -> str:
 
 def denoiser_num_class_embeds(model: torch.nn.Module) -> int | None:
     """The size of a class-conditional denoiser's class table (null class included), else `None`."""
+    model = uncompiled(model)
     if isinstance(model, WindowedDenoiser):
         return model.num_class_embeds
     return getattr(getattr(model, "config", None), "num_class_embeds", None)
@@ -255,11 +264,13 @@ def denoiser_sample_size(model: torch.nn.Module) -> tuple[int, int] | None:
 
 def denoiser_in_channels(model: torch.nn.Module) -> int:
     """The channels of the samples the denoiser takes."""
+    model = uncompiled(model)
     return (model.denoiser if isinstance(model, WindowedDenoiser) else model).config.in_channels
 
 
 def denoiser_latent_constraint(model: torch.nn.Module) -> tuple[int, bool]:
     """`(multiple, fixed)`: latent sides must be multiples of `multiple`; `fixed` models only take their own size."""
+    model = uncompiled(model)
     if is_joint_transformer(model):
         return model.config.patch_size, False
     if isinstance(model, WindowedDenoiser) or not hasattr(getattr(model, "config", None), "block_out_channels"):

@@ -13,6 +13,7 @@ at +0.5).
 import torch
 
 from ...geometry.camera import check_intrinsics, check_rigid, invert_rigid
+from ...utils import exact_dtype
 
 
 WARP_MODES = ("zbuffer", "softmax")
@@ -85,7 +86,9 @@ def forward_warp(
     b, c, h, w = source.shape
     ht, wt = target_size if target_size is not None else (h, w)
     device = source.device
-    geometry = torch.float64  # exact enough that an identity warp lands on pixel centres exactly
+    # float64: exact enough that an identity warp lands on pixel centres exactly (float32 on MPS, no float64 there)
+    geometry = exact_dtype(device)
+    snap = 1e-9 if geometry == torch.float64 else 1e-4
 
     rows, cols = torch.meshgrid(
         torch.arange(h, device=device, dtype=geometry) + 0.5,
@@ -102,8 +105,8 @@ def forward_warp(
     # Continuous pixel index (the centre of pixel i is at i), snapped to the grid within round-off.
     x = projected[:, 0] / z.clamp_min(1e-6) - 0.5
     y = projected[:, 1] / z.clamp_min(1e-6) - 0.5
-    x = torch.where((x - x.round()).abs() < 1e-9, x.round(), x)
-    y = torch.where((y - y.round()).abs() < 1e-9, y.round(), y)
+    x = torch.where((x - x.round()).abs() < snap, x.round(), x)
+    y = torch.where((y - y.round()).abs() < snap, y.round(), y)
 
     batch_offset = torch.arange(b, device=device)[:, None] * (ht * wt)
     x0, y0 = torch.floor(x), torch.floor(y)
