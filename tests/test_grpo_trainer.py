@@ -110,10 +110,21 @@ def test_metrics_every_step_and_kl_to_the_adapter_free_reference(tmp_path):
         "grad_norm",
         "time/sampling",
         "time/reward",
-        "time/backward",
+        "time/optimization",
+        "time/other",
+        "time/transformer_forward",
+        "time/transformer_backward",
+        "time/vae_decode",
         "time/overhead_fraction",
     ]:
         assert all(key in log and math.isfinite(log[key]) for log in history), key
+    for log in history:  # the phases sum to the step; model work is counted where it runs, and is not all of it
+        phases = log["time/sampling"] + log["time/reward"] + log["time/optimization"] + log["time/other"]
+        assert phases == pytest.approx(log["time/step"], rel=1e-6)
+        model = sum(log[f"time/{name}"] for name in DiffusionGRPOTrainer.MODEL_TIMERS) + log["time/reward"]
+        assert 0 < model < log["time/step"]
+        assert log["time/overhead_fraction"] == pytest.approx(1 - model / log["time/step"], abs=1e-6)
+        assert log["time/transformer_forward"] < log["time/sampling"] + log["time/optimization"]
     # LoRA's B starts at zero: the first micro-step has no KL; after updates the policy has moved.
     assert history[0]["kl"] < 1e-3 * history[-1]["kl"] or history[0]["kl"] < 1e-10
     assert history[-1]["kl"] > 0

@@ -128,8 +128,10 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
 
     Metrics (logged through the accelerate trackers every `logging_steps` and kept in `self.history`): `reward`,
     `reward_std`, `frac_reward_zero_std`, `rewards/{name}/mean|std`, `kl`, `clip_ratio/low_mean`,
-    `clip_ratio/high_mean`, `clip_ratio/region_mean`, `loss`, `grad_norm`, and `time/*` (seconds per step in
-    sampling, reward and backward, plus the trainer's own overhead).
+    `clip_ratio/high_mean`, `clip_ratio/region_mean`, `loss`, `grad_norm`, and `time/*`: seconds per step by phase
+    (`sampling`, `reward`, `optimization`, `other`, summing to `step`) and by model work (`text_encoder`,
+    `transformer_forward`, `transformer_backward`, `vae_decode`, `optimizer_step`), and `overhead_fraction`, the
+    share of the step that is neither model work nor reward ([`time_metrics`]).
     """
 
     _tag_names = ["diffusers-ext", "grpo", "flow-grpo"]
@@ -249,13 +251,22 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
             self.ema.restore(self.trainable_parameters)
 
     def _timed(self, name: str):
+        """Add the block's wall-clock seconds to `self._timers[name]` (after a device synchronise on CUDA, so that
+        queued kernels are counted where they were launched)."""
         trainer = self
+        device = self.accelerator.device
+
+        def synchronize():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
 
         class _Timer:
             def __enter__(self):
+                synchronize()
                 self.start = time.perf_counter()
 
             def __exit__(self, *exc):
+                synchronize()
                 trainer._timers[name] += time.perf_counter() - self.start
 
         return _Timer()
@@ -299,7 +310,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         group_ids = torch.arange(len(rows), device=device).repeat_interleave(G)
         height, width = self._image_size()
 
-        with self._timed("model_forward"):
+        with self._timed("text_encoder"):
             encoder_prompts = {
                 key: [row[key] for row in rows] for key in adapter.encoder_prompt_keys if key in rows[0]
             }
@@ -325,7 +336,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         trajectory, log_probs = [latents], []
         self.transformer.eval()
         for t in timesteps:
-            with self._timed("model_forward"), self.accelerator.autocast():
+            with self._timed("transformer_forward"), self.accelerator.autocast():
                 velocity = adapter.velocity(self.transformer, latents, t, cond, uncond, args.guidance_scale)
             output = self.scheduler.step(velocity.float(), t, latents.float(), generator=generator)
             latents = output.prev_sample.to(dtype)
@@ -339,7 +350,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
             log_probs.append(
                 log_prob if log_prob is not None else torch.full((len(prompts),), math.nan, device=device)
             )
-        with self._timed("model_forward"):
+        with self._timed("vae_decode"):
             images = adapter.decode(latents, height, width)
         return Rollout(
             prompts=prompts,
@@ -442,7 +453,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
     def step_log_prob(self, transformer, rollout: Rollout, index: torch.Tensor, i: int):
         """Log-probability of the stored transition `i` of images `index` under `transformer`, and its mean/std."""
         latents = rollout.latents[index, i]
-        with self.accelerator.autocast():
+        with self._timed("transformer_forward"), self.accelerator.autocast():
             velocity = self.adapter.velocity(
                 transformer,
                 latents,
@@ -507,18 +518,19 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
                 for i in timesteps:
                     with self.accelerator.accumulate(self.transformer):
                         if len(index):
-                            with self._timed("forward_backward"):
-                                loss, metrics = self.compute_loss(rollout, index, i)
+                            loss, metrics = self.compute_loss(rollout, index, i)
+                            with self._timed("transformer_backward"):
                                 self.accelerator.backward(loss)
                             self._metrics["loss"].append(loss.item())
                             for key, value in metrics.items():
                                 self._metrics[key].append(value)
-                        if self.accelerator.sync_gradients:
-                            self.log_metric(
-                                "grad_norm", self.clip_gradients(self.trainable_parameters, self.transformer)
-                            )
-                        self.optimizer.step()
-                        self.optimizer.zero_grad()
+                        with self._timed("optimizer_step"):
+                            if self.accelerator.sync_gradients:
+                                self.log_metric(
+                                    "grad_norm", self.clip_gradients(self.trainable_parameters, self.transformer)
+                                )
+                            self.optimizer.step()
+                            self.optimizer.zero_grad()
             # One optimizer step per iteration; counting them from the step keeps a resumed run's EMA identical.
             if self.ema is not None and (step * args.num_iterations + iteration + 1) % args.ema_update_steps == 0:
                 self.ema.step(self.trainable_parameters)
@@ -534,27 +546,36 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         start = time.perf_counter()
         with self._timed("sampling"):
             rollout = self.generate(self.prompt_indices(step), step)
-        sampling_forward = self._timers["model_forward"]
         rollout = self.score_rollout(rollout)
-        with self._timed("backward"):
+        with self._timed("optimization"):
             self.optimize(rollout, step)
-        total = time.perf_counter() - start
         self.after_step(rollout, step)
+        total = time.perf_counter() - start
 
         logs = {key: sum(values) / len(values) for key, values in self._metrics.items() if values}
-        model_time = sampling_forward + self._timers["forward_backward"] + self._timers["reward"]
-        logs.update(
-            {
-                "time/step": total,
-                "time/sampling": self._timers["sampling"],
-                "time/reward": self._timers["reward"],
-                "time/backward": self._timers["backward"],
-                "time/model": sampling_forward + self._timers["forward_backward"],
-                "time/overhead_fraction": max(0.0, total - model_time) / total,
-            }
-        )
+        logs.update(self.time_metrics(total))
         logs.update(self.extra_metrics(rollout))
         return self.reduce_metrics(logs)
+
+    #: the model work of a step, the part a bare loop doing the same sampling and training would also spend
+    MODEL_TIMERS = ("text_encoder", "transformer_forward", "transformer_backward", "vae_decode", "optimizer_step")
+
+    def time_metrics(self, total: float) -> dict[str, float]:
+        """The step's time, in seconds, by phase and by kind of work; see the class docstring.
+
+        Phases sum to `time/step`: `sampling`, `reward`, `optimization` and `other` (advantages, metrics, the
+        subclass hook). Model work (`MODEL_TIMERS`, each measured around the call itself) and the reward are what
+        any implementation spends; `time/overhead_fraction` is the rest of the step (SDE arithmetic and
+        log-probabilities, conditioning copies, metric reads, Python) over the step.
+        """
+        timers = self._timers
+        phases = {name: timers[name] for name in ("sampling", "reward", "optimization")}
+        logs = {"time/step": total, **{f"time/{name}": value for name, value in phases.items()}}
+        logs["time/other"] = max(0.0, total - sum(phases.values()))
+        logs.update({f"time/{name}": timers[name] for name in self.MODEL_TIMERS})
+        model = sum(timers[name] for name in self.MODEL_TIMERS) + timers["reward"]
+        logs["time/overhead_fraction"] = max(0.0, total - model) / total
+        return logs
 
     def after_step(self, rollout: Rollout, step: int) -> None:
         """Hook for subclasses, called after the optimizer steps of `step`."""
