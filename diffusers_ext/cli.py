@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo_help = "run each method on the zoo and write an HTML report (81 s on 2 CPU cores; --quick 37 s)"
+    demo_help = "run each method on the zoo and write an HTML report (157 s on 2 CPU cores; --quick 97 s)"
     demo = commands.add_parser(
         "demo",
         help=demo_help,
@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--output_dir", default="demo_output", help="report folder (default: demo_output)")
     size = demo.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="the smallest settings (37 s on 2 CPU cores)")
+    size.add_argument("--quick", action="store_true", help="the smallest settings (97 s on 2 CPU cores)")
     size.add_argument(
         "--full", action="store_true", help="larger settings, the first releases' defaults (several times longer)"
     )

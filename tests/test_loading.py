@@ -34,7 +34,7 @@ def test_loads_our_pipeline_folder_with_kwargs(tmp_path):
     ).save_pretrained(tmp_path)
     index = json.loads((tmp_path / "model_index.json").read_text())
     assert index["_class_name"] == "ClassConditionalDDPMPipeline" and index["null_class_label"] == 2
-    pipe = load_pipeline(tmp_path, torch_dtype=torch.float64)
+    pipe = load_pipeline(tmp_path, dtype=torch.float64)
     assert type(pipe) is ClassConditionalDDPMPipeline and pipe.unet.dtype == torch.float64
 
 

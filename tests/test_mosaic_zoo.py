@@ -12,7 +12,7 @@ from diffusers_ext.evaluation.mosaic import MosaicEvaluator, summarize
 
 @pytest.fixture(scope="module")
 def pipe():
-    pipe = zoo.load("mosaic-t2i", torch_dtype=torch.float32)
+    pipe = zoo.load("mosaic-t2i", dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

@@ -72,7 +72,7 @@ def test_trains_saves_and_loads_as_a_stable_diffusion_pipeline(tmp_path):
     _run(out, 2, 2, "--eval_num_prompts", "2", "--eval_steps", "2", "--save_dtype", "float16")
     from diffusers import StableDiffusionPipeline
 
-    pipe = StableDiffusionPipeline.from_pretrained(str(out), torch_dtype=torch.float32)
+    pipe = StableDiffusionPipeline.from_pretrained(str(out), dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     assert pipe.unet.dtype == torch.float32 and pipe.vae.config.scaling_factor != 0.18215
     images = pipe(

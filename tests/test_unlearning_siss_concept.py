@@ -30,7 +30,9 @@ def _siss(**overrides):
             **overrides,
         }
     )
-    scheduler = DDPMScheduler(beta_schedule="squaredcos_cap_v2", clip_sample=False)
+    scheduler = DDPMScheduler(
+        beta_schedule="squaredcos_cap_v2", clip_sample=False, steps_offset=1
+    )  # as SD configures it
     return ConstrainedUnlearningTrainer(StableDiffusionPipeline(**{**components, "scheduler": scheduler}), config)
 
 

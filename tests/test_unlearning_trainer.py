@@ -461,7 +461,7 @@ def test_prompt_unlearning_with_lora_on_a_bf16_stable_diffusion():
         lambda_init=0.5,
         learning_rate=1e-2,
     )
-    pipe = StableDiffusionPipeline(**{**components, "scheduler": _scheduler()})
+    pipe = StableDiffusionPipeline(**{**components, "scheduler": _sd_scheduler()})
     trainer = ConstrainedUnlearningTrainer(pipe, config, peft_config=_lora(2))
     history = trainer.train(max_steps=2)
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in history)
