@@ -61,6 +61,9 @@ def _unet_weights(folder):
     return load_file(os.path.join(folder, "unet", "diffusion_pytorch_model.safetensors"))
 
 
+# 70-95 s (three interpreters per launch): in the slow run. The default run keeps a real two-process resume in
+# tests/test_train_consistency.py, so every launch path through tests/script_launch.py is still exercised.
+@pytest.mark.slow
 def test_two_process_resume_equals_uninterrupted_run(tmp_path):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
     log = _launch(resumed, 3)

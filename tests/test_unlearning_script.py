@@ -78,6 +78,9 @@ def _launch(base, output_dir, steps, *extra):
     return result.stdout + result.stderr
 
 
+# 70-95 s (three interpreters per launch): in the slow run. The default run keeps a real two-process resume in
+# tests/test_train_consistency.py, so every launch path through tests/script_launch.py is still exercised.
+@pytest.mark.slow
 def test_two_process_resume_equals_uninterrupted_run(tmp_path, base_pipeline):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
     log = _launch(base_pipeline, resumed, 3)
