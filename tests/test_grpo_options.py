@@ -160,3 +160,24 @@ def test_generation_batch_and_accumulation_keep_trls_meanings(tmp_path):
         )
     with pytest.raises(ValueError, match="divisible by the global batch size"):
         tiny_trainer(tmp_path / "d", per_device_train_batch_size=8, generation_batch_size=12, num_generations=4)
+
+
+def test_a_process_whose_images_were_all_dropped_still_joins_the_backward_under_ddp(tmp_path, monkeypatch):
+    """DDP all-reduces in backward: with every image dropped, a process still runs a zero-weighted loss."""
+
+    def constant(prompts, images, **kwargs):
+        return [1.0] * len(prompts)  # no group has spread: every image is dropped
+
+    trainer = tiny_trainer(tmp_path, [constant], ["a cat", "a dog"], max_steps=1, drop_zero_advantage=True)
+    backwards = []
+    original = trainer.accelerator.backward
+    trainer.accelerator.backward = lambda loss, **kw: (backwards.append(float(loss.detach())), original(loss, **kw))[1]
+    monkeypatch.setattr(type(trainer.accelerator), "num_processes", property(lambda self: 2))
+    rollout = trainer.score_rollout(trainer.generate(trainer.prompt_indices(0), 0))
+    trainer.optimize(rollout, 0)
+    # one zero-weighted backward per trained timestep (DDP averages its zero gradients with the other processes')
+    assert len(backwards) == len(trainer.timesteps_to_train(0)) and all(value == 0.0 for value in backwards)
+    monkeypatch.undo()
+    backwards.clear()
+    trainer.optimize(rollout, 0)  # one process: nothing to run
+    assert backwards == []

@@ -514,7 +514,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
             for start in range(0, batch, micro):
                 index = torch.arange(start, min(start + micro, batch), device=keep.device)
                 # Dropped images leave the micro-batch; an emptied one still counts toward the accumulation.
-                index = index[keep[index]]
+                full, index = index, index[keep[index]]
                 for i in timesteps:
                     with self.accelerator.accumulate(self.transformer):
                         if len(index):
@@ -524,6 +524,13 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
                             self._metrics["loss"].append(loss.item())
                             for key, value in metrics.items():
                                 self._metrics[key].append(value)
+                        elif self.accelerator.num_processes > 1:
+                            # Under DDP every process must run the same forwards and backwards (gradients are
+                            # all-reduced in backward): one whose images were all dropped joins with a zero-weighted
+                            # loss, so its gradient contribution is zero and the collectives line up.
+                            loss, _ = self.compute_loss(rollout, full, i)
+                            with self._timed("transformer_backward"):
+                                self.accelerator.backward(loss * 0.0)
                         with self._timed("optimizer_step"):
                             if self.accelerator.sync_gradients:
                                 self.log_metric(
