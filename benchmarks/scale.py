@@ -131,31 +131,22 @@ def _spread(values: list[float]) -> dict:
 def build_llada_shaped_lm(args):
     """A bidirectional Llama at the benchmark's shape (random weights), and the tiny tokenizer for its special ids."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
+    from diffusers_ext.models.bidirectional_llama import build_bidirectional_llama
     from diffusers_ext.models.tiny_tokenizers import get_tiny_lm_tokenizer
 
     tokenizer = get_tiny_lm_tokenizer()
-    heads = max(1, args.hidden_size // 64)
-    config = LlamaConfig(
-        vocab_size=args.vocab_size,
-        hidden_size=args.hidden_size,
-        intermediate_size=int(args.hidden_size * 8 / 3) // 64 * 64,
-        num_hidden_layers=args.num_layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        max_position_embeddings=args.prompt_length + args.gen_length,
-        tie_word_embeddings=False,
-        use_cache=False,
-        is_causal=False,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        mask_token_id=tokenizer.mask_token_id,
-        shift_logits=False,
-    )
     torch.manual_seed(args.seed)
-    model = LlamaForCausalLM(config).eval()
+    model = build_bidirectional_llama(
+        tokenizer,
+        max_length=args.prompt_length + args.gen_length,
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        num_heads=max(1, args.hidden_size // 64),
+        intermediate_size=int(args.hidden_size * 8 / 3) // 64 * 64,
+        vocab_size=args.vocab_size,
+        tie_word_embeddings=False,
+    ).eval()
     return model, tokenizer
 
 

@@ -99,7 +99,8 @@ class DiffusionLMPipeline(DiffusionPipeline):
 
     def save_pretrained(self, save_directory, **kwargs):
         """diffusers' `save_pretrained`. A model with its own modeling code (LLaDA, Dream through
-        `trust_remote_code`) is saved with its modeling files and `auto_map`, so that `from_pretrained(..., trust_remote_code=True)` loads the folder again."""
+        `trust_remote_code`) is saved with its modeling files and `auto_map`, so that `from_pretrained` loads the folder
+        again when the caller allows that code to run (`trust_remote_code`)."""
         remote_code = is_remote_code_model(self.model)
         if remote_code:
             remote_code_auto_class(self.model)  # an error now, before anything is written, if it has none
@@ -109,8 +110,9 @@ class DiffusionLMPipeline(DiffusionPipeline):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> "DiffusionLMPipeline":
-        """diffusers' `from_pretrained`; a saved model with its own modeling code needs `trust_remote_code=True`
-        (as in transformers) and is loaded through the auto class recorded by [`save_pretrained`]."""
+        """diffusers' `from_pretrained`. A saved model with its own modeling code runs only if the caller passes
+        `trust_remote_code` (as in transformers; otherwise a `ValueError` names its modeling files); it is loaded
+        through the auto class its `auto_map` names for its architecture."""
         folder = pretrained_model_name_or_path
         auto_class = saved_remote_code_auto_class(folder) if os.path.isdir(folder) else None
         if auto_class is not None and kwargs.get("model") is None:

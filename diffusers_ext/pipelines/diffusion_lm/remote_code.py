@@ -6,7 +6,7 @@ which diffusers then writes into `model_index.json` as the component's library; 
 name, so the saved pipeline could not be loaded. The model's own `save_pretrained` copies the modeling files and the
 `auto_map` into `model/`, so the folder is complete: this module records the component as a `transformers`
 `PreTrainedModel` (what it is; diffusers checks a passed component against the recorded class) and loads it back
-through the auto class that `auto_map` names for its architecture, with `trust_remote_code=True`.
+through the auto class that `auto_map` names for its architecture, when the caller passes `trust_remote_code`.
 """
 
 import json
@@ -86,4 +86,6 @@ def load_remote_code_model(folder: str | os.PathLike, auto_class: str, trust_rem
         )
     import transformers
 
-    return getattr(transformers, auto_class).from_pretrained(model_folder, trust_remote_code=True, **kwargs)
+    return getattr(transformers, auto_class).from_pretrained(
+        model_folder, trust_remote_code=trust_remote_code, **kwargs
+    )
