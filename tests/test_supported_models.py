@@ -3,7 +3,8 @@ run them (Divide-and-Denoise, DIRP, constrained unlearning), instead of failing 
 
 import pytest
 import torch
-from diffusers import DDPMScheduler, FluxTransformer2DModel, UNet2DConditionModel
+from diffusers import DDPMScheduler, UNet2DConditionModel
+from test_grpo_flux import tiny_flux
 
 from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer, DIRPPipeline, MultiDenoiserModel
 from diffusers_ext.testing import get_tiny_sd_components
@@ -29,18 +30,7 @@ def sdxl_style_unet():
 
 
 def flux_transformer():
-    torch.manual_seed(0)
-    return FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=16,
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        pooled_projection_dim=32,
-        axes_dims_rope=[4, 4, 8],
-    )
+    return tiny_flux().transformer
 
 
 @pytest.mark.parametrize(
