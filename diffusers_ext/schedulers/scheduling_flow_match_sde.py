@@ -158,9 +158,7 @@ class FlowMatchSDEScheduler(CompatiblesMixin, FlowMatchEulerDiscreteScheduler):
         if a == 0:
             return x + dt * v, torch.zeros((), dtype=torch.float32, device=x.device)
         if self.config.sde_type == "sde":
-            # At sigma = 1 the SDE's noise scale is infinite; use the next sigma for the (1 - sigma) factor there.
-            denominator = 1 - sigma if sigma < 1 else 1 - self.sigmas[min(1, len(self.sigmas) - 1)].float()
-            sigma_t = a * torch.sqrt(sigma / denominator)
+            sigma_t = self._sde_noise_scale(step_index, a)
             mean = x * (1 + sigma_t**2 / (2 * sigma) * dt) + v * (1 + sigma_t**2 * (1 - sigma) / (2 * sigma)) * dt
             std = sigma_t * torch.sqrt(-dt)
         else:
@@ -168,6 +166,40 @@ class FlowMatchSDEScheduler(CompatiblesMixin, FlowMatchEulerDiscreteScheduler):
             x0_hat, x1_hat = x - sigma * v, x + (1 - sigma) * v
             mean = (1 - sigma_next) * x0_hat + torch.sqrt(sigma_next**2 - std**2) * x1_hat
         return mean, std.to(x.device)
+
+    def _sde_noise_scale(self, step_index: int, noise_level: float) -> torch.Tensor:
+        """The `"sde"` type's diffusion coefficient `sigma_t = a * sqrt(sigma / (1 - sigma))` at step `step_index`."""
+        sigma, _ = self._sigmas_at(step_index)
+        # At sigma = 1 the SDE's noise scale is infinite; use the next sigma for the (1 - sigma) factor there.
+        denominator = 1 - sigma if sigma < 1 else 1 - self.sigmas[min(1, len(self.sigmas) - 1)].float()
+        return noise_level * torch.sqrt(sigma / denominator)
+
+    def kl_penalty(self, mean: torch.Tensor, reference_mean: torch.Tensor, step_index: int) -> torch.Tensor:
+        r"""
+        The KL penalty between two models' transitions of step `step_index` from the same sample, in the units of the
+        reference implementations, so that their `beta` values carry over.
+
+        Both transitions share their standard deviation, so the KL is a scaled squared distance of the means. For
+        `"sde"` it is Flow-GRPO's `mean((mean - reference_mean)^2) / (2 sigma_t^2)` with `sigma_t` the SDE's noise
+        scale (the exact Gaussian KL would divide by the transition variance `sigma_t^2 (sigma - sigma_next)`, a
+        factor `1 / (sigma - sigma_next)` larger). For `"cps"` it is Flow-CPS's `mean((mean - reference_mean)^2)`
+        (the exact KL times `2 std^2`).
+
+        Args:
+            mean (`torch.Tensor` of shape `(batch_size, ...)`): the policy's transition mean.
+            reference_mean (`torch.Tensor` of shape `(batch_size, ...)`): the reference model's transition mean.
+            step_index (`int`): a stochastic step (see [`~FlowMatchSDEScheduler.is_stochastic_step`]).
+
+        Returns:
+            `torch.Tensor` of shape `(batch_size,)`, float32.
+        """
+        if not self.is_stochastic_step(step_index):
+            raise ValueError(f"`step_index` {step_index} is a deterministic step: its transitions have no KL.")
+        squared = ((mean.float() - reference_mean.float()) ** 2).mean(dim=tuple(range(1, mean.ndim)))
+        if self.config.sde_type == "cps":
+            return squared
+        sigma_t = self._sde_noise_scale(step_index, self.config.noise_level).to(squared.device)
+        return squared / (2 * sigma_t**2)
 
     @staticmethod
     def gaussian_log_prob(value: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

@@ -61,6 +61,20 @@ class Rollout:
     group_std: torch.Tensor | None = None
 
 
+def clipped_policy_loss(ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """PPO's clipped surrogate, `mean(max(-A r, -A clip(r, low, high)))`, as in Flow-GRPO and TRL's GRPO.
+
+    Args:
+        ratio (`torch.Tensor` of shape `(batch_size,)`): `exp(log pi_theta - log pi_old)` of each transition.
+        advantages (`torch.Tensor` of shape `(batch_size,)`): the transitions' advantages.
+        low, high (`float`): the clip range of the ratio, `1 - epsilon` and `1 + epsilon_high`.
+
+    Returns:
+        A 0-d tensor.
+    """
+    return torch.maximum(-advantages * ratio, -advantages * ratio.clamp(low, high)).mean()
+
+
 def _reward_name(func) -> str:
     return getattr(func, "__name__", None) or type(func).__name__
 
@@ -473,9 +487,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         advantages = rollout.advantages[index]
         ratio = torch.exp(log_prob - rollout.log_probs[index, i])
         low, high = 1 - args.epsilon, 1 + (args.epsilon_high if args.epsilon_high is not None else args.epsilon)
-        unclipped = -advantages * ratio
-        clipped = -advantages * ratio.clamp(low, high)
-        policy_loss = torch.maximum(unclipped, clipped).mean()
+        policy_loss = clipped_policy_loss(ratio, advantages, low, high)
         loss = policy_loss
         metrics = {
             "clip_ratio/low_mean": ((ratio < low) & (advantages < 0)).float().mean().item(),
@@ -494,7 +506,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
                         _, reference_mean, _ = self.step_log_prob(model, rollout, index, i)
                     finally:
                         model.enable_adapters()
-            kl = ((mean - reference_mean) ** 2).mean(dim=tuple(range(1, mean.ndim))) / (2 * std**2)
+            kl = self.scheduler.kl_penalty(mean, reference_mean, i)
             loss = loss + args.beta * kl.mean()
             metrics["kl"] = kl.mean().item()
         return loss, metrics
