@@ -472,3 +472,22 @@ class TextConditionedDenoiser(torch.nn.Module):
     def forward(self, noisy: torch.Tensor, timesteps: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """`noisy` `(B, C, h, w)`, `timesteps` `(B,)`, `input_ids` `(B, L)` -> the UNet's prediction `(B, C, h, w)`."""
         return self.unet(noisy, timesteps, self.text_encoder(input_ids)[0]).sample
+
+
+def save_model_state_dict(model, state_dict: dict[str, torch.Tensor], save_directory: str) -> None:
+    """Write a diffusers model folder (`config.json` + safetensors shards, what `model.save_pretrained` writes) from
+    a full `state_dict` gathered off sharded processes (FSDP, DeepSpeed ZeRO-3), where `model` itself holds only
+    a shard; loadable with `type(model).from_pretrained(save_directory)`."""
+    from diffusers.utils import SAFETENSORS_WEIGHTS_NAME
+    from huggingface_hub import save_torch_state_dict
+
+    os.makedirs(save_directory, exist_ok=True)
+    model.save_config(save_directory)
+    # diffusers' names: diffusion_pytorch_model[-0000k-of-0000n].safetensors and its .safetensors.index.json
+    stem, extension = SAFETENSORS_WEIGHTS_NAME.rsplit(".", 1)
+    save_torch_state_dict(
+        {k: v.detach().cpu().contiguous() for k, v in state_dict.items()},
+        save_directory,
+        filename_pattern=f"{stem}{{suffix}}.{extension}",
+        max_shard_size="10GB",
+    )

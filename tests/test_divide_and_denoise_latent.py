@@ -99,6 +99,62 @@ def test_joint_attention_recording_leaves_the_sd3_output_unchanged():
     torch.testing.assert_close(store.maps.sum(dim=-1), torch.ones(2, 16, 16), atol=1e-4, rtol=0)
 
 
+def _sd3_inputs():
+    transformer = get_tiny_sd3_components(seed=0)["transformer"]
+    generator = torch.Generator().manual_seed(0)
+    kwargs = {
+        "hidden_states": torch.randn(2, 4, 16, 16, generator=generator),
+        "encoder_hidden_states": torch.randn(2, 7, 48, generator=generator),
+        "pooled_projections": torch.randn(2, 40, generator=generator),
+        "timestep": torch.tensor([500.0, 500.0]),
+    }
+    return transformer, kwargs
+
+
+def test_joint_attention_records_the_renormalised_image_to_text_block_of_the_joint_softmax(monkeypatch):
+    """The recorded maps are the image-query -> text-key block of the full joint attention, renormalised over the
+    text tokens; here the full `(N + T) x (N + T)` softmax is computed explicitly to check it."""
+    import torch.nn.functional as F
+
+    transformer, kwargs = _sd3_inputs()
+    full, recorded = [], []
+
+    def explicit_attention(query, key, value, **_):
+        probs = (query @ key.transpose(-1, -2) * query.shape[-1] ** -0.5).softmax(dim=-1)
+        full.append(probs)
+        return probs @ value
+
+    store = ConceptAttentionStore((16, 16))
+    monkeypatch.setattr(F, "scaled_dot_product_attention", explicit_attention)
+    monkeypatch.setattr(store, "record", lambda probs, batch: recorded.append(probs))
+    with torch.no_grad(), record_cross_attention(transformer, store):
+        transformer(**kwargs)
+    assert len(recorded) == len(full) > 0
+    num_image = 64  # 16 x 16 latents in 2 x 2 patches
+    for probs, got in zip(full, recorded):
+        block = probs[:, :, :num_image, num_image:]
+        expected = (block / block.sum(dim=-1, keepdim=True)).reshape(got.shape)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_joint_attention_recording_never_materialises_the_full_joint_attention(monkeypatch):
+    """Only softmaxes over the text keys (T = 7) run while recording, never over all N + T = 71 keys."""
+    transformer, kwargs = _sd3_inputs()
+    shapes = []
+    softmax = torch.Tensor.softmax
+
+    def recording_softmax(self, *args, **kw):
+        shapes.append(tuple(self.shape))
+        return softmax(self, *args, **kw)
+
+    store = ConceptAttentionStore((16, 16))
+    with torch.no_grad(), record_cross_attention(transformer, store):
+        monkeypatch.setattr(torch.Tensor, "softmax", recording_softmax)
+        transformer(**kwargs)
+        monkeypatch.undo()
+    assert shapes and all(shape[-2:] == (64, 7) for shape in shapes), shapes
+
+
 def test_one_sd3_agent_reproduces_the_stable_diffusion_3_pipeline():
     """With one agent every allocation is 1, so the composite is SD3's own guided flow-matching sampler: the
     images must match StableDiffusion3Pipeline's for the same embeddings and noise."""

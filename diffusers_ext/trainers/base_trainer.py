@@ -125,6 +125,38 @@ class DiffusionTrainer(abc.ABC):
             eps=args.adam_epsilon,
         )
 
+    def prepare_trained_model(self, model: torch.nn.Module) -> tuple[torch.nn.Module, list[torch.nn.Parameter]]:
+        """Prepare `model` and an AdamW optimizer over its trainable parameters (`self.optimizer`).
+
+        Returns `(prepared_model, trainable_parameters)`, the parameters read from the *prepared* model: FSDP (and
+        DeepSpeed ZeRO-3) replace a module's parameters when wrapping it, so lists taken before `prepare` (for an EMA,
+        gradient clipping) would point at tensors the optimizer no longer updates.
+        """
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        prepared, self.optimizer = self.accelerator.prepare(model, self.create_optimizer(parameters))
+        return prepared, [p for p in prepared.parameters() if p.requires_grad]
+
+    @property
+    def shards_parameters(self) -> bool:
+        """Whether prepared models hold only a shard of their parameters on each process (FSDP, DeepSpeed ZeRO-3).
+
+        Then the unwrapped model on the main process does not hold the full weights, and saving must gather them
+        first ([`~DiffusionTrainer.gathered_state_dict`])."""
+        from accelerate.utils import DistributedType
+
+        kind = self.accelerator.distributed_type
+        if kind == DistributedType.FSDP:
+            return True
+        if kind == DistributedType.DEEPSPEED:
+            return self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        return False
+
+    def gathered_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """The full state dict of the prepared `model`, gathered from every process's shards when parameters are
+        sharded (`shards_parameters`; a collective, so call it on every process); `None` otherwise, where the
+        unwrapped model already holds the full weights on every process."""
+        return self.accelerator.get_state_dict(model) if self.shards_parameters else None
+
     def clip_gradients(self, parameters, model: torch.nn.Module | None = None) -> float:
         """Clip the gradients to `max_grad_norm` (none when <= 0); return their norm before clipping.
 
@@ -285,7 +317,9 @@ class DiffusionTrainer(abc.ABC):
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             os.makedirs(output_dir, exist_ok=True)
-            self._save_weights(output_dir)
+        # every process: gathering sharded weights is a collective; only the main process writes
+        self._save_weights(output_dir)
+        if self.accelerator.is_main_process:
             write_model_card(
                 output_dir,
                 title=self._card_title(base_model),
@@ -302,7 +336,10 @@ class DiffusionTrainer(abc.ABC):
 
     @abc.abstractmethod
     def _save_weights(self, output_dir: str) -> None:
-        """Write the trained weights (a pipeline folder, or LoRA files) into `output_dir`."""
+        """Write the trained weights (a pipeline folder, or LoRA files) into `output_dir`.
+
+        Called on every process: gather sharded weights there (`gathered_state_dict`), then write on the main
+        process only."""
 
     def _card_title(self, base_model: str | None) -> str:
         return type(self).__name__.replace("Trainer", "") + (f" of {base_model}" if base_model else "")

@@ -158,6 +158,11 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         objective_class = OBJECTIVES[self.method]
         check_method(args, self.mode, objective_class, self.retain_data)
         accelerator = self.create_accelerator(accelerator)
+        if self.shards_parameters and peft_config is not None and not self.is_text:
+            raise ValueError(
+                "`peft_config` on a UNet2DModel (saved merged into plain weights) cannot be saved from sharded "
+                f"parameters ({accelerator.distributed_type}); train it with DDP, or without `peft_config`."
+            )
         self.noise_scheduler = DDPMScheduler.from_config(scheduler.config)
         noise_scheduler = self.noise_scheduler
         self.num_train_timesteps = int(noise_scheduler.config.num_train_timesteps)
@@ -194,8 +199,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
             self.ref_unet = copy.deepcopy(unet).requires_grad_(False).eval()
             unet.requires_grad_(True)
         unet.train()
-        self.trainable_parameters = [p for p in unet.parameters() if p.requires_grad]
-        self.unet, self.optimizer = accelerator.prepare(unet, self.create_optimizer(self.trainable_parameters))
+        self.unet, self.trainable_parameters = self.prepare_trained_model(unet)
         self.ref_unet.to(accelerator.device)
         self.elbo_weights = self.elbo_weights.to(accelerator.device)
 
@@ -544,9 +548,16 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
             self.forget_pool = state["forget_pool"].to(self.accelerator.device)
             self.forget_pool_conds = state["forget_pool_conds"]
 
-    def unlearned_unet(self):
-        """The trained UNet, unwrapped; LoRA adapters of a UNet2DModel are merged into a plain UNet2DModel."""
+    def unlearned_unet(self, state_dict: dict[str, torch.Tensor] | None = None):
+        """The trained UNet, unwrapped; LoRA adapters of a UNet2DModel are merged into a plain UNet2DModel.
+
+        `state_dict`: the full weights gathered off sharded processes (`gathered_state_dict`), loaded into a fresh
+        UNet, when the prepared UNet holds only a shard (FSDP, DeepSpeed ZeRO-3)."""
         unet = self.accelerator.unwrap_model(self.unet)
+        if state_dict is not None:
+            plain = type(unet).from_config(unet.config)
+            plain.load_state_dict(state_dict)
+            return plain.to(self.unet_dtype)
         if self.peft_config is None or self.is_text:
             return unet
         from peft.tuners.tuners_utils import BaseTunerLayer
@@ -560,33 +571,38 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         plain.load_state_dict(state)
         return plain.to(self.unet_dtype)
 
-    def lora_state_dict(self) -> dict[str, torch.Tensor]:
-        """The LoRA weights in diffusers' format (for `save_lora_weights`), for a UNet2DConditionModel with LoRA."""
+    def lora_state_dict(self, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """The LoRA weights in diffusers' format (for `save_lora_weights`), for a UNet2DConditionModel with LoRA;
+        read from `state_dict` (gathered off sharded processes) when given."""
         if not self.saves_lora_only:
             raise ValueError("`lora_state_dict` needs a `peft_config` and a UNet2DConditionModel.")
         from diffusers.utils import convert_state_dict_to_diffusers
         from peft.utils import get_peft_model_state_dict
 
-        return convert_state_dict_to_diffusers(get_peft_model_state_dict(self.accelerator.unwrap_model(self.unet)))
+        unet = self.accelerator.unwrap_model(self.unet)
+        return convert_state_dict_to_diffusers(get_peft_model_state_dict(unet, state_dict=state_dict))
 
     @property
     def saves_lora_only(self) -> bool:
         """Whether `save_model` writes LoRA weights (LoRA on a UNet2DConditionModel) rather than a merged UNet."""
         return self.peft_config is not None and self.is_text
 
-    def unlearned_pipeline(self):
-        """A shallow copy of the pipeline with the unlearned UNet (`unlearned_unet()`) in place of its own."""
+    def unlearned_pipeline(self, state_dict: dict[str, torch.Tensor] | None = None):
+        """A shallow copy of the pipeline with the unlearned UNet (`unlearned_unet(state_dict)`) in place of its own."""
         pipeline = copy.copy(self.pipeline)
-        pipeline.register_modules(unet=self.unlearned_unet())
+        pipeline.register_modules(unet=self.unlearned_unet(state_dict))
         return pipeline
 
     def _save_weights(self, output_dir: str) -> None:
         """The pipeline with the unlearned UNet (`from_pretrained` / `load_pipeline`), or for LoRA on a
         UNet2DConditionModel the LoRA weights (`pipe.load_lora_weights(output_dir)`)."""
+        state = self.gathered_state_dict(self.unet)  # every process (a collective when sharded)
+        if not self.accelerator.is_main_process:
+            return
         if self.saves_lora_only:
-            type(self.pipeline).save_lora_weights(output_dir, unet_lora_layers=self.lora_state_dict())
+            type(self.pipeline).save_lora_weights(output_dir, unet_lora_layers=self.lora_state_dict(state))
         else:
-            self.unlearned_pipeline().save_pretrained(output_dir)
+            self.unlearned_pipeline(state).save_pretrained(output_dir)
 
     def unlearned_description(self) -> str:
         """What was unlearned, in words (for model cards and logs)."""

@@ -13,7 +13,7 @@ import torch
 from diffusers.utils import logging
 
 from ..schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler
-from ..training_utils import ResumableBatchSampler, step_generator
+from ..training_utils import ResumableBatchSampler, save_model_state_dict, step_generator
 from ..utils import public
 from .base_config import with_default_targets
 from .base_trainer import DiffusionTrainer
@@ -220,9 +220,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
                 import copy
 
                 self.reference = copy.deepcopy(transformer).requires_grad_(False).eval()
-        self.trainable_parameters = [p for p in transformer.parameters() if p.requires_grad]
-        optimizer = self.create_optimizer(self.trainable_parameters)
-        self.transformer, self.optimizer = self.accelerator.prepare(transformer, optimizer)
+        self.transformer, self.trainable_parameters = self.prepare_trained_model(transformer)
         self.ema = None
         if args.use_ema:
             from diffusers.training_utils import EMAModel
@@ -616,19 +614,25 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         return self._save_trained_weights(output_dir)
 
     def _save_trained_weights(self, output_dir: str) -> None:
+        state = self.gathered_state_dict(self.transformer)  # every process (a collective when sharded)
+        if not self.accelerator.is_main_process:
+            return
         transformer = self.unwrapped_transformer
         if self.peft_config is not None:
             from peft.utils import get_peft_model_state_dict
 
-            layers = {k: v.detach().cpu() for k, v in get_peft_model_state_dict(transformer).items()}
+            lora = get_peft_model_state_dict(transformer, state_dict=state)
+            layers = {k: v.detach().cpu() for k, v in lora.items()}
             # The adapter's config (rank, alpha, targets) goes into the file's metadata, so the scale survives loading.
             type(self.pipeline).save_lora_weights(
                 output_dir,
                 transformer_lora_layers=layers,
                 transformer_lora_adapter_metadata=transformer.peft_config["default"].to_dict(),
             )
-        else:
+        elif state is None:
             transformer.save_pretrained(os.path.join(output_dir, "transformer"))
+        else:
+            save_model_state_dict(transformer, state, os.path.join(output_dir, "transformer"))
 
     def _card_title(self, base_model: str | None) -> str:
         return f"{type(self).__name__.replace('Trainer', '')} LoRA for {type(self.pipeline).__name__}"
