@@ -69,3 +69,14 @@ def test_a_tiny_run_writes_its_targets(tmp_path):
     assert len(names) == 3 and all(n.startswith("dlm") for n in names)
     assert results["summary"]["dlm"]["tokens_agree"] == {"package": True, "plain_loop": True}
     assert "CPU figures" in (tmp_path / "scale.md").read_text()
+
+
+def test_sd3_attention_part_records_without_changing_the_layers_output(tmp_path):
+    results = scale.main(
+        ["--parts", "sd3_attention", "--sd3_image_size", "64", "--repetitions", "1", "--output_dir", str(tmp_path)]
+    )
+    part = results["summary"]["sd3_attention"]
+    assert part["shape"] == {"image_size": 64, "image_tokens": 16, "text_tokens": 333}
+    assert part["max_abs_output_difference"] < 1e-5
+    assert part["memory_ratio"] > 0 and part["time_ratio"]["median"] > 0
+    assert "sd3_attention" in (tmp_path / "scale.md").read_text()
