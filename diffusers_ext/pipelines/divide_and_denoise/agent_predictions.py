@@ -103,17 +103,19 @@ def predict_agents(
         timestep = t.expand(model_input.shape[0]) if isinstance(t, torch.Tensor) and t.ndim == 0 else t
         store = None
         if record_attention:
-            store = ConceptAttentionStore(sample.shape[-2:])
+            # only the conditional branch's maps are used: the last n * batch rows
+            store = ConceptAttentionStore(sample.shape[-2:], first_row=(branches - 1) * n * batch)
             with record_cross_attention(uncompiled(model), store):
                 out = _call_denoiser(denoisers, index, model, model_input, timestep, kwargs)
         else:
             out = _call_denoiser(denoisers, index, model, model_input, timestep, kwargs)
         out = out.view(branches, n, batch, *out.shape[1:])
-        maps = store.maps.view(branches, n, batch, *store.maps.shape[1:]) if store is not None else None
+        maps = store.maps if store is not None else None
+        maps = maps.view(n, batch, *maps.shape[1:]) if maps is not None else None
         for j, k in enumerate(agents):
             cond_out[k] = out[-1, j]
             uncond_out[k] = out[0, j] if branches == 2 else None
-            attention[k] = maps[-1, j] if maps is not None else None
+            attention[k] = maps[j] if maps is not None else None
     cond_out = torch.stack(cond_out, dim=1)
     uncond_out = torch.stack(uncond_out, dim=1) if branches == 2 else None
     guided = cond_out

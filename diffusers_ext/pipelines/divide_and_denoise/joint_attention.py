@@ -71,9 +71,10 @@ class JointConceptAttentionProcessor:
             with torch.no_grad():
                 scale = query.shape[-1] ** -0.5  # scaled_dot_product_attention's default scale
                 # image queries x text keys only: (B, H, N, T), softmax over the text keys (module docstring)
-                logits = query[:, :, :num_image].float() @ key[:, :, num_image:].float().transpose(-1, -2) * scale
-                to_text = logits.softmax(dim=-1)
-            self.store.record(to_text.reshape(batch_size * attn.heads, num_image, -1), batch_size)
+                rows = slice(self.store.first_row, None)  # only the rows the store records
+                image_queries, text_keys = query[rows, :, :num_image].float(), key[rows, :, num_image:].float()
+                to_text = (image_queries @ text_keys.transpose(-1, -2) * scale).softmax(dim=-1)
+            self.store.record(to_text.reshape(-1, num_image, to_text.shape[-1]), to_text.shape[0])
         out = F.scaled_dot_product_attention(query, key, value, dropout_p=0.0, is_causal=False)
         out = out.transpose(1, 2).reshape(batch_size, -1, value.shape[1] * value.shape[-1])
         out = out.to(query.dtype)

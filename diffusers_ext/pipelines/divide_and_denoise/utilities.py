@@ -46,19 +46,29 @@ def guidance_delta(noise_cond: torch.Tensor, noise_uncond: torch.Tensor) -> torc
 class ConceptAttentionStore:
     """Accumulates cross-attention probabilities (mean over heads) resized to the sample's resolution.
 
-    `maps` is `(batch, H, W, num_tokens)`: the sum over the recorded layers, divided by their number.
+    `maps` is `(rows, H, W, num_tokens)`: the sum over the recorded layers, divided by their number. Layers are summed
+    at their own resolution and resized once per resolution when `maps` is read (bilinear resizing is linear, so
+    this is the mean of the resized maps, without resizing every layer's map at every call).
+
+    Args:
+        size (`tuple[int, int]`): the sample's `(H, W)`.
+        first_row (`int`, defaults to 0): record only the batch rows from this one on (the conditional branch of a
+            classifier-free-guided batch, whose maps are the only ones used); the recording processors compute the
+            other rows' attention with the fused kernel.
     """
 
-    def __init__(self, size: tuple[int, int]):
+    def __init__(self, size: tuple[int, int], first_row: int = 0):
         self.size = tuple(size)
+        self.first_row = int(first_row)
         self.reset()
 
     def reset(self) -> None:
-        self._sum: torch.Tensor | None = None
+        self._sums: dict[tuple[int, int], torch.Tensor] = {}
         self.num_layers = 0
 
     def record(self, probs: torch.Tensor, batch: int) -> None:
-        """`probs` of shape `(batch * heads, queries, tokens)` from one cross-attention layer."""
+        """`probs` of shape `(batch * heads, queries, tokens)` from one cross-attention layer, for `batch` rows (the
+        rows from `first_row` on)."""
         heads = probs.shape[0] // batch
         probs = probs.reshape(batch, heads, probs.shape[1], probs.shape[2]).mean(dim=1)
         height, width = self.size
@@ -67,17 +77,19 @@ class ConceptAttentionStore:
         if h * w != probs.shape[1]:
             return  # a layer whose grid does not tile the sample (odd sizes); skip rather than guess
         grid = probs.transpose(1, 2).reshape(batch, probs.shape[2], h, w).float()
-        if (h, w) != (height, width):
-            grid = F.interpolate(grid, size=(height, width), mode="bilinear", align_corners=False)
-        grid = grid.permute(0, 2, 3, 1)
-        self._sum = grid if self._sum is None else self._sum + grid
+        self._sums[(h, w)] = grid if (h, w) not in self._sums else self._sums[(h, w)] + grid
         self.num_layers += 1
 
     @property
     def maps(self) -> torch.Tensor:
-        if self._sum is None:
+        if not self._sums:
             raise RuntimeError("no cross-attention was recorded; does the model have cross-attention layers?")
-        return self._sum / self.num_layers
+        total = None
+        for (h, w), grid in self._sums.items():
+            if (h, w) != self.size:
+                grid = F.interpolate(grid, size=self.size, mode="bilinear", align_corners=False)
+            total = grid if total is None else total + grid
+        return total.permute(0, 2, 3, 1) / self.num_layers
 
 
 class ConceptAttentionProcessor:
@@ -120,9 +132,18 @@ class ConceptAttentionProcessor:
         key = attn.head_to_batch_dim(key)
         value = attn.head_to_batch_dim(value)
 
-        attention_probs = attn.get_attention_scores(query, key, attention_mask)
-        self.store.record(attention_probs.detach(), batch_size)
-        hidden_states = torch.bmm(attention_probs, value)
+        # rows before the store's first row (an unconditional branch) take the fused kernel; the recorded ones the
+        # explicit softmax whose probabilities are recorded
+        split = self.store.first_row * attn.heads
+        mask = (lambda rows: None) if attention_mask is None else (lambda rows: attention_mask[rows])
+        attention_probs = attn.get_attention_scores(query[split:], key[split:], mask(slice(split, None)))
+        self.store.record(attention_probs.detach(), batch_size - self.store.first_row)
+        hidden_states = torch.bmm(attention_probs, value[split:])
+        if split:
+            fused = F.scaled_dot_product_attention(
+                query[:split], key[:split], value[:split], attn_mask=mask(slice(None, split)), scale=attn.scale
+            )
+            hidden_states = torch.cat([fused, hidden_states])
         hidden_states = attn.batch_to_head_dim(hidden_states)
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
