@@ -29,10 +29,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from diffusers_ext import ManifoldFeatureDistance
-from diffusers_ext.losses.consistency import EasyConsistencySchedule, consistency_training_loss
-from diffusers_ext.losses.manifold_feature_distance import normalized_distance_gradient
 from regenerate_ayt import (
     STEP_ITERATIONS,
     build_feature_network,
@@ -43,6 +39,10 @@ from regenerate_ayt import (
     denoiser,
     step_noise,
 )
+
+from diffusers_ext import ManifoldFeatureDistance
+from diffusers_ext.losses.consistency import EasyConsistencySchedule, consistency_training_loss
+from diffusers_ext.losses.manifold_feature_distance import normalized_distance_gradient
 
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "ayt.json").read_text())
