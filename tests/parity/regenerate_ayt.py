@@ -17,7 +17,7 @@ What runs from the reference, and what the driver adds:
 - The pseudo-Huber CM loss is the reference's `PseudoHuber` (`src/ayt/losses.py`, `c_mult=0.0` as in
   `configs/loss/pseudohuber.yaml`).
 - The training step reproduces the body of the reference's training loop (`train_ecm_ayt.py`, the lines from
-  "Sample data and noise" to `opt.zero_grad()`): `x_r = x0 + r eps`, `x_t = x0 + t eps`, the target `D(x_r, r)`
+  "Sample data and noise" to `optimizer.zero_grad()`): `x_r = x0 + r eps`, `x_t = x0 + t eps`, the target `D(x_r, r)`
   without gradient and `x0` where `r <= 0`, `w = 1 / (t - r)`, the CM loss, the distance's gradient at a detached
   copy of `D(x_t, t)`, the proximal loss `mean(w / 2 ||D - sg(D - g)||^2)`, the choice `loss = prox` for
   `lmda1 > 1000` (the default 1e5), `RAdam`. The denoiser `D` is the package's `consistency_model_output` of a tiny
@@ -172,44 +172,42 @@ def run_reference(repo: Path) -> dict:
     unet = build_unet()
     unet.train()
     model = denoiser(unet)
-    opt = torch.optim.RAdam(params=unet.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    optimizer = torch.optim.RAdam(params=unet.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     criterion = losses.PseudoHuber(c_mult=0.0)
     x0 = clean_batch()
     steps = []
     for iteration in range(NUM_STEPS):
         eps = step_noise(iteration, x0)
-        si, sip1 = curriculum.sample(x0.shape[0], STEP_ITERATIONS[iteration])
-        xsi, xsip1 = x0 + eps * si.reshape(-1, 1, 1, 1), x0 + eps * sip1.reshape(-1, 1, 1, 1)
+        r, t = curriculum.sample(x0.shape[0], STEP_ITERATIONS[iteration])
+        x_r, x_t = x0 + eps * r.reshape(-1, 1, 1, 1), x0 + eps * t.reshape(-1, 1, 1, 1)
         with torch.no_grad():
-            D_xsi = model(xsi, si)
-            D_xsi[si <= 0.0] = x0[si <= 0.0]
-        D_xsip1 = model(xsip1, sip1)
-        w_icm = 1 / (sip1 - si)
-        loss_cm = criterion(D_xsip1, D_xsi, w=w_icm)[0]
-        D_xsip1_cp = D_xsip1.detach().clone().requires_grad_(True)
-        loss_dst = features.distance(D_xsip1_cp, D_xsi, reduce_mean=True)
-        loss_dst.backward()
-        loss_dst_grad = normalize(D_xsip1_cp.grad.detach().clone())
-        loss_dst_prox = (
-            w_icm * 0.5 * (D_xsip1 - (D_xsip1 - loss_dst_grad).detach()).square().sum(dim=(1, 2, 3))
-        ).mean()
-        loss = loss_dst_prox  # lmda1 = 1e5 > 1000
+            target = model(x_r, r)
+            target[r <= 0.0] = x0[r <= 0.0]
+        prediction = model(x_t, t)
+        weight = 1 / (t - r)
+        cm_loss = criterion(prediction, target, w=weight)[0]
+        point = prediction.detach().clone().requires_grad_(True)
+        mean_distance = features.distance(point, target, reduce_mean=True)
+        mean_distance.backward()
+        direction = normalize(point.grad.detach().clone())
+        prox = (weight * 0.5 * (prediction - (prediction - direction).detach()).square().sum(dim=(1, 2, 3))).mean()
+        loss = prox  # lmda1 = 1e5 > 1000
         loss.backward()
         grads = [p.grad for p in unet.parameters()]
         steps.append(
             {
                 "iteration": STEP_ITERATIONS[iteration],
-                "t": _values(sip1),
-                "r": _values(si),
-                "loss_cm": loss_cm.item(),
-                "distance_mean": loss_dst.item(),
+                "t": _values(t),
+                "r": _values(r),
+                "cm_loss": cm_loss.item(),
+                "distance_mean": mean_distance.item(),
                 "loss": loss.item(),
                 "grad_norm": torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item(),
                 "conv_out_weight_grad": _values(unet.conv_out.weight.grad),
             }
         )
-        opt.step()
-        opt.zero_grad()
+        optimizer.step()
+        optimizer.zero_grad()
         steps[-1]["conv_out_weight"] = _values(unet.conv_out.weight)
         steps[-1]["parameter_sum"] = sum(p.double().sum().item() for p in unet.parameters())
     result["steps"] = steps

@@ -20,9 +20,9 @@ BLIP from the Hub; wandb; CUDA), so the driver below runs each one's training li
    `x_t` from its on-policy pool instead), and the timesteps are those the loop draws with `random.seed(42)`.
 2. `likelihood_rl` — `train.py`'s epoch loop with the reference's own `my_utils.sample_loop` (DDIM, eta 0.5, guidance
    7.5, with log-probabilities and the per-step KL to the adapter-disabled model, gradients on) and
-   `my_utils.compute_likelihood` (with adapters disabled), then `loss = lamb * mean(rewards * log_probs) + mean(KL)`,
+   `my_utils.compute_likelihood` (with adapters disabled), then `loss = lam * mean(rewards * log_probs) + mean(KL)`,
    `clip_grad_norm_(1.0)`, `AdamW(weight_decay=0.01)` with the cosine warm-up schedule, and the dual update
-   `lamb <- max(lamb + lr_dual * (mean reward - b), 0)`. Left out: the evaluations (CLIP, FID, images), which do not
+   `lam <- max(lam + lr_dual * (mean reward - b), 0)`. Left out: the evaluations (CLIP, FID, images), which do not
    change the weights; the driver seeds the global RNG at each epoch's start instead (the reference's evaluations
    consume it).
 3. `dual_kl` — the notebook's (`superdiff_unlearning.ipynb`) `dual_step` for its KL constraints, executed from the
@@ -170,13 +170,13 @@ def run_esd(my_utils) -> dict:
     pipe = build_pipeline()
     unet = pipe.unet
     with torch.no_grad():
-        erase_embeds = my_utils.get_text_embedding([PROMPT], pipe.tokenizer, pipe.text_encoder, accelerator)
-        null_embeds = my_utils.get_text_embedding([""], pipe.tokenizer, pipe.text_encoder, accelerator)
-    erase_from_embeds = erase_embeds
+        erase_states = my_utils.get_text_embedding([PROMPT], pipe.tokenizer, pipe.text_encoder, accelerator)
+        null_states = my_utils.get_text_embedding([""], pipe.tokenizer, pipe.text_encoder, accelerator)
+    from_states = erase_states
     add_lora(unet)
     params = lora_parameters(unet)
     optimizer = torch.optim.Adam(params, lr=ESD["learning_rate"], betas=(0.9, 0.999))
-    criteria = torch.nn.MSELoss()
+    mse = torch.nn.MSELoss()
     timesteps = esd_timesteps(pipe.scheduler)
     steps = []
     initial_lora_sum = sum(p.double().sum().item() for p in params)
@@ -185,14 +185,14 @@ def run_esd(my_utils) -> dict:
         xt, t = esd_latent(iteration), torch.tensor(timesteps[iteration])
         with torch.no_grad():
             unet.disable_adapters()
-            noise_pred_erase = unet(xt, t, encoder_hidden_states=erase_embeds, return_dict=False)[0]
-            noise_pred_null = unet(xt, t, encoder_hidden_states=null_embeds, return_dict=False)[0]
-            noise_pred_erase_from = unet(xt, t, encoder_hidden_states=erase_from_embeds, return_dict=False)[0]
+            eps_erase = unet(xt, t, encoder_hidden_states=erase_states, return_dict=False)[0]
+            eps_null = unet(xt, t, encoder_hidden_states=null_states, return_dict=False)[0]
+            eps_from = unet(xt, t, encoder_hidden_states=from_states, return_dict=False)[0]
             unet.enable_adapters()
-        noise_pred_esd_model = unet(xt, t, encoder_hidden_states=erase_from_embeds, return_dict=False)[0]
+        eps_trained = unet(xt, t, encoder_hidden_states=from_states, return_dict=False)[0]
         ratio = 1
-        target = noise_pred_erase_from - (ESD["negative_guidance"] * ratio * (noise_pred_erase - noise_pred_null))
-        loss = criteria(noise_pred_esd_model, target)
+        target = eps_from - (ESD["negative_guidance"] * ratio * (eps_erase - eps_null))
+        loss = mse(eps_trained, target)
         loss.backward()
         record = {"timestep": timesteps[iteration], "loss": loss.item(), "grad_norm": _grad_norm(params)}
         record["probe_grad"] = _values(probe(unet).grad)
@@ -211,22 +211,22 @@ def run_likelihood_rl(my_utils) -> dict:
     pipe = build_pipeline()
     unet, tokenizer, text_encoder = pipe.unet, pipe.tokenizer, pipe.text_encoder
     with torch.no_grad():
-        text_embeddings = my_utils.get_text_embedding([PROMPT], tokenizer, text_encoder, accelerator)
-        uncond_embeddings = my_utils.get_text_embedding([""], tokenizer, text_encoder, accelerator)
-    lamb = torch.tensor(options["lamb_init"], requires_grad=False)
+        prompt_states = my_utils.get_text_embedding([PROMPT], tokenizer, text_encoder, accelerator)
+        empty_states = my_utils.get_text_embedding([""], tokenizer, text_encoder, accelerator)
+    lam = torch.tensor(options["lamb_init"], requires_grad=False)
     b = torch.tensor(options["b"], requires_grad=False)
     unet.train()
     add_lora(unet)
-    lora_layers = lora_parameters(unet)
+    trained = lora_parameters(unet)
     scheduler = my_utils.my_DDIMScheduler.from_config(pipe.scheduler.config)
-    optimizer = torch.optim.AdamW(lora_layers, lr=options["lr"], weight_decay=0.01)
+    optimizer = torch.optim.AdamW(trained, lr=options["lr"], weight_decay=0.01)
     lr_scheduler = get_cosine_schedule_with_warmup(
         optimizer=optimizer, num_warmup_steps=10, num_training_steps=options["num_epochs"]
     )
     epochs = []
     for epoch in range(options["num_epochs"]):
         torch.manual_seed(options["seed"] + epoch)
-        batch_log_probs, batch_KLs, batch_latents = my_utils.sample_loop(
+        log_probs, kls, samples = my_utils.sample_loop(
             accelerator,
             scheduler,
             unet,
@@ -238,8 +238,8 @@ def run_likelihood_rl(my_utils) -> dict:
             with_KL=True,
             num_inference_steps=options["num_inference_steps"],
             grad=True,
-            precomputed_text_embeddings=text_embeddings,
-            precomputed_uncond_embeddings=uncond_embeddings,
+            precomputed_text_embeddings=prompt_states,
+            precomputed_uncond_embeddings=empty_states,
         )
         with torch.no_grad():
             unet.eval()
@@ -251,10 +251,10 @@ def run_likelihood_rl(my_utils) -> dict:
                 None,
                 tokenizer,
                 text_encoder,
-                batch_latents,
+                samples,
                 batch_size=options["batch_size"],
-                precomputed_text_embeddings=text_embeddings,
-                precomputed_uncond_embeddings=uncond_embeddings,
+                precomputed_text_embeddings=prompt_states,
+                precomputed_uncond_embeddings=empty_states,
                 num_inference_steps=options["num_inference_steps"],
                 n_noise_samples=options["n_noise_samples"],
             )
@@ -262,26 +262,26 @@ def run_likelihood_rl(my_utils) -> dict:
                 rewards = 0.001 * torch.exp(rewards)
             unet.enable_adapters()
             unet.train()
-        r = (rewards * batch_log_probs).mean()
-        KL = batch_KLs.mean()
-        loss = lamb * r + KL
+        r = (rewards * log_probs).mean()
+        KL = kls.mean()
+        loss = lam * r + KL
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(lora_layers, max_norm=1.0)
+        grad_norm = torch.nn.utils.clip_grad_norm_(trained, max_norm=1.0)
         optimizer.step()
         lr_scheduler.step()
         optimizer.zero_grad()
-        avg_rewards_mean = rewards.mean().item()
-        lamb = lamb + options["lr_dual"] * (avg_rewards_mean - b)
-        if lamb < 0.0:
-            lamb = 0.0 * lamb
+        mean_reward = rewards.mean().item()
+        lam = lam + options["lr_dual"] * (mean_reward - b)
+        if lam < 0.0:
+            lam = 0.0 * lam
         epochs.append(
             {
                 "loss": loss.item(),
                 "KL": KL.item(),
-                "reward_mean": avg_rewards_mean,
-                "log_prob_mean": batch_log_probs.mean().item(),
+                "reward_mean": mean_reward,
+                "log_prob_mean": log_probs.mean().item(),
                 "grad_norm": float(grad_norm),
-                "lambda": float(lamb),
+                "lambda": float(lam),
             }
         )
     return {"epochs": epochs}

@@ -135,7 +135,7 @@ def test_ect_steps_match_reference():
         loss = consistency_training_loss(prediction, target, t, r, "normalized_gradient", distance=distance).mean()
         loss_cm = consistency_training_loss(prediction, target, t, r, "pseudo_huber", huber_c=0.0).mean()
         _assert_close(loss.item(), record["loss"], f"step {index} loss")
-        _assert_close(loss_cm.item(), record["loss_cm"], f"step {index} pseudo-Huber loss")
+        _assert_close(loss_cm.item(), record["cm_loss"], f"step {index} pseudo-Huber loss")
         _assert_close(distance(prediction.detach(), target).mean().item(), record["distance_mean"], "distance")
 
         loss.backward()
