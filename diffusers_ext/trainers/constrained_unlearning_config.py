@@ -140,7 +140,12 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
 
     # Baselines
     esd_negative_guidance: float = field(
-        default=2.0, metadata={"help": "ESD's negative guidance eta: target eps_ref - eta (eps_u - eps_ref)."}
+        default=2.0,
+        metadata={
+            "help": "ESD's negative guidance eta: target eps_ref - eta (eps_u - eps_ref), the paper's form. ESD's "
+            "diffusers script and the constrained-unlearning reference write eps_u - eta (eps_u - eps_ref): their "
+            "eta is this one plus 1."
+        },
     )
     neggrad_weight: float = field(
         default=1.0,
