@@ -21,6 +21,11 @@ Parts:
 - `dirp`: one DIRP iteration (the differentiable DDIM round trip and its backward) against a plain inversion +
   reconstruction without gradients, at 64x64 latents with an SD-shaped UNet and VAE at reduced width: peak memory
   (torch's CPU allocator events, `diffusers_ext.metrics.peak_memory_bytes`) and time.
+- `grpo`: `DiffusionGRPOTrainer` steps (LoRA, classifier-free guidance 4.5) on an SD3-format pipeline whose
+  transformer has 4 joint blocks of width 192 (by default) at 32x32 latents, random weights. The trainer's own
+  `time/overhead_fraction` (`--grpo_layers`, `--grpo_width`) against an outside measurement of the same step: every transformer, text-encoder and VAE
+  call and optimizer step the trainer made is recorded and replayed bare (forwards, plus a backward for the calls made
+  with gradients), and the outside overhead is 1 - replay time / step time.
 - `sd3_attention`: one SD3.5-medium joint attention layer (hidden 1536, 24 heads) at `--sd3_image_size` px (2304
   image tokens at 768 px) and 333 text tokens: Divide-and-Denoise's recording processor against diffusers'
   `JointAttnProcessor2_0`, peak memory and time of a forward (no targets: the issue measured the earlier explicit
@@ -38,7 +43,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
-PARTS = ("dlm", "dnd", "dirp", "sd3_attention")
+PARTS = ("dlm", "dnd", "dirp", "grpo", "sd3_attention")
 
 # Targets of the performance issue (issue 28).
 DLM_WALL_RATIO_TARGET = 0.85  # package / LLaDA `generate`, greedy low-confidence
@@ -47,6 +52,7 @@ SOAR_OUTSIDE_MS_TARGET = 10.0  # per beam row per step, beam 4
 DND_RATIO_TARGET = 1.03  # D&D wall / plain UNet forwards
 DIRP_MEMORY_RATIO_TARGET = 3.0  # one iteration / plain inversion + reconstruction
 DIRP_TIME_RATIO_TARGET = 3.5
+GRPO_OVERHEAD_AGREEMENT_TARGET = 0.02  # |trainer's overhead fraction - outside measurement|
 
 
 def parse_args(argv=None):
@@ -71,6 +77,9 @@ def parse_args(argv=None):
     parser.add_argument("--width_fraction", type=float, default=0.2, help="UNet width as a fraction of SD1.5's.")
     parser.add_argument("--dnd_steps", type=int, default=4, help="Divide-and-Denoise denoising steps.")
     parser.add_argument("--dirp_inversion_steps", type=int, default=4, help="DDIM inversion steps of the dirp part.")
+    parser.add_argument("--grpo_steps", type=int, default=10, help="Denoising steps of the grpo part's rollouts.")
+    parser.add_argument("--grpo_layers", type=int, default=4, help="Joint blocks of the grpo part's transformer.")
+    parser.add_argument("--grpo_width", type=int, default=192, help="Its width (a multiple of 32, the head size).")
     parser.add_argument("--sd3_image_size", type=int, default=768, help="Image side of the sd3_attention part.")
     parser.add_argument("--output_dir", default=RESULTS, help="Where scale.json/.md go.")
     add_from_results_argument(parser)
@@ -87,6 +96,9 @@ def parse_args(argv=None):
         "dnd_steps",
         "dirp_inversion_steps",
         "sd3_image_size",
+        "grpo_steps",
+        "grpo_layers",
+        "grpo_width",
     ):
         check_positive_int(name, getattr(args, name))
     if args.gen_length % args.block_length or args.steps % (args.gen_length // args.block_length):
@@ -94,6 +106,8 @@ def parse_args(argv=None):
             f"--gen_length {args.gen_length} must be a multiple of --block_length {args.block_length}, and --steps "
             f"{args.steps} a multiple of the number of blocks."
         )
+    if args.grpo_width % 32:
+        parser.error(f"--grpo_width must be a multiple of 32 (the head size), got {args.grpo_width}.")
     if not 0 < args.width_fraction <= 1:
         parser.error(f"--width_fraction must be in (0, 1], got {args.width_fraction}.")
     if args.llada_repo is not None and not os.path.isfile(os.path.join(args.llada_repo, "generate.py")):
@@ -508,6 +522,151 @@ def measure_dirp(args) -> dict:
     }
 
 
+def _grpo_trainer(args, output_dir: str):
+    import torch
+    from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
+    from peft import LoraConfig
+
+    from diffusers_ext import DiffusionGRPOConfig, DiffusionGRPOTrainer
+    from diffusers_ext.testing import get_tiny_sd3_components
+
+    components = get_tiny_sd3_components(args.seed)
+    torch.manual_seed(args.seed)
+    components["transformer"] = SD3Transformer2DModel(
+        sample_size=32,
+        patch_size=2,
+        in_channels=4,
+        out_channels=4,
+        num_layers=args.grpo_layers,
+        attention_head_dim=32,
+        num_attention_heads=args.grpo_width // 32,
+        joint_attention_dim=48,
+        caption_projection_dim=args.grpo_width,
+        pooled_projection_dim=40,
+        pos_embed_max_size=64,
+    ).eval()
+    pipe = StableDiffusion3Pipeline(**components)
+    config = DiffusionGRPOConfig(
+        output_dir=output_dir,
+        max_steps=args.repetitions + 1,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        num_inference_steps=args.grpo_steps,
+        guidance_scale=4.5,
+        height=64,
+        width=64,
+        max_sequence_length=8,
+        learning_rate=1e-4,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=args.seed,
+    )
+
+    def brightness(images, prompts, **kwargs):
+        return images.mean(dim=(1, 2, 3)).tolist()
+
+    prompts = [{"prompt": p} for p in ("a red circle", "a blue square", "a green cross", "a white disc")]
+    lora = LoraConfig(r=8, lora_alpha=8, init_lora_weights="gaussian")
+    return DiffusionGRPOTrainer(pipe, [brightness], config, train_dataset=prompts, peft_config=lora)
+
+
+def measure_grpo(args) -> dict:
+    import tempfile
+
+    import torch
+
+    with tempfile.TemporaryDirectory() as output_dir:
+        trainer = _grpo_trainer(args, output_dir)
+        pipe = trainer.pipeline
+        calls = []  # (kind, module, args, kwargs, grad enabled) of every model call of the measured step
+
+        def recorder(kind):
+            def hook(module, margs, kwargs):
+                clone = lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x  # noqa: E731
+                calls.append(
+                    (
+                        kind,
+                        module,
+                        [clone(a) for a in margs],
+                        {k: clone(v) for k, v in kwargs.items()},
+                        torch.is_grad_enabled(),
+                    )
+                )
+
+            return hook
+
+        modules = [("transformer", trainer.transformer)]
+        modules += [(name, getattr(pipe, name)) for name in ("text_encoder", "text_encoder_2", "text_encoder_3")]
+        handles = [m.register_forward_pre_hook(recorder(kind), with_kwargs=True) for kind, m in modules]
+        decode = pipe.vae.decode
+
+        def recorded_decode(z, *margs, **kwargs):
+            calls.append(("vae_decode", None, [z.detach().clone()], {}, False))
+            return decode(z, *margs, **kwargs)
+
+        pipe.vae.decode = recorded_decode
+        optimizer_step = trainer.optimizer.step
+
+        def recorded_step(*margs, **kwargs):
+            calls.append(("optimizer_step", None, [], {}, False))
+            return optimizer_step(*margs, **kwargs)
+
+        trainer.optimizer.step = recorded_step
+        trainer.train(max_steps=1)  # warm-up: first-call costs stay out of the measurement
+        parameters = [p for p in trainer.transformer.parameters() if p.requires_grad]
+        replay_optimizer = torch.optim.AdamW(parameters, lr=0.0)
+
+        def replay():
+            for kind, module, margs, kwargs, grad in calls:
+                if kind == "vae_decode":
+                    with torch.no_grad():
+                        decode(margs[0])
+                elif kind == "optimizer_step":
+                    replay_optimizer.step()
+                    replay_optimizer.zero_grad()
+                else:
+                    with torch.set_grad_enabled(grad):
+                        out = module(*margs, **kwargs)
+                        if grad:
+                            first = out[0] if isinstance(out, tuple) else getattr(out, "sample", out)
+                            first.float().pow(2).mean().backward()
+
+        steps = []
+        for _ in range(args.repetitions):
+            calls.clear()
+            logs = trainer.train(max_steps=trainer.global_step + 1)[-1]
+            replayed = _timed(replay)[0]
+            steps.append(
+                {
+                    "step_seconds": logs["time/step"],
+                    "trainer_overhead_fraction": logs["time/overhead_fraction"],
+                    "replay_seconds": replayed,
+                    "outside_overhead_fraction": max(0.0, 1 - replayed / logs["time/step"]),
+                    "calls": {kind: sum(c[0] == kind for c in calls) for kind in {c[0] for c in calls}},
+                }
+            )
+        for handle in handles:
+            handle.remove()
+    differences = [abs(s["trainer_overhead_fraction"] - s["outside_overhead_fraction"]) for s in steps]
+    transformer = trainer.unwrapped_transformer
+    return {
+        "shape": {
+            "transformer_layers": transformer.config.num_layers,
+            "transformer_width": transformer.config.num_attention_heads * transformer.config.attention_head_dim,
+            "transformer_parameters": sum(p.numel() for p in transformer.parameters()),
+            "latent_size": 32,
+            "num_inference_steps": args.grpo_steps,
+            "batch": 8,
+            "guidance_scale": 4.5,
+        },
+        "steps": steps,
+        "trainer_overhead_fraction": _spread([s["trainer_overhead_fraction"] for s in steps]),
+        "outside_overhead_fraction": _spread([s["outside_overhead_fraction"] for s in steps]),
+        "overhead_difference": _spread(differences),
+    }
+
+
 def measure_sd3_attention(args) -> dict:
     import torch
     from diffusers.models.attention_processor import Attention, JointAttnProcessor2_0
@@ -620,6 +779,15 @@ def scale_targets(summary: dict) -> list[dict]:
                 "<=",
             ),
         ]
+    if summary.get("grpo"):
+        targets.append(
+            target(
+                "grpo: |trainer's overhead fraction - outside measurement| (median)",
+                summary["grpo"]["overhead_difference"]["median"],
+                GRPO_OVERHEAD_AGREEMENT_TARGET,
+                "<=",
+            )
+        )
     return targets
 
 
@@ -673,6 +841,20 @@ def report_sections(results: dict) -> list[str]:
             f"({dirp['memory_ratio']:.2f}x); time {dirp['time_ratio']['median']:.2f}x (median).",
             "",
         ]
+    if summary.get("grpo"):
+        grpo = summary["grpo"]
+        shape = grpo["shape"]
+        lines += [
+            "## grpo: the trainer's overhead metric against an outside measurement",
+            "",
+            f"SD3-format transformer, {shape['transformer_layers']} joint blocks of width {shape['transformer_width']} "
+            f"({shape['transformer_parameters']:,} parameters), {shape['latent_size']}x{shape['latent_size']} "
+            f"latents, {shape['num_inference_steps']} steps, batch {shape['batch']}, guidance {shape['guidance_scale']}"
+            f", LoRA rank 8. Overhead fraction: trainer {grpo['trainer_overhead_fraction']['median']:.3f}, outside "
+            f"{grpo['outside_overhead_fraction']['median']:.3f} (medians; difference "
+            f"{grpo['overhead_difference']['median']:.3f}).",
+            "",
+        ]
     if summary.get("sd3_attention"):
         sd3 = summary["sd3_attention"]
         memory = sd3["peak_memory_bytes"]
@@ -705,6 +887,7 @@ def main(argv=None) -> dict:
             "dlm": measure_dlm,
             "dnd": measure_dnd,
             "dirp": measure_dirp,
+            "grpo": measure_grpo,
             "sd3_attention": measure_sd3_attention,
         }
         summary = {}

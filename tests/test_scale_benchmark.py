@@ -80,3 +80,19 @@ def test_sd3_attention_part_records_without_changing_the_layers_output(tmp_path)
     assert part["max_abs_output_difference"] < 1e-5
     assert part["memory_ratio"] > 0 and part["time_ratio"]["median"] > 0
     assert "sd3_attention" in (tmp_path / "scale.md").read_text()
+
+
+def test_grpo_part_compares_the_trainers_overhead_with_a_replay_of_its_model_calls(tmp_path):
+    argv = ["--parts", "grpo", "--grpo_steps", "2", "--grpo_layers", "1", "--grpo_width", "32", "--repetitions", "1"]
+    results = scale.main([*argv, "--output_dir", str(tmp_path)])
+    part = results["summary"]["grpo"]
+    (step,) = part["steps"]
+    # every kind of model work was recorded and replayed: sampling and training forwards, text encoders, decode
+    assert {"transformer", "text_encoder", "text_encoder_3", "vae_decode", "optimizer_step"} <= step["calls"].keys()
+    assert 0 <= step["trainer_overhead_fraction"] < 1 and 0 <= step["outside_overhead_fraction"] < 1
+    assert part["overhead_difference"]["median"] == abs(
+        step["trainer_overhead_fraction"] - step["outside_overhead_fraction"]
+    )
+    assert [t["name"] for t in results["summary"]["targets"]] == [
+        "grpo: |trainer's overhead fraction - outside measurement| (median)"
+    ]
