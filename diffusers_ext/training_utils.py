@@ -138,6 +138,21 @@ def save_checkpoint(accelerator, output_dir: str, step: int, total_limit: int | 
     return final
 
 
+class GeneratorState:
+    """A `torch.Generator` as a checkpointable object (`state_dict` / `load_state_dict`), for
+    `accelerator.register_for_checkpointing`: a script that draws from one running generator resumes its draws
+    exactly where the checkpoint left them."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"state": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.generator.set_state(state["state"])
+
+
 def command_line() -> str:
     """The command that started this process, as a user would retype it (launcher included).
 
