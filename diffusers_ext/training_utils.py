@@ -689,3 +689,27 @@ def add_option_aliases(parser, aliases: dict[str, str]) -> None:
         else:
             kwargs.update(type=action.type, nargs=action.nargs, choices=action.choices, metavar=action.metavar)
         parser.add_argument(alias, **kwargs)
+
+
+def run_validation(accelerator, args, step: int, sample, conditions: list, modules=(), logger=None, texts=False):
+    """Validation as diffusers' examples run it: each of `conditions` (prompts, class labels, or `[None]` for an
+    unconditional model) repeated `--num_validation_images` times, sampled by `sample(conditions, generator)` with
+    the same seeded generator at every step ([`validation_generator`]), with `modules` in eval mode (restored after),
+    without gradients and under the run's autocast; the result goes to [`log_validation_images`] (a `(N, C, H, W)`
+    tensor in [0, 1] or PIL images) or, with `texts=True`, to [`log_validation_texts`] (a list of strings).
+
+    Call on the main process with unwrapped modules (validation is a local computation, no collective)."""
+    repeated = [condition for condition in conditions for _ in range(args.num_validation_images)]
+    modes = [module.training for module in modules]
+    for module in modules:
+        module.eval()
+    try:
+        with torch.no_grad(), accelerator.autocast():
+            outputs = sample(repeated, validation_generator(args.seed, accelerator.device))
+    finally:
+        for module, mode in zip(modules, modes):
+            module.train(mode)
+    captions = ["" if condition is None else str(condition) for condition in repeated]
+    if texts:
+        return log_validation_texts(accelerator, list(outputs), captions, step, args.output_dir, logger)
+    return log_validation_images(accelerator, outputs, captions, step, args.output_dir, logger)

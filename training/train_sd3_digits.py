@@ -208,26 +208,23 @@ def train_transformer_step(
 
 
 def run_validation(pipe, args, accelerator, step: int) -> None:
-    """Sample `--num_validation_images` images per `--validation_prompt` with `pipe` (seeded with `--seed`), save
-    them under `output_dir/validation/step-<step>/` and log them to the trackers. Main process only."""
-    from diffusers_ext.training_utils import log_validation_images, validation_generator
+    """`--num_validation_images` images per `--validation_prompt` from `pipe` (seeded with `--seed`), saved under
+    `output_dir/validation/step-<step>/` and logged to the trackers. Main process only."""
+    from diffusers_ext.training_utils import run_validation as validate
 
-    prompts = [prompt for prompt in args.validation_prompt for _ in range(args.num_validation_images)]
-    training = pipe.transformer.training
-    pipe.transformer.eval()
-    with torch.no_grad(), accelerator.autocast():
-        images = pipe(
+    def sample(prompts, generator):
+        return pipe(
             prompts,
             height=8,
             width=8,
             num_inference_steps=args.eval_inference_steps,
             guidance_scale=args.eval_guidance_scale,
             max_sequence_length=MAX_SEQUENCE_LENGTH,
-            generator=validation_generator(args.seed),
+            generator=generator,
             output_type="pt",
         ).images
-    pipe.transformer.train(training)
-    log_validation_images(accelerator, images, prompts, step, args.output_dir, logger)
+
+    validate(accelerator, args, step, sample, args.validation_prompt, [pipe.transformer], logger)
 
 
 def main(argv=None):
