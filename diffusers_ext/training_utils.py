@@ -688,7 +688,20 @@ def add_option_aliases(parser, aliases: dict[str, str]) -> None:
             kwargs.update(action="store_const", const=action.const)
         else:
             kwargs.update(type=action.type, nargs=action.nargs, choices=action.choices, metavar=action.metavar)
+            if action.nargs == "?":  # HfArgumentParser's booleans: `--flag` alone means its const
+                kwargs["const"] = action.const
         parser.add_argument(alias, **kwargs)
+
+
+# The diffusers-examples names that the TRL-style scripts (train_grpo.py, train_unlearning.py) also accept for
+# their config's TrainingArguments-style fields.
+TRL_OPTION_ALIASES = {
+    "--max_train_steps": "--max_steps",
+    "--train_batch_size": "--per_device_train_batch_size",
+    "--adam_weight_decay": "--weight_decay",
+    "--checkpointing_steps": "--save_steps",
+    "--checkpoints_total_limit": "--save_total_limit",
+}
 
 
 def run_validation(accelerator, args, step: int, sample, conditions: list, modules=(), logger=None, texts=False):

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Train a discrete flow matching model (mask, Multimask or uniform source; independent or minibatch-OT coupling).
 
-Data: sequences from a known random hidden Markov model (`--dataset hmm`, exact likelihood available) or
-scikit-learn's binarised 8x8 digits (`--dataset digits`, 64 binary pixels).
+Data: sequences from a known random hidden Markov model (`--dataset_name hmm`, exact likelihood available) or
+scikit-learn's binarised 8x8 digits (`--dataset_name digits`, 64 binary pixels).
 
     accelerate launch training/train_discrete_flow.py --output_dir dfm-hmm --source multimask --num_mask_tokens 16 \
         --coupling embedding_ot --max_train_steps 3000
@@ -39,7 +39,15 @@ DATASETS = ("hmm", "digits")
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", type=str, default="hmm", choices=DATASETS, help="'hmm' or 'digits'.")
+    data.add_argument(
+        "--dataset_name",
+        "--dataset",
+        dest="dataset",
+        type=str,
+        default="hmm",
+        choices=DATASETS,
+        help="'hmm' or 'digits' (--dataset: the earlier name).",
+    )
     data.add_argument("--hmm_states", type=int, default=4, help="Hidden states of the random HMM.")
     data.add_argument("--vocab_size", type=int, default=8, help="Tokens of the random HMM (digits: 2).")
     data.add_argument("--sequence_length", type=int, default=16, help="Length of the HMM's sequences.")

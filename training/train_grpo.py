@@ -7,7 +7,7 @@ parsed by TRL's `TrlParser` (so `--config run.yaml` works as in TRL's scripts). 
 `load_lora_weights` accepts, with a model card; `--resume_from_checkpoint latest` continues a run exactly.
 
     accelerate launch training/train_grpo.py --algorithm e2po \
-        --pretrained_model_name_or_path diffusers_ext/zoo/digits-sd3 --dataset digits \
+        --pretrained_model_name_or_path diffusers_ext/zoo/digits-sd3 --dataset_name digits \
         --reward_funcs digit_classifier --height 8 --width 8 --max_sequence_length 8 --output_dir digits-e2po
 """
 
@@ -39,8 +39,9 @@ class ScriptArguments:
     dataset: str = field(
         default="digits",
         metadata={
+            "aliases": ["--dataset_name"],
             "help": "'digits' (the ten prompts of the digits-sd3 zoo model, with a `label` column), a .txt file "
-            "(one prompt per line) or a .jsonl file (objects with 'prompt' and any other columns)."
+            "(one prompt per line) or a .jsonl file (objects with 'prompt' and any other columns).",
         },
     )
     reward_funcs: list[str] = field(default_factory=lambda: ["digit_classifier"], metadata={"help": REWARD_HELP})
@@ -117,6 +118,7 @@ def parse_args(argv=None):
     from trl import TrlParser
 
     from diffusers_ext import DiffusionGRPOConfig, E2POConfig, LoraArguments
+    from diffusers_ext.training_utils import TRL_OPTION_ALIASES, add_option_aliases
 
     # The algorithm picks the config dataclass, so read it (from the command line or the YAML file) first.
     first = argparse.ArgumentParser(add_help=False)
@@ -132,6 +134,7 @@ def parse_args(argv=None):
         raise ValueError(f"--algorithm {algorithm!r} unknown; expected one of {ALGORITHMS}.")
     parser = TrlParser((ScriptArguments, E2POConfig if algorithm == "e2po" else DiffusionGRPOConfig, LoraArguments))
     parser.set_defaults(**LORA_DEFAULTS)
+    add_option_aliases(parser, TRL_OPTION_ALIASES)  # diffusers' example names beside TRL's
     script_args, config, lora_args, remaining = parser.parse_args_and_config(args=argv, return_remaining_strings=True)
     e2po_only = [arg for arg in remaining if arg.startswith("--e2po_")]
     if e2po_only:

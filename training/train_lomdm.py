@@ -46,7 +46,14 @@ def parse_args(argv=None):
     method.add_argument("--mask_eps", type=float, default=1e-3, help="Smallest time.")
     data = parser.add_argument_group("data")
     data.add_argument("--corpus", type=str, default="markov", choices=["markov", "stdlib"], help="Training data.")
-    data.add_argument("--num_train", type=int, default=20000, help="Markov corpus: training sequences.")
+    data.add_argument(
+        "--num_train_samples",
+        "--num_train",
+        dest="num_train",
+        type=int,
+        default=20000,
+        help="Markov corpus: training sequences (--num_train: the earlier name).",
+    )
     data.add_argument("--window_length", type=int, default=32, help="stdlib corpus: characters per sequence.")
     model = parser.add_argument_group("model")
     model.add_argument("--hidden_size", type=int, default=64, help="Denoiser width.")

@@ -90,10 +90,12 @@ def parse_args(argv=None):
     from trl import TrlParser
 
     from diffusers_ext import ConstrainedUnlearningConfig, LoraArguments
+    from diffusers_ext.training_utils import TRL_OPTION_ALIASES, add_option_aliases
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = TrlParser((ScriptArguments, ConstrainedUnlearningConfig, LoraArguments))
     parser.set_defaults(**DEFAULTS)
+    add_option_aliases(parser, TRL_OPTION_ALIASES)  # diffusers' example names beside TRL's
     for index, arg in enumerate(argv):
         if arg.lstrip("-") in LIST_OPTIONS and (index + 1 == len(argv) or argv[index + 1].startswith("--")):
             parser.error(f"{arg} is empty: nothing to forget.")
