@@ -309,9 +309,11 @@ def test_options_come_from_the_config_dataclasses_and_a_yaml_file(tmp_path):
     )
     peft_config = lora_args.to_peft_config()
     assert (peft_config.r, peft_config.lora_alpha, peft_config.init_lora_weights) == (4, 4, "gaussian")
-    for old in ("--max_train_steps", "--train_batch_size", "--level_factor"):
-        with pytest.raises(SystemExit):
-            _script().parse_args([*argv, old, "3"])
+    # Issue 36: a TRL-config script also answers to the diffusers-examples names, as aliases of the same fields.
+    _, aliased, _ = _script().parse_args([*argv, "--max_train_steps", "3", "--train_batch_size", "4"])
+    assert (aliased.max_steps, aliased.per_device_train_batch_size) == (3, 4)
+    with pytest.raises(SystemExit):
+        _script().parse_args([*argv, "--level_factor", "3"])
 
 
 def test_results_file_keys():
