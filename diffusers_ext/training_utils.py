@@ -494,7 +494,7 @@ class TextConditionedDenoiser(torch.nn.Module):
 # `--validation_steps`), logged to the trackers and saved under `output_dir/validation/`.
 
 VALIDATION_DIR = "validation"
-VALIDATION_CONDITIONS = ("prompt", "class_label", "unconditional", "text_prompt")
+VALIDATION_CONDITIONS = ("prompt", "class_label", "unconditional", "text")
 
 
 def add_validation_arguments(parser, condition: str, num_validation_images: int = 4):
@@ -506,12 +506,13 @@ def add_validation_arguments(parser, condition: str, num_validation_images: int 
       in diffusers' `train_text_to_image.py`); validation runs only when it is given, as in diffusers' examples.
     - `"class_label"` (class-conditional): `--validation_class_labels` (default: every class).
     - `"unconditional"`: no conditioning flag.
-    - `"text_prompt"` (language models): `--validation_prompt` is a text the model continues or completes.
+    - `"text"` (language models): no conditioning flag; `--num_validation_images` counts generated texts (the
+      script says which prompts, if any, they complete).
 
-    Every kind gets `--num_validation_images` (samples per prompt or label; for language models, texts) and
-    `--validation_steps` (run every N optimizer steps and once after training). Without a prompt, validation runs
-    when `--validation_steps` or (class-conditional) `--validation_class_labels` is given. [`validation_enabled`]
-    and [`validation_due`] read them back.
+    Every kind gets `--num_validation_images` (samples per prompt or label, or in all) and `--validation_steps`
+    (run every N optimizer steps and once after training). Without a prompt, validation runs when
+    `--validation_steps` or (class-conditional) `--validation_class_labels` is given. [`validation_enabled`] and
+    [`validation_due`] read them back.
     """
     if condition not in VALIDATION_CONDITIONS:
         raise ValueError(f"`condition` must be one of {VALIDATION_CONDITIONS}, got {condition!r}.")
@@ -535,24 +536,18 @@ def add_validation_arguments(parser, condition: str, num_validation_images: int 
             "--validation_prompt; default: every class). Images are logged to the tracker and saved under "
             "output_dir/validation/step-<N>/.",
         )
-    elif condition == "text_prompt":
-        parser.add_argument(
-            "--validation_prompt",
-            type=str,
-            nargs="+",
-            default=None,
-            help="Text prompt(s) the model completes at validation; validation runs when given (or with "
-            "--validation_steps). Texts are logged to the tracker and saved under output_dir/validation/.",
-        )
-    what = {"prompt": "per prompt", "class_label": "per class label", "text_prompt": "per prompt"}.get(
-        condition, "in all"
-    )
+    what = {"prompt": "per prompt", "class_label": "per class label"}.get(condition, "in all")
     parser.add_argument(
         "--num_validation_images",
         type=positive_int_arg,
         default=num_validation_images,
         help=f"Validation samples {what}"
-        + (" (texts for a language model)." if condition == "text_prompt" else ".")
+        + (
+            " (texts: the language-model counterpart of diffusers' images; logged to the tracker and saved as "
+            "output_dir/validation/step-<N>.txt)."
+            if condition == "text"
+            else "."
+        )
         + " Seeded with --seed.",
     )
     parser.add_argument(
@@ -564,7 +559,7 @@ def add_validation_arguments(parser, condition: str, num_validation_images: int 
             "prompt": " (needs --validation_prompt).",
             "class_label": "; with only --validation_class_labels, once after training. Off without either.",
             "unconditional": ". Off without it.",
-            "text_prompt": "; with only --validation_prompt, once after training. Off without either.",
+            "text": ". Off without it.",
         }[condition],
     )
 
@@ -704,15 +699,18 @@ TRL_OPTION_ALIASES = {
 }
 
 
-def run_validation(accelerator, args, step: int, sample, conditions: list, modules=(), logger=None, texts=False):
+def run_validation(
+    accelerator, args, step: int, sample, conditions: list, modules=(), logger=None, texts=False, repeat=None
+):
     """Validation as diffusers' examples run it: each of `conditions` (prompts, class labels, or `[None]` for an
-    unconditional model) repeated `--num_validation_images` times, sampled by `sample(conditions, generator)` with
+    unconditional model) repeated `repeat` times (default `--num_validation_images`), sampled by `sample(conditions, generator)` with
     the same seeded generator at every step ([`validation_generator`]), with `modules` in eval mode (restored after),
     without gradients and under the run's autocast; the result goes to [`log_validation_images`] (a `(N, C, H, W)`
     tensor in [0, 1] or PIL images) or, with `texts=True`, to [`log_validation_texts`] (a list of strings).
 
     Call on the main process with unwrapped modules (validation is a local computation, no collective)."""
-    repeated = [condition for condition in conditions for _ in range(args.num_validation_images)]
+    repeat = args.num_validation_images if repeat is None else repeat
+    repeated = [condition for condition in conditions for _ in range(repeat)]
     modes = [module.training for module in modules]
     for module in modules:
         module.eval()
@@ -726,3 +724,29 @@ def run_validation(accelerator, args, step: int, sample, conditions: list, modul
     if texts:
         return log_validation_texts(accelerator, list(outputs), captions, step, args.output_dir, logger)
     return log_validation_images(accelerator, outputs, captions, step, args.output_dir, logger)
+
+
+def trainer_validation_args(script_args, config):
+    """The flags [`run_validation`] and [`validation_due`] read, for a TRL-style script: the validation fields of
+    its `script_args` dataclass with `seed` and `output_dir` from the trainer `config`."""
+    from types import SimpleNamespace
+
+    fields = ("validation_prompt", "validation_class_labels", "num_validation_images", "validation_steps")
+    values = {name: getattr(script_args, name) for name in fields if hasattr(script_args, name)}
+    return SimpleNamespace(seed=config.seed, output_dir=config.output_dir, **values)
+
+
+def with_step_validation(trainer_class, args, validate):
+    """A subclass of `trainer_class` (a `diffusers_ext` trainer) that calls `validate(trainer, step)` on the main
+    process after each step [`validation_due`] names for `args` (the last step excepted: the script validates the
+    result it saves). Same name, so trackers and model cards read as before."""
+
+    class ValidatingTrainer(trainer_class):
+        def finish_step(self, logs, max_steps):
+            super().finish_step(logs, max_steps)
+            if self.global_step < max_steps and validation_due(args, self.global_step):
+                if self.accelerator.is_main_process:
+                    validate(self, self.global_step)
+
+    ValidatingTrainer.__name__ = ValidatingTrainer.__qualname__ = trainer_class.__name__
+    return ValidatingTrainer

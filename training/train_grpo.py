@@ -45,6 +45,20 @@ class ScriptArguments:
         },
     )
     reward_funcs: list[str] = field(default_factory=lambda: ["digit_classifier"], metadata={"help": REWARD_HELP})
+    validation_prompt: list[str] | None = field(
+        default=None,
+        metadata={
+            "aliases": ["--validation_prompts"],
+            "help": "Prompt(s) sampled during training (diffusers' examples); validation runs only when given. "
+            "Images (the trained pipeline, the rollouts' height/width/steps/guidance, seeded with --seed) go to "
+            "the tracker and to output_dir/validation/step-<N>/.",
+        },
+    )
+    num_validation_images: int = field(default=4, metadata={"help": "Validation images per prompt."})
+    validation_steps: int | None = field(
+        default=None,
+        metadata={"help": "Validate every N steps and once after training (needs --validation_prompt)."},
+    )
 
 
 def load_prompts(dataset: str) -> list:
@@ -143,6 +157,13 @@ def parse_args(argv=None):
         raise ValueError(f"unrecognized arguments: {' '.join(remaining)}")
     if script_args.pretrained_model_name_or_path is None:
         raise ValueError("--pretrained_model_name_or_path is required (a StableDiffusion3Pipeline or FluxPipeline).")
+    if script_args.num_validation_images < 1:
+        raise ValueError(f"--num_validation_images must be >= 1, got {script_args.num_validation_images}.")
+    if script_args.validation_steps is not None:
+        if script_args.validation_steps < 1:
+            raise ValueError(f"--validation_steps must be >= 1, got {script_args.validation_steps}.")
+        if script_args.validation_prompt is None:
+            raise ValueError(f"--validation_steps {script_args.validation_steps} needs --validation_prompt.")
     return script_args, config, lora_args
 
 
@@ -201,6 +222,32 @@ def load_pipeline(path: str):
     return DiffusionPipeline.from_pretrained(path)
 
 
+def run_validation(pipeline, script_args, config, accelerator, step: int) -> None:
+    """`--num_validation_images` images per `--validation_prompt` from `pipeline` at the rollouts' settings (seeded
+    with `--seed`), saved under `output_dir/validation/step-<step>/` and logged to the trackers."""
+    from diffusers_ext.training_utils import run_validation as validate
+    from diffusers_ext.training_utils import trainer_validation_args
+
+    args = trainer_validation_args(script_args, config)
+
+    def sample(prompts, generator):
+        kwargs = {"max_sequence_length": config.max_sequence_length}
+        if config.height is not None:
+            kwargs.update(height=config.height)
+        if config.width is not None:
+            kwargs.update(width=config.width)
+        return pipeline(
+            prompts,
+            num_inference_steps=config.num_inference_steps,
+            guidance_scale=config.guidance_scale,
+            generator=generator,
+            output_type="pt",
+            **kwargs,
+        ).images
+
+    validate(accelerator, args, step, sample, script_args.validation_prompt, [pipeline.transformer], logger)
+
+
 def main(argv=None):
     script_args, config, lora_args = parse_args(argv)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
@@ -215,7 +262,13 @@ def main(argv=None):
     reward_funcs = [build_reward(spec) for spec in script_args.reward_funcs]
     check_model(script_args.pretrained_model_name_or_path, config.height, config.width)
     pipeline = load_pipeline(script_args.pretrained_model_name_or_path)
-    trainer_class = E2POTrainer if script_args.algorithm == "e2po" else DiffusionGRPOTrainer
+    from diffusers_ext.training_utils import trainer_validation_args, with_step_validation
+
+    trainer_class = with_step_validation(
+        E2POTrainer if script_args.algorithm == "e2po" else DiffusionGRPOTrainer,
+        trainer_validation_args(script_args, config),
+        lambda trainer, step: run_validation(trainer.pipeline, script_args, config, trainer.accelerator, step),
+    )
     trainer = trainer_class(
         pipeline, reward_funcs, config, train_dataset=prompts, peft_config=lora_args.to_peft_config()
     )
@@ -235,6 +288,10 @@ def main(argv=None):
     trainer.save_model(base_model=script_args.pretrained_model_name_or_path)
     if accelerator.is_main_process:
         logger.info(f"Saved the {'LoRA' if lora_args.use_lora else 'transformer'} to {config.output_dir}")
+        from diffusers_ext.training_utils import validation_due
+
+        if validation_due(script_args, trainer.global_step, final=True):
+            run_validation(trainer.pipeline, script_args, config, accelerator, trainer.global_step)
     accelerator.end_training()
 
 
