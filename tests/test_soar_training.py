@@ -127,3 +127,21 @@ def test_two_process_resume_equals_uninterrupted_run(tmp_path):
     out = pipe(prompt="<|bos|>12+34=", gen_length=7, eos_early_stop=False)
     assert out.sequences.shape == (1, 7)
     assert "train_masked_lm.py" in (resumed / "README.md").read_text()
+
+
+@pytest.mark.parametrize("task", ["addition", "sudoku"])
+def test_validation_texts_reach_the_tracker_and_the_folder(tmp_path, task):
+    from test_training_utils import _tensorboard_events
+
+    out = tmp_path / "out"
+    extra = ["--pool_size", "8"] if task == "sudoku" else []
+    validation = ["--num_validation_images", "3", "--validation_steps", "1"]
+    _script_module().main(
+        ["--output_dir", str(out), "--task", task, "--max_train_steps", "2", *TINY, *extra, *validation]
+        + ["--report_to", "tensorboard"]
+    )
+    assert sorted(os.listdir(out / "validation")) == ["step-1.txt", "step-2.txt"]
+    text = (out / "validation" / "step-2.txt").read_text()
+    assert text.count("prompt: ") == 3 and text.count("output: ") == 3
+    events = _tensorboard_events(out / "logs")
+    assert any("validation" in tag for tag in events.Tags()["tensors"]), events.Tags()

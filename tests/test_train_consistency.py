@@ -148,10 +148,17 @@ def test_fine_tunes_the_pretrained_zoo_ddpm_unet_class_conditionally(tmp_path):
         "--num_stages",
         "1",
         "--report_to",
-        "none",
+        "tensorboard",
+        *["--validation_class_labels", "3", "7", "--num_validation_images", "1", "--validation_steps", "1"],
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    # Validation (diffusers' flags, class labels for prompts): after each step, as files and tensorboard images.
+    from test_training_utils import _tensorboard_events
+
+    assert sorted(os.listdir(out / "validation" / "step-2")) == ["00-3.png", "01-7.png"]
+    events = _tensorboard_events(out / "logs")
+    assert [e.step for e in events.Images(events.Tags()["images"][0])] == [1, 2]
     from diffusers import ConsistencyModelPipeline
 
     pipe = ConsistencyModelPipeline.from_pretrained(out)
@@ -194,3 +201,15 @@ def test_augmentation_regressor_script_resumes_and_saves_a_loadable_network(tmp_
         torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
     assert "held-out R^2" not in (tmp_path / "resumed" / "README.md").read_text()
     assert "heldout_r2" in (tmp_path / "resumed" / "README.md").read_text()
+
+
+def test_unconditional_validation_samples_go_to_the_folder(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_consistency", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "out"
+    script.main(["--output_dir", str(out), "--max_train_steps", "2", *TINY, "--validation_steps", "1"])
+    assert sorted(os.listdir(out / "validation")) == ["step-1", "step-2"]
+    assert sorted(os.listdir(out / "validation" / "step-2")) == [f"{i:02d}-sample.png" for i in range(4)]

@@ -204,3 +204,40 @@ def test_output_dir_that_is_a_file_fails_at_once(tmp_path):
     assert "argument --output_dir" in last and "is an existing file, not a folder" in last, last
     last = _bad_run(tmp_path, "--output_dir", str(target / "sub"))
     assert "cannot be created" in last and "is a file, not a folder" in last, last
+
+
+def _script_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_ddpm", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_validation_samples_reach_the_tracker_and_the_folder_and_leave_training_alone(tmp_path):
+    from test_training_utils import _tensorboard_events
+
+    script = _script_module()
+    common = ["--max_train_steps", "3", *TINY, "--ddpm_num_inference_steps", "2"]
+    validation = ["--validation_class_labels", "3", "7", "--num_validation_images", "2", "--validation_steps", "2"]
+    script.main(["--output_dir", str(tmp_path / "v"), *common, *validation, "--report_to", "tensorboard"])
+    assert sorted(os.listdir(tmp_path / "v" / "validation")) == ["step-2", "step-3"]
+    assert sorted(os.listdir(tmp_path / "v" / "validation" / "step-3")) == [
+        "00-3.png",
+        "01-3.png",
+        "02-7.png",
+        "03-7.png",
+    ]
+    events = _tensorboard_events(tmp_path / "v" / "logs")
+    assert [e.step for e in events.Images(events.Tags()["images"][0])] == [2, 3]
+    script.main(["--output_dir", str(tmp_path / "plain"), *common])  # no validation: the same weights (EMA kept)
+    assert not (tmp_path / "plain" / "validation").exists()
+    a, b = _unet_weights(tmp_path / "v"), _unet_weights(tmp_path / "plain")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+    unconditional = [a for a in common if a != "--class_conditional"]
+    script.main(["--output_dir", str(tmp_path / "u"), *unconditional, "--validation_steps", "5"])
+    assert len(os.listdir(tmp_path / "u" / "validation" / "step-3")) == 4  # only after training; 4 by default
+    with pytest.raises(SystemExit):
+        script.parse_args(["--output_dir", str(tmp_path / "x"), "--validation_class_labels", "1"])

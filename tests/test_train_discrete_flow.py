@@ -145,3 +145,13 @@ def test_bad_arguments_fail_with_one_line_error(tmp_path, capsys, args, message)
 def test_missing_checkpoint_is_an_error_naming_the_flag(tmp_path):
     with pytest.raises(ValueError, match="--resume_from_checkpoint"):
         _run_in_process(tmp_path, 1, "--resume_from_checkpoint", "checkpoint-999", "--report_to", "none")
+
+
+def test_validation_sequences_go_to_the_folder(tmp_path):
+    validation = ["--num_validation_images", "2", "--validation_steps", "1", "--validation_inference_steps", "4"]
+    _run_in_process(tmp_path, 2, *validation)
+    assert sorted(os.listdir(tmp_path / "validation")) == ["step-1.txt", "step-2.txt"]
+    outputs = [line for line in (tmp_path / "validation" / "step-2.txt").read_text().splitlines() if "output:" in line]
+    assert len(outputs) == 2 and all(
+        len(line.split()) == 1 + int(TINY[TINY.index("--sequence_length") + 1]) for line in outputs
+    )

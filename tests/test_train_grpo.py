@@ -252,3 +252,20 @@ def test_output_dir_that_is_a_file_fails_before_loading(tmp_path):
     target.write_text("")
     with pytest.raises(ValueError, match="`output_dir` .* is an existing file, not a folder"):
         train_grpo.parse_args(["--pretrained_model_name_or_path", "x", "--output_dir", str(target)])
+
+
+def test_validation_images_reach_the_tracker_and_the_folder(tmp_path, tiny_sd3):
+    from test_training_utils import _tensorboard_events
+
+    out = tmp_path / "out"
+    argv = ["--pretrained_model_name_or_path", tiny_sd3, "--output_dir", str(out), "--max_train_steps", "2", *TINY]
+    validation = ["--validation_prompt", "a handwritten digit one", "--num_validation_images", "2"]
+    _script_module().main([*argv, *validation, "--validation_steps", "1", "--report_to", "tensorboard"])
+    assert sorted(os.listdir(out / "validation")) == ["step-1", "step-2"]
+    assert sorted(os.listdir(out / "validation" / "step-2")) == [
+        f"{i:02d}-a_handwritten_digit_one.png" for i in (0, 1)
+    ]
+    events = _tensorboard_events(out / "logs")
+    assert [e.step for e in events.Images(events.Tags()["images"][0])] == [1, 2]
+    with pytest.raises(ValueError, match="--validation_prompt"):
+        _script_module().parse_args([*argv, "--validation_steps", "1"])

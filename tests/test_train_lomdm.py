@@ -108,3 +108,11 @@ def test_two_process_resume_equals_uninterrupted_run(tmp_path):
         b = load_file(os.path.join(straight, folder, name))
         for key in a:
             torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=f"{component}.{key} differs after resume")
+
+
+def test_validation_sequences_go_to_the_folder(tmp_path):
+    module = _script_module()
+    argv = ["--output_dir", str(tmp_path), "--max_train_steps", "2", *TINY]
+    module.main([*argv, "--num_validation_images", "3", "--validation_steps", "1"])
+    assert sorted(os.listdir(tmp_path / "validation")) == ["step-1.txt", "step-2.txt"]
+    assert (tmp_path / "validation" / "step-2.txt").read_text().count("output: ") == 3

@@ -52,7 +52,18 @@ def test_encoder_then_nvs_training_give_a_working_pipeline(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "heldout_patch_accuracy" in (encoder_dir / "README.md").read_text()
-    result = _run(NVS, "--output_dir", str(nvs_dir), "--semantic_encoder", str(encoder_dir), *TINY)
+    validation = ["--num_validation_images", "2", "--validation_steps", "1", "--validation_inference_steps", "2"]
+    result = _run(
+        NVS,
+        "--output_dir",
+        str(nvs_dir),
+        "--semantic_encoder",
+        str(encoder_dir),
+        *TINY,
+        *validation,
+        "--report_to",
+        "tensorboard",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (nvs_dir / "checkpoint-2").is_dir() and not (nvs_dir / "checkpoint-1").exists()
     # the paper's surrogate (blurred clean targets) stays available
@@ -69,6 +80,15 @@ def test_encoder_then_nvs_training_give_a_working_pipeline(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "--iterative_surrogate blur" in (blur_dir / "README.md").read_text()
+    # Validation: two fixed scenes after each step, input view then the generated target, as files and events.
+    from PIL import Image
+    from test_training_utils import _tensorboard_events
+
+    assert sorted(os.listdir(nvs_dir / "validation")) == ["step-1", "step-2"]
+    assert sorted(os.listdir(nvs_dir / "validation" / "step-2")) == ["00-scene.png", "01-scene.png"]
+    assert Image.open(nvs_dir / "validation" / "step-2" / "00-scene.png").size == (24, 8)  # 3 views of 8x8
+    events = _tensorboard_events(nvs_dir / "logs")
+    assert [e.step for e in events.Images(events.Tags()["images"][0])] == [1, 2]
 
     from diffusers_ext import SemanticNVSPipeline
     from diffusers_ext.data.procedural_scenes import sample_scene_batch

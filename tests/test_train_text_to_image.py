@@ -69,7 +69,28 @@ def _run(output_dir, vae_steps, unet_steps, *extra, processes=1):
 
 def test_trains_saves_and_loads_as_a_stable_diffusion_pipeline(tmp_path):
     out = tmp_path / "out"
-    _run(out, 2, 2, "--eval_num_prompts", "2", "--eval_steps", "2", "--save_dtype", "float16")
+    validation = ["--validation_prompt", "a red circle", "--num_validation_images", "2", "--validation_steps", "3"]
+    _run(
+        out,
+        2,
+        2,
+        "--eval_num_prompts",
+        "2",
+        "--eval_steps",
+        "2",
+        "--save_dtype",
+        "float16",
+        *validation,
+        "--report_to",
+        "tensorboard",
+    )
+    # Validation (diffusers' flags): every 3 steps in the UNet phase and after the last one, as files and events.
+    from test_training_utils import _tensorboard_events
+
+    assert sorted(os.listdir(out / "validation")) == ["step-3", "step-4"]
+    assert sorted(os.listdir(out / "validation" / "step-4")) == ["00-a_red_circle.png", "01-a_red_circle.png"]
+    events = _tensorboard_events(out / "logs")
+    assert [e.step for e in events.Images(events.Tags()["images"][0])] == [3, 4]
     from diffusers import StableDiffusionPipeline
 
     pipe = StableDiffusionPipeline.from_pretrained(str(out), dtype=torch.float32)

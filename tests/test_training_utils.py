@@ -201,3 +201,114 @@ def test_model_card_licence_is_the_base_models(tmp_path):
     assert "license: other" in card  # a base model whose card names no licence
     card = open(write_model_card(str(tmp_path / "c"), "T", "D.", "cmd")).read()
     assert "license: apache-2.0" in card  # trained from scratch by the pack's scripts
+
+
+def _tensorboard_events(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = [root for root, _, files in os.walk(folder) if any(f.startswith("events.out") for f in files)]
+    assert runs, f"no tensorboard event file under {folder}"
+    events = EventAccumulator(runs[0], size_guidance={"images": 0, "tensors": 0})
+    events.Reload()
+    return events
+
+
+def test_validation_images_go_to_tensorboard_and_to_output_dir(tmp_path):
+    from diffusers_ext.training_utils import build_accelerator, log_validation_images
+
+    accelerator = build_accelerator(str(tmp_path), report_to="tensorboard")
+    accelerator.init_trackers("test")
+    images = torch.rand(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    folder = log_validation_images(accelerator, images, ["zero", "one", "a b/c"], step=7, output_dir=str(tmp_path))
+    accelerator.end_training()
+    assert folder == os.path.join(str(tmp_path), "validation", "step-7")
+    assert sorted(os.listdir(folder)) == ["00-zero.png", "01-one.png", "02-a_b_c.png"]
+    events = _tensorboard_events(tmp_path / "logs")
+    assert events.Tags()["images"], events.Tags()
+    assert [e.step for e in events.Images(events.Tags()["images"][0])] == [7]
+
+
+class _FakeWandbTracker:
+    name = "wandb"
+
+    def __init__(self):
+        self.logged, self.tables = [], []
+
+    def log(self, values, step=None):
+        self.logged.append((values, step))
+
+    def log_table(self, table_name, columns=None, data=None, step=None):
+        self.tables.append((table_name, columns, data, step))
+
+
+class _OtherTracker:
+    name = "comet_ml"
+
+
+def test_validation_logs_wandb_images_with_captions_and_skips_other_trackers(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from diffusers_ext.training_utils import log_validation_images, log_validation_texts
+
+    fake_wandb = types.ModuleType("wandb")
+    fake_wandb.Image = lambda array, caption=None: ("image", array.shape, caption)
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    tracker = _FakeWandbTracker()
+    accelerator = types.SimpleNamespace(trackers=[tracker, _OtherTracker()])
+    log_validation_images(accelerator, torch.zeros(2, 3, 4, 4), ["x", "y"], step=3, output_dir=str(tmp_path))
+    ((values, step),) = tracker.logged
+    assert step == 3 and values["validation"] == [("image", (4, 4, 3), "x"), ("image", (4, 4, 3), "y")]
+    path = log_validation_texts(accelerator, ["12", "34"], ["1+1=", "3+3="], step=5, output_dir=str(tmp_path))
+    assert open(path, encoding="utf-8").read().count("output:") == 2
+    assert tracker.tables == [("validation", ["prompt", "output"], [("1+1=", "12"), ("3+3=", "34")], 5)]
+    with pytest.raises(ValueError, match="captions"):
+        log_validation_images(accelerator, torch.zeros(2, 3, 4, 4), ["x"], step=3, output_dir=str(tmp_path))
+
+
+def test_validation_texts_go_to_tensorboard(tmp_path):
+    from diffusers_ext.training_utils import build_accelerator, log_validation_texts
+
+    accelerator = build_accelerator(str(tmp_path), report_to="tensorboard")
+    accelerator.init_trackers("test")
+    log_validation_texts(accelerator, ["abc"], ["a"], step=2, output_dir=str(tmp_path))
+    accelerator.end_training()
+    events = _tensorboard_events(tmp_path / "logs")
+    assert any("validation" in tag for tag in events.Tags()["tensors"]), events.Tags()
+
+
+def test_validation_flags_and_schedule():
+    import argparse
+
+    from diffusers_ext.training_utils import add_validation_arguments, check_validation_arguments, validation_due
+
+    parser = argparse.ArgumentParser()
+    add_validation_arguments(parser, "prompt")
+    args = parser.parse_args(["--validation_prompts", "a cat", "--validation_steps", "5"])
+    assert args.validation_prompt == ["a cat"] and args.num_validation_images == 4
+    assert [s for s in range(1, 12) if validation_due(args, s)] == [5, 10] and validation_due(args, 11, final=True)
+    off = parser.parse_args([])
+    assert not validation_due(off, 5) and not validation_due(off, 5, final=True)
+    with pytest.raises(SystemExit):
+        check_validation_arguments(parser.parse_args(["--validation_steps", "5"]), parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--num_validation_images", "0"])
+    labels = argparse.ArgumentParser()
+    add_validation_arguments(labels, "class_label")
+    only_labels = labels.parse_args(["--validation_class_labels", "3"])
+    assert not validation_due(only_labels, 5) and validation_due(only_labels, 5, final=True)
+
+
+def test_option_aliases_share_the_destination_and_keep_the_default():
+    import argparse
+
+    from diffusers_ext.training_utils import add_option_aliases
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--max_steps", type=int, default=100)
+    parser.add_argument("--use_lora", action="store_true")
+    add_option_aliases(parser, {"--max_train_steps": "--max_steps"})
+    assert parser.parse_args([]).max_steps == 100
+    assert parser.parse_args(["--max_train_steps", "7"]).max_steps == 7
+    with pytest.raises(ValueError, match="--nope"):
+        add_option_aliases(parser, {"--x": "--nope"})

@@ -309,9 +309,11 @@ def test_options_come_from_the_config_dataclasses_and_a_yaml_file(tmp_path):
     )
     peft_config = lora_args.to_peft_config()
     assert (peft_config.r, peft_config.lora_alpha, peft_config.init_lora_weights) == (4, 4, "gaussian")
-    for old in ("--max_train_steps", "--train_batch_size", "--level_factor"):
-        with pytest.raises(SystemExit):
-            _script().parse_args([*argv, old, "3"])
+    # Issue 36: a TRL-config script also answers to the diffusers-examples names, as aliases of the same fields.
+    _, aliased, _ = _script().parse_args([*argv, "--max_train_steps", "3", "--train_batch_size", "4"])
+    assert (aliased.max_steps, aliased.per_device_train_batch_size) == (3, 4)
+    with pytest.raises(SystemExit):
+        _script().parse_args([*argv, "--level_factor", "3"])
 
 
 def test_results_file_keys():
@@ -378,3 +380,28 @@ def test_prompt_unlearning_with_lora_saves_weights_that_load_lora_weights(tmp_pa
         pipe.load_lora_weights(out)
         after = pipe.unet(x, t, encoder_hidden_states=prompt).sample
     assert not torch.allclose(before, after, atol=1e-6), "the saved LoRA does not change the UNet"
+
+
+def test_validation_samples_of_the_unlearned_pipeline_reach_the_tracker_and_the_folder(tmp_path, base_pipeline):
+    from test_training_utils import _tensorboard_events
+
+    out = tmp_path / "out"
+    argv = ["--pretrained_model_name_or_path", base_pipeline, "--output_dir", str(out), "--forget_classes", "3"]
+    validation = ["--validation_class_labels", "3", "5", "--num_validation_images", "1", "--validation_steps", "1"]
+    _script().main(
+        [
+            *argv,
+            "--max_train_steps",
+            "2",
+            *TINY,
+            *validation,
+            "--eval_inference_steps",
+            "2",
+            "--report_to",
+            "tensorboard",
+        ]
+    )
+    assert sorted(os.listdir(out / "validation")) == ["step-1", "step-2"]
+    assert sorted(os.listdir(out / "validation" / "step-2")) == ["00-3.png", "01-5.png"]
+    events = _tensorboard_events(out / "logs")
+    assert [e.step for e in events.Images(events.Tags()["images"][0])] == [1, 2]

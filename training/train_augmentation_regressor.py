@@ -39,7 +39,13 @@ def parse_args(argv=None):
     parser.add_argument("--train_batch_size", type=int, default=64, help="Batch size per process.")
     parser.add_argument("--max_train_steps", type=int, default=2000, help="Total optimizer steps.")
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="Peak learning rate (cosine decay).")
-    parser.add_argument("--weight_decay", type=float, default=1e-4, help="AdamW weight decay.")
+    parser.add_argument(
+        "--adam_weight_decay",
+        "--weight_decay",
+        type=float,
+        default=1e-4,
+        help="AdamW weight decay (--weight_decay: the earlier name).",
+    )
     parser.add_argument("--augment_p", type=float, default=0.15, help="Probability of each augmentation.")
     add_accelerate_arguments(parser, checkpointing_steps=1000, checkpoints_total_limit=None)
     args = parser.parse_args(argv)
@@ -107,7 +113,7 @@ def main(argv=None):
         num_labels=len(AUGMENTATION_LABELS),
         label_names=AUGMENTATION_LABELS,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.adam_weight_decay)
     lr_scheduler = get_scheduler(
         "cosine",
         optimizer=optimizer,

@@ -35,7 +35,13 @@ def parse_args(argv=None):
     parser.add_argument("--train_batch_size", type=int, default=64, help="Batch size per process.")
     parser.add_argument("--max_train_steps", type=int, default=3000, help="Total optimizer steps.")
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="Peak learning rate (cosine decay).")
-    parser.add_argument("--weight_decay", type=float, default=1e-4, help="AdamW weight decay.")
+    parser.add_argument(
+        "--adam_weight_decay",
+        "--weight_decay",
+        type=float,
+        default=1e-4,
+        help="AdamW weight decay (--weight_decay: the earlier name).",
+    )
     parser.add_argument("--max_shift", type=int, default=1, help="Random translation augmentation, in pixels.")
     add_accelerate_arguments(parser, checkpointing_steps=1000, checkpoints_total_limit=None)
     args = parser.parse_args(argv)
@@ -94,7 +100,7 @@ def main(argv=None):
         block_out_channels=tuple(args.block_out_channels),
         feature_dim=args.feature_dim,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.adam_weight_decay)
     lr_scheduler = get_scheduler(
         "cosine",
         optimizer=optimizer,

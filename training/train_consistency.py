@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_optimizer_arguments,
+    add_validation_arguments,
     build_optimizer,
     output_dir_arg,
 )
@@ -110,6 +111,14 @@ def parse_args(argv=None):
     train.add_argument("--ema_power", type=float, default=0.75, help="EMA warm-up power.")
     add_accelerate_arguments(train, checkpointing_steps=200, checkpoints_total_limit=None)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
+    validation = parser.add_argument_group(
+        "validation",
+        "One-step samples of the pipeline the script saves (EMA weights with --use_ema), logged to the tracker and "
+        "saved under output_dir/validation/. Class-conditional models draw --num_validation_images per "
+        "--validation_class_labels entry (the counterpart of diffusers' --validation_prompt); unconditional ones "
+        "draw --num_validation_images.",
+    )
+    add_validation_arguments(validation, "class_label")
     args = parser.parse_args(argv)
     validate_args(args, parser)
     return args
@@ -192,9 +201,42 @@ def build_unet(args, num_classes: int):
     return unet, args.class_conditional
 
 
+def build_pipeline(unet, args):
+    """The pipeline the script saves: diffusers' `ConsistencyModelPipeline` with a `CMStochasticIterativeScheduler`."""
+    from diffusers import CMStochasticIterativeScheduler, ConsistencyModelPipeline
+
+    scheduler = CMStochasticIterativeScheduler(
+        sigma_min=args.sigma_min, sigma_max=args.sigma_max, sigma_data=args.sigma_data
+    )
+    return ConsistencyModelPipeline(unet=unet, scheduler=scheduler)
+
+
+def run_validation(pipeline, args, accelerator, step: int) -> None:
+    """`--num_validation_images` one-step samples per `--validation_class_labels` entry (default: every class), or
+    in all for an unconditional model, seeded with `--seed`; saved under `output_dir/validation/step-<step>/` and
+    logged to the trackers. Main process only."""
+    from diffusers_ext.training_utils import run_validation as validate
+
+    pipeline.set_progress_bar_config(disable=True)
+    num_classes = pipeline.unet.config.num_class_embeds
+    labels = (args.validation_class_labels or list(range(num_classes))) if num_classes else [None]
+
+    def sample(conditions, generator):
+        images = pipeline(
+            batch_size=len(conditions),
+            class_labels=list(conditions) if num_classes else None,
+            num_inference_steps=1,
+            generator=generator,
+            output_type="np",
+        ).images
+        return torch.from_numpy(images).permute(0, 3, 1, 2)
+
+    validate(accelerator, args, step, sample, labels, [pipeline.unet], logger)
+
+
 def main(argv=None):
     args = parse_args(argv)
-    from diffusers import CMStochasticIterativeScheduler, ConsistencyModelPipeline, UNet2DModel
+    from diffusers import UNet2DModel
     from diffusers.training_utils import EMAModel
 
     from diffusers_ext import AugmentationRegressor, ManifoldFeatureDistance
@@ -212,6 +254,7 @@ def main(argv=None):
         save_checkpoint,
         start_run,
         step_generator,
+        validation_due,
         write_model_card,
     )
 
@@ -339,16 +382,24 @@ def main(argv=None):
         if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
             path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
             logger.info(f"Saved {path}")
+        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
+            model = accelerator.unwrap_model(unet)
+            if ema is not None:  # sample the EMA weights, as the saved pipeline will hold them
+                ema.store(model.parameters())
+                ema.copy_to(model.parameters())
+            run_validation(build_pipeline(model, args), args, accelerator, global_step)
+            if ema is not None:
+                ema.restore(model.parameters())
 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         final_unet = accelerator.unwrap_model(unet)
         if ema is not None:
             ema.copy_to(final_unet.parameters())
-        scheduler = CMStochasticIterativeScheduler(
-            sigma_min=args.sigma_min, sigma_max=args.sigma_max, sigma_data=args.sigma_data
-        )
-        ConsistencyModelPipeline(unet=final_unet, scheduler=scheduler).save_pretrained(args.output_dir)
+        pipeline = build_pipeline(final_unet, args)
+        pipeline.save_pretrained(args.output_dir)
+        if validation_due(args, global_step, final=True):
+            run_validation(pipeline, args, accelerator, global_step)
         start = (
             f"initialised from `{args.pretrained_model_name_or_path}`"
             if args.pretrained_model_name_or_path

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_optimizer_arguments,
+    add_validation_arguments,
     build_optimizer,
     output_dir_arg,
 )
@@ -105,6 +106,16 @@ def parse_args(argv=None):
     add_accelerate_arguments(train, checkpointing_steps=1000, checkpoints_total_limit=None)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
     train.add_argument("--dataloader_num_workers", type=int, default=0, help="DataLoader worker processes.")
+    validation = parser.add_argument_group(
+        "validation",
+        "Samples of the pipeline the script saves (EMA weights with --use_ema), logged to the tracker and saved under "
+        "output_dir/validation/. Class-conditional runs draw --num_validation_images per --validation_class_labels "
+        "entry (the counterpart of diffusers' --validation_prompt); unconditional runs draw --num_validation_images.",
+    )
+    add_validation_arguments(validation, "class_label")
+    validation.add_argument(
+        "--ddpm_num_inference_steps", type=int, default=50, help="DDIM steps of the validation samples."
+    )
     args = parser.parse_args(argv)
     validate_args(args, parser)
     return args
@@ -131,9 +142,17 @@ def validate_args(args, parser):
         parser.error(f"--num_channels must be 1 or 3, got {args.num_channels}.")
     if not 0.0 <= args.class_dropout_prob < 1.0:
         parser.error(f"--class_dropout_prob must lie in [0, 1), got {args.class_dropout_prob}.")
-    for name in ("train_batch_size", "max_train_steps", "gradient_accumulation_steps", "checkpointing_steps"):
+    for name in (
+        "train_batch_size",
+        "max_train_steps",
+        "gradient_accumulation_steps",
+        "checkpointing_steps",
+        "ddpm_num_inference_steps",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+    if args.validation_class_labels is not None and not args.class_conditional:
+        parser.error("--validation_class_labels needs --class_conditional (an unconditional model takes no labels).")
 
 
 class ImageFolderTensors(torch.utils.data.Dataset):
@@ -257,12 +276,57 @@ def build_unet(args, channels: int, num_classes: int | None):
     )
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    from diffusers import DDIMScheduler, DDPMPipeline, DDPMScheduler, UNet2DModel
-    from diffusers.training_utils import EMAModel
+def build_pipeline(unet, noise_scheduler, args, null_label):
+    """The pipeline the script saves: a `ClassConditionalDDPMPipeline` (or diffusers' `DDPMPipeline` when
+    unconditional) with the DDIM sampler of the training noise schedule."""
+    from diffusers import DDIMScheduler, DDPMPipeline
 
     from diffusers_ext import ClassConditionalDDPMPipeline
+
+    scheduler = DDIMScheduler.from_config(dict(noise_scheduler.config))
+    if args.class_conditional:
+        return ClassConditionalDDPMPipeline(unet, scheduler, null_class_label=null_label)
+    return DDPMPipeline(unet, scheduler)
+
+
+def run_validation(pipeline, args, accelerator, step: int) -> None:
+    """`--num_validation_images` samples per `--validation_class_labels` entry (default: every class), or in all
+    for an unconditional model, seeded with `--seed`; saved under `output_dir/validation/step-<step>/` and logged
+    to the trackers. Main process only."""
+    from diffusers_ext.training_utils import run_validation as validate
+
+    pipeline.set_progress_bar_config(disable=True)
+    if args.class_conditional:
+        labels = args.validation_class_labels or list(range(pipeline.config.null_class_label))
+
+        def sample(conditions, generator):
+            return pipeline(
+                class_labels=list(conditions),
+                num_inference_steps=args.ddpm_num_inference_steps,
+                generator=generator,
+                output_type="pt",
+            ).images
+
+    else:
+        labels = [None]
+
+        def sample(conditions, generator):
+            images = pipeline(
+                batch_size=len(conditions),
+                num_inference_steps=args.ddpm_num_inference_steps,
+                generator=generator,
+                output_type="np",
+            ).images
+            return torch.from_numpy(images).permute(0, 3, 1, 2)
+
+    validate(accelerator, args, step, sample, labels, [pipeline.unet], logger)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from diffusers import DDPMScheduler, UNet2DModel
+    from diffusers.training_utils import EMAModel
+
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,
@@ -271,6 +335,7 @@ def main(argv=None):
         save_checkpoint,
         start_run,
         step_generator,
+        validation_due,
         write_model_card,
     )
 
@@ -373,19 +438,24 @@ def main(argv=None):
         if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
             path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
             logger.info(f"Saved {path}")
+        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
+            model = accelerator.unwrap_model(unet)
+            if ema is not None:  # sample the EMA weights, as the saved pipeline will hold them
+                ema.store(model.parameters())
+                ema.copy_to(model.parameters())
+            run_validation(build_pipeline(model, noise_scheduler, args, null_label), args, accelerator, global_step)
+            if ema is not None:
+                ema.restore(model.parameters())
 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         final_unet = accelerator.unwrap_model(unet)
         if ema is not None:
             ema.copy_to(final_unet.parameters())
-        sampler_config = dict(noise_scheduler.config)
-        scheduler = DDIMScheduler.from_config(sampler_config)
-        if args.class_conditional:
-            pipeline = ClassConditionalDDPMPipeline(final_unet, scheduler, null_class_label=null_label)
-        else:
-            pipeline = DDPMPipeline(final_unet, scheduler)
+        pipeline = build_pipeline(final_unet, noise_scheduler, args, null_label)
         pipeline.save_pretrained(args.output_dir)
+        if validation_due(args, global_step, final=True):
+            run_validation(pipeline, args, accelerator, global_step)
         data = args.train_data_dir or "scikit-learn's 8x8 digits (train split)"
         write_model_card(
             args.output_dir,

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Train a discrete flow matching model (mask, Multimask or uniform source; independent or minibatch-OT coupling).
 
-Data: sequences from a known random hidden Markov model (`--dataset hmm`, exact likelihood available) or
-scikit-learn's binarised 8x8 digits (`--dataset digits`, 64 binary pixels).
+Data: sequences from a known random hidden Markov model (`--dataset_name hmm`, exact likelihood available) or
+scikit-learn's binarised 8x8 digits (`--dataset_name digits`, 64 binary pixels).
 
     accelerate launch training/train_discrete_flow.py --output_dir dfm-hmm --source multimask --num_mask_tokens 16 \
         --coupling embedding_ot --max_train_steps 3000
@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_optimizer_arguments,
+    add_validation_arguments,
     build_optimizer,
     output_dir_arg,
 )
@@ -39,7 +40,15 @@ DATASETS = ("hmm", "digits")
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", type=str, default="hmm", choices=DATASETS, help="'hmm' or 'digits'.")
+    data.add_argument(
+        "--dataset_name",
+        "--dataset",
+        dest="dataset",
+        type=str,
+        default="hmm",
+        choices=DATASETS,
+        help="'hmm' or 'digits' (--dataset: the earlier name).",
+    )
     data.add_argument("--hmm_states", type=int, default=4, help="Hidden states of the random HMM.")
     data.add_argument("--vocab_size", type=int, default=8, help="Tokens of the random HMM (digits: 2).")
     data.add_argument("--sequence_length", type=int, default=16, help="Length of the HMM's sequences.")
@@ -87,6 +96,16 @@ def parse_args(argv=None):
     train.add_argument("--bound_samples", type=int, default=16, help="Monte Carlo times per validation sequence.")
     add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=2)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
+    validation = parser.add_argument_group(
+        "validation",
+        "The pipeline the script saves draws --num_validation_images sequences (seeded with --seed; the "
+        "discrete-sequence counterpart of diffusers' validation images), written as their token ids to the tracker "
+        "(tensorboard text, wandb table) and to output_dir/validation/step-<N>.txt.",
+    )
+    add_validation_arguments(validation, "text")
+    validation.add_argument(
+        "--validation_inference_steps", type=int, default=64, help="Sampling steps of the validation sequences."
+    )
     args = parser.parse_args(argv)
     validate_args(args, parser)
     return args
@@ -101,6 +120,7 @@ def validate_args(args, parser):
         "num_train_sequences",
         "num_validation_sequences",
         "sequence_length",
+        "validation_inference_steps",
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
@@ -138,6 +158,22 @@ def build_data(args):
     return train, validation, HMMJudge(hmm)
 
 
+def run_validation(pipeline, args, accelerator, step: int) -> None:
+    """`--num_validation_images` sequences from `pipeline` (seeded), as space-separated token ids, saved to
+    `output_dir/validation/step-<step>.txt` and logged. Main process only."""
+    from diffusers_ext.training_utils import run_validation as validate
+
+    pipeline.set_progress_bar_config(disable=True)
+
+    def sample(conditions, generator):
+        sequences = pipeline(
+            batch_size=len(conditions), num_inference_steps=args.validation_inference_steps, generator=generator
+        ).sequences
+        return [" ".join(str(int(token)) for token in row) for row in sequences]
+
+    validate(accelerator, args, step, sample, [None], [pipeline.model], logger, texts=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
     from diffusers_ext.training_utils import resolve_resume_checkpoint
@@ -154,6 +190,7 @@ def main(argv=None):
         save_checkpoint,
         start_run,
         step_generator,
+        validation_due,
         write_model_card,
     )
 
@@ -238,12 +275,17 @@ def main(argv=None):
         if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
             path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
             logger.info(f"Saved {path}")
+        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
+            pipeline = DiscreteFlowPipeline(model=accelerator.unwrap_model(model), scheduler=scheduler)
+            run_validation(pipeline, args, accelerator, global_step)
 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         final = accelerator.unwrap_model(model).eval()
         pipeline = DiscreteFlowPipeline(model=final, scheduler=scheduler)
         pipeline.save_pretrained(args.output_dir)
+        if validation_due(args, global_step, final=True):
+            run_validation(pipeline, args, accelerator, global_step)
         bounds = estimate_nll_bounds(
             final,
             scheduler,

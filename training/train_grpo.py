@@ -7,7 +7,7 @@ parsed by TRL's `TrlParser` (so `--config run.yaml` works as in TRL's scripts). 
 `load_lora_weights` accepts, with a model card; `--resume_from_checkpoint latest` continues a run exactly.
 
     accelerate launch training/train_grpo.py --algorithm e2po \
-        --pretrained_model_name_or_path diffusers_ext/zoo/digits-sd3 --dataset digits \
+        --pretrained_model_name_or_path diffusers_ext/zoo/digits-sd3 --dataset_name digits \
         --reward_funcs digit_classifier --height 8 --width 8 --max_sequence_length 8 --output_dir digits-e2po
 """
 
@@ -39,11 +39,26 @@ class ScriptArguments:
     dataset: str = field(
         default="digits",
         metadata={
+            "aliases": ["--dataset_name"],
             "help": "'digits' (the ten prompts of the digits-sd3 zoo model, with a `label` column), a .txt file "
-            "(one prompt per line) or a .jsonl file (objects with 'prompt' and any other columns)."
+            "(one prompt per line) or a .jsonl file (objects with 'prompt' and any other columns).",
         },
     )
     reward_funcs: list[str] = field(default_factory=lambda: ["digit_classifier"], metadata={"help": REWARD_HELP})
+    validation_prompt: list[str] | None = field(
+        default=None,
+        metadata={
+            "aliases": ["--validation_prompts"],
+            "help": "Prompt(s) sampled during training (diffusers' examples); validation runs only when given. "
+            "Images (the trained pipeline, the rollouts' height/width/steps/guidance, seeded with --seed) go to "
+            "the tracker and to output_dir/validation/step-<N>/.",
+        },
+    )
+    num_validation_images: int = field(default=4, metadata={"help": "Validation images per prompt."})
+    validation_steps: int | None = field(
+        default=None,
+        metadata={"help": "Validate every N steps and once after training (needs --validation_prompt)."},
+    )
 
 
 def load_prompts(dataset: str) -> list:
@@ -117,6 +132,7 @@ def parse_args(argv=None):
     from trl import TrlParser
 
     from diffusers_ext import DiffusionGRPOConfig, E2POConfig, LoraArguments
+    from diffusers_ext.training_utils import TRL_OPTION_ALIASES, add_option_aliases
 
     # The algorithm picks the config dataclass, so read it (from the command line or the YAML file) first.
     first = argparse.ArgumentParser(add_help=False)
@@ -132,6 +148,7 @@ def parse_args(argv=None):
         raise ValueError(f"--algorithm {algorithm!r} unknown; expected one of {ALGORITHMS}.")
     parser = TrlParser((ScriptArguments, E2POConfig if algorithm == "e2po" else DiffusionGRPOConfig, LoraArguments))
     parser.set_defaults(**LORA_DEFAULTS)
+    add_option_aliases(parser, TRL_OPTION_ALIASES)  # diffusers' example names beside TRL's
     script_args, config, lora_args, remaining = parser.parse_args_and_config(args=argv, return_remaining_strings=True)
     e2po_only = [arg for arg in remaining if arg.startswith("--e2po_")]
     if e2po_only:
@@ -140,6 +157,13 @@ def parse_args(argv=None):
         raise ValueError(f"unrecognized arguments: {' '.join(remaining)}")
     if script_args.pretrained_model_name_or_path is None:
         raise ValueError("--pretrained_model_name_or_path is required (a StableDiffusion3Pipeline or FluxPipeline).")
+    if script_args.num_validation_images < 1:
+        raise ValueError(f"--num_validation_images must be >= 1, got {script_args.num_validation_images}.")
+    if script_args.validation_steps is not None:
+        if script_args.validation_steps < 1:
+            raise ValueError(f"--validation_steps must be >= 1, got {script_args.validation_steps}.")
+        if script_args.validation_prompt is None:
+            raise ValueError(f"--validation_steps {script_args.validation_steps} needs --validation_prompt.")
     return script_args, config, lora_args
 
 
@@ -198,6 +222,32 @@ def load_pipeline(path: str):
     return DiffusionPipeline.from_pretrained(path)
 
 
+def run_validation(pipeline, script_args, config, accelerator, step: int) -> None:
+    """`--num_validation_images` images per `--validation_prompt` from `pipeline` at the rollouts' settings (seeded
+    with `--seed`), saved under `output_dir/validation/step-<step>/` and logged to the trackers."""
+    from diffusers_ext.training_utils import run_validation as validate
+    from diffusers_ext.training_utils import trainer_validation_args
+
+    args = trainer_validation_args(script_args, config)
+
+    def sample(prompts, generator):
+        kwargs = {"max_sequence_length": config.max_sequence_length}
+        if config.height is not None:
+            kwargs.update(height=config.height)
+        if config.width is not None:
+            kwargs.update(width=config.width)
+        return pipeline(
+            prompts,
+            num_inference_steps=config.num_inference_steps,
+            guidance_scale=config.guidance_scale,
+            generator=generator,
+            output_type="pt",
+            **kwargs,
+        ).images
+
+    validate(accelerator, args, step, sample, script_args.validation_prompt, [pipeline.transformer], logger)
+
+
 def main(argv=None):
     script_args, config, lora_args = parse_args(argv)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
@@ -212,7 +262,13 @@ def main(argv=None):
     reward_funcs = [build_reward(spec) for spec in script_args.reward_funcs]
     check_model(script_args.pretrained_model_name_or_path, config.height, config.width)
     pipeline = load_pipeline(script_args.pretrained_model_name_or_path)
-    trainer_class = E2POTrainer if script_args.algorithm == "e2po" else DiffusionGRPOTrainer
+    from diffusers_ext.training_utils import trainer_validation_args, with_step_validation
+
+    trainer_class = with_step_validation(
+        E2POTrainer if script_args.algorithm == "e2po" else DiffusionGRPOTrainer,
+        trainer_validation_args(script_args, config),
+        lambda trainer, step: run_validation(trainer.pipeline, script_args, config, trainer.accelerator, step),
+    )
     trainer = trainer_class(
         pipeline, reward_funcs, config, train_dataset=prompts, peft_config=lora_args.to_peft_config()
     )
@@ -232,6 +288,10 @@ def main(argv=None):
     trainer.save_model(base_model=script_args.pretrained_model_name_or_path)
     if accelerator.is_main_process:
         logger.info(f"Saved the {'LoRA' if lora_args.use_lora else 'transformer'} to {config.output_dir}")
+        from diffusers_ext.training_utils import validation_due
+
+        if validation_due(script_args, trainer.global_step, final=True):
+            run_validation(trainer.pipeline, script_args, config, accelerator, trainer.global_step)
     accelerator.end_training()
 
 

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_optimizer_arguments,
+    add_validation_arguments,
     build_optimizer,
     output_dir_arg,
 )
@@ -46,7 +47,14 @@ def parse_args(argv=None):
     method.add_argument("--mask_eps", type=float, default=1e-3, help="Smallest time.")
     data = parser.add_argument_group("data")
     data.add_argument("--corpus", type=str, default="markov", choices=["markov", "stdlib"], help="Training data.")
-    data.add_argument("--num_train", type=int, default=20000, help="Markov corpus: training sequences.")
+    data.add_argument(
+        "--num_train_samples",
+        "--num_train",
+        dest="num_train",
+        type=int,
+        default=20000,
+        help="Markov corpus: training sequences (--num_train: the earlier name).",
+    )
     data.add_argument("--window_length", type=int, default=32, help="stdlib corpus: characters per sequence.")
     model = parser.add_argument_group("model")
     model.add_argument("--hidden_size", type=int, default=64, help="Denoiser width.")
@@ -67,6 +75,13 @@ def parse_args(argv=None):
     )
     add_accelerate_arguments(train, checkpointing_steps=200, checkpoints_total_limit=2)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
+    validation = parser.add_argument_group(
+        "validation",
+        "The pipeline the script saves draws --num_validation_images unconditional sequences (temperature 1, seeded "
+        "with --seed; the language-model counterpart of diffusers' validation images); they go to the tracker "
+        "(tensorboard text, wandb table) and to output_dir/validation/step-<N>.txt.",
+    )
+    add_validation_arguments(validation, "text")
     args = parser.parse_args(argv)
     validate_args(args, parser)
     return args
@@ -133,6 +148,26 @@ def load_corpus(args):
     return tokenizer, with_bos(train), with_bos(val), description
 
 
+def run_validation(pipeline, gen_length: int, args, accelerator, step: int) -> None:
+    """`--num_validation_images` unconditional sequences of `gen_length` tokens after `<bos>` from `pipeline`
+    (temperature 1, seeded); saved to `output_dir/validation/step-<step>.txt` and logged. Main process only."""
+    from diffusers_ext.training_utils import run_validation as validate
+
+    pipeline.set_progress_bar_config(disable=True)
+
+    def sample(conditions, generator):
+        return pipeline(
+            prompt=[pipeline.tokenizer.bos_token] * len(conditions),
+            gen_length=gen_length,
+            temperature=1.0,
+            eos_early_stop=False,
+            generator=generator,
+        ).texts
+
+    modules = [m for m in (pipeline.model, pipeline.reverse_schedule, pipeline.forward_schedule) if m is not None]
+    validate(accelerator, args, step, sample, [None], modules, logger, texts=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
 
@@ -148,6 +183,7 @@ def main(argv=None):
         save_checkpoint,
         start_run,
         step_generator,
+        validation_due,
         write_model_card,
     )
 
@@ -243,6 +279,15 @@ def main(argv=None):
         if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
             path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
             logger.info(f"Saved {path}")
+        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
+            pipeline = LoMDMPipeline(
+                model=accelerator.unwrap_model(model),
+                scheduler=OeMDMScheduler.from_preset("lomdm" if learned else "mdm"),
+                tokenizer=tokenizer,
+                reverse_schedule=accelerator.unwrap_model(reverse_schedule) if learned else None,
+                forward_schedule=accelerator.unwrap_model(forward_schedule) if learned else None,
+            )
+            run_validation(pipeline, length - 1, args, accelerator, global_step)
 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -267,6 +312,8 @@ def main(argv=None):
             forward_schedule=forward_final,
         )
         pipeline.save_pretrained(args.output_dir)
+        if validation_due(args, global_step, final=True):
+            run_validation(pipeline, length - 1, args, accelerator, global_step)
         name = "LoMDM" if learned else "MDLM"
         write_model_card(
             args.output_dir,

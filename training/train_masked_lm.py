@@ -34,6 +34,7 @@ from diffusers_ext.losses.masked_diffusion import (
 from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_optimizer_arguments,
+    add_validation_arguments,
     build_optimizer,
     output_dir_arg,
 )
@@ -84,6 +85,13 @@ def parse_args(argv=None):
     )
     add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=None)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
+    validation = parser.add_argument_group(
+        "validation",
+        "The pipeline the script saves completes the first --num_validation_images training prompts of the task "
+        "(its prompts, as diffusers' --validation_prompt; sudoku givens drawn with --seed); prompt and completion "
+        "go to the tracker (tensorboard text, wandb table) and to output_dir/validation/step-<N>.txt.",
+    )
+    add_validation_arguments(validation, "text")
     args = parser.parse_args(argv)
     validate_args(args, parser)
     return args
@@ -183,6 +191,40 @@ class SudokuTask:
         return title, description
 
 
+def build_pipeline(model, task, tokenizer, args):
+    """The pipeline the script saves: a `DiffusionLMPipeline` with the task's `SOARScheduler`."""
+    from diffusers_ext import DiffusionLMPipeline, SOARScheduler
+
+    if args.task == "sudoku":
+        scheduler = SOARScheduler.from_preset("llada", block_length=task.gen_length)
+    else:
+        scheduler = SOARScheduler(
+            block_length=task.gen_length, confidence_threshold=0.9, max_beam_size=2, max_parallel_tokens=None
+        )
+    return DiffusionLMPipeline(model=model, scheduler=scheduler, tokenizer=tokenizer)
+
+
+def run_validation(pipeline, task, args, accelerator, step: int) -> None:
+    """`pipeline` completes the first `--num_validation_images` training prompts; the texts go to the trackers and
+    `output_dir/validation/step-<step>.txt`. Main process only."""
+    from diffusers_ext.training_utils import run_validation as validate
+    from diffusers_ext.training_utils import validation_generator
+
+    pipeline.set_progress_bar_config(disable=True)
+    prompts, _ = task.batch(task.data[: args.num_validation_images], validation_generator(args.seed))
+    captions = [pipeline.tokenizer.decode(ids, skip_special_tokens=True) for ids in prompts]
+
+    def sample(conditions, generator):
+        return pipeline(
+            input_ids=prompts.to(accelerator.device),
+            gen_length=task.gen_length,
+            eos_early_stop=False,
+            generator=generator,
+        ).texts
+
+    validate(accelerator, args, step, sample, captions, [pipeline.model], logger, texts=True, repeat=1)
+
+
 def main(argv=None):
     args = parse_args(argv)
 
@@ -196,6 +238,7 @@ def main(argv=None):
         save_checkpoint,
         start_run,
         step_generator,
+        validation_due,
         write_model_card,
     )
 
@@ -272,21 +315,18 @@ def main(argv=None):
         if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
             path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
             logger.info(f"Saved {path}")
+        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
+            pipeline = build_pipeline(accelerator.unwrap_model(model), task, tokenizer, args)
+            run_validation(pipeline, task, args, accelerator, global_step)
 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        from diffusers_ext import DiffusionLMPipeline, SOARScheduler
-
         final_model = accelerator.unwrap_model(model).eval()
         parameters = sum(p.numel() for p in final_model.parameters())
-        final_model = final_model.to(getattr(torch, args.save_dtype))
-        if args.task == "sudoku":
-            scheduler = SOARScheduler.from_preset("llada", block_length=task.gen_length)
-        else:
-            scheduler = SOARScheduler(
-                block_length=task.gen_length, confidence_threshold=0.9, max_beam_size=2, max_parallel_tokens=None
-            )
-        pipeline = DiffusionLMPipeline(model=final_model, scheduler=scheduler, tokenizer=tokenizer)
+        pipeline = build_pipeline(final_model, task, tokenizer, args)
+        if validation_due(args, global_step, final=True):  # before the cast to --save_dtype
+            run_validation(pipeline, task, args, accelerator, global_step)
+        final_model.to(getattr(torch, args.save_dtype))
         pipeline.save_pretrained(args.output_dir)
         title, description = task.card(parameters, total_batch)
         write_model_card(

@@ -10,22 +10,30 @@ improve in the benchmark; the zoo classifier measures how often a sample shows t
 
     python training/train_sd3_digits.py --output_dir diffusers_ext/zoo/digits-sd3
 
-Use `max_sequence_length=8` with the result (the length it was trained with).
+Use `max_sequence_length=8` with the result (the length it was trained with). One step counter runs over both
+stages (`--vae_steps` autoencoder steps, then `--max_train_steps` transformer steps): checkpoints are
+`output_dir/checkpoint-<step>` and `--resume_from_checkpoint latest` continues exactly where the last one stopped
+(the running generators of both stages are part of the checkpoint).
 """
 
 import argparse
-import logging
-import math
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from accelerate.logging import get_logger
+from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_hub_arguments, output_dir_arg
+from diffusers_ext.training_utils import (
+    add_accelerate_arguments,
+    add_validation_arguments,
+    check_validation_arguments,
+    output_dir_arg,
+)
 
 
-logger = logging.getLogger("train_sd3_digits")
+logger = get_logger("train_sd3_digits", log_level="INFO")
 
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 MAX_SEQUENCE_LENGTH = 8
@@ -42,30 +50,59 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="Seed of every initialisation and random draw.")
     parser.add_argument("--vae_steps", type=int, default=600, help="Optimizer steps of the autoencoder.")
     parser.add_argument("--vae_kl_weight", type=float, default=1e-4, help="Weight of the autoencoder's KL term.")
-    parser.add_argument("--train_steps", type=int, default=2500, help="Optimizer steps of the transformer.")
-    parser.add_argument("--batch_size", type=int, default=64, help="Batch size of both stages.")
+    parser.add_argument(
+        "--max_train_steps",
+        "--train_steps",
+        type=int,
+        default=2500,
+        help="Optimizer steps of the transformer (after the autoencoder's). --train_steps: the earlier name.",
+    )
+    parser.add_argument(
+        "--train_batch_size",
+        "--batch_size",
+        type=int,
+        default=64,
+        help="Batch size per process and micro-batch, both stages. --batch_size: the earlier name.",
+    )
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="Peak learning rate (cosine decay).")
+    parser.add_argument("--lr_warmup_steps", type=int, default=50, help="Linear warm-up steps of each stage.")
+    parser.add_argument(
+        "--max_grad_norm", type=float, default=1.0, help="Gradient clipping norm of the transformer stage."
+    )
     parser.add_argument("--num_layers", type=int, default=2, help="Joint transformer blocks.")
     parser.add_argument("--attention_head_dim", type=int, default=16, help="Width of one attention head.")
     parser.add_argument("--num_attention_heads", type=int, default=4, help="Attention heads.")
     parser.add_argument("--prompt_dropout", type=float, default=0.1, help="Share of empty prompts (for guidance).")
     parser.add_argument("--eval_samples_per_class", type=int, default=30, help="Samples per digit for the card.")
-    parser.add_argument("--eval_steps", type=int, default=10, help="Sampling steps of the evaluation.")
-    parser.add_argument("--eval_guidance_scale", type=float, default=1.0, help="Guidance of the evaluation.")
-    add_hub_arguments(parser)
+    parser.add_argument(
+        "--eval_inference_steps",
+        "--eval_steps",
+        type=int,
+        default=10,
+        help="Sampling steps of the evaluation and of validation. --eval_steps: the earlier name.",
+    )
+    parser.add_argument("--eval_guidance_scale", type=float, default=1.0, help="Guidance of evaluation/validation.")
+    parser.add_argument("--logging_steps", type=int, default=50, help="Log metrics to the tracker every N steps.")
+    add_accelerate_arguments(parser, checkpointing_steps=500)
+    add_validation_arguments(parser, "prompt")
     args = parser.parse_args(argv)
-    for name in ("vae_steps", "train_steps", "batch_size", "eval_samples_per_class", "eval_steps"):
+    for name in (
+        "vae_steps",
+        "max_train_steps",
+        "train_batch_size",
+        "gradient_accumulation_steps",
+        "eval_samples_per_class",
+        "eval_inference_steps",
+        "checkpointing_steps",
+        "logging_steps",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
     if not 0 <= args.prompt_dropout < 1:
         parser.error(f"--prompt_dropout must lie in [0, 1), got {args.prompt_dropout}.")
+    check_validation_arguments(args, parser)
     return args
-
-
-def _cosine_lr(optimizer, step: int, total: int, peak: float, warmup: int = 50) -> None:
-    lr = peak * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / total))
-    for group in optimizer.param_groups:
-        group["lr"] = lr
 
 
 def build_vae(seed: int):
@@ -106,99 +143,227 @@ def build_transformer(args):
     )
 
 
-def train_vae(vae, images: torch.Tensor, args) -> None:
-    generator = torch.Generator().manual_seed(args.seed + 2)
-    optimizer = torch.optim.AdamW(vae.parameters(), lr=args.learning_rate, weight_decay=0.0)
-    vae.train()
-    for step in range(args.vae_steps):
-        _cosine_lr(optimizer, step, args.vae_steps, args.learning_rate)
-        batch = images[torch.randint(0, len(images), (args.batch_size,), generator=generator)]
-        posterior = vae.encode(batch).latent_dist
-        latents = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=generator)
-        reconstruction = vae.decode(latents).sample
-        kl = posterior.kl().mean() / latents[0].numel()
-        loss = F.mse_loss(reconstruction, batch) + args.vae_kl_weight * kl
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 100 == 0 or step == args.vae_steps - 1:
-            logger.info(f"vae step {step}: loss {loss.item():.4f}")
-    vae.eval()
+def train_vae_step(vae_step, optimizer, images, generator, step: int, args, accelerator) -> float:
+    """One autoencoder optimizer step (`--gradient_accumulation_steps` micro-batches drawn from `generator`):
+    reconstruction MSE plus `--vae_kl_weight` times the KL per latent element. Returns the mean loss."""
+    from diffusers_ext.training_utils import cosine_with_warmup
+
+    vae = accelerator.unwrap_model(vae_step).vae
+    factor = 2 ** (len(vae.config.block_out_channels) - 1)
+    latent_shape = (vae.config.latent_channels, images.shape[2] // factor, images.shape[3] // factor)
+    cosine_with_warmup(optimizer, step, args.vae_steps, args.learning_rate, args.lr_warmup_steps)
+    total = 0.0
+    for _ in range(args.gradient_accumulation_steps):
+        batch = images[torch.randint(0, len(images), (args.train_batch_size,), generator=generator)]
+        eps = torch.randn((args.train_batch_size, *latent_shape), generator=generator)
+        batch, eps = batch.to(accelerator.device), eps.to(accelerator.device)
+        with accelerator.accumulate(vae_step):
+            with accelerator.autocast():
+                reconstruction, kl = vae_step(batch, eps)
+            loss = F.mse_loss(reconstruction.float(), batch) + args.vae_kl_weight * (
+                kl.float().mean() / eps[0].numel()
+            )
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        total += loss.detach().item() / args.gradient_accumulation_steps
+    return total
 
 
-def train_transformer(transformer, latents, labels, prompt_embeds, pooled, args) -> None:
-    """Rectified flow: x_s = (1 - s) x0 + s noise, the model predicts noise - x0 at timestep 1000 s."""
-    generator = torch.Generator().manual_seed(args.seed + 3)
-    optimizer = torch.optim.AdamW(transformer.parameters(), lr=args.learning_rate, weight_decay=1e-4)
+def train_transformer_step(
+    transformer, optimizer, latents, labels, prompt_embeds, pooled, generator, step: int, args, accelerator
+) -> float:
+    """One rectified-flow optimizer step: x_s = (1 - s) x0 + s noise, the model predicts noise - x0 at timestep
+    1000 s (s logit-normal, as SD3); `--prompt_dropout` of the prompts are the empty one. Returns the mean loss."""
+    from diffusers_ext.training_utils import cosine_with_warmup
+
     null = len(DIGIT_NAMES)  # row of the empty prompt
-    transformer.train()
-    for step in range(args.train_steps):
-        _cosine_lr(optimizer, step, args.train_steps, args.learning_rate)
-        index = torch.randint(0, len(latents), (args.batch_size,), generator=generator)
+    batch_size = args.train_batch_size
+    cosine_with_warmup(optimizer, step, args.max_train_steps, args.learning_rate, args.lr_warmup_steps)
+    total = 0.0
+    for _ in range(args.gradient_accumulation_steps):
+        index = torch.randint(0, len(latents), (batch_size,), generator=generator)
         x0, label = latents[index], labels[index]
-        label = torch.where(torch.rand(args.batch_size, generator=generator) < args.prompt_dropout, null, label)
+        label = torch.where(torch.rand(batch_size, generator=generator) < args.prompt_dropout, null, label)
         noise = torch.randn(x0.shape, generator=generator)
-        sigma = torch.sigmoid(torch.randn(args.batch_size, generator=generator))  # logit-normal, as SD3
+        sigma = torch.sigmoid(torch.randn(batch_size, generator=generator))
         noisy = (1 - sigma[:, None, None, None]) * x0 + sigma[:, None, None, None] * noise
-        prediction = transformer(
-            hidden_states=noisy,
-            timestep=sigma * 1000,
-            encoder_hidden_states=prompt_embeds[label],
-            pooled_projections=pooled[label],
-        ).sample
-        loss = F.mse_loss(prediction, noise - x0)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(transformer.parameters(), 1.0)
-        optimizer.step()
-        if step % 250 == 0 or step == args.train_steps - 1:
-            logger.info(f"transformer step {step}: loss {loss.item():.4f}")
-    transformer.eval()
+        device = accelerator.device
+        with accelerator.accumulate(transformer):
+            with accelerator.autocast():
+                prediction = transformer(
+                    hidden_states=noisy.to(device),
+                    timestep=(sigma * 1000).to(device),
+                    encoder_hidden_states=prompt_embeds[label].to(device),
+                    pooled_projections=pooled[label].to(device),
+                ).sample
+            loss = F.mse_loss(prediction.float(), (noise - x0).to(device))
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and args.max_grad_norm is not None:
+                accelerator.clip_grad_norm_(transformer.parameters(), args.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+        total += loss.detach().item() / args.gradient_accumulation_steps
+    return total
+
+
+def run_validation(pipe, args, accelerator, step: int) -> None:
+    """`--num_validation_images` images per `--validation_prompt` from `pipe` (seeded with `--seed`), saved under
+    `output_dir/validation/step-<step>/` and logged to the trackers. Main process only."""
+    from diffusers_ext.training_utils import run_validation as validate
+
+    def sample(prompts, generator):
+        return pipe(
+            prompts,
+            height=8,
+            width=8,
+            num_inference_steps=args.eval_inference_steps,
+            guidance_scale=args.eval_guidance_scale,
+            max_sequence_length=MAX_SEQUENCE_LENGTH,
+            generator=generator,
+            output_type="pt",
+        ).images
+
+    validate(accelerator, args, step, sample, args.validation_prompt, [pipe.transformer], logger)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(message)s", level=logging.INFO)
     from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
 
     from diffusers_ext import zoo
     from diffusers_ext.data.digits import load_digits_images
     from diffusers_ext.models.tiny_components import get_tiny_sd3_components
-    from diffusers_ext.training_utils import command_line, maybe_push_to_hub, write_model_card
+    from diffusers_ext.training_utils import (
+        AutoencoderStep,
+        GeneratorState,
+        maybe_push_to_hub,
+        maybe_resume,
+        save_checkpoint,
+        start_run,
+        validation_due,
+    )
 
     start = time.perf_counter()
-    torch.manual_seed(args.seed)
+    accelerator = start_run(args, logger)
     gray, labels = load_digits_images("train", resolution=8)
     images = gray.expand(-1, 3, -1, -1).contiguous()
 
     vae = build_vae(args.seed)
-    train_vae(vae, images, args)
-    with torch.no_grad():
-        moments = vae.encode(images).latent_dist.mean
-    shift, scale = float(moments.mean()), float(1.0 / moments.std())
-    vae.register_to_config(shift_factor=shift, scaling_factor=scale)
-    latents = (moments - shift) * scale
-
     components = get_tiny_sd3_components(args.seed)
     components.update(
         vae=vae, transformer=build_transformer(args), scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0)
     )
-    pipe = StableDiffusion3Pipeline(**components)
+    # Each stage draws from one running generator (process 0's is the one of the earlier, checkpoint-free script,
+    # so the default run makes the same draws); both are part of every checkpoint.
+    offset = 1_000_003 * accelerator.process_index
+    vae_generator = torch.Generator().manual_seed(args.seed + 2 + offset)
+    transformer_generator = torch.Generator().manual_seed(args.seed + 3 + offset)
+    vae_optimizer = torch.optim.AdamW(vae.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    transformer_optimizer = torch.optim.AdamW(
+        components["transformer"].parameters(), lr=args.learning_rate, weight_decay=1e-4
+    )
+    vae_step, transformer, vae_optimizer, transformer_optimizer = accelerator.prepare(
+        AutoencoderStep(vae), components["transformer"], vae_optimizer, transformer_optimizer
+    )
+    accelerator.register_for_checkpointing(GeneratorState(vae_generator), GeneratorState(transformer_generator))
+    global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
+
+    total_steps = args.vae_steps + args.max_train_steps
+    if accelerator.is_main_process:
+        accelerator.init_trackers("train_sd3_digits", config={k: str(v) for k, v in vars(args).items()})
+    logger.info(
+        f"{len(images)} digits, batch {args.train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps}, "
+        f"{args.vae_steps} autoencoder + {args.max_train_steps} transformer steps, from step {global_step}"
+    )
+    progress = tqdm(total=total_steps, initial=global_step, disable=not accelerator.is_local_main_process)
+
+    def end_of_step(loss: float, name: str, report_every: int) -> None:
+        nonlocal global_step
+        global_step += 1
+        progress.update(1)
+        progress.set_postfix({name: loss})
+        stage_step = global_step - (0 if name == "vae_loss" else args.vae_steps) - 1
+        if stage_step % report_every == 0 or global_step in (args.vae_steps, total_steps):
+            logger.info(f"{name.removesuffix('_loss')} step {stage_step}: loss {loss:.4f}")
+        if global_step % args.logging_steps == 0 or global_step == total_steps:
+            accelerator.log({name: loss}, step=global_step)
+        if global_step % args.checkpointing_steps == 0 or global_step == total_steps:
+            save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
+
+    progress.set_description("autoencoder")
+    vae_step.train()
+    while global_step < args.vae_steps:
+        loss = train_vae_step(vae_step, vae_optimizer, images, vae_generator, global_step, args, accelerator)
+        end_of_step(loss, "vae_loss", 100)
+    vae.eval()
+
+    with torch.no_grad():
+        moments = vae.encode(images.to(accelerator.device)).latent_dist.mean.cpu()
+    shift, scale = float(moments.mean()), float(1.0 / moments.std())
+    vae.register_to_config(shift_factor=shift, scaling_factor=scale)
+    latents = (moments - shift) * scale
+
+    pipe = StableDiffusion3Pipeline(**components).to(accelerator.device)
     pipe.set_progress_bar_config(disable=True)
     prompts = [digit_prompt(c) for c in range(len(DIGIT_NAMES))] + [""]
     with torch.no_grad():
         prompt_embeds, _, pooled, _ = pipe.encode_prompt(
             prompts, prompts, prompts, do_classifier_free_guidance=False, max_sequence_length=MAX_SEQUENCE_LENGTH
         )
-    train_transformer(pipe.transformer, latents, labels, prompt_embeds, pooled, args)
+    prompt_embeds, pooled = prompt_embeds.cpu(), pooled.cpu()
+
+    progress.set_description("transformer")
+    transformer.train()
+    while global_step < total_steps:
+        loss = train_transformer_step(
+            transformer,
+            transformer_optimizer,
+            latents,
+            labels,
+            prompt_embeds,
+            pooled,
+            transformer_generator,
+            global_step - args.vae_steps,
+            args,
+            accelerator,
+        )
+        end_of_step(loss, "transformer_loss", 250)
+        if global_step < total_steps and validation_due(args, global_step) and accelerator.is_main_process:
+            run_validation(pipe, args, accelerator, global_step)
+    transformer.eval()
+    progress.close()
     minutes = (time.perf_counter() - start) / 60
 
-    pipe.save_pretrained(args.output_dir)
-    classifier = zoo.load("digits-classifier")
-    accuracy = evaluate_prompt_following(
-        pipe, classifier, args.eval_samples_per_class, args.eval_steps, args.eval_guidance_scale, args.seed
-    )
-    logger.info(f"prompt-following accuracy {accuracy:.3f}")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        components.update(vae=vae, transformer=accelerator.unwrap_model(transformer, keep_fp32_wrapper=False))
+        pipe = StableDiffusion3Pipeline(**components)
+        pipe.set_progress_bar_config(disable=True)
+        pipe.save_pretrained(args.output_dir)
+        if validation_due(args, global_step, final=True):
+            run_validation(pipe, args, accelerator, global_step)
+        classifier = zoo.load("digits-classifier").to(accelerator.device)
+        accuracy = evaluate_prompt_following(
+            pipe,
+            classifier,
+            args.eval_samples_per_class,
+            args.eval_inference_steps,
+            args.eval_guidance_scale,
+            args.seed,
+        )
+        logger.info(f"prompt-following accuracy {accuracy:.3f}")
+        accelerator.log({"prompt_following_accuracy": accuracy}, step=global_step)
+        write_card(pipe, args, accuracy, minutes)
+        logger.info(f"Saved the pipeline to {args.output_dir}")
+        maybe_push_to_hub(args, logger)
+    accelerator.end_training()
+
+
+def write_card(pipe, args, accuracy: float, minutes: float) -> None:
+    """The model card of the saved pipeline."""
+    from diffusers_ext.training_utils import command_line, write_model_card
+
     parameters = {name: sum(p.numel() for p in getattr(pipe, name).parameters()) for name in ("transformer", "vae")}
     write_model_card(
         args.output_dir,
@@ -209,20 +374,19 @@ def main(argv=None):
             f"(train split) in {minutes:.1f} CPU minutes: an `AutoencoderKL` without downsampling "
             f"({parameters['vae']:,} parameters, 4 latent channels, {args.vae_steps} steps), then an "
             f"`SD3Transformer2DModel` ({parameters['transformer']:,} parameters, {args.num_layers} joint blocks, "
-            f"{args.train_steps} rectified-flow steps of batch {args.batch_size}, {args.prompt_dropout:.0%} empty "
-            "prompts for guidance). The CLIP and T5 text encoders are the seeded tiny encoders of "
-            "`diffusers_ext.models.tiny_components.get_tiny_sd3_components`, frozen. Images are 8x8 RGB with equal channels "
-            f"(grey digits). Call it with `max_sequence_length={MAX_SEQUENCE_LENGTH}`, `height=width=8`.\n\n"
+            f"{args.max_train_steps} rectified-flow steps of batch {args.train_batch_size}, "
+            f"{args.prompt_dropout:.0%} empty prompts for guidance). The CLIP and T5 text encoders are the seeded "
+            "tiny encoders of `diffusers_ext.models.tiny_components.get_tiny_sd3_components`, frozen. Images are "
+            f"8x8 RGB with equal channels (grey digits). Call it with `max_sequence_length={MAX_SEQUENCE_LENGTH}`, "
+            "`height=width=8`.\n\n"
             "Prompt-following accuracy: the share of samples that the zoo `digits-classifier` assigns to the digit "
-            f"the prompt names ({args.eval_samples_per_class} samples per digit, {args.eval_steps} Euler steps, "
-            f"guidance scale {args.eval_guidance_scale}, seed {args.seed})."
+            f"the prompt names ({args.eval_samples_per_class} samples per digit, {args.eval_inference_steps} Euler "
+            f"steps, guidance scale {args.eval_guidance_scale}, seed {args.seed})."
         ),
         command=command_line(),
         metrics={"prompt_following_accuracy": accuracy},
         tags=["text-to-image", "stable-diffusion-3", "flow-matching"],
     )
-    logger.info(f"Saved the pipeline to {args.output_dir}")
-    maybe_push_to_hub(args, logger)
 
 
 def evaluate_prompt_following(

@@ -38,7 +38,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments, output_dir_arg
+from diffusers_ext.training_utils import add_accelerate_arguments, add_validation_arguments, output_dir_arg
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -107,6 +107,17 @@ def parse_args(argv=None):
     parser.add_argument("--learning_rate", type=float, default=1e-3, help="Peak learning rate (cosine decay).")
     parser.add_argument("--use_ema", action="store_true", help="Keep an exponential moving average of the weights.")
     add_accelerate_arguments(parser, checkpointing_steps=500, checkpoints_total_limit=1)
+    validation = parser.add_argument_group(
+        "validation",
+        "The pipeline the script saves renders the target views of --num_validation_images fixed scenes (drawn with "
+        "--seed from the training source; the scene is the NVS counterpart of diffusers' --validation_prompt); "
+        "each image is a row: input view, then generated targets. They go to the tracker and to "
+        "output_dir/validation/step-<N>/.",
+    )
+    add_validation_arguments(validation, "unconditional")
+    validation.add_argument(
+        "--validation_inference_steps", type=int, default=25, help="DDIM steps of the validation views."
+    )
     args = parser.parse_args(argv)
     if args.no_semantics == (args.semantic_encoder is not None):
         parser.error("pass exactly one of --semantic_encoder FOLDER and --no_semantics.")
@@ -220,6 +231,47 @@ def load_captures(args):
     return MultiViewSceneDataset.from_dataset(dataset, args.resolution)
 
 
+def run_validation(pipeline, captures, args, accelerator, step: int) -> None:
+    """Render the targets of `--num_validation_images` fixed scenes (procedural, or drawn from `captures`, with a
+    generator seeded by `--seed`) with `pipeline`; each logged image is one scene's input view followed by its
+    generated targets, `(3, H, W * V)`. Saved under `output_dir/validation/step-<step>/`. Main process only."""
+    from diffusers_ext.data.procedural_scenes import sample_scene_batch
+    from diffusers_ext.training_utils import run_validation as validate
+    from diffusers_ext.training_utils import validation_generator
+
+    pipeline.set_progress_bar_config(disable=True)
+    scenes = validation_generator(args.seed + 1)
+    if captures is None:
+        batch = sample_scene_batch(
+            scenes,
+            args.num_validation_images,
+            args.num_views,
+            args.resolution,
+            max_azimuth_span_deg=args.max_azimuth_span,
+        )
+    else:
+        batch = captures.sample_batch(scenes, args.num_validation_images, args.num_views)
+    device = accelerator.device
+
+    def sample(conditions, generator):
+        out = pipeline(
+            images=batch["images"][:, :1].to(device),
+            input_intrinsics=batch["intrinsics"][:, :1].to(device),
+            input_c2w=batch["c2w"][:, :1].to(device),
+            target_intrinsics=batch["intrinsics"][:, 1:].to(device),
+            target_c2w=batch["c2w"][:, 1:].to(device),
+            depths=batch["depths"][:, :1].to(device) if batch.get("depths") is not None else None,
+            semantic_mode="warped+iterative" if pipeline.semantic_encoder is not None else "none",
+            num_inference_steps=args.validation_inference_steps,
+            generator=generator,
+            output_type="pt",
+        ).images  # (B, V - 1, 3, H, W) in [0, 1]
+        views = torch.cat([batch["images"][:, :1].to(out), out], dim=1)  # input view first
+        return torch.cat(list(views.unbind(1)), dim=-1)  # (B, 3, H, W * V)
+
+    validate(accelerator, args, step, sample, ["scene"], [pipeline.unet], logger, repeat=args.num_validation_images)
+
+
 def main(argv=None):
     args = parse_args(argv)
     from diffusers import DDIMScheduler, DDPMScheduler
@@ -237,6 +289,7 @@ def main(argv=None):
         maybe_resume,
         save_checkpoint,
         step_generator,
+        validation_due,
         write_model_card,
     )
 
@@ -373,6 +426,15 @@ def main(argv=None):
             accelerator.log({"loss": loss.item(), "lr": lr_scheduler.get_last_lr()[0]}, step=global_step)
         if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
             save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
+        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
+            model = accelerator.unwrap_model(unet)
+            if ema is not None:  # the EMA weights, as the saved pipeline will hold them
+                ema.store(model.parameters())
+                ema.copy_to(model.parameters())
+            pipeline = SemanticNVSPipeline(model, DDIMScheduler.from_config(noise_scheduler.config), encoder)
+            run_validation(pipeline, captures, args, accelerator, global_step)
+            if ema is not None:
+                ema.restore(model.parameters())
 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -381,6 +443,8 @@ def main(argv=None):
             ema.copy_to(final.parameters())
         pipeline = SemanticNVSPipeline(final, DDIMScheduler.from_config(noise_scheduler.config), encoder)
         pipeline.save_pretrained(args.output_dir)
+        if validation_due(args, global_step, final=True):
+            run_validation(pipeline, captures, args, accelerator, global_step)
         kind = "without semantic conditioning (the baseline)" if encoder is None else "with semantic conditioning"
         if captures is None:
             data = (

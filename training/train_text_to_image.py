@@ -30,7 +30,12 @@ import torch.nn.functional as F
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
-from diffusers_ext.training_utils import add_accelerate_arguments, output_dir_arg
+from diffusers_ext.training_utils import (
+    add_accelerate_arguments,
+    add_validation_arguments,
+    check_validation_arguments,
+    output_dir_arg,
+)
 
 
 logger = get_logger(__name__, log_level="INFO")
@@ -94,9 +99,16 @@ def parse_args(argv=None):
     )
     train.add_argument("--eval_num_prompts", type=int, default=0, help="Test prompts judged for the model card.")
     train.add_argument("--eval_guidance_scale", type=float, default=3.0, help="Guidance of the evaluation.")
-    train.add_argument("--eval_steps", type=int, default=25, help="DDIM steps of the evaluation.")
+    train.add_argument(
+        "--eval_inference_steps",
+        "--eval_steps",
+        type=int,
+        default=25,
+        help="DDIM steps of the evaluation and of validation. --eval_steps: the earlier name.",
+    )
     add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=2)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
+    add_validation_arguments(train, "prompt")
     args = parser.parse_args(argv)
     validate_args(args, parser)
     return args
@@ -121,7 +133,7 @@ def validate_args(args, parser):
         "train_batch_size",
         "gradient_accumulation_steps",
         "checkpointing_steps",
-        "eval_steps",
+        "eval_inference_steps",
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
@@ -131,6 +143,7 @@ def validate_args(args, parser):
         parser.error(f"--prompt_dropout must lie in [0, 1), got {args.prompt_dropout}.")
     if args.max_length < 3:
         parser.error(f"--max_length must be >= 3, got {args.max_length}.")
+    check_validation_arguments(args, parser)
 
 
 def mosaic_config(args):
@@ -193,6 +206,7 @@ def main(argv=None):
         save_checkpoint,
         start_run,
         step_generator,
+        validation_due,
         write_model_card,
     )
 
@@ -314,6 +328,11 @@ def main(argv=None):
         if global_step % args.checkpointing_steps == 0 or global_step == total_steps:
             path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
             logger.info(f"Saved {path}")
+        if not in_vae_phase and global_step < total_steps and validation_due(args, global_step):
+            if accelerator.is_main_process:
+                vae.register_to_config(scaling_factor=latent_stats[2])
+                pipe = assemble_stable_diffusion_pipeline(vae, text_encoder, tokenizer, unet)
+                run_validation(pipe, args, accelerator, global_step)
 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -324,6 +343,8 @@ def main(argv=None):
         vae.register_to_config(scaling_factor=latent_stats[2])
         pipe = assemble_stable_diffusion_pipeline(vae, text_encoder.eval(), tokenizer, unet.eval())
         pipe.set_progress_bar_config(disable=True)
+        if validation_due(args, global_step, final=True):
+            run_validation(pipe, args, accelerator, global_step)
         metrics = {}
         if args.eval_num_prompts:
             summary = evaluate_text_to_image(
@@ -332,7 +353,7 @@ def main(argv=None):
                 args.eval_num_prompts,
                 args.mosaic_seed + 1,
                 args.eval_guidance_scale,
-                args.eval_steps,
+                args.eval_inference_steps,
             )
             metrics = {f"judge_{k}": v for k, v in summary.items() if isinstance(v, float)}
             logger.info(f"evaluation: {json.dumps(summary)}")
@@ -343,6 +364,28 @@ def main(argv=None):
         maybe_push_to_hub(args, logger)
         logger.info(f"Saved the pipeline to {args.output_dir}")
     accelerator.end_training()
+
+
+def run_validation(pipe, args, accelerator, step: int) -> None:
+    """`--num_validation_images` images per `--validation_prompt` from `pipe` (the pipeline the script saves, DDIM
+    `--eval_inference_steps`, guidance `--eval_guidance_scale`, seeded with `--seed`), saved under
+    `output_dir/validation/step-<step>/` and logged to the trackers. Main process only."""
+    from diffusers_ext.training_utils import run_validation as validate
+
+    pipe.set_progress_bar_config(disable=True)
+
+    def sample(prompts, generator):
+        return pipe(
+            prompts,
+            height=args.resolution,
+            width=args.resolution,
+            num_inference_steps=args.eval_inference_steps,
+            guidance_scale=args.eval_guidance_scale,
+            generator=generator,
+            output_type="pt",
+        ).images
+
+    validate(accelerator, args, step, sample, args.validation_prompt, [pipe.unet, pipe.text_encoder, pipe.vae], logger)
 
 
 def write_card(args, pipe, metrics, command, write_model_card):
@@ -360,7 +403,7 @@ def write_card(args, pipe, metrics, command, write_model_card):
     if metrics:
         evaluation = (
             f"\n\nMeasured with the `diffusers_ext.evaluation.mosaic` judge on {args.eval_num_prompts} test prompts "
-            f"(mosaic seed {args.mosaic_seed + 1}), {args.eval_steps} DDIM steps, guidance scale "
+            f"(mosaic seed {args.mosaic_seed + 1}), {args.eval_inference_steps} DDIM steps, guidance scale "
             f"{args.eval_guidance_scale}: the share of prompts whose every skill holds (`judge_overall`) and per skill."
         )
     dtype_note = (

@@ -81,7 +81,29 @@ class ScriptArguments:
         },
     )
     eval_samples_per_class: int = field(default=50, metadata={"help": "Samples per class to judge."})
-    eval_inference_steps: int = field(default=25, metadata={"help": "DDIM steps of those samples."})
+    eval_inference_steps: int = field(default=25, metadata={"help": "DDIM steps of those samples (and validation)."})
+    validation_prompt: list[str] | None = field(
+        default=None,
+        metadata={
+            "aliases": ["--validation_prompts"],
+            "help": "Text-conditioned models: prompt(s) sampled during training (diffusers' examples); validation "
+            "runs when given. Images of the unlearned pipeline (seeded with --seed) go to the tracker and to "
+            "output_dir/validation/step-<N>/.",
+        },
+    )
+    validation_class_labels: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "Class-conditional models: labels sampled at validation (the counterpart of "
+            "--validation_prompt; default with --validation_steps: every class)."
+        },
+    )
+    num_validation_images: int = field(
+        default=4, metadata={"help": "Validation images per prompt or label (in all for an unconditional model)."}
+    )
+    validation_steps: int | None = field(
+        default=None, metadata={"help": "Validate every N steps and once after training."}
+    )
 
 
 def parse_args(argv=None):
@@ -90,10 +112,12 @@ def parse_args(argv=None):
     from trl import TrlParser
 
     from diffusers_ext import ConstrainedUnlearningConfig, LoraArguments
+    from diffusers_ext.training_utils import TRL_OPTION_ALIASES, add_option_aliases
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = TrlParser((ScriptArguments, ConstrainedUnlearningConfig, LoraArguments))
     parser.set_defaults(**DEFAULTS)
+    add_option_aliases(parser, TRL_OPTION_ALIASES)  # diffusers' example names beside TRL's
     for index, arg in enumerate(argv):
         if arg.lstrip("-") in LIST_OPTIONS and (index + 1 == len(argv) or argv[index + 1].startswith("--")):
             parser.error(f"{arg} is empty: nothing to forget.")
@@ -120,6 +144,12 @@ def validate_args(script_args, config, parser):
         parser.error("give a concept (--forget_classes/--forget_prompts) or data (--forget_indices/--forget_size).")
     if script_args.forget_indices is not None and script_args.forget_size is not None:
         parser.error("give --forget_indices or --forget_size, not both.")
+    if script_args.num_validation_images < 1:
+        parser.error(f"--num_validation_images must be >= 1, got {script_args.num_validation_images}.")
+    if script_args.validation_steps is not None and script_args.validation_steps < 1:
+        parser.error(f"--validation_steps must be >= 1, got {script_args.validation_steps}.")
+    if script_args.validation_prompt is not None and script_args.validation_class_labels is not None:
+        parser.error("give --validation_prompt (text models) or --validation_class_labels (class models), not both.")
     classifier = script_args.eval_classifier
     if classifier not in (None, "zoo") and not os.path.isfile(os.path.join(classifier, "config.json")):
         parser.error(
@@ -203,6 +233,40 @@ def measure(script_args, config, pipe, base_pipe, classifier, data):
     return metrics
 
 
+def run_validation(pipe, script_args, config, accelerator, step: int) -> None:
+    """`--num_validation_images` samples of the unlearned pipeline per `--validation_prompt` (text models) or per
+    `--validation_class_labels` entry (class models; default every class), or in all (unconditional), DDIM
+    `--eval_inference_steps`, seeded with `--seed`; saved under `output_dir/validation/step-<step>/` and logged."""
+    from diffusers_ext.training_utils import run_validation as validate
+    from diffusers_ext.training_utils import trainer_validation_args
+
+    pipe.set_progress_bar_config(disable=True)
+    steps = script_args.eval_inference_steps
+    num_classes = getattr(pipe.unet.config, "num_class_embeds", None)
+    if hasattr(pipe, "text_encoder"):
+        conditions = script_args.validation_prompt
+
+        def sample(prompts, generator):
+            return pipe(prompts, num_inference_steps=steps, generator=generator, output_type="pt").images
+
+    elif num_classes is not None:
+        null = getattr(pipe.config, "null_class_label", None)
+        conditions = script_args.validation_class_labels or [c for c in range(num_classes) if c != null]
+
+        def sample(labels, generator):
+            return pipe(class_labels=labels, num_inference_steps=steps, generator=generator, output_type="pt").images
+
+    else:
+        conditions = [None]
+
+        def sample(conditions, generator):
+            images = pipe(batch_size=len(conditions), num_inference_steps=steps, generator=generator, output_type="np")
+            return torch.from_numpy(images.images).permute(0, 3, 1, 2)
+
+    args = trainer_validation_args(script_args, config)
+    validate(accelerator, args, step, sample, conditions, [pipe.unet], logger)
+
+
 def main(argv=None):
     script_args, config, lora_args = parse_args(argv)
     import copy
@@ -239,7 +303,25 @@ def main(argv=None):
         logger.info(f"Constraint level: the held-out digits' denoising loss {level:.4g} (membership parity)")
         config = dataclasses.replace(config, constraint_level=level)
 
-    trainer = ConstrainedUnlearningTrainer(
+    if script_args.validation_prompt is not None and not is_text:
+        raise ValueError(f"--validation_prompt needs a text-conditioned pipeline; {type(pipe).__name__} is not.")
+    if script_args.validation_class_labels is not None and getattr(pipe.unet.config, "num_class_embeds", None) is None:
+        raise ValueError(
+            f"--validation_class_labels needs a class-conditional pipeline; {type(pipe).__name__} is not."
+        )
+    if is_text and script_args.validation_steps is not None and script_args.validation_prompt is None:
+        raise ValueError(f"--validation_steps {script_args.validation_steps} needs --validation_prompt.")
+
+    from diffusers_ext.training_utils import trainer_validation_args, validation_due, with_step_validation
+
+    trainer_class = with_step_validation(
+        ConstrainedUnlearningTrainer,
+        trainer_validation_args(script_args, config),
+        lambda trainer, step: run_validation(
+            trainer.unlearned_pipeline(), script_args, config, trainer.accelerator, step
+        ),
+    )
+    trainer = trainer_class(
         pipe,
         config,
         forget_dataset=data[0] if data else None,
@@ -260,6 +342,8 @@ def main(argv=None):
         metrics = measure(script_args, config, unlearned, base_pipe, classifier, data)
     trainer.save_model(config.output_dir, base_model=script_args.pretrained_model_name_or_path, metrics=metrics)
     logger.info(f"Saved the result to {config.output_dir}")
+    if accelerator.is_main_process and validation_due(script_args, trainer.global_step, final=True):
+        run_validation(trainer.unlearned_pipeline(), script_args, config, accelerator, trainer.global_step)
     accelerator.end_training()
 
 

@@ -1,0 +1,125 @@
+"""One naming family across the training scripts: diffusers-examples option names, TRL's names only where a script
+parses a TRL-style config (and then both), earlier spellings kept as aliases of the same option."""
+
+import argparse
+import contextlib
+import importlib.util
+import io
+from pathlib import Path
+
+import pytest
+
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "training").glob("train_*.py"))
+TRL_SCRIPTS = {"train_grpo.py", "train_unlearning.py"}  # parse a TrlParser of a TrainingArguments-style config
+
+# concept -> (the diffusers-examples name, TRL's name or None, other spellings a script may keep as aliases). A script
+# that has the concept answers to the diffusers name; TRL's name and earlier spellings are aliases of that option.
+# (Model-architecture flags follow each model class's config names and are not listed.)
+CONCEPTS = {
+    "base model": ("--pretrained_model_name_or_path", None, ("--pretrained_model", "--model_path", "--model")),
+    "output folder": ("--output_dir", None, ("--out", "--output")),
+    "seed": ("--seed", None, ()),
+    "batch size per process": ("--train_batch_size", "--per_device_train_batch_size", ("--batch_size",)),
+    "optimizer steps": ("--max_train_steps", "--max_steps", ("--train_steps", "--num_train_steps", "--steps")),
+    "learning rate": ("--learning_rate", None, ("--lr",)),
+    "learning-rate schedule": ("--lr_scheduler", "--lr_scheduler_type", ()),
+    "warm-up steps": ("--lr_warmup_steps", "--warmup_steps", ()),
+    "AdamW weight decay": ("--adam_weight_decay", "--weight_decay", ()),
+    "AdamW beta1": ("--adam_beta1", None, ()),
+    "AdamW beta2": ("--adam_beta2", None, ()),
+    "AdamW epsilon": ("--adam_epsilon", None, ()),
+    "gradient clipping": ("--max_grad_norm", None, ("--clip_grad_norm", "--grad_clip")),
+    "gradient accumulation": ("--gradient_accumulation_steps", None, ("--grad_accum", "--accumulation_steps")),
+    "mixed precision": ("--mixed_precision", None, ()),
+    "checkpoint interval": ("--checkpointing_steps", "--save_steps", ("--checkpoint_steps",)),
+    "checkpoints kept": ("--checkpoints_total_limit", "--save_total_limit", ()),
+    "resume": ("--resume_from_checkpoint", None, ("--resume",)),
+    "tracker": ("--report_to", None, ()),
+    "tracker folder": ("--logging_dir", None, ("--log_dir", "--logdir")),
+    "logging interval": ("--logging_steps", None, ("--log_every", "--log_steps")),
+    "data loader workers": ("--dataloader_num_workers", None, ("--num_workers",)),
+    "image side": ("--resolution", None, ("--image_size", "--size")),
+    "image folder": ("--train_data_dir", None, ("--data_dir",)),
+    "dataset": ("--dataset_name", None, ("--dataset",)),
+    "training set size": ("--num_train_samples", None, ("--num_train",)),
+    "EMA": ("--use_ema", None, ("--ema",)),
+    "validation prompt": ("--validation_prompt", None, ("--validation_prompts",)),
+    "validation samples": ("--num_validation_images", None, ("--num_validation_samples",)),
+    "validation interval": ("--validation_steps", None, ("--validation_epochs",)),
+    "evaluation sampling steps": ("--eval_inference_steps", None, ("--eval_steps", "--eval_num_inference_steps")),
+    "push to the Hub": ("--push_to_hub", None, ()),
+    "Hub repository": ("--hub_model_id", None, ()),
+    "Hub token": ("--hub_token", None, ()),
+}
+
+
+def script_parser(path: Path) -> argparse.ArgumentParser:
+    """The argument parser a training script builds (its largest one), found by parsing no arguments."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    parsers = []
+    original = argparse.ArgumentParser.parse_known_args
+
+    def recording(self, args=None, namespace=None):
+        parsers.append(self)
+        return original(self, args, namespace)
+
+    argparse.ArgumentParser.parse_known_args = recording
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.suppress(SystemExit, ValueError):
+            module.parse_args([])
+    finally:
+        argparse.ArgumentParser.parse_known_args = original
+    assert parsers, f"{path.name} built no parser"
+    return max(parsers, key=lambda parser: len(parser._actions))
+
+
+def options(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Every option string of `parser` -> its destination."""
+    return {option: action.dest for action in parser._actions for option in action.option_strings}
+
+
+@pytest.fixture(scope="module")
+def parsers():
+    return {path.name: options(script_parser(path)) for path in SCRIPTS}
+
+
+def test_every_script_spells_each_concept_the_diffusers_way(parsers):
+    problems = []
+    for script, found in parsers.items():
+        for concept, (canonical, trl, aliases) in CONCEPTS.items():
+            spellings = [canonical, *([trl] if trl else []), *aliases]
+            present = [name for name in spellings if name in found]
+            if not present:
+                continue
+            if canonical not in present:
+                problems.append(f"{script}: {concept} is {present}, not {canonical}")
+            elif len({found[name] for name in present}) != 1:
+                problems.append(f"{script}: {present} ({concept}) are different options")
+        if script in TRL_SCRIPTS:
+            for canonical, trl, _ in CONCEPTS.values():
+                if trl and trl in found and canonical not in found:
+                    problems.append(f"{script}: TRL's {trl} without the diffusers name {canonical}")
+    assert not problems, "\n".join(problems)
+
+
+def test_trl_scripts_take_both_names_with_one_meaning(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(REPO / "training"))
+    try:
+        spec = importlib.util.spec_from_file_location("train_grpo", REPO / "training" / "train_grpo.py")
+        grpo = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(grpo)
+        base = ["--pretrained_model_name_or_path", "x", "--output_dir", str(tmp_path / "o")]
+        _, config, _ = grpo.parse_args([*base, "--max_train_steps", "7", "--train_batch_size", "16"])
+        assert (config.max_steps, config.per_device_train_batch_size) == (7, 16)
+        _, config, _ = grpo.parse_args([*base, "--max_steps", "5", "--checkpoints_total_limit", "2"])
+        assert (config.max_steps, config.save_total_limit) == (5, 2)
+        _, default, _ = grpo.parse_args(base)
+        assert default.max_steps == type(default)().max_steps  # an alias brings no default of its own
+    finally:
+        sys.path.pop(0)
