@@ -581,8 +581,12 @@ def measure_grpo(args) -> dict:
         pipe = trainer.pipeline
         calls = []  # (kind, module, args, kwargs, grad enabled) of every model call of the measured step
 
+        recording = [True]  # off while replaying: the replay's own calls must not be recorded
+
         def recorder(kind):
             def hook(module, margs, kwargs):
+                if not recording[0]:
+                    return
                 clone = lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x  # noqa: E731
                 calls.append(
                     (
@@ -602,14 +606,16 @@ def measure_grpo(args) -> dict:
         decode = pipe.vae.decode
 
         def recorded_decode(z, *margs, **kwargs):
-            calls.append(("vae_decode", None, [z.detach().clone()], {}, False))
+            if recording[0]:
+                calls.append(("vae_decode", None, [z.detach().clone()], {}, False))
             return decode(z, *margs, **kwargs)
 
         pipe.vae.decode = recorded_decode
         optimizer_step = trainer.optimizer.step
 
         def recorded_step(*margs, **kwargs):
-            calls.append(("optimizer_step", None, [], {}, False))
+            if recording[0]:
+                calls.append(("optimizer_step", None, [], {}, False))
             return optimizer_step(*margs, **kwargs)
 
         trainer.optimizer.step = recorded_step
@@ -636,7 +642,9 @@ def measure_grpo(args) -> dict:
         for _ in range(args.repetitions):
             calls.clear()
             logs = trainer.train(max_steps=trainer.global_step + 1)[-1]
+            recording[0] = False
             replayed = _timed(replay)[0]
+            recording[0] = True
             steps.append(
                 {
                     "step_seconds": logs["time/step"],
