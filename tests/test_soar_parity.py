@@ -114,7 +114,7 @@ def test_llada_soar_matches_reference_with_a_global_step_budget(steps):
     model, tokenizer = get_tiny_llada_like_lm(seed=1)
     hook = _confident_at_some_positions(model, modulus=2, boost=9.0)
     mask_id = tokenizer.mask_token_id
-    scheduler = SOARScheduler.from_preset("llada", block_length=4, confidence_threshold=0.5)
+    scheduler = SOARScheduler.from_preset("soar-llada", block_length=4, confidence_threshold=0.5)
     pipe = _pipe(model, tokenizer, scheduler, "llada")
     nfe, masks_left = [], []
     try:
@@ -159,7 +159,7 @@ def test_dream_soar_preset_matches_reference_collapse_rule_and_single_block():
     model, tokenizer = get_tiny_dream_like_lm(seed=2)
     hook = _confident_at_some_positions(model)
     mask_id = tokenizer.mask_token_id
-    scheduler = SOARScheduler.from_preset("dream", confidence_threshold=0.5)
+    scheduler = SOARScheduler.from_preset("soar-dream", confidence_threshold=0.5)
     assert scheduler.config.block_length is None and scheduler.config.collapse_rule == "best_multi_token"
     pipe = _pipe(model, tokenizer, scheduler, "dream")
     differs = 0
@@ -168,7 +168,9 @@ def test_dream_soar_preset_matches_reference_collapse_rule_and_single_block():
         expected = soar_reference(model, prompt, None, 10, 10, 0.5, mask_id, dream=True)
         out = pipe(input_ids=prompt, gen_length=10, eos_early_stop=False, output_type="seq")
         assert torch.equal(out.sequences[0], expected), seed
-        pipe.scheduler = SOARScheduler.from_preset("dream", confidence_threshold=0.5, collapse_rule="any_accelerated")
+        pipe.scheduler = SOARScheduler.from_preset(
+            "soar-dream", confidence_threshold=0.5, collapse_rule="any_accelerated"
+        )
         other = pipe(input_ids=prompt, gen_length=10, eos_early_stop=False, output_type="seq")
         differs += int(not torch.equal(other.sequences[0], expected)) + int(
             other.row_forwards[0] != out.row_forwards[0]
@@ -504,17 +506,21 @@ def test_a_batch_gives_each_prompt_what_it_gives_alone(scheduler_config):
 
 
 def test_named_presets_hold_the_paper_settings():
-    llada = SOARScheduler.from_preset("llada")
+    llada = SOARScheduler.from_preset("soar-llada")
     assert (llada.config.confidence_threshold, llada.config.max_beam_size, llada.config.max_parallel_tokens) == (
         0.95,
         2,
         5,
     )
     assert llada.config.score == "sum" and llada.config.collapse_rule == "any_accelerated"
-    dream = SOARScheduler.from_preset("dream", block_length=16)
+    assert llada.config.step_budget == "global"
+    dream = SOARScheduler.from_preset("soar-dream", block_length=16)
     assert (dream.config.confidence_threshold, dream.config.score, dream.config.block_length) == (0.9, "mean", 16)
-    with pytest.raises(ValueError, match="name"):
+    assert dream.config.collapse_rule == "best_multi_token" and dream.config.step_budget == "unbounded"
+    with pytest.raises(ValueError, match="name") as error:
         SOARScheduler.from_preset("fast")
+    for name in ("llada", "fast-dllm", "dream", "soar-llada", "soar-dream", "pbs"):
+        assert repr(name) in str(error.value)
 
 
 def test_llada2_adapter_matches_diffusers_llada2_pipeline():

@@ -281,7 +281,7 @@ def main(argv=None):
         parameters = sum(p.numel() for p in final_model.parameters())
         final_model = final_model.to(getattr(torch, args.save_dtype))
         if args.task == "sudoku":
-            scheduler = SOARScheduler.from_preset("llada", block_length=task.gen_length)
+            scheduler = SOARScheduler.from_preset("soar-llada", block_length=task.gen_length)
         else:
             scheduler = SOARScheduler(
                 block_length=task.gen_length, confidence_threshold=0.9, max_beam_size=2, max_parallel_tokens=None
