@@ -121,6 +121,7 @@ PRESETS = {
         "confidence_measure": "prob",
         "confidence_precision": "model",
         "step_budget": "per_block",
+        "temper_logits": True,
         "block_length": None,
     },
     # duterscmy/SOAR `generate_soar` (LLaDA): tau 0.95, beam 2, 1 to 5 tokens per accelerate step, sum-of-probabilities
@@ -149,6 +150,7 @@ PRESETS = {
         "collapse_rule": "best_multi_token",
         "confidence_precision": "model",
         "step_budget": "unbounded",
+        "temper_logits": True,
         "block_length": None,
     },
     # duterscmy/SOAR `generate_pbs` (LLaDA): position beam search, beam 2, one token per child, sum-of-probabilities
@@ -236,6 +238,10 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
             after `num_inference_steps` forwards, possibly leaving masks; SOAR's and PBS's LLaDA loops) or
             `"unbounded"` (every step commits one token or more until no mask is left; `num_inference_steps` is not
             used; Fast-dLLM's threshold loop and SOAR's Dream loop).
+        temper_logits (`bool`, defaults to `False`): where the sampling temperature enters. `False` (LLaDA's
+            rule): only in the Gumbel-max draw; the top-p / top-k filters and the confidences use the model's
+            distribution. `True` (Dream's `sample_tokens`): the logits are divided by the temperature first, so the
+            filters, the draw and the confidences all use the tempered distribution. Equal at temperature 1 and 0.
 
     Presets: [`~SOARScheduler.from_preset`] returns the configuration of a reference decoder by name (`"llada"`,
     `"fast-dllm"`, `"dream"`, `"soar-llada"`, `"soar-dream"`, `"pbs"`).
@@ -271,6 +277,7 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
         selection_temperature: float = 0.0,
         beam_score: str = "path",
         step_budget: str = "per_block",
+        temper_logits: bool = False,
     ):
         if block_length is not None and (not isinstance(block_length, int) or block_length < 1):
             raise ValueError(f"`block_length` must be a positive integer or None, got {block_length!r}.")
@@ -282,6 +289,8 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
         ):
             if value not in allowed:
                 raise ValueError(f"`{name}` must be one of {allowed}, got {value!r}.")
+        if not isinstance(temper_logits, bool):
+            raise ValueError(f"`temper_logits` must be a bool, got {temper_logits!r}.")
         if not isinstance(selection_temperature, (int, float)) or not selection_temperature >= 0:
             raise ValueError(f"`selection_temperature` must be a number >= 0, got {selection_temperature!r}.")
         if (transfer_schedule == "origin" or selection_temperature > 0) and (
@@ -534,6 +543,7 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
             confidence_suppress_token_ids=tuple(confidence_suppress_token_ids),
             offset=sample_offset,
             positions=eligible if proposal_positions == "eligible" else None,
+            temper_logits=config.temper_logits,
         )
         num_masked = eligible.sum(-1)
         if config.transfer_schedule == "origin":
