@@ -10,6 +10,9 @@ One scheduler covers the standard decoders of masked diffusion LMs and SOAR itse
 | position beam search (PBS) | `> 1` | `None` | `"uniform"` |
 | SOAR | `> 1` | tau | `"uniform"` |
 
+`SOARScheduler.from_preset(name)` gives each reference decoder's exact configuration by name: `"llada"`,
+`"fast-dllm"`, `"dream"`, `"soar-llada"`, `"soar-dream"`, `"pbs"` (see `PRESETS`).
+
 Paper: "Search or Accelerate: Confidence-Switched Position Beam Search for Diffusion Language Models"
 (arXiv:2602.10953).
 """
