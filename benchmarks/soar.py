@@ -160,8 +160,8 @@ def soar_grid():
 
 def preset_methods():
     return [
-        {"name": "SOAR preset llada", "family": "soar-preset", "config": {"preset": "llada"}},
-        {"name": "SOAR preset dream", "family": "soar-preset", "config": {"preset": "dream"}},
+        {"name": "SOAR preset llada", "family": "soar-preset", "config": {"preset": "soar-llada"}},
+        {"name": "SOAR preset dream", "family": "soar-preset", "config": {"preset": "soar-dream"}},
     ]
 
 
@@ -309,12 +309,12 @@ def run_addition(args) -> dict:
     room = headroom(pipe, prompts, answers, judge, encoder.gen_length, args.batch_size, "addition")
     runs = run_methods(
         pipe,
-        [{"name": "SOAR preset llada", "family": "soar-preset", "config": {"preset": "llada"}}]
+        [{"name": "SOAR preset llada", "family": "soar-preset", "config": {"preset": "soar-llada"}}]
         + [
             {
                 "name": "SOAR preset llada +PLL",
                 "family": "soar-pll",
-                "config": {"preset": "llada", "beam_score": "pll"},
+                "config": {"preset": "soar-llada", "beam_score": "pll"},
             }
         ],
         prompts,
@@ -419,7 +419,7 @@ def run_overhead(args) -> dict:
     # a sharper head than at initialisation, so that both SOAR branches run (confident and unsure positions)
     with torch.no_grad():
         model.lm_head.weight.mul_(30.0)
-    scheduler = SOARScheduler.from_preset("llada", block_length=32)
+    scheduler = SOARScheduler.from_preset("soar-llada", block_length=32)
     pipe = DiffusionLMPipeline(model, scheduler, tokenizer)
     pipe.set_progress_bar_config(disable=True)
     prompts = [f"question {i}: what is {i} + {2 * i}?" for i in range(args.overhead_prompts)]

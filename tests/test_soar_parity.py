@@ -114,7 +114,7 @@ def test_llada_soar_matches_reference_with_a_global_step_budget(steps):
     model, tokenizer = get_tiny_llada_like_lm(seed=1)
     hook = _confident_at_some_positions(model, modulus=2, boost=9.0)
     mask_id = tokenizer.mask_token_id
-    scheduler = SOARScheduler.from_preset("llada", block_length=4, confidence_threshold=0.5)
+    scheduler = SOARScheduler.from_preset("soar-llada", block_length=4, confidence_threshold=0.5)
     pipe = _pipe(model, tokenizer, scheduler, "llada")
     nfe, masks_left = [], []
     try:
@@ -159,7 +159,7 @@ def test_dream_soar_preset_matches_reference_collapse_rule_and_single_block():
     model, tokenizer = get_tiny_dream_like_lm(seed=2)
     hook = _confident_at_some_positions(model)
     mask_id = tokenizer.mask_token_id
-    scheduler = SOARScheduler.from_preset("dream", confidence_threshold=0.5)
+    scheduler = SOARScheduler.from_preset("soar-dream", confidence_threshold=0.5)
     assert scheduler.config.block_length is None and scheduler.config.collapse_rule == "best_multi_token"
     pipe = _pipe(model, tokenizer, scheduler, "dream")
     differs = 0
@@ -168,7 +168,9 @@ def test_dream_soar_preset_matches_reference_collapse_rule_and_single_block():
         expected = soar_reference(model, prompt, None, 10, 10, 0.5, mask_id, dream=True)
         out = pipe(input_ids=prompt, gen_length=10, eos_early_stop=False, output_type="seq")
         assert torch.equal(out.sequences[0], expected), seed
-        pipe.scheduler = SOARScheduler.from_preset("dream", confidence_threshold=0.5, collapse_rule="any_accelerated")
+        pipe.scheduler = SOARScheduler.from_preset(
+            "soar-dream", confidence_threshold=0.5, collapse_rule="any_accelerated"
+        )
         other = pipe(input_ids=prompt, gen_length=10, eos_early_stop=False, output_type="seq")
         differs += int(not torch.equal(other.sequences[0], expected)) + int(
             other.row_forwards[0] != out.row_forwards[0]
@@ -504,17 +506,21 @@ def test_a_batch_gives_each_prompt_what_it_gives_alone(scheduler_config):
 
 
 def test_named_presets_hold_the_paper_settings():
-    llada = SOARScheduler.from_preset("llada")
+    llada = SOARScheduler.from_preset("soar-llada")
     assert (llada.config.confidence_threshold, llada.config.max_beam_size, llada.config.max_parallel_tokens) == (
         0.95,
         2,
         5,
     )
     assert llada.config.score == "sum" and llada.config.collapse_rule == "any_accelerated"
-    dream = SOARScheduler.from_preset("dream", block_length=16)
+    assert llada.config.step_budget == "global"
+    dream = SOARScheduler.from_preset("soar-dream", block_length=16)
     assert (dream.config.confidence_threshold, dream.config.score, dream.config.block_length) == (0.9, "mean", 16)
-    with pytest.raises(ValueError, match="name"):
+    assert dream.config.collapse_rule == "best_multi_token" and dream.config.step_budget == "unbounded"
+    with pytest.raises(ValueError, match="name") as error:
         SOARScheduler.from_preset("fast")
+    for name in ("llada", "fast-dllm", "dream", "soar-llada", "soar-dream", "pbs"):
+        assert repr(name) in str(error.value)
 
 
 def test_llada2_adapter_matches_diffusers_llada2_pipeline():
@@ -602,3 +608,59 @@ def test_pll_rescoring_picks_the_complete_beam_with_the_highest_pseudo_log_likel
     # cost: one more batched forward, one row per candidate and generated position
     assert out.nfe.tolist() == [int(path.nfe[0]) + 1]
     assert out.row_forwards.tolist() == [int(path.row_forwards[0]) + 2 * 6]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the step budget and the softmax precision as scheduler settings (what the presets carry)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_the_scheduler_step_budget_is_the_pipeline_default():
+    model, tokenizer = get_tiny_llada_like_lm(seed=2)
+    mask_id = tokenizer.mask_token_id
+    kwargs = {"prompt": "ab", "gen_length": 8, "num_inference_steps": 4, "eos_early_stop": False, "output_type": "seq"}
+    beam = {"block_length": 4, "max_beam_size": 2}
+    explicit = _pipe(model, tokenizer, SOARScheduler(**beam), "llada")(**kwargs, step_budget="global")
+    configured = _pipe(model, tokenizer, SOARScheduler(**beam, step_budget="global"), "llada")
+    assert torch.equal(configured(**kwargs).sequences, explicit.sequences)
+    assert bool((explicit.sequences == mask_id).any())  # a global budget of 4 steps leaves masks
+    # an explicit argument still wins over the scheduler's setting
+    per_block = configured(**kwargs, step_budget="per_block")
+    assert not bool((per_block.sequences == mask_id).any())
+    # schedulers saved before the setting existed keep the per-block default
+    assert SOARScheduler.from_config({"block_length": 4}).config.step_budget == "per_block"
+    with pytest.raises(ValueError, match="step_budget"):
+        SOARScheduler(step_budget="total")
+
+
+def test_an_unbounded_step_budget_decodes_until_no_mask_is_left():
+    model, tokenizer = get_tiny_llada_like_lm(seed=2)
+    hook = _confident_at_some_positions(model, modulus=2, boost=9.0)
+    try:
+        kwargs = {"prompt": "ab", "gen_length": 8, "block_length": 4, "eos_early_stop": False, "output_type": "seq"}
+        scheduler = SOARScheduler(block_length=4, confidence_threshold=0.9, step_budget="unbounded")
+        pipe = _pipe(model, tokenizer, scheduler, "llada")
+        few = pipe(**kwargs, num_inference_steps=2)  # not a cap
+        full = pipe(**kwargs, num_inference_steps=8, step_budget="global")
+        assert torch.equal(few.sequences, full.sequences) and few.nfe.tolist() == full.nfe.tolist()
+        assert not bool((few.sequences == tokenizer.mask_token_id).any())
+        assert int(few.nfe[0]) < 8  # the threshold committed several tokens in some step
+    finally:
+        hook.remove()
+
+
+def test_float64_confidence_precision_is_fast_dllms_softmax():
+    logits = torch.randn(1, 6, 10, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    sample = torch.full((1, 6), 9)
+    outs = {}
+    for precision in ("float32", "float64", "model"):
+        scheduler = SOARScheduler(block_length=6, confidence_precision=precision)
+        scheduler.set_timesteps(6)
+        outs[precision] = scheduler.step(logits, scheduler.timesteps[0], sample, mask_token_id=9).confidence
+    expected = F.softmax(logits.to(torch.float64), -1)
+    expected[..., 9] = 0.0  # the mask token is never proposed
+    assert outs["float64"].dtype == torch.float64
+    assert torch.equal(
+        outs["float64"], F.softmax(logits.to(torch.float64), -1).gather(-1, expected.argmax(-1, keepdim=True))[..., 0]
+    )
+    assert outs["float32"].dtype == torch.float32 and outs["model"].dtype == torch.bfloat16

@@ -196,7 +196,7 @@ def build_pipeline(model, task, tokenizer, args):
     from diffusers_ext import DiffusionLMPipeline, SOARScheduler
 
     if args.task == "sudoku":
-        scheduler = SOARScheduler.from_preset("llada", block_length=task.gen_length)
+        scheduler = SOARScheduler.from_preset("soar-llada", block_length=task.gen_length)
     else:
         scheduler = SOARScheduler(
             block_length=task.gen_length, confidence_threshold=0.9, max_beam_size=2, max_parallel_tokens=None

@@ -10,6 +10,9 @@ One scheduler covers the standard decoders of masked diffusion LMs and SOAR itse
 | position beam search (PBS) | `> 1` | `None` | `"uniform"` |
 | SOAR | `> 1` | tau | `"uniform"` |
 
+`SOARScheduler.from_preset(name)` gives each reference decoder's exact configuration by name: `"llada"`,
+`"fast-dllm"`, `"dream"`, `"soar-llada"`, `"soar-dream"`, `"pbs"` (see `PRESETS`).
+
 Paper: "Search or Accelerate: Confidence-Switched Position Beam Search for Diffusion Language Models"
 (arXiv:2602.10953).
 """
@@ -32,7 +35,9 @@ CONFIDENCE_MEASURES = ("prob", "margin", "neg_entropy", "random")
 SCORE_RULES = ("sum", "mean", "logprob")
 TRANSFER_SCHEDULES = ("uniform", "linear", "origin", "block")
 COLLAPSE_RULES = ("any_accelerated", "best_multi_token")
-CONFIDENCE_PRECISIONS = ("float32", "model")
+CONFIDENCE_PRECISIONS = ("float32", "float64", "model")
+# how a pipeline's `num_inference_steps` bounds the decoding (see `DiffusionLMPipeline.__call__`'s `step_budget`)
+STEP_BUDGETS = ("per_block", "global", "unbounded")
 BEAM_SCORES = ("path", "pll")
 PROPOSAL_POSITIONS = ("eligible", "all")
 
@@ -81,10 +86,50 @@ class SOARSchedulerOutput(BaseOutput):
     accelerated: torch.BoolTensor
 
 
-# The configurations of the paper's released decoders (arXiv:2602.10953 and its code), by name.
+# The reference decoders, by name: each entry reproduces its reference implementation's decoding rule with no
+# further option (pass the reference call's own arguments, `gen_length`, `block_length`, `num_inference_steps`
+# (its `steps`), `temperature`, to the pipeline). `block_length=None` is one block over the whole generation, the
+# references' default (`block_length == gen_length`).
 PRESETS = {
-    # LLaDA `generate_soar`: tau 0.95, beam 2, 1 to 5 tokens per accelerate step, sum-of-probabilities score.
+    # ML-GSAI/LLaDA `generate(remasking="low_confidence")`: a fixed per-step quota that fills every block within its
+    # share of `steps`; the softmax in the logits' dtype.
     "llada": {
+        "confidence_threshold": None,
+        "max_beam_size": 1,
+        "transfer_schedule": "uniform",
+        "confidence_measure": "prob",
+        "confidence_precision": "model",
+        "step_budget": "per_block",
+        "block_length": None,
+    },
+    # NVlabs/Fast-dLLM `generate(threshold=0.9)`: commit the most confident position and every other one above the
+    # threshold, block by block until the block is full (`steps` is not a cap: the forward count is adaptive); the
+    # softmax in float64.
+    "fast-dllm": {
+        "confidence_threshold": 0.9,
+        "max_beam_size": 1,
+        "max_parallel_tokens": None,
+        "transfer_schedule": "uniform",
+        "confidence_measure": "prob",
+        "confidence_precision": "float64",
+        "step_budget": "unbounded",
+        "block_length": None,
+    },
+    # Dream `diffusion_generate(alg="maskgit_plus")`: Dream's linear quota over `steps`, no blocks, the softmax in the
+    # logits' dtype (`alg="topk_margin"` / `"entropy"`: override `confidence_measure` with "margin" / "neg_entropy").
+    "dream": {
+        "confidence_threshold": None,
+        "max_beam_size": 1,
+        "transfer_schedule": "linear",
+        "confidence_measure": "prob",
+        "confidence_precision": "model",
+        "step_budget": "per_block",
+        "temper_logits": True,
+        "block_length": None,
+    },
+    # duterscmy/SOAR `generate_soar` (LLaDA): tau 0.95, beam 2, 1 to 5 tokens per accelerate step, sum-of-probabilities
+    # score, the beam collapses whenever a beam accelerated, and `steps` forwards in all (a global budget).
+    "soar-llada": {
         "confidence_threshold": 0.95,
         "max_beam_size": 2,
         "min_parallel_tokens": 1,
@@ -92,10 +137,13 @@ PRESETS = {
         "score": "sum",
         "confidence_measure": "prob",
         "collapse_rule": "any_accelerated",
+        "confidence_precision": "model",
+        "step_budget": "global",
+        "block_length": None,
     },
-    # Dream `_sample_soar`: tau 0.9, beam 2, 1 to 5 tokens, running-mean score, collapse only when the best child
-    # committed two tokens or more, no blocks (one block over the whole generation).
-    "dream": {
+    # duterscmy/SOAR `_sample_soar` (Dream): tau 0.9, beam 2, 1 to 5 tokens, running-mean score, the beam collapses only
+    # when the best child committed two tokens or more, no blocks, and it runs until no mask is left (`steps` unused).
+    "soar-dream": {
         "confidence_threshold": 0.9,
         "max_beam_size": 2,
         "min_parallel_tokens": 1,
@@ -103,6 +151,20 @@ PRESETS = {
         "score": "mean",
         "confidence_measure": "prob",
         "collapse_rule": "best_multi_token",
+        "confidence_precision": "model",
+        "step_budget": "unbounded",
+        "temper_logits": True,
+        "block_length": None,
+    },
+    # duterscmy/SOAR `generate_pbs` (LLaDA): position beam search, beam 2, one token per child, sum-of-probabilities
+    # score, `steps` forwards in all.
+    "pbs": {
+        "confidence_threshold": None,
+        "max_beam_size": 2,
+        "score": "sum",
+        "confidence_measure": "prob",
+        "confidence_precision": "model",
+        "step_budget": "global",
         "block_length": None,
     },
 }
@@ -162,17 +224,30 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
         collapse_rule (`str`, defaults to `"any_accelerated"`): when a prompt's beam collapses to its best child:
             `"any_accelerated"` (LLaDA's SOAR code: any beam accelerated) or `"best_multi_token"` (Dream's: the best
             child committed two tokens or more).
-        confidence_precision (`str`, defaults to `"float32"`): `"float32"` computes the softmax in float32;
-            `"model"` in the logits' dtype, as the references do (bf16 rounding creates ties, and the threshold is
-            compared in that dtype).
+        confidence_precision (`str`, defaults to `"float32"`): the dtype of the softmax that gives the
+            probabilities and confidences (and of the threshold comparison): `"float32"`, `"float64"` (Fast-dLLM's;
+            float32 on MPS, which has no float64) or `"model"`, the logits' own dtype (LLaDA's, Dream's and SOAR's
+            code; on a bf16 model the rounding creates ties and 0.95 becomes 0.9492). Each preset uses its
+            reference's.
         selection_temperature (`float`, defaults to 0): Dream's `alg_temp`: above 0, the quota's positions are
             drawn from `softmax(confidence / selection_temperature)` instead of taken by rank (beam 1, no
             threshold).
         beam_score (`str`, defaults to `"path"`): how the returned beam is chosen when a prompt finishes: `"path"`
             (the scheduler's running score) or `"pll"` (the pipeline rescores the complete beams by
             pseudo-log-likelihood, one extra batched forward).
+        step_budget (`str`, defaults to `"per_block"`): how [`DiffusionLMPipeline`] spends `num_inference_steps`
+            when its call does not say: `"per_block"` (an equal share per block, each block filled in time; LLaDA's
+            `generate`), `"global"` (every step commits one token, more when it accelerates, and decoding stops
+            after `num_inference_steps` forwards, possibly leaving masks; SOAR's and PBS's LLaDA loops) or
+            `"unbounded"` (every step commits one token or more until no mask is left; `num_inference_steps` is not
+            used; Fast-dLLM's threshold loop and SOAR's Dream loop).
+        temper_logits (`bool`, defaults to `False`): where the sampling temperature enters. `False` (LLaDA's
+            rule): only in the Gumbel-max draw; the top-p / top-k filters and the confidences use the model's
+            distribution. `True` (Dream's `sample_tokens`): the logits are divided by the temperature first, so the
+            filters, the draw and the confidences all use the tempered distribution. Equal at temperature 1 and 0.
 
-    Presets: `SOARScheduler.from_preset("llada")` / `("dream")` hold the paper's released configurations.
+    Presets: [`~SOARScheduler.from_preset`] returns the configuration of a reference decoder by name (`"llada"`,
+    `"fast-dllm"`, `"dream"`, `"soar-llada"`, `"soar-dream"`, `"pbs"`).
     """
 
     order = 1
@@ -204,6 +279,8 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
         confidence_precision: str = "float32",
         selection_temperature: float = 0.0,
         beam_score: str = "path",
+        step_budget: str = "per_block",
+        temper_logits: bool = False,
     ):
         if block_length is not None and (not isinstance(block_length, int) or block_length < 1):
             raise ValueError(f"`block_length` must be a positive integer or None, got {block_length!r}.")
@@ -211,9 +288,12 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
             ("collapse_rule", collapse_rule, COLLAPSE_RULES),
             ("confidence_precision", confidence_precision, CONFIDENCE_PRECISIONS),
             ("beam_score", beam_score, BEAM_SCORES),
+            ("step_budget", step_budget, STEP_BUDGETS),
         ):
             if value not in allowed:
                 raise ValueError(f"`{name}` must be one of {allowed}, got {value!r}.")
+        if not isinstance(temper_logits, bool):
+            raise ValueError(f"`temper_logits` must be a bool, got {temper_logits!r}.")
         if not isinstance(selection_temperature, (int, float)) or not selection_temperature >= 0:
             raise ValueError(f"`selection_temperature` must be a number >= 0, got {selection_temperature!r}.")
         if (transfer_schedule == "origin" or selection_temperature > 0) and (
@@ -272,15 +352,28 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "SOARScheduler":
-        """A scheduler with the configuration of one of the paper's released decoders (`PRESETS`).
+        """A scheduler configured as one of the reference decoders (`PRESETS`), which reproduces that reference at
+        temperature 0 with no further option: pass the reference call's own arguments (`gen_length`,
+        `block_length`, `steps` as `num_inference_steps`) to the pipeline.
 
-        `"llada"`: threshold 0.95, beam 2, 1 to 5 tokens per accelerate step, sum of probabilities, the beam
-        collapses whenever a beam accelerated. `"dream"`: threshold 0.9, beam 2, 1 to 5 tokens, mean score, the
-        beam collapses only when the best child committed two tokens or more, one block over the whole generation.
+        - `"llada"`: LLaDA's `generate` (low-confidence remasking; `confidence_measure="random"` for
+          `remasking="random"`).
+        - `"fast-dllm"`: Fast-dLLM's threshold decoding (tau 0.9; override `confidence_threshold`).
+        - `"dream"`: Dream's `diffusion_generate` with `alg="maskgit_plus"` (`confidence_measure="margin"` /
+          `"neg_entropy"` for `"topk_margin"` / `"entropy"`, `transfer_schedule="origin"` for `"origin"`).
+        - `"soar-llada"`: SOAR's LLaDA loop `generate_soar` (tau 0.95, beam 2, 1 to 5 tokens per accelerate step,
+          sum of probabilities, global step budget).
+        - `"soar-dream"`: SOAR's Dream loop `_sample_soar` (tau 0.9, mean score, the beam collapses only when the
+          best child committed two tokens or more, runs until no mask is left).
+        - `"pbs"`: position beam search, SOAR's `generate_pbs` (beam 2, global step budget).
+
         Keyword arguments override single settings (e.g. `block_length=32`).
+
+        Raises:
+            `ValueError`: `name` is not one of the presets (the message lists them).
         """
         if name not in PRESETS:
-            raise ValueError(f"`name` must be one of {sorted(PRESETS)}, got {name!r}.")
+            raise ValueError(f"`name` must be one of the presets {list(PRESETS)}, got {name!r}.")
         return cls(**{**PRESETS[name], **overrides})
 
     # timesteps and quotas
@@ -453,6 +546,7 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
             confidence_suppress_token_ids=tuple(confidence_suppress_token_ids),
             offset=sample_offset,
             positions=eligible if proposal_positions == "eligible" else None,
+            temper_logits=config.temper_logits,
         )
         num_masked = eligible.sum(-1)
         if config.transfer_schedule == "origin":

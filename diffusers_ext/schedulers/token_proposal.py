@@ -3,6 +3,7 @@ all its decoders), and the per-row uniform noise it draws."""
 
 import torch
 
+from ..utils import exact_dtype
 from .scheduling_utils import draw_uniform, draw_uniform_at
 
 
@@ -43,6 +44,7 @@ def propose_tokens(
     confidence_suppress_token_ids=(),
     offset: int = 0,
     positions: torch.BoolTensor | None = None,
+    temper_logits: bool = False,
 ):
     """Proposed tokens, their probabilities and the confidence (`confidence_measure`: `"prob"`, `"margin"`,
     `"neg_entropy"` or `"random"`), each of shape `(N, L)`, from logits `(N, L, V)`, computed at `positions`
@@ -54,10 +56,13 @@ def propose_tokens(
     filtering (Dream's `top_p_logits` / `top_k_logits`); the token is the argmax, or at `temperature > 0` a
     Gumbel-max sample in float64 (LLaDA's `add_gumbel_noise`; its noise is drawn over every position from `offset`
     on, as before, so the generators advance the same way whatever `positions` is); the mask token is never
-    proposed. Probabilities and confidences come from the softmax of the (filtered) logits, in float32 or, with
-    `confidence_precision="model"`, in the logits' own dtype like the references; tokens in
+    proposed. Probabilities and confidences come from the softmax of the (filtered) logits, in float32, in float64
+    (`confidence_precision="float64"`, Fast-dLLM's) or, with `"model"`, in the logits' own dtype (LLaDA's, Dream's); tokens in
     `confidence_suppress_token_ids` are removed from that softmax after the tokens are chosen (LLaDA's
-    `confidence_eos_eot_inf`). Each position is computed exactly as over the whole tensor (every operation is per
+    `confidence_eos_eot_inf`). With `temper_logits` (Dream's `sample_tokens`), at `temperature > 0` the logits are
+    divided by the temperature right after the suppression, so the filters, the Gumbel-max draw (then at
+    temperature 1: the same law as Dream's categorical draw) and the confidences all see the tempered
+    distribution. Each position is computed exactly as over the whole tensor (every operation is per
     position), so the tokens and confidences at `positions` do not depend on which other positions are selected.
     """
     shape = logits.shape[:2]
@@ -66,6 +71,10 @@ def propose_tokens(
     selected, flat = gather_positions(logits, positions)  # (P, V), a copy: the caller's logits are never written
     if suppress_token_ids:
         selected[:, list(suppress_token_ids)] = float("-inf")
+    if temper_logits and temperature > 0:
+        # Dream's rule: the filters, the draw and the confidences all see the tempered distribution
+        selected.div_(temperature)
+        temperature = 1.0
     if top_p is not None and top_p < 1:
         sorted_logits, sorted_index = torch.sort(selected, dim=-1, descending=True)
         outside = torch.softmax(sorted_logits, dim=-1).cumsum(-1) > top_p
@@ -94,8 +103,11 @@ def propose_tokens(
         selected[:, mask_token_id] = kept
     if confidence_suppress_token_ids:
         selected[:, list(confidence_suppress_token_ids)] = float("-inf")
-    precise = confidence_precision == "float32"
-    probs = torch.softmax(selected.float() if precise else selected, dim=-1)
+    if confidence_precision == "float32":
+        selected = selected.float()
+    elif confidence_precision == "float64":
+        selected = selected.to(exact_dtype(selected.device))
+    probs = torch.softmax(selected, dim=-1)
     del selected
     token_probs = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     measure = confidence_measure

@@ -11,7 +11,7 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput, logging
 
-from ...schedulers.scheduling_soar import SOARScheduler
+from ...schedulers.scheduling_soar import STEP_BUDGETS, SOARScheduler
 from ...utils import check_positive_int, exact_dtype, is_int, is_number, public
 from .adapters import ADAPTERS, DiffusionLMAdapter, HFLogitsAdapter, get_diffusion_lm_adapter
 from .pll_rescoring import DEFAULT_PLL_CHUNK_SIZE, rescore_by_pll
@@ -28,7 +28,6 @@ from .remote_code import (
 logger = logging.get_logger(__name__)
 
 OUTPUT_TYPES = ("text", "seq")
-STEP_BUDGETS = ("per_block", "global")
 
 
 @public
@@ -265,7 +264,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
             num_blocks = gen_length // block_length
         if not is_int(num_inference_steps):
             raise ValueError(f"`num_inference_steps` must be an integer, got {num_inference_steps!r}.")
-        if step_budget == "global":
+        if step_budget in ("global", "unbounded"):
             if num_inference_steps < 1:
                 raise ValueError(f"`num_inference_steps` must be positive, got {num_inference_steps!r}.")
         elif num_inference_steps < num_blocks or num_inference_steps % num_blocks:
@@ -317,7 +316,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
         guidance_scale: float = 1.0,
         num_return_sequences: int = 1,
         latents: torch.LongTensor | None = None,
-        step_budget: str = "per_block",
+        step_budget: str | None = None,
         logits_eos_inf: bool = False,
         confidence_eos_eot_inf: bool = False,
         eos_early_stop: bool = True,
@@ -361,12 +360,16 @@ class DiffusionLMPipeline(DiffusionPipeline):
             latents (`torch.LongTensor` of shape `(batch * num_return_sequences, gen_length)`, *optional*): the
                 initial generated region: the mask token where the model decodes, fixed tokens elsewhere (kept as
                 given, e.g. to infill). All masks by default.
-            step_budget (`str`, defaults to `"per_block"`): how `num_inference_steps` bounds the decoding.
+            step_budget (`str`, *optional*): how `num_inference_steps` bounds the decoding; by default the
+                scheduler's `step_budget` config (`"per_block"` for schedulers without one; each preset of
+                [`SOARScheduler.from_preset`] sets its reference's).
                 `"per_block"`: every block gets `num_inference_steps / num_blocks` steps and a per-step quota that
                 finishes it in time (LLaDA's `generate`); all masks are always filled. `"global"`: the reference SOAR
                 loop's semantics: a step commits at least one token (the search branch one, the accelerate branch
                 more), blocks take as many steps as they need, and decoding stops after `num_inference_steps`
-                forwards, **returning mask tokens** where nothing was committed.
+                forwards, **returning mask tokens** where nothing was committed. `"unbounded"`: as `"global"`
+                without the cap (Fast-dLLM's threshold loop, SOAR's Dream loop): decoding runs until no mask is left,
+                at most `gen_length` steps, and `num_inference_steps` is not used.
             logits_eos_inf (`bool`, defaults to `False`): never propose the EOS token (LLaDA's `logits_eos_inf`).
             confidence_eos_eot_inf (`bool`, defaults to `False`): LLaDA's `confidence_eos_eot_inf`: after the tokens
                 are chosen, the EoT token (`eot_token_id`) is removed from the softmax that gives the confidences, so
@@ -415,6 +418,8 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 block_length = min(block_length, gen_length)
         if num_inference_steps is None:
             num_inference_steps = gen_length
+        if step_budget is None:
+            step_budget = self.scheduler.config.get("step_budget", None) or "per_block"
         self.check_inputs(
             batch_size,
             gen_length,
@@ -477,7 +482,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
             block_of = torch.div(positions - prompt_length, block_length, rounding_mode="floor")
         block_of = torch.where(positions >= prompt_length, block_of, -1)
         num_blocks = int(block_of.max()) + 1
-        global_budget = step_budget == "global"
+        global_budget = step_budget in ("global", "unbounded")
         # the decoding options only some schedulers declare (SOAR's); asking another scheduler for one raises
         step_options = declared_options(
             self.scheduler,
@@ -516,7 +521,10 @@ class DiffusionLMPipeline(DiffusionPipeline):
         results = torch.full((batch_size, gen_length), mask_id, dtype=torch.long, device=device)
         nfe = torch.zeros(batch_size, dtype=torch.long)
         row_forwards = torch.zeros(batch_size, dtype=torch.long)
-        max_steps = num_inference_steps if global_budget else num_blocks * steps_per_block
+        if step_budget == "unbounded":  # every step commits a token or more in every row: at most gen_length steps
+            max_steps = gen_length
+        else:
+            max_steps = num_inference_steps if global_budget else num_blocks * steps_per_block
         self._num_timesteps = max_steps
         config = self.scheduler.config
         pll = config.get("beam_score") == "pll" and config.get("max_beam_size", 1) > 1
@@ -529,7 +537,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 results[groups[first]] = x[first, prompt_length:]
                 break
             if step >= max_steps:
-                if global_budget:
+                if step_budget == "global":
                     break
                 raise RuntimeError(
                     f"decoding did not finish within {max_steps} steps: a callback re-masked committed tokens."
