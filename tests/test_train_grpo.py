@@ -115,6 +115,74 @@ def test_two_process_e2po_resume_equals_uninterrupted_run_and_lora_loads(tmp_pat
     assert any("lora" in name for name, _ in pipe.transformer.named_parameters())
 
 
+FLAT_DRIVER = os.path.join(REPO, "tests", "grpo_flat_rank_driver.py")
+
+
+@pytest.mark.slow
+def test_two_process_grpo_where_one_process_drops_every_image_stays_in_step(tmp_path, tiny_sd3):
+    """DDP with `drop_zero_advantage`: at every step one process's only group has zero reward spread, so all its
+    images are dropped; it must still join the gradient all-reduce (no collective mismatch) and both processes must
+    end with the same LoRA."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\na dog\n")
+    records, output_dir = tmp_path / "records", tmp_path / "out"
+    settings = TINY[TINY.index("--height") : TINY.index("--gradient_accumulation_steps")]
+    cmd = [
+        *accelerate_cpu_launch(),
+        FLAT_DRIVER,
+        "--record_dir",
+        str(records),
+        "--pretrained_model_name_or_path",
+        tiny_sd3,
+        "--output_dir",
+        str(output_dir),
+        "--dataset",
+        str(prompts),
+        "--reward_funcs",
+        "flat_for:a cat",
+        *settings,  # one group of 4 images per process per step: the two prompts split over the two processes
+        "--gradient_accumulation_steps",
+        "1",
+        "--drop_zero_advantage",
+        "true",
+        "--lora_rank",
+        "4",
+        "--lora_alpha",
+        "8",
+        "--learning_rate",
+        "1e-2",
+        "--max_steps",
+        "3",
+        "--save_steps",
+        "3",
+        "--seed",
+        "3",
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_world_size(result.stdout + result.stderr, output_dir / "checkpoint-3")
+
+    import json
+
+    ranks = [json.loads((records / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(r["world_size"], r["num_processes"]) for r in ranks] == [(2, 2), (2, 2)]
+    for step in range(3):
+        seen = [r["prompts"][step] for r in ranks]
+        assert sorted(seen) == [["a cat"], ["a dog"]], seen  # one group each, the two prompts split
+        trained = [r["frac_samples_trained"][step] for r in ranks]
+        flat = seen.index(["a cat"])
+        assert trained[flat] == 0.0 and trained[1 - flat] == 1.0, trained  # the flat rank lost every image
+
+    first = load_file(records / "rank0_lora.safetensors")
+    second = load_file(records / "rank1_lora.safetensors")
+    assert first.keys() == second.keys() and any("lora_B" in k for k in first)
+    assert any(not torch.equal(v, torch.zeros_like(v)) for k, v in first.items() if "lora_B" in k)  # it trained
+    for name in first:
+        torch.testing.assert_close(first[name], second[name], rtol=0, atol=0, msg=f"{name} differs between ranks")
+    saved = load_file(output_dir / "pytorch_lora_weights.safetensors")
+    assert len(saved) == len(first)
+
+
 def _script_module():
     sys.path.insert(0, os.path.join(REPO, "training"))
     try:
