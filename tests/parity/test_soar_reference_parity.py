@@ -82,9 +82,14 @@ def _frequency_gaps(case, counts):
     ]
 
 
+# The package's side draws fewer samples than the reference's 2000 (suite time); the tolerance accounts for both
+# sample sizes (`tv_tolerance`), 1.3x wider than with 2000 on each side.
+PACKAGE_SAMPLES = 800
+
+
 @pytest.mark.parametrize("case", SAMPLED, ids=[case["id"] for case in SAMPLED])
 def test_sampled_decoders_match_the_reference_in_distribution(case):
-    out = run_package(case, num_samples=case["num_samples"])
+    out = run_package(case, num_samples=min(case["num_samples"], PACKAGE_SAMPLES))
     gaps = _frequency_gaps(case, position_counts(out.sequences))
     assert len(gaps) == case["call"]["gen_length"]
     for position, (distance, tolerance) in enumerate(gaps):
