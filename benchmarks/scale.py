@@ -528,7 +528,7 @@ def _grpo_trainer(args, output_dir: str):
     from peft import LoraConfig
 
     from diffusers_ext import DiffusionGRPOConfig, DiffusionGRPOTrainer
-    from diffusers_ext.testing import get_tiny_sd3_components
+    from diffusers_ext.models.tiny_components import get_tiny_sd3_components
 
     components = get_tiny_sd3_components(args.seed)
     torch.manual_seed(args.seed)

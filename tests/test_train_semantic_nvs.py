@@ -156,6 +156,8 @@ def _write_captures(root, with_depth):
         (folder / "cameras.json").write_text(json.dumps({"frames": frames}))
 
 
+# 30 s: a second data source through the training path test_encoder_then_nvs_training covers by default
+@pytest.mark.slow
 def test_training_on_captures_from_a_folder(tmp_path):
     encoder = os.path.join(REPO, "diffusers_ext", "zoo", "procedural-semantic-encoder")
     _write_captures(tmp_path / "captures", with_depth=True)
@@ -186,6 +188,8 @@ def test_training_on_captures_from_a_folder(tmp_path):
     assert result.returncode == 2 and "no depth" in result.stderr.strip().splitlines()[-1]
 
 
+# 30 s: a second data source through the training path test_encoder_then_nvs_training covers by default
+@pytest.mark.slow
 def test_training_on_a_saved_datasets_dataset(tmp_path):
     datasets = pytest.importorskip("datasets")
     from diffusers_ext.data.multiview_folder import MultiViewSceneDataset
