@@ -32,13 +32,13 @@ Shims (CPU, no extra packages): `torch.Tensor.cuda` returns the tensor itself (t
 import argparse
 import ast
 import json
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import torch
 from diffusers import UNet2DModel
+from parity_utils import reference_commit
 
 from diffusers_ext import AugmentationRegressor
 from diffusers_ext.losses.consistency import consistency_model_output
@@ -219,9 +219,7 @@ def main(argv=None):
     parser.add_argument("--reference_repo", type=Path, required=True, help="A checked-out copy of 1202kbs/AYT.")
     parser.add_argument("--output", type=Path, default=FIXTURE, help="Where to write the fixture.")
     args = parser.parse_args(argv)
-    commit = subprocess.run(
-        ["git", "-C", str(args.reference_repo), "log", "-1", "--format=%H"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = reference_commit(args.reference_repo)
     fixture = {
         "reference": "1202kbs/AYT",
         "commit": commit,

@@ -15,11 +15,11 @@ the fixture); `reference_losses` below evaluates those expressions on the step's
 import argparse
 import importlib.util
 import json
-import subprocess
 from pathlib import Path
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
+from parity_utils import reference_commit
 
 
 FIXTURE = Path(__file__).parent / "fixtures" / "flow_grpo.json"
@@ -69,10 +69,6 @@ def _load_step(repo: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.sde_step_with_logprob
-
-
-def _commit(repo: Path) -> str:
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
 def run_reference(step_fn, sde_type: str) -> list[dict]:
@@ -134,12 +130,12 @@ def main():
         },
         "sde": {
             "reference": "yifan123/flow_grpo",
-            "commit": args.flow_grpo_commit or _commit(args.flow_grpo_repo),
+            "commit": args.flow_grpo_commit or reference_commit(args.flow_grpo_repo),
             "steps": run_reference(_load_step(args.flow_grpo_repo), "sde"),
         },
         "cps": {
             "reference": "IamCreateAI/FlowCPS",
-            "commit": args.flow_cps_commit or _commit(args.flow_cps_repo),
+            "commit": args.flow_cps_commit or reference_commit(args.flow_cps_repo),
             "steps": run_reference(_load_step(args.flow_cps_repo), "cps"),
         },
     }

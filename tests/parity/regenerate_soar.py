@@ -4,9 +4,11 @@ tiny test models, for `test_soar_reference_parity.py`.
 The references are imported at run time from local checkouts (nothing of theirs is stored here, only their outputs
 and commit ids):
 
-    for r in ML-GSAI/LLaDA NVlabs/Fast-dLLM duterscmy/SOAR; do git clone https://github.com/$r /tmp/refs/${r#*/}; done
-    python tests/parity/regenerate_soar.py --llada_repo /tmp/refs/LLaDA --fast_dllm_repo /tmp/refs/Fast-dLLM \
-        --soar_repo /tmp/refs/SOAR [--dream_repo DIR]
+    for r in ML-GSAI/LLaDA NVlabs/Fast-dLLM duterscmy/SOAR; do git clone https://github.com/$r REFS/${r#*/}; done
+    python tests/parity/regenerate_soar.py --llada_repo REFS/LLaDA --fast_dllm_repo REFS/Fast-dLLM \
+        --soar_repo REFS/SOAR [--dream_repo DIR]
+
+(`REFS` is any folder of your choice.)
 
 - LLaDA `generate.py` `generate` (low-confidence and random remasking);
 - Fast-dLLM `llada/generate.py` `generate(threshold=...)`;
@@ -27,11 +29,11 @@ import importlib.util
 import io
 import json
 import os
-import subprocess
 import sys
 import types
 
 import torch
+from parity_utils import reference_commit
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,22 +49,6 @@ def load_module(path: str, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def commit_of(path: str) -> str | None:
-    """The commit of a checkout: `git log`, or for an exported tree without `.git` the id in its `REVISION` file
-    (e.g. `git -C MIRROR log -1 --format=%H > TREE/REVISION`)."""
-    for folder in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
-        revision = os.path.join(folder, "REVISION")
-        if os.path.isfile(revision):
-            with open(revision) as f:
-                return f.read().strip()
-    try:
-        return subprocess.run(
-            ["git", "-C", path, "log", "-1", "--format=%H"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        return None
 
 
 class TopkWatch:
@@ -152,8 +138,8 @@ class References:
         self.soar_dream = load_module(
             os.path.join(args.soar_repo, "eval_dream7b", "generation_utils_soar.py"), "reference_soar_dream"
         )
-        # the released accelerate branch reads a module-level `log` flag it never defines (section "Bugs" of
-        # /work/shared/reference/soar.md); False is what its callers mean
+        # the released accelerate branch reads a module-level `log` flag it never defines; False is what its
+        # callers mean
         self.soar_dream.log = False
         # their `validate` does nothing; newer transformers' `GenerationConfig.update` passes it a keyword it lacks
         for module in (self.dream, self.soar_dream):
@@ -162,15 +148,15 @@ class References:
         for module in (self.llada, self.fast_dllm, self.dream, self.soar, self.soar_dream):
             module.torch = self.watch
         self.commits = {
-            "ML-GSAI/LLaDA": commit_of(args.llada_repo),
-            "NVlabs/Fast-dLLM": commit_of(fast_dllm),
+            "ML-GSAI/LLaDA": reference_commit(args.llada_repo),
+            "NVlabs/Fast-dLLM": reference_commit(fast_dllm),
             "Dream generation_utils.py": {
                 "path": os.path.relpath(dream_dir, fast_dllm),
-                "commit": commit_of(dream_dir),
+                "commit": reference_commit(dream_dir),
             }
             if args.dream_repo is None
-            else {"path": dream_dir, "commit": commit_of(dream_dir)},
-            "duterscmy/SOAR": commit_of(args.soar_repo),
+            else {"path": os.path.basename(os.path.normpath(dream_dir)), "commit": reference_commit(dream_dir)},
+            "duterscmy/SOAR": reference_commit(args.soar_repo),
         }
 
     def run(self, case: dict) -> dict:

@@ -36,13 +36,13 @@ import argparse
 import ast
 import json
 import random
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import torch
 from diffusers import StableDiffusionPipeline
+from parity_utils import reference_commit
 from peft import LoraConfig
 
 from diffusers_ext.models.tiny_components import get_tiny_sd_components
@@ -308,11 +308,11 @@ def main(argv=None):
     parser.add_argument("--output", type=Path, default=FIXTURE, help="Where to write the fixture.")
     args = parser.parse_args(argv)
     repo = args.reference_repo
-    commit = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%H"], capture_output=True, text=True)
+    commit = reference_commit(repo)
     my_utils = _load_my_utils(repo)
     fixture = {
         "reference": "shervinkhalafi/constrained_unlearning",
-        "commit": commit.stdout.strip(),
+        "commit": commit,
         "config": {
             "prompt": PROMPT,
             "latent_shape": list(LATENT_SHAPE),

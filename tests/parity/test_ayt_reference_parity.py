@@ -24,11 +24,9 @@ Deliberate differences, not compared or compared as stated:
   `CMStochasticIterativeScheduler` parameterisation of a diffusers `UNet2DModel`.
 """
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
+from parity_utils import assert_relative_close, load_fixture
 from regenerate_ayt import (
     STEP_ITERATIONS,
     build_feature_network,
@@ -45,17 +43,13 @@ from diffusers_ext.losses.consistency import EasyConsistencySchedule, consistenc
 from diffusers_ext.losses.manifold_feature_distance import normalized_distance_gradient
 
 
-FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "ayt.json").read_text())
+FIXTURE = load_fixture("ayt")
 CONFIG = FIXTURE["config"]
 RELATIVE_ERROR = 1e-5
 
 
 def _assert_close(ours, reference, name):
-    ours = torch.as_tensor(ours, dtype=torch.float64).flatten()
-    reference = torch.as_tensor(reference, dtype=torch.float64).flatten()
-    assert ours.shape == reference.shape, name
-    error = (ours - reference).norm() / reference.norm().clamp(min=1e-12)
-    assert error <= RELATIVE_ERROR, f"{name}: relative error {error:.3g} > {RELATIVE_ERROR}"
+    assert_relative_close(ours, reference, name, RELATIVE_ERROR)
 
 
 def _schedule() -> EasyConsistencySchedule:

@@ -7,19 +7,18 @@ drops the Gaussian's constants and its `1 / (2 std^2)` factor (`-mean((x - mean)
 exact Gaussian log-density for both types; the test checks the exact affine relation between the two.
 """
 
-import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from parity_utils import load_fixture
 from regenerate_flow_grpo import build_inputs
 
 from diffusers_ext import FlowMatchSDEScheduler
 from diffusers_ext.trainers.diffusion_grpo_trainer import clipped_policy_loss
 
 
-FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "flow_grpo.json").read_text())
+FIXTURE = load_fixture("flow_grpo")
 CONFIG = FIXTURE["config"]
 TOLERANCE = {"rtol": 1e-6, "atol": 1e-6}
 

@@ -35,11 +35,9 @@ Deliberate differences:
   its on-policy pool's samples afresh. The test hands both the same `x_t` and timestep.
 """
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
+from parity_utils import assert_relative_close, load_fixture
 from regenerate_unlearning import (
     ESD,
     LORA_SEED,
@@ -57,17 +55,13 @@ from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrai
 from diffusers_ext.trainers.unlearning_objectives import NoisedBatch
 
 
-FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "unlearning.json").read_text())
+FIXTURE = load_fixture("unlearning")
 CONFIG = FIXTURE["config"]
 RELATIVE_ERROR = 1e-5
 
 
 def _assert_close(ours, reference, name):
-    ours = torch.as_tensor(ours, dtype=torch.float64).flatten()
-    reference = torch.as_tensor(reference, dtype=torch.float64).flatten()
-    assert ours.shape == reference.shape, name
-    error = (ours - reference).norm() / reference.norm().clamp(min=1e-12)
-    assert error <= RELATIVE_ERROR, f"{name}: relative error {error:.3g} > {RELATIVE_ERROR}"
+    assert_relative_close(ours, reference, name, RELATIVE_ERROR)
 
 
 def _trainer(**overrides) -> ConstrainedUnlearningTrainer:
