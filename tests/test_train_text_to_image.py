@@ -157,6 +157,8 @@ def _load_script():
         (["--vae_channels", "8", "8"], "--vae_channels"),
         (["--unet_channels", "8", "8", "8", "8", "8"], "--unet_channels"),
         (["--prompt_dropout", "1.0"], "--prompt_dropout"),
+        (["--unet_down_block_types", "DownBlock2D"], "--unet_down_block_types"),
+        (["--unet_down_block_types", "UpBlock2D", "DownBlock2D"], "--unet_down_block_types"),
     ],
 )
 def test_bad_arguments_are_rejected_by_the_parser(tmp_path, capsys, args, message):
@@ -195,3 +197,25 @@ def test_bad_runs_fail_with_one_line_error(tmp_path, args, message):
     last = result.stderr.strip().splitlines()[-1]
     assert message in last and "error" in last
     assert "Traceback" not in result.stderr
+
+
+def test_unet_down_block_types_drop_attention_where_asked_and_the_up_path_mirrors_them():
+    from diffusers_ext.data.mosaic import mosaic_tokenizer
+    from diffusers_ext.models.stable_diffusion_components import build_stable_diffusion_components
+
+    tokenizer = mosaic_tokenizer(8)
+    kwargs = {
+        "resolution": 32,
+        "vae_channels": (8, 8, 8),
+        "unet_channels": (8, 16, 16),
+        "attention_head_dim": 4,
+        "text_hidden_size": 8,
+        "max_length": 8,
+    }
+    _, _, unet = build_stable_diffusion_components(
+        tokenizer, unet_down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"), **kwargs
+    )
+    assert unet.config.up_block_types == ("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D")
+    assert not hasattr(unet.down_blocks[0], "attentions") and len(unet.down_blocks[1].attentions) == 1
+    with pytest.raises(ValueError, match="unet_down_block_types.*3 levels"):
+        build_stable_diffusion_components(tokenizer, unet_down_block_types=("DownBlock2D",), **kwargs)

@@ -71,6 +71,13 @@ def parse_args(argv=None):
     )
     model.add_argument("--latent_channels", type=int, default=4, help="Latent channels.")
     model.add_argument("--unet_channels", type=int, nargs="+", default=[32, 64], help="UNet channels per level.")
+    model.add_argument(
+        "--unet_down_block_types",
+        nargs="+",
+        default=None,
+        choices=["CrossAttnDownBlock2D", "DownBlock2D"],
+        help="UNet down_block_types, one per level (the up path mirrors it). Default: cross-attention everywhere.",
+    )
     model.add_argument("--attention_head_dim", type=int, default=8, help="UNet attention head width.")
     model.add_argument("--text_hidden_size", type=int, default=64, help="CLIP text encoder width.")
     model.add_argument("--text_layers", type=int, default=2, help="CLIP text encoder layers.")
@@ -126,6 +133,11 @@ def validate_args(args, parser):
         parser.error(
             f"--unet_channels has {len(args.unet_channels)} levels; the latent side {args.resolution // 4} must be "
             f"a multiple of {factor}."
+        )
+    if args.unet_down_block_types is not None and len(args.unet_down_block_types) != len(args.unet_channels):
+        parser.error(
+            f"--unet_down_block_types names {len(args.unet_down_block_types)} blocks; --unet_channels has "
+            f"{len(args.unet_channels)} levels."
         )
     for name in (
         "num_train_samples",
@@ -230,6 +242,7 @@ def main(argv=None):
         latent_channels=args.latent_channels,
         vae_channels=args.vae_channels,
         unet_channels=args.unet_channels,
+        unet_down_block_types=args.unet_down_block_types,
         attention_head_dim=args.attention_head_dim,
         text_hidden_size=args.text_hidden_size,
         text_layers=args.text_layers,

@@ -31,6 +31,7 @@ def build_stable_diffusion_components(
     latent_channels: int = 4,
     vae_channels: Sequence[int] = (16, 32, 32),
     unet_channels: Sequence[int] = (32, 64),
+    unet_down_block_types: Sequence[str] | None = None,
     attention_head_dim: int = 8,
     text_hidden_size: int = 64,
     text_layers: int = 2,
@@ -45,7 +46,11 @@ def build_stable_diffusion_components(
             are `(latent_channels, resolution / 4, resolution / 4)` with the default three levels.
         latent_channels (`int`): channels of the VAE latent.
         vae_channels (`Sequence[int]`): `block_out_channels` of the VAE (one `DownEncoderBlock2D` per entry).
-        unet_channels (`Sequence[int]`): `block_out_channels` of the UNet (one cross-attention block per entry).
+        unet_channels (`Sequence[int]`): `block_out_channels` of the UNet (one block per entry).
+        unet_down_block_types (`Sequence[str]`, *optional*): the UNet's `down_block_types`, one
+            `"CrossAttnDownBlock2D"` or `"DownBlock2D"` per level; the up path mirrors it. Defaults to cross-attention
+            at every level. `("DownBlock2D", "CrossAttnDownBlock2D", ...)` drops attention at the finest level, as
+            SDXL does: on CPU that halves a training step at 16x16 latents (the 256-token self-attention dominates).
         attention_head_dim (`int`): the UNet's attention head dimension.
         text_hidden_size (`int`): width of the `CLIPTextModel` (its projection and the UNet's cross-attention width).
         text_layers (`int`): transformer layers of the text encoder.
@@ -82,14 +87,21 @@ def build_stable_diffusion_components(
         )
     )
     unet_levels = len(unet_channels)
+    down_block_types = tuple(unet_down_block_types or ("CrossAttnDownBlock2D",) * unet_levels)
+    mirrored = {"CrossAttnDownBlock2D": "CrossAttnUpBlock2D", "DownBlock2D": "UpBlock2D"}
+    if len(down_block_types) != unet_levels or not set(down_block_types) <= set(mirrored):
+        raise ValueError(
+            f"`unet_down_block_types` must name one of {sorted(mirrored)} per entry of `unet_channels` "
+            f"({unet_levels} levels), got {list(down_block_types)}."
+        )
     unet = UNet2DConditionModel(
         sample_size=resolution // 2 ** (vae_levels - 1),
         in_channels=latent_channels,
         out_channels=latent_channels,
         layers_per_block=1,
         block_out_channels=tuple(unet_channels),
-        down_block_types=("CrossAttnDownBlock2D",) * unet_levels,
-        up_block_types=("CrossAttnUpBlock2D",) * unet_levels,
+        down_block_types=down_block_types,
+        up_block_types=tuple(mirrored[block] for block in reversed(down_block_types)),
         cross_attention_dim=text_hidden_size,
         attention_head_dim=attention_head_dim,
         norm_num_groups=8,
