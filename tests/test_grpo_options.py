@@ -181,3 +181,35 @@ def test_a_process_whose_images_were_all_dropped_still_joins_the_backward_under_
     backwards.clear()
     trainer.optimize(rollout, 0)  # one process: nothing to run
     assert backwards == []
+
+
+def test_vae_decode_batch_size_decodes_in_chunks_to_the_same_images(tmp_path):
+    whole = tiny_trainer(tmp_path / "whole")
+    chunked = tiny_trainer(tmp_path / "chunked", vae_decode_batch_size=3)
+    calls = []
+    decode = chunked.adapter.decode
+    chunked.adapter.decode = lambda latents, *size: calls.append(len(latents)) or decode(latents, *size)
+    a = whole.generate(whole.prompt_indices(0), 0).images
+    b = chunked.generate(chunked.prompt_indices(0), 0).images
+    assert calls == [3, 3, 2]
+    torch.testing.assert_close(b, a, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="vae_decode_batch_size"):
+        DiffusionGRPOConfig(output_dir=str(tmp_path), vae_decode_batch_size=0)
+
+
+def test_gradient_checkpointing_switches_on_the_models_own_and_keeps_the_update(tmp_path):
+    plain = tiny_trainer(tmp_path / "plain", max_steps=1)
+    checkpointed = tiny_trainer(tmp_path / "checkpointed", max_steps=1, gradient_checkpointing=True)
+    assert checkpointed.unwrapped_transformer.is_gradient_checkpointing
+    assert not plain.unwrapped_transformer.is_gradient_checkpointing
+    plain.train()
+    checkpointed.train()
+    for p, q in zip(plain.trainable_parameters, checkpointed.trainable_parameters):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=0)
+
+
+def test_gradient_checkpointing_on_a_model_without_it_is_a_clear_error():
+    from diffusers_ext.trainers.base_trainer import enable_gradient_checkpointing
+
+    with pytest.raises(ValueError, match="gradient_checkpointing.*Linear"):
+        enable_gradient_checkpointing(torch.nn.Linear(2, 2))

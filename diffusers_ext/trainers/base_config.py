@@ -66,6 +66,13 @@ class DiffusionTrainerConfig:
     gradient_accumulation_steps: int = field(
         default=1, metadata={"help": "Micro-batches whose gradients make one optimizer step."}
     )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={
+            "help": "Recompute the trained model's activations in the backward pass instead of storing them (less "
+            "memory, about a third more compute); the model must support it, as diffusers' and transformers' do."
+        },
+    )
 
     def __post_init__(self):
         if self.output_dir is not None:  # None: a script's "required" sentinel, checked by the script

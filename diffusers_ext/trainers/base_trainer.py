@@ -130,8 +130,11 @@ class DiffusionTrainer(abc.ABC):
 
         Returns `(prepared_model, trainable_parameters)`, the parameters read from the *prepared* model: FSDP (and
         DeepSpeed ZeRO-3) replace a module's parameters when wrapping it, so lists taken before `prepare` (for an EMA,
-        gradient clipping) would point at tensors the optimizer no longer updates.
+        gradient clipping) would point at tensors the optimizer no longer updates. With `gradient_checkpointing` set,
+        checkpointing is switched on first (a `ValueError` if the model does not support it).
         """
+        if self.args.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         parameters = [p for p in model.parameters() if p.requires_grad]
         prepared, self.optimizer = self.accelerator.prepare(model, self.create_optimizer(parameters))
         return prepared, [p for p in prepared.parameters() if p.requires_grad]
@@ -352,3 +355,19 @@ class DiffusionTrainer(abc.ABC):
 
     def _card_tags(self) -> list[str]:
         return list(self._tag_names)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Switch on `model`'s own gradient checkpointing: diffusers' `enable_gradient_checkpointing` or transformers'
+    `gradient_checkpointing_enable` (a peft-wrapped model forwards either to its base model).
+
+    Raises a `ValueError` naming the model's class when it supports neither, rather than training without it (the
+    user asked for the memory it saves)."""
+    for method in ("enable_gradient_checkpointing", "gradient_checkpointing_enable"):
+        if callable(getattr(model, method, None)) and getattr(model, "_supports_gradient_checkpointing", True):
+            getattr(model, method)()
+            return
+    raise ValueError(
+        f"`gradient_checkpointing=True`, but {type(model).__name__} supports no gradient checkpointing (it has "
+        "neither diffusers' `enable_gradient_checkpointing` nor transformers' `gradient_checkpointing_enable`)."
+    )

@@ -157,6 +157,13 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
             "help": "'first' (Flow-GRPO: the earliest steps, in order) or 'random' (DanceGRPO: a random subset)."
         },
     )
+    vae_decode_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Images decoded per VAE call at the end of each rollout; None: the whole generation batch in one "
+            "call. The decoder's peak memory grows with batch x resolution, so set it (e.g. 4) at SD3/Flux sizes."
+        },
+    )
     init_same_noise: bool = field(
         default=False,
         metadata={
@@ -180,7 +187,7 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
                 "`generation_batch_size` and `steps_per_generation` cannot both be set (as in TRL's GRPOConfig), got "
                 f"{self.generation_batch_size} and {self.steps_per_generation}."
             )
-        for name in ("generation_batch_size", "steps_per_generation"):
+        for name in ("generation_batch_size", "steps_per_generation", "vae_decode_batch_size"):
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value < 1):
                 raise ValueError(f"`{name}` must be None or a positive int, got {value!r}.")

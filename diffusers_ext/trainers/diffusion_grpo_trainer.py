@@ -363,7 +363,8 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
                 log_prob if log_prob is not None else torch.full((len(prompts),), math.nan, device=device)
             )
         with self._timed("vae_decode"):
-            images = adapter.decode(latents, height, width)
+            chunk = args.vae_decode_batch_size or len(latents)
+            images = torch.cat([adapter.decode(part, height, width) for part in latents.split(chunk)])
         return Rollout(
             prompts=prompts,
             columns=columns,
