@@ -4,7 +4,7 @@ import argparse
 import os
 import sys
 
-from .utils import positive_int_arg
+from .utils import nonnegative_float_arg, positive_float_arg, positive_int_arg
 
 
 def _check_device(device: str) -> None:
@@ -110,16 +110,29 @@ def _purify(args) -> int:
     import json
 
     import PIL.Image
-    import torch
 
-    from . import DIRPPipeline, zoo
+    from . import zoo
 
+    # what needs neither torch nor the model first: a mistake here is an error in a second, not after the imports
     files = _image_files(args.inputs)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out {args.out!r} exists and is not a folder.")
     model = zoo.path(args.model) if args.model in zoo.names() else args.model
     if not os.path.isdir(model):
         raise FileNotFoundError(f"--model {args.model!r} is neither a zoo name ({zoo.names()}) nor a folder")
+    opened = []
+    for f in files:
+        try:
+            image = PIL.Image.open(f)
+            image.load()  # read now, which also closes the file (a folder of thousands stays under the fd limit)
+            opened.append(image)
+        except PIL.UnidentifiedImageError:
+            raise ValueError(f"input {f!r} is not an image PIL can read") from None
+
+    import torch
+
+    from . import DIRPPipeline
+
     _check_device(args.device)
     pipe = DIRPPipeline.from_pretrained(model).to(args.device)
     options = {
@@ -147,11 +160,7 @@ def _purify(args) -> int:
     channels = pipe.image_channels
     native = _native_size(pipe)
     images = []
-    for f in files:
-        try:
-            image = PIL.Image.open(f)
-        except PIL.UnidentifiedImageError:
-            raise ValueError(f"input {f!r} is not an image PIL can read") from None
+    for f, image in zip(files, opened):
         bands = len(image.getbands())
         if bands != channels or image.mode == "P":
             target = "L" if channels == 1 else "RGB"
@@ -237,18 +246,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="convert images whose channels differ from the model's (e.g. RGB to grayscale); off: refuse them",
     )
-    purify.add_argument("--num_inversion_steps", type=int, default=10)
-    purify.add_argument("--inversion_strength", type=float, default=0.5)
-    purify.add_argument("--num_iterations", type=int, default=100)
-    purify.add_argument("--learning_rate", type=float, default=0.003)
+    purify.add_argument("--num_inversion_steps", type=positive_int_arg, default=10)
+    purify.add_argument("--inversion_strength", type=positive_float_arg, default=0.5)
+    purify.add_argument("--num_iterations", type=positive_int_arg, default=100)
+    purify.add_argument("--learning_rate", type=positive_float_arg, default=0.003)
     purify.add_argument(
         "--perceptual",
         default="ssim",
         choices=["ssim", "l2"],
         help="distance of the perceptual budget (default: ssim)",
     )
-    purify.add_argument("--perceptual_budget", type=float, default=0.02)
-    purify.add_argument("--perceptual_weight", type=float, default=1.0)
+    purify.add_argument("--perceptual_budget", type=positive_float_arg, default=0.02)
+    purify.add_argument("--perceptual_weight", type=nonnegative_float_arg, default=1.0)
     purify.add_argument("--batch_size", type=positive_int_arg, default=8)
     purify.add_argument("--seed", type=int, default=0)
     purify.add_argument("--device", default="cpu", help="torch device (default: cpu)")

@@ -75,6 +75,29 @@ def positive_int_arg(value: str) -> int:
     return number
 
 
+def positive_float_arg(value: str) -> float:
+    """The argparse `type=` of a finite number that must be > 0 (a rate, a budget)."""
+    return _float_arg(value, allow_zero=False)
+
+
+def nonnegative_float_arg(value: str) -> float:
+    """The argparse `type=` of a finite number that must be >= 0 (a weight that 0 switches off)."""
+    return _float_arg(value, allow_zero=True)
+
+
+def _float_arg(value: str, allow_zero: bool) -> float:
+    import math
+
+    expected = "a finite number >= 0" if allow_zero else "a finite number > 0"
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}") from None
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {number}")
+    return number
+
+
 def exact_dtype(device) -> "torch.dtype":
     """The dtype of small exact-as-possible bookkeeping (beam scores, camera geometry) on `device`: float64, or
     float32 on Apple's MPS, which has no float64."""

@@ -227,3 +227,26 @@ def test_every_training_script_is_listed_in_the_readme_and_answers_help():
     answers = [line.rsplit(" ", 2) for line in result.stdout.strip().splitlines()]
     assert [a[0] for a in answers] == [str(s) for s in scripts], result.stdout
     assert all(code == "0" and usage == "True" for _, code, usage in answers), result.stdout
+
+
+def test_purify_checks_options_and_inputs_before_importing_torch(tmp_path):
+    # A mistake costs a second, not the import of torch and diffusers (~10 s on a 2-core machine).
+    _digit_pngs(tmp_path / "in", 1)
+    (tmp_path / "text.png").write_text("not an image")
+    cases = [
+        [str(tmp_path / "in"), "--perceptual_budget", "0"],
+        [str(tmp_path / "in"), "--learning_rate", "-1"],
+        [str(tmp_path / "in"), "--model", "no-such-model"],
+        [str(tmp_path / "text.png")],
+    ]
+    driver = (
+        "import sys\n"
+        "from diffusers_ext.cli import main\n"
+        "try:\n"
+        "    main(['purify', *sys.argv[1:], '--out', sys.argv[1] + '-out'])\n"
+        "except SystemExit as exit:\n"
+        "    print('exit', exit.code, 'torch' in sys.modules)\n"
+    )
+    for case in cases:
+        result = subprocess.run([sys.executable, "-c", driver, *case], capture_output=True, text=True, timeout=60)
+        assert result.stdout.strip() == "exit 2 False", (case, result.stdout, result.stderr[-500:])
