@@ -21,10 +21,8 @@ exactly where the last one stopped, in either phase. With `--eval_num_prompts` >
 
 import argparse
 import json
-import os
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate.logging import get_logger
@@ -32,7 +30,9 @@ from tqdm.auto import tqdm
 
 from diffusers_ext.training_utils import (
     add_accelerate_arguments,
+    add_mosaic_data_arguments,
     add_validation_arguments,
+    check_mosaic_data_arguments,
     check_validation_arguments,
     output_dir_arg,
 )
@@ -43,24 +43,7 @@ logger = get_logger(__name__, log_level="INFO")
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    data = parser.add_argument_group("data")
-    data.add_argument(
-        "--train_data_dir",
-        type=str,
-        default=None,
-        help="A datasets.save_to_disk folder with 'image' and 'caption' columns. Default: draw mosaic.",
-    )
-    data.add_argument("--resolution", type=int, default=32, help="Image side (multiple of 4).")
-    data.add_argument("--num_train_samples", type=int, default=20000, help="Mosaic scenes to draw.")
-    data.add_argument("--mosaic_seed", type=int, default=0, help="Seed of the mosaic train stream.")
-    data.add_argument(
-        "--mosaic_tasks", nargs="+", default=["single", "pair", "count", "relation"], help="Mosaic prompt kinds."
-    )
-    data.add_argument("--mosaic_max_count", type=int, default=4, help="Largest count of count prompts.")
-    data.add_argument("--mosaic_extra_objects", type=int, default=0, help="Extra named objects per scene.")
-    data.add_argument("--mosaic_zipf_exponent", type=float, default=0.0, help="Zipf exponent over concepts.")
-    data.add_argument("--mosaic_heldout_fraction", type=float, default=0.0, help="Held-out combination share.")
-    data.add_argument("--mosaic_split_seed", type=int, default=0, help="Seed of the held-out combinations.")
+    add_mosaic_data_arguments(parser.add_argument_group("data"))
     model = parser.add_argument_group("model")
     model.add_argument(
         "--vae_channels",
@@ -122,8 +105,7 @@ def parse_args(argv=None):
 
 
 def validate_args(args, parser):
-    if args.train_data_dir is not None and not os.path.isdir(args.train_data_dir):
-        parser.error(f"--train_data_dir {args.train_data_dir!r} is not a folder.")
+    check_mosaic_data_arguments(args, parser)
     if len(args.vae_channels) != 3:
         parser.error(f"--vae_channels needs 3 levels (4x downsampling), got {args.vae_channels}.")
     if args.resolution < 16 or args.resolution % 4:
@@ -140,7 +122,6 @@ def validate_args(args, parser):
             f"{len(args.unet_channels)} levels."
         )
     for name in (
-        "num_train_samples",
         "max_train_steps",
         "train_batch_size",
         "gradient_accumulation_steps",
@@ -156,45 +137,6 @@ def validate_args(args, parser):
     if args.max_length < 3:
         parser.error(f"--max_length must be >= 3, got {args.max_length}.")
     check_validation_arguments(args, parser)
-
-
-def mosaic_config(args):
-    from diffusers_ext.data.mosaic import MosaicConfig
-
-    return MosaicConfig(
-        resolution=args.resolution,
-        tasks=tuple(args.mosaic_tasks),
-        max_count=args.mosaic_max_count,
-        extra_objects=args.mosaic_extra_objects,
-        zipf_exponent=args.mosaic_zipf_exponent,
-        heldout_fraction=args.mosaic_heldout_fraction,
-        split_seed=args.mosaic_split_seed,
-    )
-
-
-def load_training_data(args):
-    """`(images uint8 (N, 3, R, R), captions list[str])`."""
-    from diffusers_ext.data.mosaic import mosaic_records
-
-    if args.train_data_dir is None:
-        rows = mosaic_records(mosaic_config(args), args.num_train_samples, args.mosaic_seed, "train")
-        images, captions = zip(*((np.asarray(r["image"]), r["caption"]) for r in rows))
-    else:
-        from datasets import load_from_disk
-
-        data = load_from_disk(args.train_data_dir)
-        missing = {"image", "caption"} - set(data.column_names)
-        if missing:
-            raise ValueError(f"--train_data_dir {args.train_data_dir!r} lacks the columns {sorted(missing)}.")
-        images, captions = [], list(data["caption"])
-        for image in data["image"]:
-            if image.size != (args.resolution, args.resolution):
-                raise ValueError(
-                    f"--train_data_dir holds {image.size[0]}x{image.size[1]} images; expected --resolution "
-                    f"{args.resolution}."
-                )
-            images.append(np.asarray(image.convert("RGB")))
-    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(), list(captions)
 
 
 def main(argv=None):
@@ -213,27 +155,23 @@ def main(argv=None):
         command_line,
         cosine_with_warmup,
         encode_posteriors,
+        load_text_image_data,
         maybe_push_to_hub,
         maybe_resume,
+        mosaic_config_from_args,
         save_checkpoint,
         start_run,
         step_generator,
+        tokenize_captions,
         validation_due,
         write_model_card,
     )
 
     accelerator = start_run(args, logger)
 
-    images, captions = load_training_data(args)
+    images, captions = load_text_image_data(args)
     tokenizer = mosaic_tokenizer(args.max_length)
-    unknown = sorted({w for c in captions for w in tokenizer.tokenize(c) if w == tokenizer.unk_token})
-    if unknown:
-        raise ValueError("the captions hold words outside the mosaic vocabulary (`mosaic_vocabulary()`).")
-    lengths = [len(ids) for ids in tokenizer(captions).input_ids]
-    if max(lengths) > args.max_length:
-        raise ValueError(f"a caption has {max(lengths)} tokens; raise --max_length (now {args.max_length}).")
-    token_ids = tokenizer(captions, padding="max_length", max_length=args.max_length, return_tensors="pt").input_ids
-    empty_ids = tokenizer([""], padding="max_length", max_length=args.max_length, return_tensors="pt").input_ids
+    token_ids, empty_ids = tokenize_captions(tokenizer, captions, args.max_length)
 
     torch.manual_seed(args.seed)
     vae, text_encoder, unet = build_stable_diffusion_components(
@@ -362,7 +300,7 @@ def main(argv=None):
         if args.eval_num_prompts:
             summary = evaluate_text_to_image(
                 pipe,
-                mosaic_config(args),
+                mosaic_config_from_args(args),
                 args.eval_num_prompts,
                 args.mosaic_seed + 1,
                 args.eval_guidance_scale,

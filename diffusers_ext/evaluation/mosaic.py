@@ -323,6 +323,7 @@ def evaluate_text_to_image(
     num_inference_steps: int,
     split: str = "test",
     batch_size: int = 50,
+    pipeline_kwargs: dict | None = None,
 ) -> dict:
     r"""
     Per-skill judge accuracy ([`summarize`]) of a text-to-image pipeline on `num_prompts` mosaic prompts.
@@ -337,6 +338,8 @@ def evaluate_text_to_image(
         guidance_scale (`float`), num_inference_steps (`int`): passed to `pipe`.
         split (`str`, defaults to `"test"`): the mosaic split the prompts come from.
         batch_size (`int`, defaults to 50): prompts per pipeline call.
+        pipeline_kwargs (`dict`, *optional*): more arguments of every call (an SD3 pipeline's
+            `max_sequence_length`, say).
     """
     rows = list(mosaic_records(config, num_prompts, seed, split))
     judge = MosaicEvaluator(config)
@@ -351,6 +354,7 @@ def evaluate_text_to_image(
             guidance_scale=guidance_scale,
             generator=torch.Generator().manual_seed(seed * 1000 + start),
             output_type="np",
+            **(pipeline_kwargs or {}),
         ).images
         results += [judge.evaluate(image, row) for image, row in zip(images, chunk)]
     return summarize(results, rows)

@@ -134,3 +134,110 @@ def assemble_stable_diffusion_pipeline(vae, text_encoder, tokenizer, unet):
         image_encoder=None,
         requires_safety_checker=False,
     )
+
+
+def build_stable_diffusion_3_components(
+    tokenizer,
+    latent_channels: int = 4,
+    sample_size: int = 16,
+    patch_size: int = 2,
+    num_layers: int = 4,
+    attention_head_dim: int = 32,
+    num_attention_heads: int = 4,
+    text_hidden_size: int = 64,
+    text_layers: int = 2,
+    max_length: int = 16,
+):
+    r"""
+    `(text_encoder, text_encoder_2, text_encoder_3, transformer)` of a small `StableDiffusion3Pipeline`, freshly
+    initialised (seed the global RNG before calling); the autoencoder comes from elsewhere (a trained `AutoencoderKL`
+    whose latents have `latent_channels` channels and side `sample_size`).
+
+    Shaped like SD3: two `CLIPTextModelWithProjection` of width `text_hidden_size` whose token embeddings are
+    concatenated (`2 * text_hidden_size`) and zero-padded to the T5 width, and whose pooled projections are
+    concatenated to `pooled_projection_dim = 2 * text_hidden_size`; a `T5EncoderModel` of width
+    `joint_attention_dim = 2 * text_hidden_size`. All three read the prompt through `tokenizer`.
+
+    Args:
+        tokenizer: the text encoders' tokenizer; its vocabulary and special ids size the encoders.
+        latent_channels (`int`), sample_size (`int`): the latents the transformer denoises, `(latent_channels,
+            sample_size, sample_size)`.
+        patch_size (`int`): the transformer's patch side; `(sample_size / patch_size) ** 2` image tokens.
+        num_layers (`int`), attention_head_dim (`int`), num_attention_heads (`int`): the `SD3Transformer2DModel`
+            (inner width `attention_head_dim * num_attention_heads`).
+        text_hidden_size (`int`), text_layers (`int`): each CLIP encoder's width and depth (T5: twice the width).
+        max_length (`int`): the CLIP encoders' `max_position_embeddings` (the prompt length they read).
+    """
+    from diffusers import SD3Transformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+    def clip():
+        return CLIPTextModelWithProjection(
+            CLIPTextConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=text_hidden_size,
+                intermediate_size=2 * text_hidden_size,
+                projection_dim=text_hidden_size,
+                num_hidden_layers=text_layers,
+                num_attention_heads=4,
+                max_position_embeddings=max_length,
+                bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        )
+
+    width = 2 * text_hidden_size
+    text_encoder, text_encoder_2 = clip(), clip()
+    text_encoder_3 = T5EncoderModel(
+        T5Config(
+            vocab_size=len(tokenizer),
+            d_model=width,
+            d_kv=width // 4,
+            d_ff=2 * width,
+            num_layers=text_layers,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=2 * max_length,
+            feed_forward_proj="gated-gelu",
+            dropout_rate=0.0,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.pad_token_id,
+        )
+    )
+    transformer = SD3Transformer2DModel(
+        sample_size=sample_size,
+        patch_size=patch_size,
+        in_channels=latent_channels,
+        out_channels=latent_channels,
+        num_layers=num_layers,
+        attention_head_dim=attention_head_dim,
+        num_attention_heads=num_attention_heads,
+        joint_attention_dim=width,
+        caption_projection_dim=attention_head_dim * num_attention_heads,
+        pooled_projection_dim=width,
+        pos_embed_max_size=sample_size // patch_size,
+    )
+    return text_encoder, text_encoder_2, text_encoder_3, transformer
+
+
+def assemble_stable_diffusion_3_pipeline(
+    vae, text_encoder, text_encoder_2, text_encoder_3, tokenizer, transformer, shift: float = 1.0
+):
+    """A `StableDiffusion3Pipeline` of these components, the three text encoders reading `tokenizer`, with a
+    `FlowMatchEulerDiscreteScheduler` of the given `shift` (1.0: a small image of few tokens needs no shift of the
+    schedule towards noise)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+
+    return StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=shift),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer,
+        text_encoder_3=text_encoder_3,
+        tokenizer_3=tokenizer,
+    )
