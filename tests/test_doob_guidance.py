@@ -99,12 +99,15 @@ def test_tweedie_is_exact_for_a_linear_soft_cost(make):
 
 @pytest.mark.parametrize("make", [ddpm, flow], ids=["ddpm", "flow"])
 @pytest.mark.parametrize("estimator", ["mc", "path_integral"])
-def test_rollout_estimators_match_the_exact_hard_gradient(make, estimator):
+@pytest.mark.parametrize("prior", ["std", "covariance"])
+def test_rollout_estimators_match_the_exact_hard_gradient(make, estimator, prior):
     scheduler = make()
     scheduler.set_timesteps(10)
     model = GaussianModel(scheduler)
     levels = NoiseLevels(scheduler)
-    guidance = DoobGuidance(constraint=satisfied, estimator=estimator, num_rollouts=40000, data_std=STD)
+    # the covariance path (eigenbasis sampling and whitening) with a rotated basis of the same isotropic prior
+    covariance = {"data_covariance": STD**2 * torch.eye(2)} if prior == "covariance" else {"data_std": STD}
+    guidance = DoobGuidance(constraint=satisfied, estimator=estimator, num_rollouts=40000, **covariance)
     x = torch.tensor([[0.3, -0.2], [-0.5, 0.4]])
     t = scheduler.timesteps[4]
     a, b = levels.coefficients(t, 2, "cpu")
@@ -146,8 +149,8 @@ def test_multi_step_rollouts_count_their_forwards():
     model = GaussianModel(scheduler)
     guidance = DoobGuidance(constraint=satisfied, estimator="mc", num_rollouts=4, rollout_steps=3)
     guided_sample(model, scheduler, (8, 2), 5, guidance=guidance, generator=torch.Generator().manual_seed(0))
-    # t = 999 ... 199: every step's rollouts take 2 extra forwards per rollout
-    assert guidance.num_model_evaluations == 5 * 8 + 5 * 8 * 4 * 2
+    # t = 800, 600, 400, 200: every rollout takes 2 extra forwards; at t = 0 the rollout is a single jump
+    assert guidance.num_model_evaluations == 5 * 8 + 4 * 8 * 4 * 2
     assert model.calls == guidance.num_model_evaluations
 
 
@@ -164,6 +167,8 @@ def test_bad_arguments_are_refused_by_name():
         DoobGuidance(cost=hinge, num_rollouts=0)
     with pytest.raises(TypeError, match="`constraint` must be a callable"):
         DoobGuidance(constraint=3)
+    with pytest.raises(ValueError, match="`data_covariance` must be a square"):
+        DoobGuidance(cost=hinge, data_covariance=torch.ones(3))
     with pytest.raises(TypeError, match="`scheduler` must have"):
         NoiseLevels(object())
 

@@ -168,6 +168,9 @@ class DoobGuidance:
         num_rollouts (`int`, defaults to 8), rollout_steps (`int`, defaults to 1): the lookahead's size.
         scale (`float`, defaults to 1.0): multiplies the estimated `grad log h` (1 is the h-transform).
         data_std (`float`, defaults to 1.0): the data scale of the last jump's Gaussian posterior.
+        data_covariance (`torch.Tensor` of shape `(L, L)`, *optional*): instead of `data_std`, the data covariance
+            along the sample's last axis (e.g. over a trajectory's waypoints): the last jump then samples the
+            Gaussian posterior `(C^-1 + a^2 / b^2)^-1`, whose draws are as smooth as the data.
         max_grad_norm (`float`, *optional*): clip each sample's guidance to this norm.
         jacobian (`str`, defaults to `"model"`): of `"path_integral"`, see above.
         compute_bound (`bool`, defaults to `False`), reference_rollouts (`int`, defaults to 64),
@@ -184,6 +187,7 @@ class DoobGuidance:
         rollout_steps: int = 1,
         scale: float = 1.0,
         data_std: float = 1.0,
+        data_covariance: torch.Tensor | None = None,
         max_grad_norm: float | None = None,
         jacobian: str = "model",
         compute_bound: bool = False,
@@ -221,6 +225,13 @@ class DoobGuidance:
         self.rollout_steps = rollout_steps
         self.scale = float(scale)
         self.data_std = float(data_std)
+        self._eig = None
+        if data_covariance is not None:
+            cov = torch.as_tensor(data_covariance, dtype=torch.float64)
+            if cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
+                raise ValueError(f"`data_covariance` must be a square (L, L) matrix, got shape {tuple(cov.shape)}.")
+            eigenvalues, eigenvectors = torch.linalg.eigh((cov + cov.T) / 2)
+            self._eig = (eigenvalues.clamp_min(1e-8), eigenvectors)
         self.max_grad_norm = max_grad_norm
         self.jacobian = jacobian
         self.compute_bound = compute_bound
@@ -260,6 +271,19 @@ class DoobGuidance:
     def _transition(self, x, x0_hat, a, b, a_next, b_next, noise):
         """One ancestral jump from level `(a, b)` to `(a_next, b_next)` given the prediction `x0_hat`:
         returns `(x_next, mean coefficient of x, mean coefficient of x0_hat, std)` (coefficients `(N,)`)."""
+        if bool((b_next == 0).all()) and self._eig is not None:
+            eigenvalues, eigenvectors = (v.to(x.device) for v in self._eig)
+            if x.shape[-1] != len(eigenvalues):
+                raise ValueError(
+                    f"`data_covariance` is {len(eigenvalues)}x{len(eigenvalues)} but the sample's last axis has "
+                    f"{x.shape[-1]} entries."
+                )
+            lam = eigenvalues[None]
+            std = (lam * b[:, None] ** 2 / (a[:, None] ** 2 * lam + b[:, None] ** 2)).sqrt()  # (N, L) eigen-stds
+            c_x, c_0 = torch.zeros_like(a), torch.ones_like(a)
+            u = eigenvectors.to(x.dtype)
+            scaled = (noise @ u) * std.view(std.shape[0], *([1] * (x.ndim - 2)), -1).to(x.dtype)
+            return x0_hat + scaled @ u.T, c_x, c_0, std
         if bool((b_next == 0).all()):
             s2 = self.data_std**2
             std = (s2 * b**2 / (a**2 * s2 + b**2)).sqrt()
@@ -343,7 +367,13 @@ class DoobGuidance:
             grad = _expand(a / b.clamp_min(1e-8) ** 2, sample) * diff
             return grad, used
         # path integral: likelihood-ratio gradient through the first jump's mean
-        v = (w * noise.view(shape)).sum(1) / _expand(std.view(batch, m)[:, 0].clamp_min(1e-12), sample)
+        weighted = (w * noise.view(shape)).sum(1)
+        if std.ndim == 2:  # correlated last jump: v = C^-1 (x - mean) = U diag(1 / s) z
+            u = self._eig[1].to(sample)
+            s = std.view(batch, m, -1)[:, 0].to(sample).view(batch, *([1] * (sample.ndim - 2)), -1)
+            v = ((weighted @ u) / s.clamp_min(1e-12)) @ u.T
+        else:
+            v = weighted / _expand(std.view(batch, m)[:, 0].clamp_min(1e-12), sample)
         cx, c0 = c_x.view(batch, m)[:, 0], c_0.view(batch, m)[:, 0]
         if self.jacobian == "model" and x0_graph is not None:
             x, x0 = x0_graph
