@@ -27,6 +27,12 @@ _import_structure = {
     ],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
     "pipelines.dirp.pipeline_dirp": ["DIRPPipeline", "DIRPPipelineOutput"],
+    "pipelines.doob_guidance.guidance": ["DoobGuidance", "guided_sample"],
+    "pipelines.doob_guidance.pipeline_doob_planner": [
+        "DoobGuidedPlannerOutput",
+        "DoobGuidedPlannerPipeline",
+        "ObstacleConstraint",
+    ],
     "pipelines.semantic_nvs.pipeline_semantic_nvs": ["SemanticNVSPipeline", "SemanticNVSPipelineOutput"],
     "schedulers.compatibility": ["compatible_schedulers"],
     "schedulers.scheduling_flow_match_sde": ["FlowMatchSDEScheduler", "FlowMatchSDESchedulerOutput"],
@@ -87,6 +93,12 @@ if TYPE_CHECKING:
     from .pipelines.divide_and_denoise.pipeline_divide_and_denoise import (
         DivideAndDenoisePipeline,
         DivideAndDenoisePipelineOutput,
+    )
+    from .pipelines.doob_guidance.guidance import DoobGuidance, guided_sample
+    from .pipelines.doob_guidance.pipeline_doob_planner import (
+        DoobGuidedPlannerOutput,
+        DoobGuidedPlannerPipeline,
+        ObstacleConstraint,
     )
     from .pipelines.lomdm.pipeline_lomdm import LoMDMPipeline
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput

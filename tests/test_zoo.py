@@ -34,6 +34,7 @@ def test_names_paths_and_errors():
         "digits-sd3",
         "lomdm-markov",
         "mosaic-t2i",
+        "navigation-planner",
         "procedural-nvs",
         "procedural-nvs-baseline",
         "procedural-semantic-encoder",
@@ -77,6 +78,7 @@ def test_cards_state_the_rebuild_command():
         ("procedural-nvs-baseline", "training/train_semantic_nvs.py"),
         ("sudoku-mdm", "training/train_masked_lm.py"),
         ("mosaic-t2i", "training/train_text_to_image.py"),
+        ("navigation-planner", "training/train_trajectory_diffusion.py"),
     ]:
         card = open(os.path.join(zoo.path(name), "README.md"), encoding="utf-8").read()
         assert card.startswith("---\n") and script in card and f"--output_dir diffusers_ext/zoo/{name}" in card
@@ -132,6 +134,11 @@ def _tiny_call(name, loaded):
         prompt = "<|bos|>" if name == "lomdm-markov" else "1"
         out = loaded(prompt=prompt, gen_length=4, num_inference_steps=4, generator=generator, output_type="seq")
         return out.sequences.float()
+    if name == "navigation-planner":
+        plans = loaded(
+            [-0.5, 0.0], [0.5, 0.0], torch.zeros(0, 3), batch_size=1, num_inference_steps=2, generator=generator
+        )
+        return plans.trajectories
     if name.startswith("procedural-nvs"):
         from diffusers_ext.data.procedural_scenes import sample_scene_batch
 

@@ -104,6 +104,12 @@ ENTRIES = {
             "StableDiffusionPipeline",
             library="diffusers",
         ),
+        ZooEntry(
+            "navigation-planner",
+            "Diffuser-style UNet1DModel DDPM over 32 2-D waypoints (Navigation2D demonstrations, float16 weights); "
+            "the test bed of Doob h-transform guidance.",
+            "DoobGuidedPlannerPipeline",
+        ),
     )
 }
 

@@ -1,0 +1,330 @@
+#!/usr/bin/env python
+"""Doob h-transform guidance against unguided, DPS cost guidance, per-step projection and rejection sampling on
+Navigation2D test maps, at the same budget of model evaluations per plan.
+
+    python benchmarks/doob_guidance.py
+
+Writes `benchmarks/results/doob_guidance.json`, `.md` and `.png`. Every method gets a budget of `--budget_factor`
+times `--num_inference_steps` model evaluations per plan (a backward pass counts like a forward); a method whose one
+plan costs less draws as many candidates as the budget pays for and keeps the first collision-free one (rejection on
+top). Every method's setting (the Doob estimator and its scale; DPS's temperature; projection's margin) is chosen
+on validation maps, then the frozen choices run on unseen test maps with `--seeds`. The judge is exact
+(segment-circle distances, goal distance, path length against grid A* with shortcutting).
+"""
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+METHODS = ("unguided", "rejection", "dps", "projection", "doob")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pretrained_model_name_or_path", default=None, help="Planner folder (default: the zoo's).")
+    parser.add_argument("--num_validation_maps", type=int, default=12, help="Maps the settings are chosen on.")
+    parser.add_argument("--num_test_maps", type=int, default=32, help="Unseen test maps.")
+    parser.add_argument("--num_obstacles", type=int, default=3, help="Discs per map (across the straight line).")
+    parser.add_argument("--samples_per_map", type=int, default=8, help="Plans per map and seed.")
+    parser.add_argument("--num_inference_steps", type=int, default=20, help="DDPM steps of every sampler.")
+    parser.add_argument("--budget_factor", type=float, default=2.0, help="Budget per plan, in units of steps.")
+    parser.add_argument("--num_rollouts", type=int, default=16, help="Doob MC / path-integral rollouts.")
+    parser.add_argument("--reference_rollouts", type=int, default=128, help="Rollouts of the bound's reference.")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Sampling seeds of the test split.")
+    parser.add_argument("--output_dir", default=RESULTS, help="Where doob_guidance.json/.md/.png go.")
+    args = parser.parse_args(argv)
+    if len(args.seeds) < 3:
+        parser.error(f"--seeds needs >= 3 seeds (the protocol), got {args.seeds}.")
+    return args
+
+
+def maps(count: int, seed: int, num_obstacles: int) -> list[dict]:
+    from diffusers_ext.data import navigation2d as nav
+
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        start, goal, obstacles = nav.make_test_map(generator, num_obstacles)
+        out.append(
+            {
+                "start": start,
+                "goal": goal,
+                "obstacles": obstacles,
+                "shortest": nav.shortest_path_length(start, goal, obstacles),
+            }
+        )
+    return out
+
+
+def grids(args, data_std: float) -> dict:
+    """Each method's validation grid (a list of settings dicts)."""
+    doob = [
+        {"estimator": estimator, "scale": scale, "temperature": 0.05}
+        for estimator in ("mc", "path_integral")
+        for scale in (1.0, 2.0, 4.0)
+    ] + [{"estimator": "tweedie", "scale": 1.0, "temperature": t} for t in (0.02, 0.1)]
+    return {
+        "unguided": [{}],
+        "rejection": [{}],
+        "dps": [{"temperature": t} for t in (0.01, 0.03, 0.1, 0.3)],
+        "projection": [{"margin": m} for m in (0.0, 0.03, 0.08)],
+        "doob": [{**d, "data_std": data_std} for d in doob],
+    }
+
+
+def run_method(pipe, args, method: str, setting: dict, world: dict, seed: int, compute_bound: bool = False) -> dict:
+    """One map, one seed: `samples_per_map` plans of `method` at the budget; the judge's verdicts."""
+    from diffusers_ext import DoobGuidance
+    from diffusers_ext.data import navigation2d as nav
+    from diffusers_ext.evaluation.doob_guidance import judge, plan_with_budget, projection_guidance
+    from diffusers_ext.pipelines.doob_guidance.guidance import guided_sample
+
+    n, steps = args.samples_per_map, args.num_inference_steps
+    budget = args.budget_factor * steps
+    constraint = pipe.constraint(world["obstacles"], margin=0.02)
+    start, goal = world["start"].expand(n, 2), world["goal"].expand(n, 2)
+    record = {"bound": None, "kl": None}
+    guidance = None
+    if method == "dps":
+        guidance = DoobGuidance(cost=constraint.cost, temperature=setting["temperature"], estimator="tweedie")
+    elif method == "doob":
+        guidance = DoobGuidance(
+            constraint=constraint.satisfied,
+            cost=constraint.cost,
+            temperature=setting["temperature"],
+            estimator=setting["estimator"],
+            num_rollouts=args.num_rollouts,
+            rollout_steps=1,
+            scale=setting["scale"],
+            data_std=setting["data_std"],
+            jacobian="identity",
+            compute_bound=compute_bound,
+            reference_rollouts=args.reference_rollouts,
+        )
+    cost = {"unguided": steps, "rejection": steps, "projection": steps, "dps": 2 * steps}.get(method)
+    if method == "doob":
+        cost = steps * (2 if setting["estimator"] == "tweedie" else 1)
+    generator = torch.Generator().manual_seed(1000 * seed + 17)
+    first = {}
+
+    def plan_once(i):
+        if method == "projection":
+            model_fn = projection_guidance(pipe, world["obstacles"], setting["margin"])
+            x = guided_sample(
+                model_fn,
+                pipe.scheduler,
+                (n, 2, pipe.unet.config.sample_size),
+                steps,
+                conditioning=pipe.endpoint_conditioning(start, goal),
+                generator=generator,
+            )
+            return x.transpose(1, 2)
+        out = pipe(start, goal, world["obstacles"], n, steps, guidance=guidance, generator=generator)
+        if i == 0 and guidance is not None:
+            first["bound"], first["kl"] = out.satisfaction_lower_bound, out.kl_estimate
+            first["evaluations"] = out.num_model_evaluations
+        return out.trajectories
+
+    def satisfied(plans):
+        return ~nav.collides(plans, world["obstacles"])
+
+    if method == "unguided":
+        plans, _, outputs = plan_with_budget(plan_once, budget, budget, satisfied)  # one candidate
+    else:
+        plans, _, outputs = plan_with_budget(plan_once, cost, budget, satisfied)
+    verdict = judge(plans, world["goal"], world["obstacles"], world["shortest"])
+    single = judge(outputs[0], world["goal"], world["obstacles"], world["shortest"])
+    record.update(first)
+    record.update(
+        {
+            "satisfied": verdict["satisfied"],
+            "length_ratio": verdict["length_ratio"],
+            "jerk": verdict["jerk"],
+            "single_candidate_satisfied": single["satisfied"],
+            "candidates_drawn": len(outputs),
+            "cost_per_candidate": cost,
+        }
+    )
+    return record
+
+
+def rate(records, key="satisfied") -> float:
+    values = [v for r in records for v in r[key]]
+    return sum(values) / len(values)
+
+
+def summarise(args, results) -> dict:
+    from diffusers_ext.evaluation.protocol import binomial_standard_error, mean_spread, target
+
+    test = results["test"]
+    methods = {}
+    for method in METHODS:
+        per_seed = [rate(test[method][str(s)]) for s in args.seeds]
+        records = [r for s in args.seeds for r in test[method][str(s)]]
+        count = sum(len(r["satisfied"]) for r in records)
+        overall = rate(records)
+        ratios = [x for r in records for x, ok in zip(r["length_ratio"], r["satisfied"]) if ok]
+        methods[method] = {
+            "satisfaction": overall,
+            "standard_error": binomial_standard_error(overall, count),
+            "per_seed": mean_spread(per_seed),
+            "single_candidate_satisfaction": rate(records, "single_candidate_satisfied"),
+            "length_ratio_of_satisfied": sum(ratios) / len(ratios) if ratios else float("nan"),
+            "plans": count,
+        }
+    doob = methods["doob"]
+    targets = []
+    for method in ("unguided", "dps", "projection", "rejection"):
+        other = methods[method]
+        se = math.sqrt(doob["standard_error"] ** 2 + other["standard_error"] ** 2)
+        z = (
+            (doob["satisfaction"] - other["satisfaction"]) / se
+            if se > 0
+            else (math.inf if doob["satisfaction"] > other["satisfaction"] else -math.inf)
+        )
+        targets.append(target(f"doob satisfaction above {method} (difference / SE)", z, 2.0))
+    targets.append(
+        target("doob path length / shortest feasible (satisfied plans)", doob["length_ratio_of_satisfied"], 1.15, "<=")
+    )
+    settings = [r for s in args.seeds for r in test["doob_bound"][str(s)]]
+    valid = [rate([r], "single_candidate_satisfied") >= r["bound"] for r in settings]
+    targets.append(target("bound valid: share of test settings with rate >= bound", sum(valid) / len(valid), 0.95))
+    bounds = [r["bound"] for r in settings]
+    sanity = {
+        "unguided_single_satisfaction_below_1": methods["unguided"]["single_candidate_satisfaction"] < 1.0,
+        "every_test_map_has_a_feasible_path": all(math.isfinite(m) for m in results["test_shortest"]),
+    }
+    return {
+        "methods": methods,
+        "choices": {m: results["validation"][m]["chosen"] for m in METHODS},
+        "bound": {
+            "mean_bound": sum(bounds) / len(bounds),
+            "mean_observed_rate": sum(rate([r], "single_candidate_satisfied") for r in settings) / len(settings),
+            "settings": len(settings),
+            "valid_settings": sum(valid),
+        },
+        "targets": targets,
+        "sanity": sanity,
+    }
+
+
+def report_sections(results) -> list[str]:
+    s = results["summary"]
+    lines = [
+        "## Test maps",
+        "",
+        "| method | setting (validation) | satisfied | SE | single candidate | length ratio |",
+    ]
+    lines.append("| --- | --- | --- | --- | --- | --- |")
+    for m in METHODS:
+        row = s["methods"][m]
+        lines.append(
+            f"| {m} | {json.dumps(s['choices'][m]['candidate'])} | {row['satisfaction']:.3f} | "
+            f"{row['standard_error']:.3f} | {row['single_candidate_satisfaction']:.3f} | "
+            f"{row['length_ratio_of_satisfied']:.3f} |"
+        )
+    b = s["bound"]
+    lines += [
+        "",
+        "## The bound",
+        "",
+        f"Mean Pinsker lower bound {b['mean_bound']:.3f} against a mean observed single-candidate satisfaction "
+        f"{b['mean_observed_rate']:.3f}; valid on {b['valid_settings']} of {b['settings']} test settings (map x seed).",
+        "",
+        "## Sanity",
+        "",
+        *[f"- {k}: {v}" for k, v in s["sanity"].items()],
+    ]
+    return lines
+
+
+def write_plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = results["summary"]["methods"]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.bar(METHODS, [s[m]["satisfaction"] for m in METHODS], yerr=[2 * s[m]["standard_error"] for m in METHODS])
+    ax.set_ylabel("collision-free plans (test, ±2 SE)")
+    ax.set_ylim(0, 1.05)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    from diffusers_ext import DoobGuidedPlannerPipeline, zoo
+    from diffusers_ext.data import navigation2d as nav
+    from diffusers_ext.evaluation.reporting import choose_on_validation, command, write_results
+
+    if args.pretrained_model_name_or_path is None:
+        pipe = zoo.load("navigation-planner")
+    else:
+        pipe = DoobGuidedPlannerPipeline.from_pretrained(args.pretrained_model_name_or_path, torch_dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    started = time.perf_counter()
+    data_std = float(nav.make_demonstrations(2000, seed=12345).std())
+    validation_maps = maps(args.num_validation_maps, 10_000, args.num_obstacles)
+    test_maps = maps(args.num_test_maps, 20_000, args.num_obstacles)
+    grid = grids(args, data_std)
+
+    def measure(method):
+        def inner(setting, split):
+            records = [run_method(pipe, args, method, setting, w, seed=99) for w in validation_maps]
+            return {"satisfaction": rate(records), "single": rate(records, "single_candidate_satisfied")}
+
+        return inner
+
+    validation = {}
+    for method in METHODS:
+        validation[method] = choose_on_validation(
+            grid[method], measure(method), score=lambda m: m["satisfaction"], names=json.dumps, test=False
+        )
+        print(f"{method}: chose {validation[method]['chosen']} ({time.perf_counter() - started:.0f} s)", flush=True)
+    test = {m: {} for m in [*METHODS, "doob_bound"]}
+    for seed in args.seeds:
+        for method in METHODS:
+            setting = validation[method]["chosen"]["candidate"]
+            test[method][str(seed)] = [
+                run_method(pipe, args, method, setting, w, seed, compute_bound=(method == "doob")) for w in test_maps
+            ]
+        test["doob_bound"][str(seed)] = test["doob"][str(seed)]
+        print(f"seed {seed} done ({time.perf_counter() - started:.0f} s)", flush=True)
+    results = {
+        "command": command(__file__, argv, omit=("--output_dir",)),
+        "settings": {k: v for k, v in vars(args).items() if k != "output_dir"},
+        "data_std": data_std,
+        "validation": validation,
+        "test": {k: v for k, v in test.items() if k != "doob_bound"},
+        "test_shortest": [w["shortest"] for w in test_maps],
+    }
+    results["test"]["doob_bound"] = test["doob"]
+    results["summary"] = summarise(args, results)
+    results["seconds"] = time.perf_counter() - started
+    write_results(
+        os.path.join(args.output_dir, "doob_guidance"),
+        results,
+        "Doob h-transform guidance on Navigation2D (reconstructed), each method tuned on validation maps",
+        report_sections(results),
+        settings_line=(
+            f"{args.num_test_maps} test maps x {args.samples_per_map} plans x seeds {args.seeds}; "
+            f"{args.num_validation_maps} validation maps; {args.num_inference_steps} DDPM steps; budget "
+            f"{args.budget_factor:g} x steps model evaluations per plan; {args.num_rollouts} rollouts; one CPU thread."
+        ),
+        figures={".png": lambda path: write_plot(results, path)},
+    )
+    print(json.dumps(results["summary"]["targets"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
