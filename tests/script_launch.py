@@ -33,6 +33,46 @@ def assert_world_size(log: str, checkpoint: str | os.PathLike, num_processes: in
     assert states == [f"random_states_{rank}.pkl" for rank in range(num_processes)], states
 
 
+# Runs a script as `__main__` once per argument list, in one interpreter, and prints `[exit code, stderr]` per run.
+_AS_MAIN_DRIVER = r"""
+import contextlib, io, json, runpy, sys, traceback
+script, runs = sys.argv[1], json.loads(sys.stdin.read())
+for argv in runs:
+    err, code = io.StringIO(), 0
+    sys.argv = [script, *argv]
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    print(json.dumps([code, err.getvalue()]), flush=True)
+"""
+
+
+def run_as_main(script: str, runs: list[list[str]], env: dict | None = None, timeout: int = 300):
+    """`[(exit code, stderr)]`: `script` run as `python SCRIPT *argv` for each `argv` of `runs`, all in ONE fresh
+    interpreter (`runpy`, as `__main__`), so that a list of argument-error checks pays for one import of torch and
+    diffusers instead of one each. An uncaught exception is exit code 1 with its traceback in stderr, as it would be
+    from the command line."""
+    import json
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-c", _AS_MAIN_DRIVER, script],
+        input=json.dumps(runs),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert result.returncode == 0 and len(lines) == len(runs), result.stderr[-3000:]
+    return [tuple(json.loads(line)) for line in lines]
+
+
 if __name__ == "__main__":
     from torch.distributed.run import main
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch, assert_world_size
+from script_launch import accelerate_cpu_launch, assert_world_size, run_as_main
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,32 +90,32 @@ def test_two_process_resume_equals_uninterrupted_run(tmp_path):
     assert "ACCELERATE_USE_CPU=true torchrun --standalone --nproc_per_node 2 " in card and "train_ddpm.py" in card
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--train_data_dir", "/nonexistent/folder"], "--train_data_dir"),
-        (["--resolution", "7"], "--resolution 7"),
-        (["--block_types", "plain"], "--block_types"),
-        (["--resume_from_checkpoint", "checkpoint-999"], "--resume_from_checkpoint"),
-    ],
-)
-def test_bad_arguments_fail_with_one_line_error(tmp_path, args, message):
-    cmd = [
-        sys.executable,
-        SCRIPT,
-        "--output_dir",
-        str(tmp_path),
-        "--report_to",
-        "none",
-        "--max_train_steps",
-        "1",
-        *args,
+BAD_ARGUMENTS = [
+    (["--train_data_dir", "/nonexistent/folder"], "--train_data_dir"),
+    (["--resolution", "7"], "--resolution 7"),
+    (["--block_types", "plain"], "--block_types"),
+    (["--resume_from_checkpoint", "checkpoint-999"], "--resume_from_checkpoint"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_argument_runs(tmp_path_factory):
+    """Every `BAD_ARGUMENTS` case run as the command line would, all in one interpreter."""
+    root = tmp_path_factory.mktemp("bad_arguments")
+    runs = [
+        ["--output_dir", str(root / f"case{i}"), "--report_to", "none", "--max_train_steps", "1", *args]
+        for i, (args, _) in enumerate(BAD_ARGUMENTS)
     ]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
-    assert result.returncode == 2
-    last = result.stderr.strip().splitlines()[-1]
-    assert message in last and "error" in last
-    assert "Traceback" not in result.stderr
+    return run_as_main(SCRIPT, runs, env=_env(), timeout=300)
+
+
+@pytest.mark.parametrize("case", range(len(BAD_ARGUMENTS)), ids=[m for _, m in BAD_ARGUMENTS])
+def test_bad_arguments_fail_with_one_line_error(bad_argument_runs, case):
+    code, stderr = bad_argument_runs[case]
+    assert code == 2, stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    assert BAD_ARGUMENTS[case][1] in last and "error" in last
+    assert "Traceback" not in stderr
 
 
 def _image_folder(root, size):

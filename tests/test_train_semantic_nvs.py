@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from script_launch import run_as_main
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,22 +110,30 @@ def test_encoder_then_nvs_training_give_a_working_pipeline(tmp_path):
     assert out.images.shape == (1, 1, 8, 8, 3)
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--no_semantics", "--semantic_encoder", "x"], "exactly one"),
-        (["--semantic_encoder", "/nonexistent/encoder"], "--semantic_encoder"),
-        (["--no_semantics", "--num_views", "1"], "--num_views"),
-        (["--no_semantics", "--resolution", "9"], "--resolution 9"),
-        (["--no_semantics", "--self_cond_prob", "1.5"], "--self_cond_prob must be in [0, 1], got 1.5"),
-        (["--no_semantics", "--iterative_surrogate", "noise"], "--iterative_surrogate"),
-        (["--no_semantics", "--train_data_dir", "a", "--dataset_name", "b"], "at most one of --train_data_dir"),
-        (["--no_semantics", "--train_data_dir", "/nonexistent/captures"], "--train_data_dir"),
-    ],
-)
-def test_bad_arguments(tmp_path, args, message):
-    result = _run(NVS, "--output_dir", str(tmp_path), *args)
-    assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1]
+BAD_ARGUMENTS = [
+    (["--no_semantics", "--semantic_encoder", "x"], "exactly one"),
+    (["--semantic_encoder", "/nonexistent/encoder"], "--semantic_encoder"),
+    (["--no_semantics", "--num_views", "1"], "--num_views"),
+    (["--no_semantics", "--resolution", "9"], "--resolution 9"),
+    (["--no_semantics", "--self_cond_prob", "1.5"], "--self_cond_prob must be in [0, 1], got 1.5"),
+    (["--no_semantics", "--iterative_surrogate", "noise"], "--iterative_surrogate"),
+    (["--no_semantics", "--train_data_dir", "a", "--dataset_name", "b"], "at most one of --train_data_dir"),
+    (["--no_semantics", "--train_data_dir", "/nonexistent/captures"], "--train_data_dir"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_argument_runs(tmp_path_factory):
+    """Every `BAD_ARGUMENTS` case run as the command line would, all in one interpreter."""
+    root = tmp_path_factory.mktemp("bad_arguments")
+    runs = [["--output_dir", str(root / f"case{i}"), *args] for i, (args, _) in enumerate(BAD_ARGUMENTS)]
+    return run_as_main(NVS, runs, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+
+
+@pytest.mark.parametrize("case", range(len(BAD_ARGUMENTS)), ids=[m for _, m in BAD_ARGUMENTS])
+def test_bad_arguments(bad_argument_runs, case):
+    code, stderr = bad_argument_runs[case]
+    assert code == 2 and BAD_ARGUMENTS[case][1] in stderr.strip().splitlines()[-1], stderr[-2000:]
 
 
 def _write_captures(root, with_depth):
