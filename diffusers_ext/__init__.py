@@ -64,6 +64,9 @@ _import_structure = {
     "models.lomdm_schedule_network": ["LoMDMScheduleNetwork", "LoMDMScheduleOutput"],
     "pipelines.lomdm.pipeline_lomdm": ["LoMDMPipeline"],
     "schedulers.scheduling_oemdm": ["OeMDMScheduler", "OeMDMSchedulerOutput"],
+    "models.connectivity_flow": ["ConnectivityFlowModel", "ConnectivityFlowModelOutput"],
+    "pipelines.connectivity.pipeline_connectivity": ["ConnectivityPipeline", "ConnectivityPipelineOutput"],
+    "pipelines.connectivity.ridge": ["RidgeReadout", "ridge_readout", "ridge_readout_targets"],
 }
 
 if TYPE_CHECKING:
@@ -71,11 +74,14 @@ if TYPE_CHECKING:
     from .loading import load_pipeline
     from .losses.manifold_feature_distance import ManifoldFeatureDistance
     from .models.augmentation_regressor import AugmentationRegressor, AugmentationRegressorOutput
+    from .models.connectivity_flow import ConnectivityFlowModel, ConnectivityFlowModelOutput
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+    from .pipelines.connectivity.pipeline_connectivity import ConnectivityPipeline, ConnectivityPipelineOutput
+    from .pipelines.connectivity.ridge import RidgeReadout, ridge_readout, ridge_readout_targets
     from .pipelines.diffusion_lm.adapters import (
         DiffusionLMAdapter,
         DreamAdapter,

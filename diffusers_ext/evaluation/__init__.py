@@ -9,6 +9,15 @@ from typing import TYPE_CHECKING
 
 
 _import_structure = {
+    "connectivity": [
+        "TOLERANCES",
+        "attractor_summary",
+        "limit_cycle_summary",
+        "loading_distances",
+        "reproduces_attractor",
+        "ring_summary",
+        "stable_fixed_points",
+    ],
     "consistency": ["ClassifierFeatureDistance", "sample_consistency_model", "train_judge_classifier"],
     "digits": ["DigitsGeneratorReport", "evaluate_digits_generator", "sample_digits"],
     "dirp.latent_mimicry": ["mimic_frechet", "sample_mimic"],
@@ -95,6 +104,15 @@ _import_structure = {
 }
 
 if TYPE_CHECKING:
+    from .connectivity import (
+        TOLERANCES,
+        attractor_summary,
+        limit_cycle_summary,
+        loading_distances,
+        reproduces_attractor,
+        ring_summary,
+        stable_fixed_points,
+    )
     from .consistency import ClassifierFeatureDistance, sample_consistency_model, train_judge_classifier
     from .digits import DigitsGeneratorReport, evaluate_digits_generator, sample_digits
     from .dirp.latent_mimicry import mimic_frechet, sample_mimic

@@ -1,4 +1,5 @@
-"""Evaluation metrics shared by benchmarks and tests: PSNR, SSIM, Fréchet distance, classification accuracy and peak memory.
+"""Evaluation metrics shared by benchmarks and tests: PSNR, SSIM, Fréchet distance, classification accuracy, peak memory
+and sample distances (MMD, sliced Wasserstein).
 
 All accept torch tensors (numpy arrays too), work on any device and compute in float64 where precision matters.
 """
@@ -7,6 +8,7 @@ from .classification import accuracy, classifier_accuracy, classifier_prediction
 from .frechet import feature_statistics, frechet_distance, frechet_distance_from_statistics
 from .memory import peak_memory_bytes
 from .psnr import peak_signal_noise_ratio
+from .sample_distances import median_bandwidth, mmd_squared, sliced_wasserstein
 from .ssim import gaussian_window_1d, structural_similarity
 
 
@@ -18,8 +20,11 @@ __all__ = [
     "frechet_distance",
     "frechet_distance_from_statistics",
     "gaussian_window_1d",
+    "median_bandwidth",
+    "mmd_squared",
     "peak_memory_bytes",
     "peak_signal_noise_ratio",
     "per_class_accuracy",
+    "sliced_wasserstein",
     "structural_similarity",
 ]
