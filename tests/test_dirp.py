@@ -155,7 +155,8 @@ def test_checkpointing_covers_the_vae_where_it_dominates_memory():
 def test_an_iteration_peaks_below_three_plain_round_trips_where_the_vae_dominates():
     """Each VAE residual block is checkpointed on its own (diffusers' VAE checkpointing recomputes a whole up block,
     two residual blocks at the full resolution, at once): one iteration at 128 px peaks at most 3x a plain round
-    trip without gradients (issue 28's bound; {BEFORE} before), with the same gradient."""
+    trip without gradients (issue 28's bound; 2.87x measured, 3.44x with the block-level checkpointing), with the same
+    gradient."""
     from diffusers import AutoencoderKL
 
     components = get_components(0)

@@ -472,7 +472,7 @@ class DIRPPipeline(DiffusionPipeline):
             perceptual_weight (`float`, defaults to 1.0): weight of the hinge `max(d - budget, 0)`.
             init_noise_std (`float`, defaults to 0.0): standard deviation of Gaussian noise added to the input
                 before optimising (IMPRESS uses 0.1 against PhotoGuard); drawn from `generator`.
-            gradient_checkpointing (`bool`, defaults to True): recompute each denoiser call and each VAE block in
+            gradient_checkpointing (`bool`, defaults to True): recompute each denoiser call and each VAE layer in
                 the backward pass, so memory holds one of them at a time instead of `2K` calls and the whole VAE
                 (which dominates at Stable Diffusion resolutions).
             num_images_per_prompt (`int`, defaults to 1): purified versions of each input image, from different
