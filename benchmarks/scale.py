@@ -116,28 +116,38 @@ def parse_args(argv=None):
 
 
 class ForwardTimer:
-    """Wall-clock seconds spent inside `module.forward` (forward pre/post hooks), and the number of calls."""
+    """Wall-clock seconds spent inside `module.forward`, and the number of calls.
+
+    The forward is wrapped on the instance rather than hooked: a forward hook on a diffusion LM makes the pipeline
+    give it full logits (a hook may read them by position), which would time a different forward than users run."""
 
     def __init__(self, module):
-        self.seconds, self.calls, self._start = 0.0, 0, None
-        self._handles = [
-            module.register_forward_pre_hook(self._pre),
-            module.register_forward_hook(self._post),
-        ]
+        import functools
 
-    def _pre(self, module, args):
-        self._start = time.perf_counter()
+        self.seconds, self.calls = 0.0, 0
+        self._module = module
+        self._saved = module.__dict__.get("forward")
+        forward = module.forward
 
-    def _post(self, module, args, output):
-        self.seconds += time.perf_counter() - self._start
-        self.calls += 1
+        @functools.wraps(forward)
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+
+        module.forward = timed
 
     def reset(self):
         self.seconds, self.calls = 0.0, 0
 
     def remove(self):
-        for handle in self._handles:
-            handle.remove()
+        if self._saved is None:
+            del self._module.forward
+        else:
+            self._module.forward = self._saved
 
 
 def _timed(fn):

@@ -104,3 +104,20 @@ def exact_dtype(device) -> "torch.dtype":
     import torch  # here, so that importing the package's small helpers stays free of torch
 
     return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
+def synchronized_perf_counter(device) -> float:
+    """`time.perf_counter()` once the work queued on `device` has finished: CUDA, MPS and XPU run kernels
+    asynchronously, so a reading without a synchronise times the launches, not the work. On the CPU, a plain reading."""
+    import time
+
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
+    return time.perf_counter()

@@ -152,6 +152,47 @@ def test_checkpointing_covers_the_vae_where_it_dominates_memory():
     assert not pipe.vae.is_gradient_checkpointing  # the VAE's own setting is restored
 
 
+def test_an_iteration_peaks_below_three_plain_round_trips_where_the_vae_dominates():
+    """Each VAE residual block is checkpointed on its own (diffusers' VAE checkpointing recomputes a whole up block,
+    two residual blocks at the full resolution, at once): one iteration at 128 px peaks at most 3x a plain round
+    trip without gradients (issue 28's bound; 2.87x measured, 3.44x with the block-level checkpointing), with the same
+    gradient."""
+    from diffusers import AutoencoderKL
+
+    components = get_components(0)
+    torch.manual_seed(0)
+    components["vae"] = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(32, 32, 32),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=32,
+    ).eval()
+    pipe = DIRPPipeline(**components)
+    for module in (pipe.unet, pipe.vae, pipe.text_encoder):
+        module.requires_grad_(False)
+    images = torch.rand((1, 3, 128, 128), generator=seeded(0)) * 2 - 1
+    noise_fn = pipe.noise_function(1, "cpu", "")
+
+    def iteration(checkpointing: bool = True):
+        x = images.clone().requires_grad_(True)
+        recon = pipe.reconstruct(x, 2, 0.5, gradient_checkpointing=checkpointing, noise_fn=noise_fn)
+        (recon - x).pow(2).mean().backward()
+        return x.grad
+
+    @torch.no_grad()
+    def plain():
+        return pipe.reconstruct(images, 2, 0.5, noise_fn=noise_fn)
+
+    torch.testing.assert_close(iteration(), iteration(False), rtol=0, atol=0)
+    ratio = peak_memory_bytes(iteration) / peak_memory_bytes(plain)
+    assert ratio <= 3.0, ratio
+    assert all("forward" not in vars(m) for m in pipe.vae.modules())  # the layers' own forwards are restored
+
+
 def test_bf16_models_keep_the_ddim_arithmetic_in_float32(sd_pipe):
     """With bf16 models the latents between denoiser calls stay float32 (bf16 rounding would add to the error)."""
     import copy

@@ -238,6 +238,33 @@ def test_timings_are_in_the_output():
     assert not hasattr(pipe, "last_call_timings")  # a call leaves nothing on the pipeline object
 
 
+def test_timings_are_read_after_a_device_synchronise(monkeypatch):
+    import diffusers_ext.pipelines.divide_and_denoise.pipeline_divide_and_denoise as module
+    from diffusers_ext.utils import synchronized_perf_counter
+
+    synchronised = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synchronised.append(device))
+    synchronized_perf_counter("cpu")
+    assert synchronised == []
+    synchronized_perf_counter("cuda:0")
+    assert synchronised == [torch.device("cuda:0")]
+
+    readings = []
+
+    def clock(device):
+        readings.append(torch.device(device))
+        return synchronized_perf_counter(device)
+
+    monkeypatch.setattr(module, "synchronized_perf_counter", clock)
+    pipe = _pixel_pipeline()
+    inputs = get_dummy_inputs(DivideAndDenoisePipeline, seed=0)
+    out = pipe(**inputs)
+    # a start and an end reading around the forwards, the utility and the allocation of every step, on the
+    # pipeline's device
+    assert len(readings) >= 6 * inputs["num_inference_steps"] and set(readings) == {pipe._execution_device}
+    assert all(seconds >= 0 for seconds in out.timings.values()) and out.timings["model_forwards"] > 0
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # construction and errors
 # ---------------------------------------------------------------------------------------------------------------------

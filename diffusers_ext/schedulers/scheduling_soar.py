@@ -260,6 +260,7 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
         "num_transfer_tokens",
         "sample_offset",
         "proposal_positions",
+        "logits_positions",
     )
     set_timesteps_options = ("block_length",)
 
@@ -449,13 +450,15 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
         num_transfer_tokens: int | torch.LongTensor | None = None,
         sample_offset: int = 0,
         proposal_positions: str | None = None,
+        logits_positions: torch.LongTensor | None = None,
         return_dict: bool = True,
     ) -> SOARSchedulerOutput | tuple:
         """Commit tokens in every row and select the beams to keep.
 
         Args:
             model_output (`torch.Tensor` of shape `(N, L, V)`): logits aligned with `sample` (`model_output[:, i]`
-                predicts `sample[:, i]`; shift-by-one models are realigned by the pipeline's adapter).
+                predicts `sample[:, i]`; shift-by-one models are realigned by the pipeline's adapter); `(N, K, V)`
+                with `logits_positions`.
             timestep (`float` or `torch.Tensor`): an element of `timesteps`, or one per row (shape `(N,)`; rows of
                 a batch can be at different steps of their blocks).
             sample (`torch.LongTensor` of shape `(N, L)`): current sequences, with `mask_token_id` where undecided.
@@ -487,14 +490,34 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
                 can commit (the full-vocabulary softmax, filtering and sampling run on those alone); `"all"`, every
                 position (for callers that read `sampled_tokens` / `confidence` elsewhere; the commits are the
                 same either way, and so are the random draws).
+            logits_positions (`torch.LongTensor` of shape `(K,)`, *optional*): the increasing sequence positions
+                `model_output` holds (`model_output[:, j]` predicts `sample[:, logits_positions[j]]`), when the
+                model ran its output head only there; they must include every position the step can commit
+                (`proposal_positions="eligible"`). The result is the same as with the full logits.
             return_dict (`bool`, defaults to `True`): return a [`SOARSchedulerOutput`] or a plain tuple.
         """
         if mask_token_id is None:
             raise ValueError("`mask_token_id` must be given to `SOARScheduler.step`.")
-        if model_output.ndim != 3 or sample.ndim != 2 or model_output.shape[:2] != sample.shape:
+        if logits_positions is not None:
+            if proposal_positions == "all":
+                raise ValueError(
+                    "`logits_positions` (logits at some positions only) cannot serve `proposal_positions='all'`."
+                )
+            if (
+                not isinstance(logits_positions, torch.Tensor)
+                or logits_positions.ndim != 1
+                or logits_positions.dtype != torch.long
+            ):
+                raise ValueError(
+                    f"`logits_positions` must be a 1-D torch.long tensor of positions, got "
+                    f"{getattr(logits_positions, 'dtype', type(logits_positions).__name__)} "
+                    f"{tuple(getattr(logits_positions, 'shape', ()))}."
+                )
+        expected = tuple(sample.shape) if logits_positions is None else (sample.shape[0], logits_positions.numel())
+        if model_output.ndim != 3 or sample.ndim != 2 or tuple(model_output.shape[:2]) != expected:
             raise ValueError(
-                f"`model_output` must have shape (N, L, V) and `sample` (N, L); got {tuple(model_output.shape)} and "
-                f"{tuple(sample.shape)}."
+                f"`model_output` must have shape (N, {'L' if logits_positions is None else 'K'}, V) = "
+                f"{expected} + (V,) for `sample` (N, L); got {tuple(model_output.shape)} and {tuple(sample.shape)}."
             )
         if temperature < 0:
             raise ValueError(f"`temperature` must be >= 0, got {temperature!r}.")
@@ -531,6 +554,19 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
                     f"{tuple(transfer_mask.shape)}."
                 )
             eligible = eligible & transfer_mask
+        if logits_positions is not None:
+            covered = torch.zeros(length, dtype=torch.bool, device=device)
+            inside = (logits_positions >= 0) & (logits_positions < length)
+            if not bool(inside.all()) or bool((logits_positions[1:] <= logits_positions[:-1]).any()):
+                raise ValueError(
+                    f"`logits_positions` must be increasing positions in [0, {length}), got {logits_positions.tolist()}."
+                )
+            covered[logits_positions] = True
+            if bool((eligible & ~covered).any()):
+                raise ValueError(
+                    "`logits_positions` must include every position the step can commit (the masked positions of "
+                    "`transfer_mask`)."
+                )
 
         tokens, token_probs, confidence = propose_tokens(
             self.config.confidence_measure,
@@ -547,6 +583,7 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
             offset=sample_offset,
             positions=eligible if proposal_positions == "eligible" else None,
             temper_logits=config.temper_logits,
+            logits_positions=logits_positions,
         )
         num_masked = eligible.sum(-1)
         if config.transfer_schedule == "origin":

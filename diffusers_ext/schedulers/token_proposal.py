@@ -11,16 +11,28 @@ from .scheduling_utils import draw_uniform, draw_uniform_at
 _ENTROPY_EPS = 1e-10
 
 
-def gather_positions(logits: torch.Tensor, positions: torch.BoolTensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_positions(
+    logits: torch.Tensor, positions: torch.BoolTensor, logits_positions: torch.LongTensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The logits `(P, V)` at `positions` `(N, L)` (a copy of those positions only) and their flat indices `(P,)`
-    into `N * L`, in the row-major order of `positions.nonzero()`."""
-    num_rows, length = logits.shape[:2]
-    if tuple(positions.shape) != (num_rows, length):
+    into `N * L`, in the row-major order of `positions.nonzero()`.
+
+    With `logits_positions` `(K,)` (increasing sequence positions), `logits` `(N, K, V)` hold only those positions
+    (`logits[:, j]` is position `logits_positions[j]`), which must include every selected one."""
+    if logits_positions is None:
+        if tuple(positions.shape) != tuple(logits.shape[:2]):
+            raise ValueError(
+                f"`positions` must have shape {tuple(logits.shape[:2])} (the logits' rows and positions), got "
+                f"{tuple(positions.shape)}."
+            )
+        return logits[positions], positions.reshape(-1).nonzero(as_tuple=True)[0]
+    expected = (positions.shape[0], logits_positions.numel())
+    if positions.ndim != 2 or tuple(logits.shape[:2]) != expected:
         raise ValueError(
-            f"`positions` must have shape {(num_rows, length)} (the logits' rows and positions), got "
-            f"{tuple(positions.shape)}."
+            f"`logits` must have shape {expected} (rows x `logits_positions`), got {tuple(logits.shape[:2])}."
         )
-    return logits[positions], positions.reshape(-1).nonzero(as_tuple=True)[0]
+    # increasing columns: the row-major order of the kept columns is the row-major order of the full positions
+    return logits[positions[:, logits_positions]], positions.reshape(-1).nonzero(as_tuple=True)[0]
 
 
 def scatter_positions(values: torch.Tensor, flat: torch.Tensor, shape, fill) -> torch.Tensor:
@@ -45,6 +57,7 @@ def propose_tokens(
     offset: int = 0,
     positions: torch.BoolTensor | None = None,
     temper_logits: bool = False,
+    logits_positions: torch.LongTensor | None = None,
 ):
     """Proposed tokens, their probabilities and the confidence (`confidence_measure`: `"prob"`, `"margin"`,
     `"neg_entropy"` or `"random"`), each of shape `(N, L)`, from logits `(N, L, V)`, computed at `positions`
@@ -64,11 +77,22 @@ def propose_tokens(
     temperature 1: the same law as Dream's categorical draw) and the confidences all see the tempered
     distribution. Each position is computed exactly as over the whole tensor (every operation is per
     position), so the tokens and confidences at `positions` do not depend on which other positions are selected.
+
+    With `logits_positions` `(K,)` (increasing), `logits` are `(N, K, V)`, the logits at those sequence positions
+    only (a model that ran its output head there alone); `positions` `(N, L)` is then required and must lie within
+    them. The results are the same as from the full logits.
     """
-    shape = logits.shape[:2]
-    if positions is None:
-        positions = torch.ones(shape, dtype=torch.bool, device=logits.device)
-    selected, flat = gather_positions(logits, positions)  # (P, V), a copy: the caller's logits are never written
+    if logits_positions is None:
+        shape = logits.shape[:2]
+        if positions is None:
+            positions = torch.ones(shape, dtype=torch.bool, device=logits.device)
+    else:
+        if positions is None:
+            raise ValueError("`positions` must be given with `logits_positions` (the logits cover only those).")
+        shape = positions.shape
+    selected, flat = gather_positions(
+        logits, positions, logits_positions
+    )  # (P, V), a copy: the caller's logits are never written
     if suppress_token_ids:
         selected[:, list(suppress_token_ids)] = float("-inf")
     if temper_logits and temperature > 0:

@@ -6,6 +6,8 @@ its autoregressive head (the prediction for position `i` sits at `i - 1`) and wa
 padded batches, LLaDA2 attends block-causally and runs on the window up to the current block.
 """
 
+import functools
+import inspect
 from abc import ABC, abstractmethod
 
 import torch
@@ -16,6 +18,46 @@ from ...utils import public
 LLADA_MASK_TOKEN_ID = 126336
 LLADA_EOT_TOKEN_ID = 126348
 DREAM_MASK_TOKEN_ID = 151666
+
+
+@functools.cache
+def _parameters(function) -> tuple[str, ...]:
+    try:
+        return tuple(inspect.signature(function).parameters)
+    except (TypeError, ValueError):  # not inspectable
+        return ()
+
+
+def _forward_takes_logits_to_keep(model_class: type) -> bool:
+    return "logits_to_keep" in _parameters(getattr(model_class, "forward", None))
+
+
+def can_keep_logits(model) -> bool:
+    """Whether `model` can run its output head at some positions only: its forward takes transformers'
+    `logits_to_keep` (an index tensor of positions), and no forward hook sits on it or on its output head (a hook may
+    read or edit the logits by position, so it is given the full logits). Models without it get full logits, which
+    are indexed after the forward."""
+    if not isinstance(model, torch.nn.Module) or not _forward_takes_logits_to_keep(type(model)):
+        return False
+    if torch.nn.modules.module._global_forward_hooks or model._forward_hooks:
+        return False
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return not (isinstance(head, torch.nn.Module) and head._forward_hooks)
+
+
+def model_logits(model, input_ids: torch.LongTensor, positions: torch.LongTensor | None = None, **kwargs):
+    """`model(input_ids, **kwargs).logits` `(N, L, V)`, or with `positions` `(K,)` the logits at those positions of
+    the model's output only `(N, K, V)`: computed there alone through `logits_to_keep` when the model allows it
+    ([`can_keep_logits`]), otherwise indexed from the full logits (the same values either way)."""
+    if positions is None:
+        return model(input_ids, **kwargs).logits
+    if can_keep_logits(model):
+        logits = model(input_ids, logits_to_keep=positions, **kwargs).logits
+        if logits.shape[1] == positions.numel():
+            return logits
+    else:
+        logits = model(input_ids, **kwargs).logits
+    return logits[:, positions]
 
 
 @public
@@ -54,7 +96,16 @@ class DiffusionLMAdapter(ABC):
 
     @abstractmethod
     def forward_logits(self, model, input_ids, attention_mask, block_end) -> torch.Tensor:
-        """The model's logits `(B, L, V)` aligned so that position i predicts token i; each family implements it."""
+        """The model's logits `(B, L, V)` as the model returns them (before `shift_logits` realigns them); each
+        family implements it. An implementation may take a keyword `positions` `(K,)`: the positions of the model's
+        output wanted, returning `(B, K, V)` (the built-in adapters run the output head there alone)."""
+
+    def _forward_logits_at(self, model, input_ids, attention_mask, block_end, positions) -> torch.Tensor:
+        """The model's own logits at `positions` `(K,)`, `(B, K, V)`: through `forward_logits(..., positions=)` when
+        the adapter takes it, else indexed from its full logits."""
+        if "positions" in _parameters(type(self).forward_logits):
+            return self.forward_logits(model, input_ids, attention_mask, block_end, positions=positions)
+        return self.forward_logits(model, input_ids, attention_mask, block_end)[:, positions]
 
     def _align(self, logits: torch.Tensor) -> torch.Tensor:
         if self.shift_logits:
@@ -71,8 +122,9 @@ class DiffusionLMAdapter(ABC):
         block_end: int | None = None,
         guidance_scale: float = 1.0,
         mask_token_id: int | None = None,
+        positions: torch.LongTensor | None = None,
     ) -> torch.Tensor:
-        """Logits of shape `(N, L, V)` aligned with `input_ids` `(N, L)`.
+        """Logits of shape `(N, L, V)` aligned with `input_ids` `(N, L)`, or `(N, K, V)` at `positions` only.
 
         Args:
             model: the transformers / diffusers model.
@@ -83,12 +135,25 @@ class DiffusionLMAdapter(ABC):
             guidance_scale (`float`, defaults to 1): classifier-free guidance scale, diffusers' convention: 1 (or
                 less) disables it.
             mask_token_id (`int`, *optional*): the mask token for the unconditional branch.
+            positions (`torch.LongTensor` of shape `(K,)`, *optional*): the aligned positions wanted; the logits
+                `(N, K, V)` are those of the full call at these positions (`logits[:, j]` predicts token
+                `positions[j]`), the model's output head running there alone when it allows it (with
+                `shift_logits`, at the position before each).
         """
+        if positions is None:
+            forward = self.forward_logits
+        else:
+            # aligned position i is the model's i - 1 with a shift (position 0 keeps its own, as `_align` does)
+            model_positions = (positions - 1).clamp(min=0) if self.shift_logits else positions
+
+            def forward(model, input_ids, attention_mask, block_end):
+                return self._forward_logits_at(model, input_ids, attention_mask, block_end, model_positions)
+
         if guidance_scale > 1:
             if prompt_mask is None or mask_token_id is None:
                 raise ValueError("classifier-free guidance needs `prompt_mask` and `mask_token_id`.")
             unconditional = input_ids.masked_fill(prompt_mask, mask_token_id)
-            both = self.forward_logits(
+            both = forward(
                 model,
                 torch.cat([input_ids, unconditional]),
                 torch.cat([attention_mask, attention_mask]),
@@ -97,8 +162,8 @@ class DiffusionLMAdapter(ABC):
             conditional, unconditional = both.chunk(2)
             logits = unconditional + guidance_scale * (conditional - unconditional)
         else:
-            logits = self.forward_logits(model, input_ids, attention_mask, block_end)
-        return self._align(logits)
+            logits = forward(model, input_ids, attention_mask, block_end)
+        return logits if positions is not None else self._align(logits)
 
 
 @public
@@ -115,10 +180,10 @@ class LLaDAAdapter(DiffusionLMAdapter):
     def __init__(self, mask_token_id: int | None = None):
         super().__init__(mask_token_id=mask_token_id, shift_logits=False)
 
-    def forward_logits(self, model, input_ids, attention_mask, block_end):
+    def forward_logits(self, model, input_ids, attention_mask, block_end, positions=None):
         if bool((attention_mask == 0).any()):
-            return model(input_ids, attention_mask=attention_mask).logits
-        return model(input_ids).logits
+            return model_logits(model, input_ids, positions, attention_mask=attention_mask)
+        return model_logits(model, input_ids, positions)
 
 
 @public
@@ -136,12 +201,13 @@ class DreamAdapter(DiffusionLMAdapter):
     def __init__(self, mask_token_id: int | None = None):
         super().__init__(mask_token_id=mask_token_id, shift_logits=True)
 
-    def forward_logits(self, model, input_ids, attention_mask, block_end):
+    def forward_logits(self, model, input_ids, attention_mask, block_end, positions=None):
         if not bool((attention_mask == 0).any()):
-            return model(input_ids).logits
+            return model_logits(model, input_ids, positions)
         real = attention_mask.bool()
         four_d = real[:, None, None, :] & real[:, None, :, None]
-        return model(input_ids, attention_mask=four_d, position_ids=self._padding_position_ids(attention_mask)).logits
+        position_ids = self._padding_position_ids(attention_mask)
+        return model_logits(model, input_ids, positions, attention_mask=four_d, position_ids=position_ids)
 
 
 @public
@@ -161,11 +227,17 @@ class LLaDA2Adapter(DiffusionLMAdapter):
     def __init__(self, mask_token_id: int | None = None):
         super().__init__(mask_token_id=mask_token_id, shift_logits=False)
 
-    def forward_logits(self, model, input_ids, attention_mask, block_end):
+    def forward_logits(self, model, input_ids, attention_mask, block_end, positions=None):
         length = input_ids.shape[1]
         end = length if block_end is None else int(block_end)
         position_ids = self._padding_position_ids(attention_mask)[:, :end]
-        logits = model(input_ids[:, :end], attention_mask=attention_mask[:, :end], position_ids=position_ids).logits
+        window = None if positions is None else positions.clamp(max=end - 1)
+        logits = model_logits(
+            model, input_ids[:, :end], window, attention_mask=attention_mask[:, :end], position_ids=position_ids
+        )
+        if positions is not None:
+            past = positions >= end  # past the window: zero logits, as over the full length
+            return logits.masked_fill(past[None, :, None], 0.0) if bool(past.any()) else logits
         if end < length:
             logits = torch.cat([logits, logits.new_zeros(logits.shape[0], length - end, logits.shape[2])], dim=1)
         return logits
@@ -181,12 +253,11 @@ class HFLogitsAdapter(DiffusionLMAdapter):
 
     name = "hf"
 
-    def forward_logits(self, model, input_ids, attention_mask, block_end):
+    def forward_logits(self, model, input_ids, attention_mask, block_end, positions=None):
         if not bool((attention_mask == 0).any()):
-            return model(input_ids).logits
-        return model(
-            input_ids, attention_mask=attention_mask, position_ids=self._padding_position_ids(attention_mask)
-        ).logits
+            return model_logits(model, input_ids, positions)
+        position_ids = self._padding_position_ids(attention_mask)
+        return model_logits(model, input_ids, positions, attention_mask=attention_mask, position_ids=position_ids)
 
 
 ADAPTERS = {cls.name: cls for cls in (LLaDAAdapter, DreamAdapter, LLaDA2Adapter)}

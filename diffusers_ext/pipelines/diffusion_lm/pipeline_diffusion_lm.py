@@ -394,7 +394,9 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 `sequences` (all rows, `(N, prompt + gen_length)`), `transfer_index`, `confidence` and
                 `beam_scores`. Asking for `confidence` makes a [`SOARScheduler`] measure it at every position
                 (`proposal_positions="all"`: a full-vocabulary pass over the whole sequence per step); otherwise it
-                proposes only at the masked positions of the current block.
+                proposes only at the masked positions of the current block, and a model whose forward takes
+                `logits_to_keep` (transformers' causal LMs) runs its output head there alone (not when a forward
+                hook sits on the model or its output head: a hook is given the full logits).
             num_images_per_prompt (`int`, *optional*): the diffusers name of `num_return_sequences`, accepted as an
                 alias (the conformance suites of image pipelines pass it).
             pll_chunk_size (`int`, defaults to 16): with `beam_score="pll"`, the probes (a complete beam with one
@@ -497,6 +499,11 @@ class DiffusionLMPipeline(DiffusionPipeline):
             # the scheduler proposes only where it can commit, unless a callback reads the confidence everywhere
             proposal_positions="all" if "confidence" in (callback_on_step_end_tensor_inputs or ()) else None,
         )
+        # the model's output head runs only at the positions a step can commit, when the scheduler takes logits there
+        keep_eligible_logits = (
+            "logits_positions" in getattr(self.scheduler, "step_options", ())
+            and step_options.get("proposal_positions") != "all"
+        )
         steps_per_block = num_inference_steps if global_budget else num_inference_steps // num_blocks
         set_timesteps_options = declared_options(self.scheduler, "set_timesteps_options", block_length=block_length)
         self.scheduler.set_timesteps(steps_per_block, device=device, **set_timesteps_options)
@@ -548,6 +555,11 @@ class DiffusionLMPipeline(DiffusionPipeline):
             block_end = prompt_length + int(
                 (block_of.unsqueeze(0) <= current_block.max()).logical_and(~is_prompt).sum()
             )
+            logits_options = {}
+            if keep_eligible_logits:
+                # every position some row may commit now (the masked positions of its current block), increasing
+                kept = (masked & transfer_mask).any(0).nonzero(as_tuple=True)[0]
+                logits_options = {"positions": kept}
             logits = self.adapter(
                 self.model,
                 x,
@@ -556,6 +568,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 block_end=block_end,
                 guidance_scale=self.guidance_scale,
                 mask_token_id=mask_id,
+                **logits_options,
             )
             active = torch.unique_consecutive(groups).cpu()
             nfe[active] += 1
@@ -576,6 +589,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 temperature=temperature,
                 generator=generator,
                 **step_options,
+                **({"logits_positions": logits_options["positions"]} if logits_options else {}),
                 **self.step_inputs(x, is_prompt.expand_as(x)),
             )
             parents = out.parent_index

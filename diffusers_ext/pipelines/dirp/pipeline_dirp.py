@@ -30,7 +30,7 @@ from .ddim_inversion import (
     ddim_round_trip,
     inversion_timesteps,
     noise_levels,
-    vae_block_checkpointing,
+    vae_layer_checkpointing,
 )
 from .perceptual import PerceptualDistance, get_perceptual_distance
 from .text_conditioning import check_text_conditioning
@@ -269,9 +269,10 @@ class DIRPPipeline(DiffusionPipeline):
         `D(R_K(I_K(E(images))))`: the DDIM-inversion round trip of images `(B, C, H, W)` in [-1, 1], differentiable.
         With `num_inversion_steps=0` only the VAE round trip remains. `noise_fn` (from [`noise_function`]) saves
         encoding `prompt` again when the round trip is repeated. `gradient_checkpointing` recomputes activations in
-        the backward pass: each denoiser call's and each VAE block's, so that memory holds one of them at a time.
+        the backward pass: each denoiser call's and each VAE layer's (residual block, resampler, attention), so that
+        memory holds one of them at a time.
         """
-        with vae_block_checkpointing(getattr(self, "vae", None), gradient_checkpointing):
+        with vae_layer_checkpointing(getattr(self, "vae", None), gradient_checkpointing):
             latents = self.encode_images(images)
             # The DDIM arithmetic runs in float32 at least, whatever the models' dtype: in bf16 the round trip's own
             # rounding is a large share of the reconstruction error being minimised.
@@ -471,7 +472,7 @@ class DIRPPipeline(DiffusionPipeline):
             perceptual_weight (`float`, defaults to 1.0): weight of the hinge `max(d - budget, 0)`.
             init_noise_std (`float`, defaults to 0.0): standard deviation of Gaussian noise added to the input
                 before optimising (IMPRESS uses 0.1 against PhotoGuard); drawn from `generator`.
-            gradient_checkpointing (`bool`, defaults to True): recompute each denoiser call and each VAE block in
+            gradient_checkpointing (`bool`, defaults to True): recompute each denoiser call and each VAE layer in
                 the backward pass, so memory holds one of them at a time instead of `2K` calls and the whole VAE
                 (which dominates at Stable Diffusion resolutions).
             num_images_per_prompt (`int`, defaults to 1): purified versions of each input image, from different

@@ -1,7 +1,7 @@
 """Divide-and-Denoise: several pretrained diffusion models share one sample through a per-step fair division."""
 
+import functools
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,7 +16,7 @@ from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
 from transformers import CLIPTextModel, CLIPTokenizer
 
-from ...utils import is_int, public
+from ...utils import is_int, public, synchronized_perf_counter
 from ..pipeline_utils import (
     check_callback_tensor_inputs,
     check_eta,
@@ -62,7 +62,8 @@ class DivideAndDenoisePipelineOutput(BaseOutput):
             each step, on the CPU: `allocations[i, b, k, y, x]` is model `k`'s share of latent position `(y, x)` of
             image `b` at step `i` (it sums to 1 over `k`). Shows who painted what.
         timings (`dict[str, float]`): seconds this call spent in model forwards (`"model_forwards"`), utility maps
-            (`"utility"`), the allocator (`"allocation"`) and the alignment step (`"alignment"`).
+            (`"utility"`), the allocator (`"allocation"`) and the alignment step (`"alignment"`); on an accelerator each
+            reading follows a device synchronise, so the seconds are the work's, not its kernel launches'.
     """
 
     images: list[PIL.Image.Image] | np.ndarray | torch.Tensor
@@ -554,6 +555,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         batch, height_l, width_l = shape[0], shape[2], shape[3]
         if not settings.fair:
             fixed = allocator.allocation(batch, num_agents, height_l, width_l, device)
+        # on an accelerator a reading waits for the queued kernels, so each timing counts the work launched in it
+        clock = functools.partial(synchronized_perf_counter, device)
         pred_type = prediction_type(self.scheduler)
         scale_input = getattr(self.scheduler, "scale_model_input", lambda sample, t: sample)  # flow matching: none
         momentum = settings.utility_momentum
@@ -564,12 +567,12 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             if self.interrupt:
                 continue
             scaled = scale_input(latents, t)
-            start = time.perf_counter()
+            start = clock()
             guided, cond_out, uncond_out, attention = self._predict(scaled, t, settings, cond)
-            timings["model_forwards"] += time.perf_counter() - start
+            timings["model_forwards"] += clock() - start
 
             if settings.fair:
-                start = time.perf_counter()
+                start = clock()
                 # x0 (B, K, C, H, W) in float32 whatever the models' dtype: at high noise it is several times x_t,
                 # and in float16 its saliency and the alignment's sums over an SD-sized canvas overflow
                 guided32 = guided.float()
@@ -579,17 +582,17 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                     settings.utility, x0, cond_out, uncond_out, attention, cond.get("token_indices")
                 )
                 utility_maps = new if utility_maps is None else momentum * utility_maps + (1 - momentum) * new
-                timings["utility"] += time.perf_counter() - start
-                start = time.perf_counter()
+                timings["utility"] += clock() - start
+                start = clock()
                 progress = i / max(1, len(timesteps) - 1)
                 allocation = allocator(utility_maps, warm_start=allocation, progress=progress)
-                timings["allocation"] += time.perf_counter() - start
+                timings["allocation"] += clock() - start
                 if i < settings.max_iter_to_align and settings.aligns:
-                    start = time.perf_counter()
+                    start = clock()
                     latents = alignment_step(
                         latents, scaled, x0, allocation.to(x0.dtype), noise, settings.alignment_scale
                     )
-                    timings["alignment"] += time.perf_counter() - start
+                    timings["alignment"] += clock() - start
             else:
                 allocation = fixed
             weights = allocation.to(guided.dtype).unsqueeze(2)
