@@ -36,11 +36,15 @@ import torch.nn.functional as F
 from accelerate.logging import get_logger
 from tqdm.auto import tqdm
 
+from diffusers_ext.data.mosaic import (
+    add_mosaic_data_arguments,
+    check_mosaic_data_arguments,
+    load_text_image_data,
+    mosaic_config_from_args,
+)
 from diffusers_ext.training_utils import (
     add_accelerate_arguments,
-    add_mosaic_data_arguments,
     add_validation_arguments,
-    check_mosaic_data_arguments,
     check_validation_arguments,
     output_dir_arg,
 )
@@ -172,10 +176,8 @@ def main(argv=None):
         command_line,
         cosine_with_warmup,
         encode_posteriors,
-        load_text_image_data,
         maybe_push_to_hub,
         maybe_resume,
-        mosaic_config_from_args,
         save_checkpoint,
         start_run,
         step_generator,

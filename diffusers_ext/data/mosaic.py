@@ -33,6 +33,7 @@ From the command line (a `datasets.Dataset.save_to_disk` folder, reloaded with `
 """
 
 import argparse
+import os
 import random
 from dataclasses import asdict, dataclass, field
 
@@ -593,6 +594,82 @@ def main(argv=None):
     except ValueError as error:
         parser.error(str(error))
     print(f"wrote {args.num_samples} {args.split} scenes to {args.output_dir}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training scripts' data options: mosaic scenes drawn on the fly, or a `datasets.save_to_disk` folder (the data
+# options of `training/train_text_to_image.py` and `training/train_text_to_image_sd3.py`).
+
+
+def add_mosaic_data_arguments(parser) -> None:
+    """`--train_data_dir`, `--resolution`, `--num_train_samples` and the `--mosaic_*` world options, on `parser` (an
+    `argparse.ArgumentParser` or an argument group); read back with [`mosaic_config_from_args`] and
+    [`load_text_image_data`], checked with [`check_mosaic_data_arguments`]."""
+    parser.add_argument(
+        "--train_data_dir",
+        type=str,
+        default=None,
+        help="A datasets.save_to_disk folder with 'image' and 'caption' columns. Default: draw mosaic.",
+    )
+    parser.add_argument("--resolution", type=int, default=32, help="Image side (multiple of 4).")
+    parser.add_argument("--num_train_samples", type=int, default=20000, help="Mosaic scenes to draw.")
+    parser.add_argument("--mosaic_seed", type=int, default=0, help="Seed of the mosaic train stream.")
+    parser.add_argument(
+        "--mosaic_tasks", nargs="+", default=["single", "pair", "count", "relation"], help="Mosaic prompt kinds."
+    )
+    parser.add_argument("--mosaic_max_count", type=int, default=4, help="Largest count of count prompts.")
+    parser.add_argument("--mosaic_extra_objects", type=int, default=0, help="Extra named objects per scene.")
+    parser.add_argument("--mosaic_zipf_exponent", type=float, default=0.0, help="Zipf exponent over concepts.")
+    parser.add_argument("--mosaic_heldout_fraction", type=float, default=0.0, help="Held-out combination share.")
+    parser.add_argument("--mosaic_split_seed", type=int, default=0, help="Seed of the held-out combinations.")
+
+
+def check_mosaic_data_arguments(args, parser) -> None:
+    """`parser.error` (exit code 2, one line) on data options that cannot work."""
+    if args.train_data_dir is not None and not os.path.isdir(args.train_data_dir):
+        parser.error(f"--train_data_dir {args.train_data_dir!r} is not a folder.")
+    if args.num_train_samples < 1:
+        parser.error(f"--num_train_samples must be >= 1, got {args.num_train_samples}.")
+
+
+def mosaic_config_from_args(args):
+    """The `MosaicConfig` the `--resolution` / `--mosaic_*` options describe."""
+    return MosaicConfig(
+        resolution=args.resolution,
+        tasks=tuple(args.mosaic_tasks),
+        max_count=args.mosaic_max_count,
+        extra_objects=args.mosaic_extra_objects,
+        zipf_exponent=args.mosaic_zipf_exponent,
+        heldout_fraction=args.mosaic_heldout_fraction,
+        split_seed=args.mosaic_split_seed,
+    )
+
+
+def load_text_image_data(args) -> tuple:
+    """`(images uint8 (N, 3, R, R), captions list[str])`: `--num_train_samples` mosaic scenes of the train split
+    (seed `--mosaic_seed`), or the `image` / `caption` columns of `--train_data_dir` (images of side
+    `--resolution`; a `ValueError` names what is missing or mis-sized)."""
+    import torch
+
+    if args.train_data_dir is None:
+        rows = mosaic_records(mosaic_config_from_args(args), args.num_train_samples, args.mosaic_seed, "train")
+        images, captions = zip(*((np.asarray(r["image"]), r["caption"]) for r in rows))
+    else:
+        from datasets import load_from_disk
+
+        data = load_from_disk(args.train_data_dir)
+        missing = {"image", "caption"} - set(data.column_names)
+        if missing:
+            raise ValueError(f"--train_data_dir {args.train_data_dir!r} lacks the columns {sorted(missing)}.")
+        images, captions = [], list(data["caption"])
+        for image in data["image"]:
+            if image.size != (args.resolution, args.resolution):
+                raise ValueError(
+                    f"--train_data_dir holds {image.size[0]}x{image.size[1]} images; expected --resolution "
+                    f"{args.resolution}."
+                )
+            images.append(np.asarray(image.convert("RGB")))
+    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(), list(captions)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ _import_structure = {
     ],
     "consistency": ["ClassifierFeatureDistance", "sample_consistency_model", "train_judge_classifier"],
     "digits": ["DigitsGeneratorReport", "evaluate_digits_generator", "sample_digits"],
+    "doob_guidance": ["plan_with_budget", "project_out_of_discs", "projection_guidance"],
     "dirp.latent_mimicry": ["mimic_frechet", "sample_mimic"],
     "dirp.latent_protections": ["inversion_amplification", "protect_for_prompt"],
     "dirp.mimicry": ["MimicryReport", "evaluate_mimicry"],
@@ -147,6 +148,7 @@ if TYPE_CHECKING:
         layout_regions,
         random_layout,
     )
+    from .doob_guidance import plan_with_budget, project_out_of_discs, projection_guidance
     from .lomdm import (
         markov_checksum_entropy_rate,
         markov_checksum_log_likelihood,
