@@ -25,6 +25,12 @@ def get_components(seed: int = 0) -> dict:
         block_out_channels=(8, 16),
         layers_per_block=1,
         use_timestep_embedding=True,
+        time_embedding_type="positional",
+        flip_sin_to_cos=False,
+        freq_shift=1,
+        downsample_each_block=False,
+        act_fn="mish",
+        norm_num_groups=8,
     )
     return {"unet": unet.eval(), "scheduler": DDPMScheduler(num_train_timesteps=20, clip_sample=False)}
 
