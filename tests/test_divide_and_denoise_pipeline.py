@@ -13,6 +13,7 @@ from diffusers import (
     PNDMScheduler,
     ScoreSdeVeScheduler,
     StableDiffusionPipeline,
+    UNet2DConditionModel,
 )
 
 from diffusers_ext import (
@@ -364,6 +365,50 @@ def test_cross_attention_recording_leaves_the_unet_output_unchanged():
     cross_attention_layers = [name for name in unet.attn_processors if name.endswith("attn2.processor")]
     assert maps.shape == (2, 16, 16, 77) and store.num_layers == len(cross_attention_layers) == 4
     torch.testing.assert_close(maps.sum(dim=-1), torch.ones(2, 16, 16), atol=1e-4, rtol=0)
+
+
+def test_attn_res_records_only_the_layers_at_that_grid_with_the_output_unchanged():
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(  # cross-attention at two resolutions, 16x16 and 8x8
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(32, 64),
+        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=8,
+        norm_num_groups=32,
+    ).eval()
+    sample = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    text = torch.randn(2, 77, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = unet(sample, 10, encoder_hidden_states=text).sample
+        every, coarse = ConceptAttentionStore((16, 16)), ConceptAttentionStore((16, 16), attn_res=(8, 8))
+        with record_cross_attention(unet, every):
+            unet(sample, 10, encoder_hidden_states=text)
+        with record_cross_attention(unet, coarse):
+            got = unet(sample, 10, encoder_hidden_states=text).sample
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert set(every._sums) == {(16, 16), (8, 8)} and set(coarse._sums) == {(8, 8)}
+    torch.testing.assert_close(coarse._sums[(8, 8)], every._sums[(8, 8)])
+    assert 0 < coarse.num_layers < every.num_layers
+    with pytest.raises(RuntimeError, match="attn_res"):
+        _ = ConceptAttentionStore((16, 16), attn_res=(2, 2)).maps
+
+
+def test_attn_res_is_checked_before_any_model_work():
+    pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines(unet_seeds=(0,)))
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = {"prompt": ["a cat", "a dog"], "num_inference_steps": 1, "output_type": "latent"}
+    out = pipe(**kwargs, attn_res=(8, 8), generator=torch.Generator().manual_seed(0))
+    assert out.allocations.shape == (1, 1, 2, 16, 16)
+    for bad, match in (((8,), "two positive ints"), ((0, 0), "two positive ints"), ((8, 4), "not an attention grid")):
+        with pytest.raises(ValueError, match=match):
+            pipe(**kwargs, attn_res=bad)
+    with pytest.raises(ValueError, match="only applies"):
+        pipe(**kwargs, attn_res=(8, 8), utility="guidance_delta")
 
 
 def test_cross_attention_utility_follows_the_token_indices():

@@ -59,6 +59,7 @@ def predict_agents(
     branches: int,
     null_class_label: int | None = None,
     record_attention: bool = False,
+    attn_res: tuple[int, int] | None = None,
 ):
     """Every agent's guided prediction `(B, K, C, H, W)`, its conditional and unconditional predictions (the latter
     `None` with one branch) and, with `record_attention`, its conditional concept attention maps
@@ -75,6 +76,8 @@ def predict_agents(
         branches (`int`): 2 to run the unconditional branch too, else 1.
         null_class_label (`int`, *optional*): the unconditional class of class-conditional denoisers.
         record_attention (`bool`): record the concept-token attention (the cross-attention utility).
+        attn_res (`tuple[int, int]`, *optional*): record only the layers at this attention grid (see
+            [`ConceptAttentionStore`]); every text-attention layer by default.
     """
     batch, num_agents = sample.shape[0], len(guidance_scales)
     groups = [list(range(num_agents))] if len(denoisers) == 1 else [[k] for k in range(num_agents)]
@@ -104,7 +107,7 @@ def predict_agents(
         store = None
         if record_attention:
             # only the conditional branch's maps are used: the last n * batch rows
-            store = ConceptAttentionStore(sample.shape[-2:], first_row=(branches - 1) * n * batch)
+            store = ConceptAttentionStore(sample.shape[-2:], first_row=(branches - 1) * n * batch, attn_res=attn_res)
             with record_cross_attention(uncompiled(model), store):
                 out = _call_denoiser(denoisers, index, model, model_input, timestep, kwargs)
         else:

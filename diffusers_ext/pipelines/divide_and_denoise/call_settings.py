@@ -120,6 +120,32 @@ def _check_token_indices(token_indices, utility: str, num_agents: int, prompt_fr
         raise ValueError(f"`token_indices` must be one non-empty list of ints per model, got {token_indices!r}.")
 
 
+def _check_attn_res(attn_res, utility: str, fair: bool, latent_shape) -> tuple[int, int] | None:
+    """`attn_res` as a tuple, checked: two positive ints, a grid that tiles the latent (the same downsampling factor
+    on both sides), and only with the fair division's cross-attention utility, the one that reads attention."""
+    if attn_res is None:
+        return None
+    if (
+        not isinstance(attn_res, (list, tuple))
+        or len(attn_res) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in attn_res)
+    ):
+        raise ValueError(f"`attn_res` must be two positive ints `(height, width)`, got {attn_res!r}.")
+    if utility != "cross_attention" or not fair:
+        raise ValueError(
+            f"`attn_res` {tuple(attn_res)} only applies to the fair division's `utility='cross_attention'` (got "
+            f"utility {utility!r}{'' if fair else ' with a fixed allocator'})."
+        )
+    height, width = latent_shape[2:]
+    h, w = attn_res
+    if height % h or width % w or height // h != width // w:
+        raise ValueError(
+            f"`attn_res` {tuple(attn_res)} is not an attention grid of the {height}x{width} latents: expected the "
+            "latent size divided by one downsampling factor, e.g. (16, 16) for 64x64 latents."
+        )
+    return (h, w)
+
+
 @dataclass(frozen=True)
 class DivideAndDenoiseCallSettings:
     """The arguments of one [`DivideAndDenoisePipeline`] call once checked and resolved: what the sampling loop reads.
@@ -138,6 +164,8 @@ class DivideAndDenoiseCallSettings:
         utility_momentum (`float`): temporal smoothing of the utility maps.
         alignment_scale (`float`): strength of the alignment step (`0` disables it).
         max_iter_to_align (`int`): the alignment step runs on the first `max_iter_to_align` steps.
+        attn_res (`tuple[int, int]`, *optional*): the attention grid the cross-attention utility reads; None reads
+            every text-attention layer.
     """
 
     num_agents: int
@@ -150,6 +178,7 @@ class DivideAndDenoiseCallSettings:
     utility_momentum: float
     alignment_scale: float
     max_iter_to_align: int
+    attn_res: tuple[int, int] | None = None
 
     @property
     def fair(self) -> bool:
@@ -185,6 +214,7 @@ class DivideAndDenoiseCallSettings:
         alignment_scale,
         max_iter_to_align,
         prompt_from_embeds: bool = False,
+        attn_res=None,
     ) -> "DivideAndDenoiseCallSettings":
         """Check the arguments of a call and resolve them; raise a `ValueError`/`TypeError` naming the first bad one.
 
@@ -234,6 +264,7 @@ class DivideAndDenoiseCallSettings:
                 "`null_class_label` is None."
             )
         _check_token_indices(token_indices, utility, num_agents, prompt_from_embeds)
+        attn_res = _check_attn_res(attn_res, utility, fair, latent_shape)
         return cls(
             num_agents=num_agents,
             prompts=prompts,
@@ -245,4 +276,5 @@ class DivideAndDenoiseCallSettings:
             utility_momentum=utility_momentum,
             alignment_scale=alignment_scale,
             max_iter_to_align=max_iter_to_align,
+            attn_res=attn_res,
         )

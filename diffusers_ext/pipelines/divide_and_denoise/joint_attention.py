@@ -67,7 +67,7 @@ class JointConceptAttentionProcessor:
             key = torch.cat([key, context_key], dim=2)
             value = torch.cat([value, context_value], dim=2)
 
-        if encoder_hidden_states is not None:
+        if encoder_hidden_states is not None and self.store.records(num_image):
             with torch.no_grad():
                 scale = query.shape[-1] ** -0.5  # scaled_dot_product_attention's default scale
                 # image queries x text keys only: (B, H, N, T), softmax over the text keys (module docstring)

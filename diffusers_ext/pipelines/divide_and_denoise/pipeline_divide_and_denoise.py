@@ -318,6 +318,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         max_iter_to_align,
         prompt_from_embeds: bool = False,
         eta=0.0,
+        attn_res=None,
     ) -> DivideAndDenoiseCallSettings:
         """Check the arguments of a call and resolve them into the settings the loop reads: raise a
         `ValueError`/`TypeError` naming the first bad argument, before any model work (see
@@ -347,6 +348,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             alignment_scale=alignment_scale,
             max_iter_to_align=max_iter_to_align,
             prompt_from_embeds=prompt_from_embeds,
+            attn_res=attn_res,
         )
         if isinstance(generator, list) and len(generator) != num_images_per_prompt:
             raise ValueError(
@@ -374,6 +376,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             branches=2 if settings.needs_unconditional or self.do_classifier_free_guidance else 1,
             null_class_label=self.config.null_class_label,
             record_attention=settings.fair and settings.utility == "cross_attention",
+            attn_res=settings.attn_res,
         )
 
     # call -----------------------------------------------------------------------------------------------------------
@@ -406,6 +409,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         token_indices: list[list[int]] | None = None,
         alignment_scale: float = 0.1,
         max_iter_to_align: int = 10,
+        attn_res: tuple[int, int] | None = None,
     ) -> DivideAndDenoisePipelineOutput | tuple:
         r"""
         Generate images that every model contributes to, through a fair division of the sample at every step.
@@ -454,6 +458,10 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             alignment_scale (`float`, defaults to 0.1): strength of the alignment step, relative to the noise level;
                 `0` disables it.
             max_iter_to_align (`int`, defaults to 10): alignment runs on the first `max_iter_to_align` steps.
+            attn_res (`tuple[int, int]`, *optional*): the cross-attention utility reads only the layers at this
+                attention grid, as Attend-and-Excite's `attn_res` (`(16, 16)` for Stable Diffusion's 64x64 latents);
+                the other layers keep the fused attention kernel, which makes recording nearly free. By default it
+                averages every cross-attention layer, resized to the latent grid.
 
         Examples:
 
@@ -510,6 +518,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             max_iter_to_align,
             prompt_from_embeds=prompt_embeds is not None,
             eta=eta,
+            attn_res=attn_res,
         )
         self._guidance_scale, self._num_agents_running = guidance_scale, settings.num_agents
         self._interrupt = False

@@ -55,12 +55,29 @@ class ConceptAttentionStore:
         first_row (`int`, defaults to 0): record only the batch rows from this one on (the conditional branch of a
             classifier-free-guided batch, whose maps are the only ones used); the recording processors compute the
             other rows' attention with the fused kernel.
+        attn_res (`tuple[int, int]`, *optional*): record only the layers whose attention grid is this `(h, w)`
+            (Attend-and-Excite's `attn_res`, `(16, 16)` for Stable Diffusion's 64x64 latents); the other layers keep
+            the fused kernel. By default every text-attention layer is recorded.
     """
 
-    def __init__(self, size: tuple[int, int], first_row: int = 0):
+    def __init__(self, size: tuple[int, int], first_row: int = 0, attn_res: tuple[int, int] | None = None):
         self.size = tuple(size)
         self.first_row = int(first_row)
+        self.attn_res = None if attn_res is None else tuple(attn_res)
         self.reset()
+
+    def grid(self, num_queries: int) -> tuple[int, int] | None:
+        """The `(h, w)` grid of a layer with `num_queries` image positions, if it tiles the sample; else None."""
+        height, width = self.size
+        factor = math.sqrt(height * width / num_queries)
+        h, w = round(height / factor), round(width / factor)
+        return (h, w) if h * w == num_queries else None
+
+    def records(self, num_queries: int) -> bool:
+        """Whether a layer with `num_queries` image positions is recorded (its grid tiles the sample, and is
+        `attn_res` when that is set)."""
+        grid = self.grid(num_queries)
+        return grid is not None and (self.attn_res is None or grid == self.attn_res)
 
     def reset(self) -> None:
         self._sums: dict[tuple[int, int], torch.Tensor] = {}
@@ -69,13 +86,11 @@ class ConceptAttentionStore:
     def record(self, probs: torch.Tensor, batch: int) -> None:
         """`probs` of shape `(batch * heads, queries, tokens)` from one cross-attention layer, for `batch` rows (the
         rows from `first_row` on)."""
+        if not self.records(probs.shape[1]):
+            return  # a layer whose grid does not tile the sample (odd sizes; skip rather than guess), or not attn_res
         heads = probs.shape[0] // batch
         probs = probs.reshape(batch, heads, probs.shape[1], probs.shape[2]).mean(dim=1)
-        height, width = self.size
-        factor = math.sqrt(height * width / probs.shape[1])
-        h, w = round(height / factor), round(width / factor)
-        if h * w != probs.shape[1]:
-            return  # a layer whose grid does not tile the sample (odd sizes); skip rather than guess
+        h, w = self.grid(probs.shape[1])
         grid = probs.transpose(1, 2).reshape(batch, probs.shape[2], h, w).float()
         self._sums[(h, w)] = grid if (h, w) not in self._sums else self._sums[(h, w)] + grid
         self.num_layers += 1
@@ -83,7 +98,10 @@ class ConceptAttentionStore:
     @property
     def maps(self) -> torch.Tensor:
         if not self._sums:
-            raise RuntimeError("no cross-attention was recorded; does the model have cross-attention layers?")
+            where = "" if self.attn_res is None else f" at `attn_res` {self.attn_res}"
+            raise RuntimeError(
+                f"no cross-attention was recorded{where}; does the model have cross-attention layers there?"
+            )
         total = None
         for (h, w), grid in self._sums.items():
             if (h, w) != self.size:
@@ -132,13 +150,18 @@ class ConceptAttentionProcessor:
         key = attn.head_to_batch_dim(key)
         value = attn.head_to_batch_dim(value)
 
+        # a layer the store does not record (another resolution than `attn_res`) keeps the fused kernel for every row
+        split = (
+            batch_size * attn.heads if not self.store.records(query.shape[1]) else self.store.first_row * attn.heads
+        )
         # rows before the store's first row (an unconditional branch) take the fused kernel; the recorded ones the
         # explicit softmax whose probabilities are recorded
-        split = self.store.first_row * attn.heads
         mask = (lambda rows: None) if attention_mask is None else (lambda rows: attention_mask[rows])
-        attention_probs = attn.get_attention_scores(query[split:], key[split:], mask(slice(split, None)))
-        self.store.record(attention_probs.detach(), batch_size - self.store.first_row)
-        hidden_states = torch.bmm(attention_probs, value[split:])
+        hidden_states = query[:0]  # (0, queries, head_dim): no recorded rows yet
+        if split < query.shape[0]:
+            attention_probs = attn.get_attention_scores(query[split:], key[split:], mask(slice(split, None)))
+            self.store.record(attention_probs.detach(), batch_size - self.store.first_row)
+            hidden_states = torch.bmm(attention_probs, value[split:])
         if split:
             fused = F.scaled_dot_product_attention(
                 query[:split], key[:split], value[:split], attn_mask=mask(slice(None, split)), scale=attn.scale
