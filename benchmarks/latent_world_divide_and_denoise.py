@@ -29,11 +29,12 @@ Writes `benchmarks/results/latent_world_divide_and_denoise.json`, `.md` and `.pn
 import argparse
 import json
 import os
-import random
 import time
 
 import numpy as np
 import torch
+
+from diffusers_ext.evaluation.divide_and_denoise.mosaic_composition import make_prompts, oracle_regions
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,52 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # prompts and layouts
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def make_prompts(shapes: tuple[str, ...], count: int, seed: int, colours: tuple[str, ...]) -> list[dict]:
-    """`count` compositional prompts, one object of each of `shapes` in distinct colours, caption order shuffled."""
-    from diffusers_ext.data.mosaic import caption_of
-
-    rng = random.Random(f"latent-dnd-{seed}")
-    prompts = []
-    for _ in range(count):
-        chosen = rng.sample(colours, len(shapes))
-        groups = [{"colour": c, "shape": s, "count": 1, "size": ""} for c, s in zip(chosen, shapes)]
-        caption_groups = groups[:]
-        rng.shuffle(caption_groups)
-        prompts.append(
-            {
-                "task": "pair",
-                "groups": caption_groups,
-                "relation": "",
-                "caption": caption_of("pair", caption_groups),
-                # one sub-prompt per expert, in expert order
-                "sub_prompts": [caption_of("single", [g]) for g in groups],
-                "agent_groups": groups,
-            }
-        )
-    return prompts
-
-
-def oracle_regions(prompt: dict, seed: int, latent_size: int, resolution: int) -> torch.Tensor:
-    """Each expert's object box from a real mosaic placement of the prompt's objects, at latent resolution
-    `(K, h, w)`; positions no box covers are shared by the allocator."""
-    from diffusers_ext.data.mosaic import MosaicConfig, place_objects
-
-    config = MosaicConfig(resolution=resolution)
-    rng = random.Random(f"latent-dnd-layout-{seed}")
-    objects = None
-    while objects is None:
-        objects = place_objects(config, rng, [dict(g) for g in prompt["agent_groups"]], "")
-    scale = latent_size / resolution
-    regions = torch.zeros(len(objects), latent_size, latent_size)
-    for obj in objects:
-        x0, x1 = (obj["x"] - obj["half_extent"]) * scale, (obj["x"] + obj["half_extent"]) * scale
-        y0, y1 = (obj["y"] - obj["half_extent"]) * scale, (obj["y"] + obj["half_extent"]) * scale
-        cols = slice(int(np.floor(x0)), int(np.ceil(x1)))
-        rows = slice(int(np.floor(y0)), int(np.ceil(y1)))
-        regions[obj["group"], rows, cols] = 1.0
-    return regions
 
 
 def initial_latents(prompt_index: int, split_seed: int, images: int, shape: tuple) -> torch.Tensor:
