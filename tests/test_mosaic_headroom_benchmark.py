@@ -1,0 +1,49 @@
+"""benchmarks/mosaic_headroom.py on a tiny untrained StableDiffusionPipeline: every part runs and its targets are
+computed from what it measured (an untrained model meets none of the capability targets)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from diffusers import StableDiffusionPipeline
+
+from diffusers_ext.testing import get_tiny_sd_components
+
+
+_SPEC = importlib.util.spec_from_file_location(
+    "mosaic_headroom_benchmark", Path(__file__).parents[1] / "benchmarks" / "mosaic_headroom.py"
+)
+bench = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(bench)
+
+
+@pytest.fixture(scope="module")
+def tiny_pipeline_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny_sd")
+    StableDiffusionPipeline(**get_tiny_sd_components(seed=0)).save_pretrained(folder)
+    return folder
+
+
+def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_pipeline_folder, tmp_path):
+    argv = ["--model_path", str(tiny_pipeline_folder), "--capability_prompts", "4", "--composition_prompts", "2"]
+    argv += ["--guidance_grid", "1.0", "3.0", "--num_inference_steps", "1", "--output_dir", str(tmp_path)]
+    results = bench.main(argv)
+    summary = results["summary"]
+    assert [row["candidate"] for row in summary["capability"]["validation"]] == [1.0, 3.0]
+    assert summary["capability"]["test"]["n"] == 4
+    for setting in ("2_objects", "3_objects"):
+        for method in ("single_prompt", "oracle_layout"):
+            assert summary["composition"][setting][method]["test"]["n"] == 2
+    names = [row["name"] for row in summary["targets"]]
+    assert names[:3] == ["capability: single (test)", "capability: count (test)", "capability: relation (test)"]
+    assert len(names) == 7
+    written = json.loads((tmp_path / "mosaic_headroom.json").read_text())
+    assert "--model_path" not in written["command"] and "--output_dir" not in written["command"]
+    rebuilt = bench.main(["--from_results", str(tmp_path / "mosaic_headroom.json"), "--output_dir", str(tmp_path)])
+    assert [r["value"] for r in rebuilt["summary"]["targets"]] == [r["value"] for r in summary["targets"]]
+
+
+def test_a_folder_that_is_not_a_pipeline_is_refused_before_loading(tmp_path):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--model_path", str(tmp_path)])
