@@ -210,3 +210,51 @@ def test_scheduler_swap_and_save_load(tmp_path):
         again = loaded(**get_dummy_inputs(SampleThenEvaluatePipeline))
         assert (again.best_adapter == expected.best_adapter).all() and again.certificate == expected.certificate
     assert isinstance(_pipeline().scheduler, DDPMScheduler)
+
+
+def test_one_class_certified_on_several_support_sets():
+    pipe = _pipeline()
+    inputs = get_dummy_inputs(SampleThenEvaluatePipeline)
+    calls = []
+
+    def evaluate_fn(hypotheses):
+        calls.append(hypotheses.shape)
+        base = torch.sigmoid(hypotheses.mean(dim=1))
+        return torch.stack([base, 1 - base, base.flip(0)])
+
+    out = pipe(**{**inputs, "evaluate_fn": evaluate_fn, "output_type": "pt"})
+    assert calls == [(8, 12)]
+    assert out.best_adapter.shape == (3, 12) and out.risks.shape == (3, 8) and out.best_index.shape == (3,)
+    for task in range(3):
+        index = int(torch.argmin(out.risks[task]))
+        assert int(out.best_index[task]) == index and torch.equal(out.best_adapter[task], out.hypotheses[index])
+    expected = finite_class_certificate(out.empirical_risk, 20, 8, 0.05)
+    assert torch.allclose(out.certificate, expected)
+
+
+def test_digits_proxy_batched_logits_match_the_peft_model():
+    import torch.nn.functional as F
+
+    from diffusers_ext import ConvImageClassifier
+    from diffusers_ext.data.digit_domains import DigitDomain, apply_domain
+    from diffusers_ext.evaluation.certified_transfer import COSINE_SCALE, DigitsLoRAProxy
+
+    torch.manual_seed(0)
+    classifier = ConvImageClassifier(sample_size=8, block_out_channels=(8, 16), feature_dim=12, dropout=0.0).eval()
+    images = torch.rand(30, 1, 8, 8) * 2 - 1
+    labels = torch.arange(30) % 10
+    proxy = DigitsLoRAProxy(classifier, images, labels)
+    generator = torch.Generator().manual_seed(0)
+    vectors = proxy.init_vectors(3, generator) + 0.1 * torch.randn(3, proxy.dim, generator=generator)
+    shifted = apply_domain(images[:6], DigitDomain(rotation=20, shear=0.2, thickness=0.5, noise=0.1, inversion=1.0))
+    classes = torch.tensor([1, 3, 5, 7, 9])
+    logits = proxy.logits(vectors, proxy.trunk(shifted), classes)
+    for i in range(3):
+        proxy.vectorizer.load_into(proxy.peft_model, vectors[i])
+        features = F.normalize(proxy.peft_model(shifted).features, dim=-1)
+        expected = COSINE_SCALE * features @ proxy.prototypes[classes].T
+        assert torch.allclose(logits[i], expected, atol=1e-5)
+    # per-adapter inputs give the same logits as shared ones
+    hidden = proxy.trunk(shifted)
+    per = proxy.logits(vectors, hidden.expand(3, *hidden.shape), classes.expand(3, 5))
+    assert torch.allclose(per, logits, atol=1e-5)

@@ -54,7 +54,9 @@ class DigitsLoRAProxy:
         self.vectorizer = AdapterVectorizer.from_peft_model(self.peft_model)
         self._slices = {}
         start = 0
-        for name, size, shape in zip(self.vectorizer.parameter_names, self.vectorizer.sizes, self.vectorizer.parameter_shapes):
+        for name, size, shape in zip(
+            self.vectorizer.parameter_names, self.vectorizer.sizes, self.vectorizer.parameter_shapes
+        ):
             module = next(m for m in TARGET_MODULES if f".{m}." in name)
             part = "A" if "lora_A" in name else "B"
             self._slices[(module, part)] = (start, start + size, shape)
@@ -125,7 +127,12 @@ class DigitsLoRAProxy:
 
     @torch.no_grad()
     def risks(
-        self, vectors: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor, classes: torch.Tensor, chunk: int = 256
+        self,
+        vectors: torch.Tensor,
+        hidden: torch.Tensor,
+        targets: torch.Tensor,
+        classes: torch.Tensor,
+        chunk: int = 256,
     ) -> torch.Tensor:
         """0-1 risks `(H,)` of adapters `(H, dim)` on examples `hidden` `(n, 64, 4, 4)` with `targets` `(n,)`
         (indices into `classes`), in chunks of `chunk` adapters."""
@@ -208,3 +215,70 @@ def split_class_combinations(
     order = torch.randperm(len(combinations), generator=generator).tolist()
     cut = int(round(len(combinations) * heldout_fraction))
     return [combinations[i] for i in order[cut:]], [combinations[i] for i in order[:cut]]
+
+
+def load_proxy(classifier_path: str) -> DigitsLoRAProxy:
+    """The proxy over a saved `ConvImageClassifier` (e.g. `diffusers_ext/zoo/digits-classifier`), prototypes from
+    the clean train split of the digits."""
+    from ..data.digits import load_digits_images
+
+    classifier = ConvImageClassifier.from_pretrained(classifier_path)
+    images, labels = load_digits_images("train", resolution=classifier.config.sample_size)
+    return DigitsLoRAProxy(classifier, images, labels)
+
+
+def make_task(
+    proxy: DigitsLoRAProxy, images, labels, classes: Sequence[int], domain, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One task's data: the images of `classes` shifted into `domain`, as `(hidden (n, 64, 4, 4), targets (n,))`
+    with targets the positions in `classes`."""
+    from ..data.digit_domains import apply_domain
+
+    classes_t = torch.tensor(classes)
+    keep = (labels[:, None] == classes_t[None]).any(1)
+    shifted = apply_domain(images[keep], domain, generator)
+    targets = (labels[keep][:, None] == classes_t[None]).float().argmax(1)
+    return proxy.trunk(shifted), targets
+
+
+def fit_upstream_adapters(
+    proxy: DigitsLoRAProxy,
+    num_tasks: int,
+    seed: int = 0,
+    steps: int = 100,
+    lr: float = 0.05,
+    batch_size: int = 64,
+    examples_per_task: int = 300,
+    group_size: int = 25,
+) -> tuple[torch.Tensor, list[dict]]:
+    """Fit one adapter per upstream task (a 5-way upstream class combination under an upstream domain, on the
+    digits' train split): returns `(vectors (num_tasks, dim), tasks)` with each task's classes, domain and train
+    accuracy."""
+    from ..data.digit_domains import sample_domain
+    from ..data.digits import load_digits_images
+
+    images, labels = load_digits_images("train", resolution=proxy.classifier.config.sample_size)
+    upstream_combinations, _ = split_class_combinations(episode_classes(), 0.3, torch.Generator().manual_seed(1234))
+    generator = torch.Generator().manual_seed(seed)
+    vectors, tasks = [], []
+    for start in range(0, num_tasks, group_size):
+        hidden, targets, classes = [], [], []
+        for _ in range(min(group_size, num_tasks - start)):
+            combination = upstream_combinations[
+                int(torch.randint(len(upstream_combinations), (1,), generator=generator))
+            ]
+            domain = sample_domain(generator, "upstream")
+            h, t = make_task(proxy, images, labels, combination, domain, generator)
+            pick = torch.randperm(len(t), generator=generator)[:examples_per_task]
+            hidden.append(h[pick])
+            targets.append(t[pick])
+            classes.append(torch.tensor(combination))
+            tasks.append({"classes": list(combination), "domain": domain.to_dict()})
+        hidden, targets, classes = torch.stack(hidden), torch.stack(targets), torch.stack(classes)
+        fitted = proxy.fit(hidden, targets, classes, steps, lr, generator, batch_size=batch_size)
+        with torch.no_grad():
+            accuracy = (proxy.logits(fitted, hidden, classes).argmax(-1) == targets).float().mean(1)
+        for offset, value in enumerate(accuracy.tolist()):
+            tasks[start + offset]["train_accuracy"] = value
+        vectors.append(fitted)
+    return torch.cat(vectors), tasks

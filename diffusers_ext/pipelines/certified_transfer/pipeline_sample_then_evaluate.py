@@ -37,14 +37,18 @@ class SampleThenEvaluateOutput(BaseOutput):
         hypotheses (`torch.Tensor` or `np.ndarray` of shape `(num_hypotheses, vector_dim)`): the raw vectors of the
             whole finite class, in draw order.
         best_index (`int`): the index of `best_adapter` in `hypotheses`.
+
+    When `evaluate_fn` returns risks of shape `(num_tasks, num_hypotheses)` (one fixed class evaluated on several
+    support sets), `best_adapter` is `(num_tasks, vector_dim)`, `empirical_risk`, `certificate` and `best_index` are
+    tensors of shape `(num_tasks,)` and `risks` is `(num_tasks, num_hypotheses)`.
     """
 
     best_adapter: torch.Tensor | np.ndarray
-    empirical_risk: float
-    certificate: float
+    empirical_risk: float | torch.Tensor
+    certificate: float | torch.Tensor
     risks: torch.Tensor | np.ndarray
     hypotheses: torch.Tensor | np.ndarray
-    best_index: int
+    best_index: int | torch.Tensor
 
 
 @public
@@ -149,10 +153,10 @@ class SampleThenEvaluatePipeline(DiffusionPipeline):
         if not isinstance(risks, (torch.Tensor, np.ndarray)):
             raise TypeError(f"`evaluate_fn` must return a tensor or array of risks, got {type(risks).__name__}.")
         risks = torch.as_tensor(risks, dtype=torch.float64).cpu()
-        if tuple(risks.shape) != (num_hypotheses,):
+        if risks.ndim not in (1, 2) or risks.shape[-1] != num_hypotheses or risks.numel() == 0:
             raise ValueError(
                 f"`evaluate_fn` returned risks of shape {tuple(risks.shape)}; expected (num_hypotheses,) = "
-                f"({num_hypotheses},)."
+                f"({num_hypotheses},) or (num_tasks, {num_hypotheses})."
             )
         if torch.isnan(risks).any() or (risks < 0).any() or (risks > 1).any():
             raise ValueError("`evaluate_fn` must return 0-1 empirical risks in [0, 1].")
@@ -273,8 +277,12 @@ class SampleThenEvaluatePipeline(DiffusionPipeline):
         self.maybe_free_model_hooks()
         # 2. one evaluation of the fixed class on the support set
         risks = self._check_risks(evaluate_fn(hypotheses), num_hypotheses)
-        best_index = int(torch.argmin(risks))
-        empirical_risk = float(risks[best_index])
+        if risks.ndim == 1:
+            best_index = int(torch.argmin(risks))
+            empirical_risk = float(risks[best_index])
+        else:  # one fixed class, several support sets of `num_support` examples each
+            best_index = torch.argmin(risks, dim=1)
+            empirical_risk = risks.gather(1, best_index[:, None])[:, 0]
         # 3. the certificate over the class of `num_hypotheses`
         certificate = finite_class_certificate(empirical_risk, num_support, num_hypotheses, delta, bound)
         best = hypotheses[best_index]
