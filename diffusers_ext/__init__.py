@@ -67,6 +67,13 @@ _import_structure = {
     "models.connectivity_flow": ["ConnectivityFlowModel", "ConnectivityFlowModelOutput"],
     "pipelines.connectivity.pipeline_connectivity": ["ConnectivityPipeline", "ConnectivityPipelineOutput"],
     "pipelines.connectivity.ridge": ["RidgeReadout", "ridge_readout", "ridge_readout_targets"],
+    "models.parameter_diffusion": ["ParameterDiffusionModel", "ParameterDiffusionModelOutput"],
+    "pipelines.certified_transfer.pipeline_sample_then_evaluate": [
+        "SampleThenEvaluatePipeline",
+        "SampleThenEvaluateOutput",
+    ],
+    "pipelines.certified_transfer.adapter_vectorizer": ["AdapterVectorizer"],
+    "pipelines.certified_transfer.certificate": ["finite_class_certificate"],
 }
 
 if TYPE_CHECKING:
@@ -78,7 +85,14 @@ if TYPE_CHECKING:
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
+    from .models.parameter_diffusion import ParameterDiffusionModel, ParameterDiffusionModelOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
+    from .pipelines.certified_transfer.adapter_vectorizer import AdapterVectorizer
+    from .pipelines.certified_transfer.certificate import finite_class_certificate
+    from .pipelines.certified_transfer.pipeline_sample_then_evaluate import (
+        SampleThenEvaluateOutput,
+        SampleThenEvaluatePipeline,
+    )
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
     from .pipelines.connectivity.pipeline_connectivity import ConnectivityPipeline, ConnectivityPipelineOutput
     from .pipelines.connectivity.ridge import RidgeReadout, ridge_readout, ridge_readout_targets
