@@ -67,6 +67,25 @@ _import_structure = {
     "models.connectivity_flow": ["ConnectivityFlowModel", "ConnectivityFlowModelOutput"],
     "pipelines.connectivity.pipeline_connectivity": ["ConnectivityPipeline", "ConnectivityPipelineOutput"],
     "pipelines.connectivity.ridge": ["RidgeReadout", "ridge_readout", "ridge_readout_targets"],
+    "models.spatiotemporal_denoiser": ["SpatioTemporalDenoiser", "SpatioTemporalDenoiserOutput"],
+    "pipelines.epidiff.pipeline_epidiff": ["EpiDiffForecastOutput", "EpiDiffForecastPipeline"],
+    "pipelines.epidiff.mechanistic": [
+        "MechanisticConfig",
+        "MechanisticForecast",
+        "fit_sigma_bounds",
+        "fit_sir_map",
+        "laplace_covariance",
+        "mechanistic_forecast",
+        "uncertainty_to_sigma",
+        "unscented_forecast",
+    ],
+    "trainers.epidiff_trainer": [
+        "EpiDiffTrainingConfig",
+        "build_epidiff_denoiser",
+        "build_epidiff_schedulers",
+        "epidiff_denoising_loss",
+        "train_epidiff_denoiser",
+    ],
 }
 
 if TYPE_CHECKING:
@@ -79,6 +98,7 @@ if TYPE_CHECKING:
     from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
+    from .models.spatiotemporal_denoiser import SpatioTemporalDenoiser, SpatioTemporalDenoiserOutput
     from .pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
     from .pipelines.connectivity.pipeline_connectivity import ConnectivityPipeline, ConnectivityPipelineOutput
     from .pipelines.connectivity.ridge import RidgeReadout, ridge_readout, ridge_readout_targets
@@ -106,6 +126,17 @@ if TYPE_CHECKING:
         DoobGuidedPlannerPipeline,
         ObstacleConstraint,
     )
+    from .pipelines.epidiff.mechanistic import (
+        MechanisticConfig,
+        MechanisticForecast,
+        fit_sigma_bounds,
+        fit_sir_map,
+        laplace_covariance,
+        mechanistic_forecast,
+        uncertainty_to_sigma,
+        unscented_forecast,
+    )
+    from .pipelines.epidiff.pipeline_epidiff import EpiDiffForecastOutput, EpiDiffForecastPipeline
     from .pipelines.lomdm.pipeline_lomdm import LoMDMPipeline
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
     from .schedulers.compatibility import compatible_schedulers
@@ -124,6 +155,13 @@ if TYPE_CHECKING:
     from .trainers.diffusion_grpo_trainer import DiffusionGRPOTrainer
     from .trainers.e2po_config import E2POConfig
     from .trainers.e2po_trainer import E2POTrainer
+    from .trainers.epidiff_trainer import (
+        EpiDiffTrainingConfig,
+        build_epidiff_denoiser,
+        build_epidiff_schedulers,
+        epidiff_denoising_loss,
+        train_epidiff_denoiser,
+    )
 else:
     import sys
 
