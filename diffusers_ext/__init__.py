@@ -74,6 +74,25 @@ _import_structure = {
     ],
     "pipelines.certified_transfer.adapter_vectorizer": ["AdapterVectorizer"],
     "pipelines.certified_transfer.certificate": ["finite_class_certificate"],
+    "models.spatiotemporal_denoiser": ["SpatioTemporalDenoiser", "SpatioTemporalDenoiserOutput"],
+    "pipelines.epidiff.pipeline_epidiff": ["EpiDiffForecastOutput", "EpiDiffForecastPipeline"],
+    "pipelines.epidiff.mechanistic": [
+        "MechanisticConfig",
+        "MechanisticForecast",
+        "fit_sigma_bounds",
+        "fit_sir_map",
+        "laplace_covariance",
+        "mechanistic_forecast",
+        "uncertainty_to_sigma",
+        "unscented_forecast",
+    ],
+    "trainers.epidiff_trainer": [
+        "EpiDiffTrainingConfig",
+        "build_epidiff_denoiser",
+        "build_epidiff_schedulers",
+        "epidiff_denoising_loss",
+        "train_epidiff_denoiser",
+    ],
 }
 
 if TYPE_CHECKING:
@@ -87,6 +106,7 @@ if TYPE_CHECKING:
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.parameter_diffusion import ParameterDiffusionModel, ParameterDiffusionModelOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
+    from .models.spatiotemporal_denoiser import SpatioTemporalDenoiser, SpatioTemporalDenoiserOutput
     from .pipelines.certified_transfer.adapter_vectorizer import AdapterVectorizer
     from .pipelines.certified_transfer.certificate import finite_class_certificate
     from .pipelines.certified_transfer.pipeline_sample_then_evaluate import (
@@ -120,6 +140,17 @@ if TYPE_CHECKING:
         DoobGuidedPlannerPipeline,
         ObstacleConstraint,
     )
+    from .pipelines.epidiff.mechanistic import (
+        MechanisticConfig,
+        MechanisticForecast,
+        fit_sigma_bounds,
+        fit_sir_map,
+        laplace_covariance,
+        mechanistic_forecast,
+        uncertainty_to_sigma,
+        unscented_forecast,
+    )
+    from .pipelines.epidiff.pipeline_epidiff import EpiDiffForecastOutput, EpiDiffForecastPipeline
     from .pipelines.lomdm.pipeline_lomdm import LoMDMPipeline
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
     from .schedulers.compatibility import compatible_schedulers
@@ -138,6 +169,13 @@ if TYPE_CHECKING:
     from .trainers.diffusion_grpo_trainer import DiffusionGRPOTrainer
     from .trainers.e2po_config import E2POConfig
     from .trainers.e2po_trainer import E2POTrainer
+    from .trainers.epidiff_trainer import (
+        EpiDiffTrainingConfig,
+        build_epidiff_denoiser,
+        build_epidiff_schedulers,
+        epidiff_denoising_loss,
+        train_epidiff_denoiser,
+    )
 else:
     import sys
 

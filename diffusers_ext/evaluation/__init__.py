@@ -20,6 +20,7 @@ _import_structure = {
     ],
     "consistency": ["ClassifierFeatureDistance", "sample_consistency_model", "train_judge_classifier"],
     "digits": ["DigitsGeneratorReport", "evaluate_digits_generator", "sample_digits"],
+    "epidiff": ["QUANTILE_LEVELS", "gamma_draws", "quantile_loss", "summarize_scores", "window_scores"],
     "doob_guidance": ["plan_with_budget", "project_out_of_discs", "projection_guidance"],
     "dirp.latent_mimicry": ["mimic_frechet", "sample_mimic"],
     "dirp.latent_protections": ["inversion_amplification", "protect_for_prompt"],
@@ -149,6 +150,7 @@ if TYPE_CHECKING:
         random_layout,
     )
     from .doob_guidance import plan_with_budget, project_out_of_discs, projection_guidance
+    from .epidiff import QUANTILE_LEVELS, gamma_draws, quantile_loss, summarize_scores, window_scores
     from .lomdm import (
         markov_checksum_entropy_rate,
         markov_checksum_log_likelihood,
