@@ -21,7 +21,9 @@ def _readme_commands():
 def test_readme_opens_with_the_two_setup_commands():
     demo, tests = _readme_commands()[:2]
     assert demo.startswith("python -m pip install torch==2.13.0") and "diffusers-ext demo" in demo
-    assert tests.startswith("python -m pip install torch==2.13.0") and tests.endswith("python -m pytest -n 2 --dist loadfile")
+    assert tests.startswith("python -m pip install torch==2.13.0") and tests.endswith(
+        "python -m pytest -n 2 --dist loadfile"
+    )
 
 
 def test_ci_runs_the_readme_test_command_verbatim():
