@@ -34,6 +34,16 @@ _import_structure = {
         "generative_perplexity",
         "sample_diversity",
     ],
+    "certified_transfer": [
+        "DigitsLoRAProxy",
+        "episode_classes",
+        "fit_upstream_adapters",
+        "gaussian_fit_sample",
+        "load_proxy",
+        "make_task",
+        "parameter_count_bound",
+        "split_class_combinations",
+    ],
     "divide_and_denoise.composition": [
         "centred_experts",
         "conflict_experts",
@@ -45,6 +55,7 @@ _import_structure = {
         "score_digit_slots",
     ],
     "divide_and_denoise.empirical_denoiser": ["EmpiricalOptimalDenoiser"],
+    "divide_and_denoise.mosaic_composition": ["make_prompts", "oracle_regions"],
     "divide_and_denoise.placements": [
         "colour_expert",
         "colour_object_scores",
@@ -106,6 +117,16 @@ _import_structure = {
 }
 
 if TYPE_CHECKING:
+    from .certified_transfer import (
+        DigitsLoRAProxy,
+        episode_classes,
+        fit_upstream_adapters,
+        gaussian_fit_sample,
+        load_proxy,
+        make_task,
+        parameter_count_bound,
+        split_class_combinations,
+    )
     from .connectivity import (
         TOLERANCES,
         attractor_summary,
@@ -140,6 +161,7 @@ if TYPE_CHECKING:
         score_digit_slots,
     )
     from .divide_and_denoise.empirical_denoiser import EmpiricalOptimalDenoiser
+    from .divide_and_denoise.mosaic_composition import make_prompts, oracle_regions
     from .divide_and_denoise.placements import (
         colour_expert,
         colour_object_scores,
