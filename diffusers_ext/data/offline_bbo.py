@@ -18,6 +18,7 @@ oracle and report the 100th and 50th percentile of the normalised score `(y - y_
 [`from_logits`]): a design is a point in `R^{L (C - 1)}` and the oracle decodes it by arg-max.
 """
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,7 +65,7 @@ def from_logits(x: np.ndarray, seq_len: int, num_classes: int) -> np.ndarray:
 
 
 @dataclass
-class OfflineTask:
+class OfflineTask(ABC):
     r"""
     An offline optimisation task: the offline data, the design bounds, the exact oracle and the normalisation.
 
@@ -95,9 +96,10 @@ class OfflineTask:
     def dim(self) -> int:
         return int(self.offline_x.shape[1])
 
+    @abstractmethod
     def oracle(self, x: np.ndarray) -> np.ndarray:
-        """Exact scores `(N,)` of designs `x` of shape `(N, D)` (relaxed designs are decoded by arg-max)."""
-        raise NotImplementedError
+        """Exact scores `(N,)` of designs `x` of shape `(N, D)` (relaxed designs are decoded by arg-max); every
+        task defines its own."""
 
     def _check_x(self, x) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
