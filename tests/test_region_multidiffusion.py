@@ -1,0 +1,81 @@
+"""Region-based MultiDiffusion (the composition benchmarks' oracle-layout baseline): the canvas partition, and the
+sampler against the plain pipeline where the two must agree."""
+
+import numpy as np
+import pytest
+import torch
+from diffusers import StableDiffusionPipeline
+
+from diffusers_ext.evaluation.divide_and_denoise.region_multidiffusion import RegionMultiDiffusion, partition_masks
+from diffusers_ext.testing import get_tiny_sd_components
+
+
+def test_partition_shares_overlaps_and_gives_uncovered_positions_to_the_nearest_box():
+    boxes = torch.zeros(2, 4, 6)
+    boxes[0, :, 0:2] = 1.0
+    boxes[1, :, 1:3] = 1.0  # column 1 is in both boxes
+    weights = partition_masks(boxes)
+    torch.testing.assert_close(weights.sum(dim=0), torch.ones(4, 6))
+    assert weights[0, 0, 0] == 1.0 and weights[0, 0, 1] == 0.5 and weights[1, 0, 1] == 0.5
+    assert weights[1, 0, 5] == 1.0 and weights[0, 0, 5] == 0.0  # columns 3-5 are nearest box 1
+
+
+def test_partition_refuses_an_empty_box():
+    boxes = torch.zeros(2, 4, 4)
+    boxes[0, 0, 0] = 1.0
+    with pytest.raises(ValueError, match="empty box"):
+        partition_masks(boxes)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipe = StableDiffusionPipeline(**get_tiny_sd_components(seed=0))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _latents(pipe, size):
+    shape = (1, pipe.unet.config.in_channels, size, size)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 4.0])
+def test_one_region_over_the_whole_canvas_is_the_plain_pipeline(pipe, guidance_scale):
+    resolution = pipe.unet.config.sample_size * pipe.vae_scale_factor
+    size = pipe.unet.config.sample_size
+    latents = _latents(pipe, size)
+    expected = pipe(
+        "a red circle",
+        height=resolution,
+        width=resolution,
+        num_inference_steps=3,
+        guidance_scale=guidance_scale,
+        latents=latents,
+        output_type="np",
+    ).images
+    sampler = RegionMultiDiffusion(pipe, torch.zeros(3, resolution, resolution), bootstrap_fraction=1.0)
+    got = sampler(["a red circle"], torch.ones(1, size, size), latents, 3, guidance_scale)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_bootstrapping_changes_the_outcome_outside_a_small_box(pipe):
+    resolution = pipe.unet.config.sample_size * pipe.vae_scale_factor
+    size = pipe.unet.config.sample_size
+    boxes = torch.zeros(1, size, size)
+    boxes[0, : size // 2, : size // 2] = 1.0
+    latents = _latents(pipe, size)
+    background = torch.zeros(3, resolution, resolution)
+    plain = RegionMultiDiffusion(pipe, background, bootstrap_fraction=0.0)(["a red circle"], boxes, latents, 3)
+    pinned = RegionMultiDiffusion(pipe, background, bootstrap_fraction=1.0)(
+        ["a red circle"], boxes, latents, 3, generator=torch.Generator().manual_seed(0)
+    )
+    assert np.abs(plain - pinned).max() > 1e-3
+
+
+def test_bad_shapes_are_refused(pipe):
+    size = pipe.unet.config.sample_size
+    sampler = RegionMultiDiffusion(pipe, torch.zeros(3, size * pipe.vae_scale_factor, size * pipe.vae_scale_factor))
+    with pytest.raises(ValueError, match="`boxes` must be"):
+        sampler(["a", "b"], torch.ones(1, size, size), _latents(pipe, size))
+    with pytest.raises(ValueError, match="bootstrap_fraction"):
+        RegionMultiDiffusion(pipe, torch.zeros(3, 8, 8), bootstrap_fraction=1.5)
