@@ -22,8 +22,9 @@ fresh draws of the ground truth; and, for networks resampled from our distributi
 Negative control: the ground-truth network with its `n` shuffled across neurons must fail that check. Sanity
 reference: a second network drawn from the ground truth.
 
-No hyperparameter is tuned: every setting is fixed before the run (there is no validation choice to make), so the
-test measurement is made once. Writes `benchmarks/results/connectivity.json`, `.md` and `.png`.
+No hyperparameter is tuned on the test seeds. Seeds 0-2 were the development seeds: two judge settings (the added
+0.25x-median MMD bandwidth and the ring's 60-step summary) were settled on them. The default `--seeds 100 101 102`
+were never run before those settings were frozen, and the test measurement is made on them once. Writes `benchmarks/results/connectivity.json`, `.md` and `.png`.
 """
 
 import argparse
@@ -48,7 +49,13 @@ def parse_args(argv=None):
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ground_truths", nargs="+", default=list(GROUND_TRUTHS), choices=GROUND_TRUTHS)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Seeds (>= 3).")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[100, 101, 102],
+        help="Test seeds (>= 3); 0-2 were the development seeds on which the judge settings were settled.",
+    )
     parser.add_argument("--num_neurons", type=int, default=1000, help="Neurons of each ground-truth network.")
     parser.add_argument("--num_dynamics_steps", type=int, default=100, help="Steps of the observed trajectories.")
     parser.add_argument("--num_transitions", type=int, default=4000, help="Transitions used by ridge and fits.")

@@ -91,6 +91,27 @@ def test_ridge_readout_fits_the_dynamics_and_keeps_the_prior_elsewhere():
         ridge_readout(net.input_loadings, states, next_states, noise_std=0.0)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_ridge_mean_is_the_reference_closed_form(bias):
+    """Parity with AllenInstitute/connector@eac77f7 (train.py, stage B): `N_hat = N solve(X^T X + reg I, X^T Y) /
+    alpha` with `reg = regularizer N^2 / alpha^2`. Our posterior mean is that solution with `regularizer = lam *
+    noise_std^2` (the reference folds the noise level into its regulariser)."""
+    net = make_ground_truth("quadstable").network(200, 3)
+    states, next_states = net.transitions(initial_state_grid(6, 2.4), 30)
+    loadings = net.input_loadings.double()
+    if bias:
+        loadings = torch.cat([loadings, 0.3 * torch.randn(len(loadings), 1, dtype=torch.float64)], -1)
+    alpha, lam, noise_std = net.alpha, 2.0, 0.05
+    ours = ridge_readout(loadings, states, next_states, alpha=alpha, lam=lam, noise_std=noise_std).mean
+    n = loadings.shape[0]
+    z, z_next = states.double(), next_states.double()
+    x = torch.tanh(z @ loadings[:, :2].T + (loadings[:, 2] if bias else 0.0))
+    y = z_next + (alpha - 1) * z
+    regularizer = lam * noise_std**2
+    reference = n * torch.linalg.solve(x.T @ x + regularizer * n**2 / alpha**2 * torch.eye(n, dtype=x.dtype), x.T @ y)
+    torch.testing.assert_close(ours, reference / alpha, rtol=1e-7, atol=1e-9)
+
+
 def test_sample_distances_separate_distributions():
     g = torch.Generator().manual_seed(0)
     a, b, c = torch.randn(500, 2, generator=g), torch.randn(500, 2, generator=g), torch.randn(500, 2, generator=g) + 1
