@@ -73,6 +73,22 @@ def run_as_main(script: str, runs: list[list[str]], env: dict | None = None, tim
     return [tuple(json.loads(line)) for line in lines]
 
 
+def run_bad_arguments(script: str, cases: list, root, common: list[str] = (), env: dict | None = None):
+    """`run_as_main` over argument-error `cases` (`[(argv, expected message)]`): case `i` runs with
+    `--output_dir root/case<i>`, then `common`, then its own argv."""
+    runs = [["--output_dir", str(root / f"case{i}"), *common, *args] for i, (args, _) in enumerate(cases)]
+    return run_as_main(script, runs, env=env, timeout=300)
+
+
+def assert_one_line_argument_error(run: tuple, message: str) -> None:
+    """An argparse-style failure: exit code 2, `message` and "error" on the last stderr line, no traceback."""
+    code, stderr = run
+    assert code == 2, stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    assert message in last and "error" in last, stderr[-2000:]
+    assert "Traceback" not in stderr
+
+
 if __name__ == "__main__":
     from torch.distributed.run import main
 

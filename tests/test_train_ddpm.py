@@ -7,7 +7,12 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch, assert_world_size, run_as_main
+from script_launch import (
+    accelerate_cpu_launch,
+    assert_one_line_argument_error,
+    assert_world_size,
+    run_bad_arguments,
+)
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,20 +107,14 @@ BAD_ARGUMENTS = [
 def bad_argument_runs(tmp_path_factory):
     """Every `BAD_ARGUMENTS` case run as the command line would, all in one interpreter."""
     root = tmp_path_factory.mktemp("bad_arguments")
-    runs = [
-        ["--output_dir", str(root / f"case{i}"), "--report_to", "none", "--max_train_steps", "1", *args]
-        for i, (args, _) in enumerate(BAD_ARGUMENTS)
-    ]
-    return run_as_main(SCRIPT, runs, env=_env(), timeout=300)
+    return run_bad_arguments(
+        SCRIPT, BAD_ARGUMENTS, root, ["--report_to", "none", "--max_train_steps", "1"], env=_env()
+    )
 
 
 @pytest.mark.parametrize("case", range(len(BAD_ARGUMENTS)), ids=[m for _, m in BAD_ARGUMENTS])
 def test_bad_arguments_fail_with_one_line_error(bad_argument_runs, case):
-    code, stderr = bad_argument_runs[case]
-    assert code == 2, stderr[-2000:]
-    last = stderr.strip().splitlines()[-1]
-    assert BAD_ARGUMENTS[case][1] in last and "error" in last
-    assert "Traceback" not in stderr
+    assert_one_line_argument_error(bad_argument_runs[case], BAD_ARGUMENTS[case][1])
 
 
 def _image_folder(root, size):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from script_launch import run_as_main
+from script_launch import assert_one_line_argument_error, run_bad_arguments
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -126,14 +126,12 @@ BAD_ARGUMENTS = [
 def bad_argument_runs(tmp_path_factory):
     """Every `BAD_ARGUMENTS` case run as the command line would, all in one interpreter."""
     root = tmp_path_factory.mktemp("bad_arguments")
-    runs = [["--output_dir", str(root / f"case{i}"), *args] for i, (args, _) in enumerate(BAD_ARGUMENTS)]
-    return run_as_main(NVS, runs, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    return run_bad_arguments(NVS, BAD_ARGUMENTS, root, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.parametrize("case", range(len(BAD_ARGUMENTS)), ids=[m for _, m in BAD_ARGUMENTS])
 def test_bad_arguments(bad_argument_runs, case):
-    code, stderr = bad_argument_runs[case]
-    assert code == 2 and BAD_ARGUMENTS[case][1] in stderr.strip().splitlines()[-1], stderr[-2000:]
+    assert_one_line_argument_error(bad_argument_runs[case], BAD_ARGUMENTS[case][1])
 
 
 def _write_captures(root, with_depth):
