@@ -1,4 +1,5 @@
-"""The mosaic-t2i zoo entry: a small Stable Diffusion folder that loads in float32 and follows simple prompts."""
+"""The mosaic zoo entries (mosaic-t2i at 32x32, mosaic-t2i-64 at 64x64): small Stable Diffusion folders that load in
+float32 and follow simple prompts."""
 
 import os
 
@@ -10,39 +11,46 @@ from diffusers_ext.data.mosaic import MosaicConfig, mosaic_records
 from diffusers_ext.evaluation.mosaic import MosaicEvaluator, summarize
 
 
-@pytest.fixture(scope="module")
-def pipe():
-    pipe = zoo.load("mosaic-t2i", dtype=torch.float32)
+# name -> (image side, folder size limit in MiB)
+ENTRIES = {"mosaic-t2i": (32, 3), "mosaic-t2i-64": (64, 15)}
+
+
+@pytest.fixture(scope="module", params=sorted(ENTRIES))
+def entry(request):
+    pipe = zoo.load(request.param, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return request.param, pipe
 
 
-def test_entry_is_small_and_documented():
-    folder = zoo.path("mosaic-t2i")
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_entry_is_small_and_documented(name):
+    folder = zoo.path(name)
     size = sum(
         os.path.getsize(os.path.join(r, f)) for r, d, fs in os.walk(folder) for f in fs if "checkpoint" not in r
     )
-    assert size <= 3 * 2**20
+    assert size <= ENTRIES[name][1] * 2**20
     card = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
-    assert "training/train_text_to_image.py" in card and "--output_dir diffusers_ext/zoo/mosaic-t2i" in card
+    assert "training/train_text_to_image.py" in card and f"--output_dir diffusers_ext/zoo/{name} " in card
 
 
-def test_loads_in_float32_and_draws_single_objects(pipe):
+def test_loads_in_float32_and_draws_single_objects(entry):
     from diffusers import StableDiffusionPipeline
 
+    name, pipe = entry
+    side = ENTRIES[name][0]
     assert isinstance(pipe, StableDiffusionPipeline) and pipe.unet.dtype == torch.float32
-    config = MosaicConfig(tasks=("single",))
+    config = MosaicConfig(resolution=side, tasks=("single",))
     rows = list(mosaic_records(config, 24, seed=123, split="test"))
     images = pipe(
         [r["caption"] for r in rows],
-        height=32,
-        width=32,
+        height=side,
+        width=side,
         num_inference_steps=20,
         guidance_scale=4.0,
         generator=torch.Generator().manual_seed(0),
         output_type="np",
     ).images
-    assert images.shape == (24, 32, 32, 3)
+    assert images.shape == (24, side, side, 3)
     summary = summarize(MosaicEvaluator(config).evaluate_batch(list(images), rows))
-    # an untrained model scores ~0 on colour binding; the trained one draws most single objects right
+    # an untrained model scores ~0 on colour binding; a trained one draws most single objects right
     assert summary["colour"] >= 0.5, summary

@@ -98,6 +98,13 @@ ENTRIES = {
             "SemanticNVSPipeline",
         ),
         ZooEntry(
+            "mosaic-t2i-64",
+            "Latent text-to-image StableDiffusionPipeline of 64x64 mosaic scenes (16x16x4 latents, 6.6M-parameter "
+            "UNet); the world with room for composition; float16 weights, loaded in float32; sample at height=width=64.",
+            "StableDiffusionPipeline",
+            library="diffusers",
+        ),
+        ZooEntry(
             "mosaic-t2i",
             "Small latent text-to-image StableDiffusionPipeline of 32x32 mosaic scenes (shapes, colours, counts, "
             "relations); float16 weights, loaded in float32; judged by diffusers_ext.evaluation.mosaic.",
