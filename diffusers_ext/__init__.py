@@ -35,6 +35,7 @@ _import_structure = {
     ],
     "pipelines.semantic_nvs.pipeline_semantic_nvs": ["SemanticNVSPipeline", "SemanticNVSPipelineOutput"],
     "schedulers.compatibility": ["compatible_schedulers"],
+    "schedulers.scheduling_graph_discrete_flow": ["GraphDiscreteFlowScheduler", "GraphDiscreteFlowSchedulerOutput"],
     "schedulers.scheduling_flow_match_sde": ["FlowMatchSDEScheduler", "FlowMatchSDESchedulerOutput"],
     "pipelines.diffusion_lm.adapters": [
         "DiffusionLMAdapter",
@@ -157,6 +158,10 @@ if TYPE_CHECKING:
     from .schedulers.scheduling_discrete_flow_matching import (
         DiscreteFlowMatchingScheduler,
         DiscreteFlowMatchingSchedulerOutput,
+    )
+    from .schedulers.scheduling_graph_discrete_flow import (
+        GraphDiscreteFlowScheduler,
+        GraphDiscreteFlowSchedulerOutput,
     )
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
     from .schedulers.scheduling_oemdm import OeMDMScheduler, OeMDMSchedulerOutput
