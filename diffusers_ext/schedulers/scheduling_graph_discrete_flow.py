@@ -358,7 +358,7 @@ class GraphDiscreteFlowScheduler(SchedulerMixin, ConfigMixin):
 
     def sample_training_times(self, batch_size: int, generator=None, device=None) -> torch.Tensor:
         """Training times `(batch_size,)`: uniform on `[0, 1)`, then `train_time_distortion`."""
-        t = _rand((batch_size,), generator, device)
+        t = _rand((batch_size, 1), generator, device).squeeze(-1)
         return distort_time(t, self.config.train_time_distortion)
 
     def add_noise(
