@@ -51,3 +51,13 @@ def test_mmd_is_zero_on_identical_sets_and_the_ratio_of_a_fresh_sample_is_near_o
     assert all(far[s] > near[s] for s in far)
     ratios = mmd_ratios(trees, splits["train"], splits["test"])
     assert ratios["ratio"] > 2.0
+
+
+def test_validity_rewards_score_graph_lists():
+    from diffusers_ext.rewards import planar_validity_reward, tree_validity_reward
+
+    graphs = [nx.path_graph(5), nx.cycle_graph(5), nx.complete_graph(5), nx.Graph([(0, 1), (2, 3)])]
+    assert tree_validity_reward(graphs) == [1.0, 0.0, 0.0, 0.0]
+    assert planar_validity_reward(graphs, label=[0, 1, 2, 3]) == [1.0, 1.0, 0.0, 0.0]
+    with pytest.raises(TypeError, match="graphs"):
+        tree_validity_reward("not graphs")
