@@ -20,6 +20,8 @@ _import_structure = {
     "losses.manifold_feature_distance": ["ManifoldFeatureDistance"],
     "models.semantic_multiview_unet": ["SemanticMultiViewUNetModel", "SemanticMultiViewUNetOutput"],
     "models.discrete_flow_transformer": ["DiscreteFlowModelOutput", "DiscreteFlowTransformerModel"],
+    "models.graph_transformer": ["GraphTransformerModel", "GraphTransformerOutput"],
+    "pipelines.graph_flow.pipeline_graph_flow": ["GraphFlowPipeline", "GraphFlowPipelineOutput"],
     "pipelines.discrete_flow.pipeline_discrete_flow": ["DiscreteFlowPipeline", "DiscreteFlowPipelineOutput"],
     "schedulers.scheduling_discrete_flow_matching": [
         "DiscreteFlowMatchingScheduler",
@@ -35,6 +37,7 @@ _import_structure = {
     ],
     "pipelines.semantic_nvs.pipeline_semantic_nvs": ["SemanticNVSPipeline", "SemanticNVSPipelineOutput"],
     "schedulers.compatibility": ["compatible_schedulers"],
+    "schedulers.scheduling_graph_discrete_flow": ["GraphDiscreteFlowScheduler", "GraphDiscreteFlowSchedulerOutput"],
     "schedulers.scheduling_flow_match_sde": ["FlowMatchSDEScheduler", "FlowMatchSDESchedulerOutput"],
     "pipelines.diffusion_lm.adapters": [
         "DiffusionLMAdapter",
@@ -103,6 +106,7 @@ if TYPE_CHECKING:
     from .models.connectivity_flow import ConnectivityFlowModel, ConnectivityFlowModelOutput
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
+    from .models.graph_transformer import GraphTransformerModel, GraphTransformerOutput
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.parameter_diffusion import ParameterDiffusionModel, ParameterDiffusionModelOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
@@ -151,6 +155,7 @@ if TYPE_CHECKING:
         unscented_forecast,
     )
     from .pipelines.epidiff.pipeline_epidiff import EpiDiffForecastOutput, EpiDiffForecastPipeline
+    from .pipelines.graph_flow.pipeline_graph_flow import GraphFlowPipeline, GraphFlowPipelineOutput
     from .pipelines.lomdm.pipeline_lomdm import LoMDMPipeline
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
     from .schedulers.compatibility import compatible_schedulers
@@ -159,6 +164,10 @@ if TYPE_CHECKING:
         DiscreteFlowMatchingSchedulerOutput,
     )
     from .schedulers.scheduling_flow_match_sde import FlowMatchSDEScheduler, FlowMatchSDESchedulerOutput
+    from .schedulers.scheduling_graph_discrete_flow import (
+        GraphDiscreteFlowScheduler,
+        GraphDiscreteFlowSchedulerOutput,
+    )
     from .schedulers.scheduling_oemdm import OeMDMScheduler, OeMDMSchedulerOutput
     from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
     from .trainers.base_config import DiffusionTrainerConfig, LoraArguments

@@ -6,6 +6,7 @@ All accept torch tensors (numpy arrays too), work on any device and compute in f
 
 from .classification import accuracy, classifier_accuracy, classifier_predictions, per_class_accuracy
 from .frechet import feature_statistics, frechet_distance, frechet_distance_from_statistics
+from .graphs import graph_mmd, is_valid_planar, is_valid_tree, mmd_ratios, vun
 from .memory import peak_memory_bytes
 from .psnr import peak_signal_noise_ratio
 from .sample_distances import median_bandwidth, mmd_squared, sliced_wasserstein
@@ -20,11 +21,16 @@ __all__ = [
     "frechet_distance",
     "frechet_distance_from_statistics",
     "gaussian_window_1d",
+    "graph_mmd",
+    "is_valid_planar",
+    "is_valid_tree",
     "median_bandwidth",
+    "mmd_ratios",
     "mmd_squared",
     "peak_memory_bytes",
     "peak_signal_noise_ratio",
     "per_class_accuracy",
     "sliced_wasserstein",
     "structural_similarity",
+    "vun",
 ]

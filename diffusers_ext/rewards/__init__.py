@@ -3,13 +3,15 @@
 `images` is what the trainer decodes: a float tensor `(batch, channels, height, width)` in [0, 1]. Lists of PIL
 images and `(batch, height, width, channels)` numpy arrays in [0, 1] are accepted too, so the same callables score
 a pipeline's `output_type="pil"` or `"np"` results. Extra dataset columns (e.g. `label`) arrive as keyword lists
-with one entry per image, as in TRL.
+with one entry per image, as in TRL. Graph rewards (`graphs.py`) take `f(graphs, **columns)` with a list of networkx
+graphs instead.
 """
 
 from .classifier import ClassifierReward, digit_accuracy
 from .clip_score import CLIPScoreReward
 from .color import BrightnessReward, ColorReward
 from .compressibility import jpeg_compressibility, jpeg_incompressibility
+from .graphs import planar_validity_reward, tree_validity_reward
 from .images import images_to_tensor
 
 
@@ -22,4 +24,6 @@ __all__ = [
     "images_to_tensor",
     "jpeg_compressibility",
     "jpeg_incompressibility",
+    "planar_validity_reward",
+    "tree_validity_reward",
 ]

@@ -454,6 +454,24 @@ class PipelineConformanceTests:
                 assert_outputs_close(
                     output_to_numpy(results["text"]), output_to_numpy(results["seq"]), 0, "'text' vs 'seq' token ids"
                 )
+        if "dense" in results:
+            edges = results["dense"]
+            assert isinstance(edges, torch.Tensor) and edges.ndim == 3 and edges.shape[1] == edges.shape[2], (
+                "'dense' must give a (batch, num_nodes, num_nodes) tensor of edge classes"
+            )
+            assert not edges.is_floating_point() and torch.equal(edges, edges.transpose(1, 2)), (
+                "'dense' edge classes must be a symmetric integer tensor"
+            )
+        if "networkx" in results:
+            graphs = results["networkx"]
+            assert isinstance(graphs, list) and all(hasattr(g, "number_of_edges") for g in graphs), (
+                "'networkx' must give a list of networkx graphs"
+            )
+            if "dense" in results:
+                dense = results["dense"]
+                assert len(graphs) == dense.shape[0], "'networkx' and 'dense' give different batch sizes"
+                edges = [int((dense[b] > 0).sum()) // 2 for b in range(dense.shape[0])]
+                assert [g.number_of_edges() for g in graphs] == edges, "'networkx' and 'dense' edge counts differ"
         if "latent" in results:
             latents = results["latent"]
             assert isinstance(latents, torch.Tensor), f"'latent' must give a tensor, got {type(latents).__name__}"

@@ -22,6 +22,8 @@ DUMMIES_PACKAGE = "diffusers_ext.testing.dummies"
 IMAGE_OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 # Text pipelines return token ids (`"seq"`, compared like arrays) and optionally decoded strings (`"text"`).
 TEXT_OUTPUT_TYPES = ("seq", "text")
+# Graph pipelines return dense class tensors (`"dense"`, compared like arrays) and optionally networkx graphs.
+GRAPH_OUTPUT_TYPES = ("dense", "networkx")
 
 
 class BadInput(NamedTuple):
@@ -70,9 +72,15 @@ class DummyPipelineSpec:
         return set(self.output_types) <= set(TEXT_OUTPUT_TYPES)
 
     @property
+    def is_graph(self) -> bool:
+        """Whether the pipeline generates graphs (its output types are `"dense"`/`"networkx"`)."""
+        return set(self.output_types) <= set(GRAPH_OUTPUT_TYPES)
+
+    @property
     def comparison_output_type(self) -> str:
-        """The `output_type` of the dummy inputs: `"np"` for image pipelines, `"seq"` for text pipelines."""
-        return "seq" if self.is_text else "np"
+        """The `output_type` of the dummy inputs: `"np"` for image pipelines, `"seq"` for text pipelines, `"dense"`
+        for graph pipelines."""
+        return "seq" if self.is_text else "dense" if self.is_graph else "np"
 
 
 _REGISTRY: dict[type, DummyPipelineSpec] = {}
@@ -131,11 +139,19 @@ def register_dummy_pipeline(
             raise TypeError(f"`{name}` must be callable as {name}(seed), got {fn!r}.")
     if isinstance(batch_params, str) or not all(isinstance(p, str) for p in batch_params):
         raise TypeError(f"`batch_params` must be a sequence of argument names, got {batch_params!r}.")
-    unknown = set(output_types) - set(IMAGE_OUTPUT_TYPES) - set(TEXT_OUTPUT_TYPES)
+    unknown = set(output_types) - set(IMAGE_OUTPUT_TYPES) - set(TEXT_OUTPUT_TYPES) - set(GRAPH_OUTPUT_TYPES)
     if unknown:
         raise ValueError(
-            f"`output_types` must be among {IMAGE_OUTPUT_TYPES} or {TEXT_OUTPUT_TYPES}; got unknown {sorted(unknown)}."
+            f"`output_types` must be among {IMAGE_OUTPUT_TYPES}, {TEXT_OUTPUT_TYPES} or {GRAPH_OUTPUT_TYPES}; got "
+            f"unknown {sorted(unknown)}."
         )
+    if set(output_types) & set(GRAPH_OUTPUT_TYPES):
+        if not set(output_types) <= set(GRAPH_OUTPUT_TYPES):
+            raise ValueError(f"`output_types` mixes graph and other types: {sorted(output_types)}.")
+        if "dense" not in output_types:
+            raise ValueError(
+                "a graph pipeline's `output_types` must include 'dense' (class tensors, compared as arrays)."
+            )
     if not output_types:
         raise ValueError("`output_types` must not be empty.")
     if set(output_types) & set(TEXT_OUTPUT_TYPES):
