@@ -44,12 +44,12 @@ def parse_args(argv=None):
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Training seeds (>= 3).")
     parser.add_argument("--history", type=int, default=14, help="History steps.")
-    parser.add_argument("--train_steps", type=int, default=300, help="Denoiser training steps per seed.")
+    parser.add_argument("--train_steps", type=int, default=2000, help="Denoiser training steps per seed.")
     parser.add_argument("--batch_size", type=int, default=8, help="Training windows per batch.")
     parser.add_argument("--hidden_size", type=int, default=32, help="Denoiser width.")
     parser.add_argument("--num_layers", type=int, default=2, help="Denoiser blocks.")
     parser.add_argument(
-        "--num_samples", type=int, default=16, help="Forecast draws per window (the 90% interval needs > 8)."
+        "--num_samples", type=int, default=32, help="Forecast draws per window (the 90% interval needs > 8)."
     )
     parser.add_argument("--num_inference_steps", type=int, default=10, help="DDIM steps.")
     parser.add_argument("--eval_stride", type=int, default=3, help="Steps between evaluated forecast origins.")

@@ -18,14 +18,8 @@ def data():
 def trainer(output_dir, **kwargs):
     windows, adjacency = data()
     settings = {"history": 5, "hidden_size": 8, "num_heads": 2, "num_layers": 1, "dropout": 0.0, "max_steps": 4}
-    args = EpiDiffConfig(
-        output_dir=str(output_dir),
-        num_train_timesteps=20,
-        per_device_train_batch_size=8,
-        disable_tqdm=True,
-        save_strategy="no",
-        **{**settings, **kwargs},
-    )
+    settings.update(num_train_timesteps=20, per_device_train_batch_size=8, disable_tqdm=True, save_strategy="no")
+    args = EpiDiffConfig(output_dir=str(output_dir), **{**settings, **kwargs})
     return EpiDiffTrainer(build_epidiff_denoiser(args, windows), args, windows, adjacency)
 
 
