@@ -89,12 +89,12 @@ _import_structure = {
         "uncertainty_to_sigma",
         "unscented_forecast",
     ],
+    "trainers.epidiff_config": ["EpiDiffConfig"],
     "trainers.epidiff_trainer": [
-        "EpiDiffTrainingConfig",
+        "EpiDiffTrainer",
         "build_epidiff_denoiser",
         "build_epidiff_schedulers",
         "epidiff_denoising_loss",
-        "train_epidiff_denoiser",
     ],
 }
 
@@ -178,12 +178,12 @@ if TYPE_CHECKING:
     from .trainers.diffusion_grpo_trainer import DiffusionGRPOTrainer
     from .trainers.e2po_config import E2POConfig
     from .trainers.e2po_trainer import E2POTrainer
+    from .trainers.epidiff_config import EpiDiffConfig
     from .trainers.epidiff_trainer import (
-        EpiDiffTrainingConfig,
+        EpiDiffTrainer,
         build_epidiff_denoiser,
         build_epidiff_schedulers,
         epidiff_denoising_loss,
-        train_epidiff_denoiser,
     )
 else:
     import sys

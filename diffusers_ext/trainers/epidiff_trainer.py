@@ -1,60 +1,24 @@
-"""Training of EpiDiff's spatio-temporal denoiser: epsilon-prediction DDPM on history + horizon windows.
+"""[`EpiDiffTrainer`]: train EpiDiff's spatio-temporal denoiser (epsilon-prediction DDPM on history + horizon windows).
 
-[`epidiff_denoising_loss`] is the loss of one batch; [`train_epidiff_denoiser`] the loop both
-`training/train_epidiff.py` (through accelerate, with checkpoints) and `benchmarks/epidiff.py` run. Batches and noise
-depend only on `(seed, step)`, so a resumed run continues exactly.
+[`epidiff_denoising_loss`] is the loss of one batch, [`build_epidiff_denoiser`] a fresh denoiser normalised by the
+training windows and [`build_epidiff_schedulers`] the DDPM/DDIM pair of one schedule. `training/train_epidiff.py`
+and `benchmarks/epidiff.py` both train through the trainer. Batches and noise depend only on `(seed, step, rank)`,
+so a resumed run continues exactly.
 """
-
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
 
 from ..models.spatiotemporal_denoiser import SpatioTemporalDenoiser
-from ..utils import check_positive_int, is_number, public
+from ..pipelines.epidiff.pipeline_epidiff import EpiDiffForecastPipeline
+from ..utils import public
+from .base_trainer import DiffusionTrainer
+from .epidiff_config import EpiDiffConfig
 
 
 # the DDIM sampler's clip of the predicted clean window, in standard deviations of the training data
 SAMPLE_CLIP = 5.0
-
-
-@public
-@dataclass
-class EpiDiffTrainingConfig:
-    """Settings of [`train_epidiff_denoiser`] (DiffSTG's: hidden 32, 4 heads, 200 steps, `beta_end` 0.1, Adam 2e-3).
-
-    Args:
-        history (`int`): history steps of each window (the rest is the horizon).
-        hidden_size (`int`), num_heads (`int`), num_layers (`int`), dropout (`float`): the denoiser.
-        log_transform (`bool`): model `log1p` of the data.
-        num_train_timesteps (`int`), beta_end (`float`): the `"scaled_linear"` DDPM schedule.
-        learning_rate (`float`), weight_decay (`float`), batch_size (`int`), max_train_steps (`int`): the optimiser.
-        seed (`int`): initialisation, batches and noise.
-    """
-
-    history: int = field(default=14, metadata={"help": "History steps of each window (the rest is the horizon)."})
-    hidden_size: int = field(default=32, metadata={"help": "Width of the denoiser."})
-    num_heads: int = field(default=4, metadata={"help": "Attention heads."})
-    num_layers: int = field(default=2, metadata={"help": "Temporal + graph attention blocks."})
-    dropout: float = field(default=0.1, metadata={"help": "Dropout."})
-    log_transform: bool = field(default=True, metadata={"help": "Model log1p of the data."})
-    num_train_timesteps: int = field(default=200, metadata={"help": "DDPM steps."})
-    beta_end: float = field(default=0.1, metadata={"help": "Last beta of the scaled_linear schedule."})
-    learning_rate: float = field(default=2e-3, metadata={"help": "Adam learning rate."})
-    weight_decay: float = field(default=1e-5, metadata={"help": "Adam weight decay."})
-    batch_size: int = field(default=8, metadata={"help": "Windows per batch."})
-    max_train_steps: int = field(default=1000, metadata={"help": "Optimiser steps."})
-    seed: int = field(default=0, metadata={"help": "Seed of initialisation, batches and noise."})
-
-    def __post_init__(self):
-        for name in ("history", "hidden_size", "num_heads", "num_layers", "num_train_timesteps", "batch_size"):
-            check_positive_int(name, getattr(self, name))
-        check_positive_int("max_train_steps", self.max_train_steps, minimum=0)
-        for name in ("beta_end", "learning_rate"):
-            if not is_number(getattr(self, name)) or getattr(self, name) <= 0:
-                raise ValueError(f"`{name}` must be a positive number, got {getattr(self, name)!r}.")
 
 
 @public
@@ -75,13 +39,26 @@ def build_epidiff_schedulers(num_train_timesteps: int = 200, beta_end: float = 0
     return ddpm, ddim
 
 
+def _check_windows(train_windows, history: int) -> np.ndarray:
+    windows = np.asarray(train_windows, dtype=np.float32)
+    if windows.ndim != 3 or windows.shape[0] < 1:
+        raise ValueError(f"`train_windows` must have shape (N >= 1, V, T), got {windows.shape}.")
+    if not np.all(np.isfinite(windows)):
+        raise ValueError("`train_windows` must hold finite values.")
+    if not 0 < history < windows.shape[-1]:
+        raise ValueError(f"`history` must lie in 1 .. {windows.shape[-1] - 1} (the window length - 1), got {history}.")
+    return windows
+
+
 @public
-def build_epidiff_denoiser(config: EpiDiffTrainingConfig, train_windows: np.ndarray) -> SpatioTemporalDenoiser:
-    """A fresh denoiser for windows like `train_windows` `(N, V, T)`, normalised by their global mean and std."""
-    values = np.log1p(np.maximum(train_windows, 0)) if config.log_transform else np.asarray(train_windows)
+def build_epidiff_denoiser(config: EpiDiffConfig, train_windows: np.ndarray) -> SpatioTemporalDenoiser:
+    """A fresh denoiser (seeded by `config.seed`) for windows like `train_windows` `(N, V, T)`, normalised by their
+    global mean and standard deviation (of `log1p` with `config.log_transform`)."""
+    windows = _check_windows(train_windows, config.history)
+    values = np.log1p(np.maximum(windows, 0)) if config.log_transform else windows
     torch.manual_seed(config.seed)
     return SpatioTemporalDenoiser(
-        window_length=train_windows.shape[-1],
+        window_length=windows.shape[-1],
         hidden_size=config.hidden_size,
         num_heads=config.num_heads,
         num_layers=config.num_layers,
@@ -102,8 +79,11 @@ def epidiff_denoising_loss(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """The epsilon-prediction MSE of a batch of windows `(B, V, T)` (data units) whose first `history` steps are
-    observed: the whole window is noised and denoised, conditioned on the history (future zeroed) and its mask."""
-    x0 = model.normalize(windows)
+    observed: the whole window is noised and denoised, conditioned on the history (future zeroed) and its mask.
+
+    `model` may be wrapped (DDP): its normalisation is read from the unwrapped module."""
+    base = model.module if hasattr(model, "module") else model
+    x0 = base.normalize(windows)
     batch, _, steps = x0.shape
     noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
     timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (batch,), generator=generator, device=x0.device)
@@ -112,65 +92,129 @@ def epidiff_denoising_loss(
     mask[:history] = 1
     condition = x0 * mask
     prediction = model(noisy, timesteps, condition, mask, adjacency).sample
-    return torch.nn.functional.mse_loss(prediction, noise)
+    return torch.nn.functional.mse_loss(prediction.float(), noise.float())
 
 
 @public
-def train_epidiff_denoiser(
-    model: SpatioTemporalDenoiser,
-    scheduler: DDPMScheduler,
-    train_windows: np.ndarray,
-    adjacency: np.ndarray,
-    config: EpiDiffTrainingConfig,
-    accelerator=None,
-    start_step: int = 0,
-    optimizer: torch.optim.Optimizer | None = None,
-    on_step_end: Callable[[int, float], None] | None = None,
-) -> list[float]:
-    """Train `model` for `config.max_train_steps` steps (from `start_step`); returns the per-step losses.
+class EpiDiffTrainer(DiffusionTrainer):
+    r"""
+    Train a [`SpatioTemporalDenoiser`] on forecast windows of a graph signal (see [`EpiDiffConfig`]); the result is
+    an [`EpiDiffForecastPipeline`] (`save_model` writes a folder that `EpiDiffForecastPipeline.from_pretrained`
+    loads).
+
+    Each step draws `per_device_train_batch_size` windows (with replacement) from a generator seeded by
+    `(seed, step, rank)` and its noise and timesteps from another, so a run resumed from `checkpoint-<step>` (weights,
+    optimizer and RNG states through `accelerator.save_state`) continues exactly.
 
     Args:
-        model ([`SpatioTemporalDenoiser`]), scheduler (`DDPMScheduler`): what to train and its noise schedule.
-        train_windows (`np.ndarray` of shape `(N, V, T)`): training windows (data units).
-        adjacency (`np.ndarray` of shape `(V, V)`): the graph.
-        config ([`EpiDiffTrainingConfig`]): the settings.
-        accelerator (`accelerate.Accelerator`, *optional*): when given, `model` and `optimizer` must be prepared by
-            it; backward and gradient accumulation go through it.
-        start_step (`int`, defaults to 0): the step to resume at.
-        optimizer (`torch.optim.Optimizer`, *optional*): default Adam with the config's rate and weight decay.
-        on_step_end (`Callable[[step, loss], None]`, *optional*): called after every step (checkpoints, logging).
+        model ([`SpatioTemporalDenoiser`]): the denoiser to train, e.g. from [`build_epidiff_denoiser`] (whose
+            normalisation statistics come from the training windows); its `window_length` must be the windows'.
+        args ([`EpiDiffConfig`], *optional*).
+        train_windows (`np.ndarray` of shape `(N, V, T)`): training windows in data units (history + horizon).
+        adjacency (`np.ndarray` or `torch.Tensor` of shape `(V, V)`): the graph (nonzero = an edge).
+        noise_scheduler (`DDPMScheduler`, *optional*): default [`build_epidiff_schedulers`]`(num_train_timesteps,
+            beta_end)` of the config.
+        accelerator (`accelerate.Accelerator`, *optional*): default one built from the config.
     """
-    windows = np.asarray(train_windows, dtype=np.float32)
-    if windows.ndim != 3 or windows.shape[-1] != model.config.window_length:
-        raise ValueError(f"`train_windows` must have shape (N, V, {model.config.window_length}), got {windows.shape}.")
-    if not 0 < config.history < windows.shape[-1]:
-        raise ValueError(f"`config.history` must lie in 1 .. {windows.shape[-1] - 1}, got {config.history}.")
-    device = accelerator.device if accelerator is not None else model.device
-    data = torch.from_numpy(windows).to(device)
-    graph = torch.as_tensor(adjacency, dtype=torch.float32, device=device)
-    if optimizer is None:
-        optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    rank = accelerator.process_index if accelerator is not None else 0
-    model.train()
-    losses = []
-    for step in range(start_step, config.max_train_steps):
-        generator = torch.Generator(device="cpu").manual_seed(config.seed * 1_000_003 + step * 101 + rank)
-        index = torch.randint(0, len(data), (config.batch_size,), generator=generator)
-        batch = data[index.to(device)]
-        noise_generator = torch.Generator(device=device).manual_seed(config.seed * 7_919 + step * 31 + rank)
-        if accelerator is not None:
-            with accelerator.accumulate(model):
-                loss = epidiff_denoising_loss(model, scheduler, batch, config.history, graph, noise_generator)
-                accelerator.backward(loss)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-        else:
-            loss = epidiff_denoising_loss(model, scheduler, batch, config.history, graph, noise_generator)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
-        if on_step_end is not None:
-            on_step_end(step + 1, losses[-1])
-    model.eval()
-    return losses
+
+    config_class = EpiDiffConfig
+    state_file = "epidiff_state.safetensors"
+
+    def __init__(
+        self,
+        model: SpatioTemporalDenoiser,
+        args: EpiDiffConfig | None = None,
+        train_windows=None,
+        adjacency=None,
+        noise_scheduler: DDPMScheduler | None = None,
+        accelerator=None,
+    ):
+        super().__init__(args)
+        if not isinstance(model, SpatioTemporalDenoiser):
+            raise TypeError(f"`model` must be a SpatioTemporalDenoiser, got {type(model).__name__}.")
+        if train_windows is None:
+            raise ValueError("`train_windows` is required: an array of shape (N, V, T).")
+        windows = _check_windows(train_windows, self.args.history)
+        if windows.shape[-1] != model.config.window_length:
+            raise ValueError(
+                f"`train_windows` must have windows of the model's length {model.config.window_length}, got "
+                f"shape {windows.shape}."
+            )
+        if adjacency is None:
+            raise ValueError("`adjacency` is required: an array of shape (V, V).")
+        graph = torch.as_tensor(np.asarray(adjacency), dtype=torch.float32)
+        if graph.shape != (windows.shape[1], windows.shape[1]):
+            raise ValueError(
+                f"`adjacency` must have shape ({windows.shape[1]}, {windows.shape[1]}) (one row per node of "
+                f"`train_windows`), got {tuple(graph.shape)}."
+            )
+        ddpm, self.sampling_scheduler = build_epidiff_schedulers(self.args.num_train_timesteps, self.args.beta_end)
+        self.noise_scheduler = noise_scheduler if noise_scheduler is not None else ddpm
+        self.create_accelerator(accelerator)
+        device = self.accelerator.device
+        self.windows = torch.from_numpy(windows).to(device)
+        self.adjacency = graph.to(device)
+        self.model, self.parameters = self.prepare_trained_model(model)
+
+    def create_optimizer(self, parameters) -> torch.optim.Optimizer:
+        """Adam with L2 weight decay (DiffSTG's optimiser), the config's rate, betas and epsilon."""
+        args = self.args
+        return torch.optim.Adam(
+            parameters,
+            lr=args.learning_rate,
+            betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_epsilon,
+            weight_decay=args.weight_decay,
+        )
+
+    def batch_generators(self, step: int) -> tuple[torch.Generator, torch.Generator]:
+        """`(batch generator (CPU), noise generator (on the device))` of `step` on this process."""
+        seed, rank = self.args.seed, self.accelerator.process_index
+        batch = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + step * 101 + rank)
+        noise = torch.Generator(device=self.accelerator.device).manual_seed(seed * 7_919 + step * 31 + rank)
+        return batch, noise
+
+    def compute_loss(self, step: int) -> torch.Tensor:
+        """The denoising loss of `step`'s batch (see [`epidiff_denoising_loss`])."""
+        batch_generator, noise_generator = self.batch_generators(step)
+        index = torch.randint(
+            0, len(self.windows), (self.args.per_device_train_batch_size,), generator=batch_generator
+        )
+        batch = self.windows[index.to(self.windows.device)]
+        return epidiff_denoising_loss(
+            self.model, self.noise_scheduler, batch, self.args.history, self.adjacency, noise_generator
+        )
+
+    def training_step(self) -> dict[str, float]:
+        accelerator = self.accelerator
+        self.model.train()
+        with accelerator.accumulate(self.model):
+            loss = self.compute_loss(self.global_step)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and self.args.max_grad_norm > 0:
+                self.clip_gradients(self.parameters, self.model)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        return self.reduce_metrics({"loss": loss.detach()})
+
+    def denoiser(self) -> SpatioTemporalDenoiser:
+        """The trained denoiser (unwrapped)."""
+        return self.accelerator.unwrap_model(self.model)
+
+    def forecast_pipeline(self) -> EpiDiffForecastPipeline:
+        """An [`EpiDiffForecastPipeline`] of the trained denoiser and the DDIM sampler of the training schedule."""
+        return EpiDiffForecastPipeline(denoiser=self.denoiser(), scheduler=self.sampling_scheduler)
+
+    def _save_weights(self, output_dir: str) -> None:
+        if self.accelerator.is_main_process:
+            self.forecast_pipeline().save_pretrained(output_dir)
+
+    def _card_description(self) -> str:
+        model = self.denoiser().config
+        return (
+            f"An EpiDiff spatio-temporal denoiser (window {model.window_length}, history {self.args.history}, "
+            f"hidden {model.hidden_size}, {model.num_layers} blocks) trained by `EpiDiffTrainer` (diffusers-ext) for "
+            f"{self.global_step} steps. Load it with `EpiDiffForecastPipeline.from_pretrained` and steer it with a "
+            "mechanistic forecast (`mechanistic_forecast`) and its variance."
+        )
