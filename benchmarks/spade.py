@@ -126,7 +126,7 @@ class Runner:
                     for k in range(ENSEMBLE_SIZE)
                 ]
             else:
-                model = train_spade(
+                model, _ = train_spade(
                     task,
                     name,
                     hidden_size=args.hidden_size,

@@ -190,10 +190,11 @@ def train_spade(
     seed: int = 0,
     output_dir: str = "spade_benchmark_output",
     **config,
-) -> ScalarDiffusionSurrogate:
+) -> tuple[ScalarDiffusionSurrogate, list[dict]]:
     r"""
     Train a SPADE surrogate of `variant` (a key of [`SPADE_VARIANTS`]) on `task`'s offline data with
-    [`SpadeTrainer`] (`max_steps` mini-batches; extra [`SpadeConfig`] fields in `config`). Returns the surrogate.
+    [`SpadeTrainer`] (`max_steps` mini-batches; extra [`SpadeConfig`] fields in `config`). Returns the surrogate and
+    the trainer's history (one dict of losses per step).
     """
     if variant not in SPADE_VARIANTS:
         raise ValueError(f"`variant` must be one of {tuple(SPADE_VARIANTS)}, got {variant!r}.")
@@ -210,8 +211,8 @@ def train_spade(
         **config,
     )
     trainer = SpadeTrainer(model, args, train_x=task.offline_x, train_y=task.offline_y)
-    trainer.train()
-    return trainer.surrogate().eval()
+    history = trainer.train()
+    return trainer.surrogate().eval(), history
 
 
 def spade_search(
