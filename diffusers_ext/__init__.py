@@ -86,6 +86,13 @@ _import_structure = {
         "uncertainty_to_sigma",
         "unscented_forecast",
     ],
+    "models.scalar_diffusion_surrogate": ["ScalarDiffusionSurrogate", "ScalarDiffusionSurrogateOutput"],
+    "pipelines.spade.pipeline_surrogate_predictive": ["SurrogatePredictiveOutput", "SurrogatePredictivePipeline"],
+    "pipelines.spade.pipeline_offline_optimization": ["OfflineOptimizationOutput", "OfflineOptimizationPipeline"],
+    "pipelines.spade.search": ["EAConfig"],
+    "pipelines.spade.support": ["KnnSupport"],
+    "trainers.spade_config": ["SpadeConfig"],
+    "trainers.spade_trainer": ["SpadeTrainer"],
     "trainers.epidiff_trainer": [
         "EpiDiffTrainingConfig",
         "build_epidiff_denoiser",
@@ -105,6 +112,7 @@ if TYPE_CHECKING:
     from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.parameter_diffusion import ParameterDiffusionModel, ParameterDiffusionModelOutput
+    from .models.scalar_diffusion_surrogate import ScalarDiffusionSurrogate, ScalarDiffusionSurrogateOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .models.spatiotemporal_denoiser import SpatioTemporalDenoiser, SpatioTemporalDenoiserOutput
     from .pipelines.certified_transfer.adapter_vectorizer import AdapterVectorizer
@@ -153,6 +161,10 @@ if TYPE_CHECKING:
     from .pipelines.epidiff.pipeline_epidiff import EpiDiffForecastOutput, EpiDiffForecastPipeline
     from .pipelines.lomdm.pipeline_lomdm import LoMDMPipeline
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
+    from .pipelines.spade.pipeline_offline_optimization import OfflineOptimizationOutput, OfflineOptimizationPipeline
+    from .pipelines.spade.pipeline_surrogate_predictive import SurrogatePredictiveOutput, SurrogatePredictivePipeline
+    from .pipelines.spade.search import EAConfig
+    from .pipelines.spade.support import KnnSupport
     from .schedulers.compatibility import compatible_schedulers
     from .schedulers.scheduling_discrete_flow_matching import (
         DiscreteFlowMatchingScheduler,
@@ -176,6 +188,8 @@ if TYPE_CHECKING:
         epidiff_denoising_loss,
         train_epidiff_denoiser,
     )
+    from .trainers.spade_config import SpadeConfig
+    from .trainers.spade_trainer import SpadeTrainer
 else:
     import sys
 
