@@ -90,6 +90,13 @@ _import_structure = {
         "unscented_forecast",
     ],
     "trainers.epidiff_config": ["EpiDiffConfig"],
+    "models.scalar_diffusion_surrogate": ["ScalarDiffusionSurrogate", "ScalarDiffusionSurrogateOutput"],
+    "pipelines.spade.pipeline_surrogate_predictive": ["SurrogatePredictiveOutput", "SurrogatePredictivePipeline"],
+    "pipelines.spade.pipeline_offline_optimization": ["OfflineOptimizationOutput", "OfflineOptimizationPipeline"],
+    "pipelines.spade.search": ["EAConfig"],
+    "pipelines.spade.support": ["KnnSupport"],
+    "trainers.spade_config": ["SpadeConfig"],
+    "trainers.spade_trainer": ["SpadeTrainer"],
     "trainers.epidiff_trainer": [
         "EpiDiffTrainer",
         "build_epidiff_denoiser",
@@ -109,6 +116,7 @@ if TYPE_CHECKING:
     from .models.graph_transformer import GraphTransformerModel, GraphTransformerOutput
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.parameter_diffusion import ParameterDiffusionModel, ParameterDiffusionModelOutput
+    from .models.scalar_diffusion_surrogate import ScalarDiffusionSurrogate, ScalarDiffusionSurrogateOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .models.spatiotemporal_denoiser import SpatioTemporalDenoiser, SpatioTemporalDenoiserOutput
     from .pipelines.certified_transfer.adapter_vectorizer import AdapterVectorizer
@@ -158,6 +166,10 @@ if TYPE_CHECKING:
     from .pipelines.graph_flow.pipeline_graph_flow import GraphFlowPipeline, GraphFlowPipelineOutput
     from .pipelines.lomdm.pipeline_lomdm import LoMDMPipeline
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
+    from .pipelines.spade.pipeline_offline_optimization import OfflineOptimizationOutput, OfflineOptimizationPipeline
+    from .pipelines.spade.pipeline_surrogate_predictive import SurrogatePredictiveOutput, SurrogatePredictivePipeline
+    from .pipelines.spade.search import EAConfig
+    from .pipelines.spade.support import KnnSupport
     from .schedulers.compatibility import compatible_schedulers
     from .schedulers.scheduling_discrete_flow_matching import (
         DiscreteFlowMatchingScheduler,
@@ -185,6 +197,8 @@ if TYPE_CHECKING:
         build_epidiff_schedulers,
         epidiff_denoising_loss,
     )
+    from .trainers.spade_config import SpadeConfig
+    from .trainers.spade_trainer import SpadeTrainer
 else:
     import sys
 

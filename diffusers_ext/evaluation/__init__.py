@@ -20,6 +20,16 @@ _import_structure = {
     ],
     "consistency": ["ClassifierFeatureDistance", "sample_consistency_model", "train_judge_classifier"],
     "digits": ["DigitsGeneratorReport", "evaluate_digits_generator", "sample_digits"],
+    "spade": [
+        "SPADE_VARIANTS",
+        "MLPRegressor",
+        "best_of_offline",
+        "fit_regressor",
+        "gradient_ascent",
+        "regressor_search",
+        "spade_search",
+        "train_spade",
+    ],
     "epidiff": ["QUANTILE_LEVELS", "gamma_draws", "quantile_loss", "summarize_scores", "window_scores"],
     "doob_guidance": ["plan_with_budget", "project_out_of_discs", "projection_guidance"],
     "dirp.latent_mimicry": ["mimic_frechet", "sample_mimic"],
@@ -221,6 +231,16 @@ if TYPE_CHECKING:
     from .semantic_nvs import SceneEvaluator, bootstrap_frechet, evaluator_accuracy, train_scene_evaluator
     from .soar import MarkovChainOracleLM
     from .soar_headroom import oracle_order_search
+    from .spade import (
+        SPADE_VARIANTS,
+        MLPRegressor,
+        best_of_offline,
+        fit_regressor,
+        gradient_ascent,
+        regressor_search,
+        spade_search,
+        train_spade,
+    )
     from .unlearning import ConceptUnlearningReport, denoising_losses, evaluate_concept_unlearning, membership_summary
 else:
     import sys
