@@ -10,6 +10,7 @@ join a gloo process group (`DistributedType.MULTI_CPU`). Run as a script, this f
 is `ACCELERATE_USE_CPU=true torchrun --standalone --nproc_per_node 2 ...` (the command the README documents) with a free port picked for each run, so tests can run side by side.
 """
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -71,6 +72,19 @@ def run_as_main(script: str, runs: list[list[str]], env: dict | None = None, tim
     lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
     assert result.returncode == 0 and len(lines) == len(runs), result.stderr[-3000:]
     return [tuple(json.loads(line)) for line in lines]
+
+
+@contextlib.contextmanager
+def as_command_line(script: str, argv: list[str]):
+    """Within the block, `sys.argv` is `[script, *argv]`, as if `python SCRIPT ARGV` had started this process: a
+    script's `main(argv)` called in-process then writes the right command into its model card (which reads
+    `sys.argv`), whatever runner started the test process (pytest-xdist workers run as `python -c`)."""
+    saved = sys.argv
+    sys.argv = [os.path.relpath(script), *argv]
+    try:
+        yield
+    finally:
+        sys.argv = saved
 
 
 def run_bad_arguments(script: str, cases: list, root, common: list[str] = (), env: dict | None = None):

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch, assert_world_size
+from script_launch import accelerate_cpu_launch, as_command_line, assert_world_size
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "training", "train_epidiff.py")
 TINY = [
-    "--dataset", "simulator", "--sim_nodes", "4", "--sim_steps", "80", "--history", "5", "--horizon", "3",
+    "--dataset_name", "simulator", "--sim_nodes", "4", "--sim_steps", "80", "--history", "5", "--horizon", "3",
     "--hidden_size", "8", "--num_heads", "2", "--num_layers", "1", "--num_train_timesteps", "20",
     "--train_batch_size", "4", "--checkpointing_steps", "2", "--report_to", "none", "--disable_tqdm", "true",
     "--eval_num_samples", "2", "--eval_inference_steps", "2",
@@ -28,7 +28,9 @@ def _run_in_process(output_dir, steps, *extra):
     spec = importlib.util.spec_from_file_location("train_epidiff", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(["--output_dir", str(output_dir), "--max_train_steps", str(steps), *TINY, *extra])
+    argv = ["--output_dir", str(output_dir), "--max_train_steps", str(steps), *TINY, *extra]
+    with as_command_line(SCRIPT, argv):
+        module.main(argv)
 
 
 def _weights(folder):
@@ -100,8 +102,8 @@ def test_two_process_launch(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--dataset", "nope"], "--dataset"),
-        (["--dataset", "csv"], "--counts_csv"),
+        (["--dataset_name", "nope"], "--dataset_name"),
+        (["--dataset_name", "csv"], "--counts_csv"),
         (["--horizon", "0"], "--horizon"),
         (["--learning_rate", "0"], "--learning_rate"),
         (["--hidden_size", "9"], "--hidden_size"),

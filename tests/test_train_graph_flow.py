@@ -33,9 +33,9 @@ def _weights(folder):
 def test_tiny_run_saves_a_loadable_pipeline_and_resume_is_exact(tmp_path):
     torch.set_num_threads(1)
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
-    _run(resumed, 2, "--dataset", "planar")
-    _run(resumed, 4, "--dataset", "planar", "--resume_from_checkpoint", "latest")
-    _run(straight, 4, "--dataset", "planar")
+    _run(resumed, 2, "--dataset_name", "planar")
+    _run(resumed, 4, "--dataset_name", "planar", "--resume_from_checkpoint", "latest")
+    _run(straight, 4, "--dataset_name", "planar")
     a, b = _weights(resumed), _weights(straight)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=f"{name} differs after resume")
@@ -55,7 +55,9 @@ def test_tiny_run_saves_a_loadable_pipeline_and_resume_is_exact(tmp_path):
     assert "train_graph_flow.py" in (resumed / "README.md").read_text()
 
 
-@pytest.mark.parametrize("args, message", [(["--num_nodes", "2"], "--num_nodes"), (["--dataset", "sbm"], "--dataset")])
+@pytest.mark.parametrize(
+    "args, message", [(["--num_nodes", "2"], "--num_nodes"), (["--dataset_name", "sbm"], "--dataset_name")]
+)
 def test_bad_arguments_fail_with_one_line_error(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
         _run(tmp_path, 1, *args)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import accelerate_cpu_launch, assert_world_size
+from script_launch import accelerate_cpu_launch, as_command_line, assert_world_size
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,7 +53,9 @@ def test_tiny_run_saves_a_folder_the_pipelines_load(tmp_path):
     y = -(x**2).sum(1)
     np.savez(tmp_path / "mine.npz", x=x, y=y)
     out = tmp_path / "out"
-    module.main(["--output_dir", str(out), "--data_file", str(tmp_path / "mine.npz"), "--max_train_steps", "2", *TINY])
+    argv = ["--output_dir", str(out), "--data_file", str(tmp_path / "mine.npz"), "--max_train_steps", "2", *TINY]
+    with as_command_line(SCRIPT, argv):
+        module.main(argv)
     pipe = SurrogatePredictivePipeline.from_pretrained(str(out))
     assert pipe.model.config.x_dim == 3 and float(pipe.model.y_mean) == pytest.approx(float(y.mean()), abs=1e-5)
     result = pipe(x[:5], num_samples=4, num_inference_steps=3, generator=torch.Generator().manual_seed(0))

@@ -3,14 +3,14 @@
 
 The Boston influenza-like-illness rates of the `areafluforecast` wheel (`pip install --no-deps areafluforecast`):
 
-    accelerate launch training/train_epidiff.py --output_dir epidiff-boston --dataset boston --horizon 7
+    accelerate launch training/train_epidiff.py --output_dir epidiff-boston --dataset_name boston --horizon 7
 
 Your own panel: a CSV of counts (first column the time, one column per region) and an adjacency CSV:
 
-    accelerate launch training/train_epidiff.py --output_dir epidiff-mine --dataset csv \\
+    accelerate launch training/train_epidiff.py --output_dir epidiff-mine --dataset_name csv \\
         --counts_csv counts.csv --adjacency_csv adjacency.csv --population 1e5 --horizon 4
 
-`--dataset simulator` trains on the metapopulation SIRS simulator (`simulate_metapopulation_sir`). Windows of
+`--dataset_name simulator` trains on the metapopulation SIRS simulator (`simulate_metapopulation_sir`). Windows of
 `--history` + `--horizon` steps are cut chronologically 60/20/20 and only the training segment's windows are
 trained on. The result is an `EpiDiffForecastPipeline` folder (`EpiDiffForecastPipeline.from_pretrained(output_dir)`)
 with a model card holding the unguided forecast's validation MAE and CRPS; checkpoints are
@@ -43,16 +43,18 @@ DEFAULTS = {"output_dir": None, "report_to": "tensorboard"}
 class ScriptArguments:
     """The data the denoiser is trained on and how its result is measured; the trainer's options are its config's."""
 
-    dataset: str = field(default="boston", metadata={"help": "'boston', 'simulator' or 'csv'."})
-    counts_csv: str | None = field(default=None, metadata={"help": "--dataset csv: the counts (time x regions)."})
+    dataset_name: str = field(default="boston", metadata={"help": "'boston', 'simulator' or 'csv'."})
+    counts_csv: str | None = field(default=None, metadata={"help": "--dataset_name csv: the counts (time x regions)."})
     adjacency_csv: str | None = field(
-        default=None, metadata={"help": "--dataset csv: the adjacency (a square matrix or an edge list)."}
+        default=None, metadata={"help": "--dataset_name csv: the adjacency (a square matrix or an edge list)."}
     )
-    population: float = field(default=1e5, metadata={"help": "--dataset csv: the population the counts refer to."})
+    population: float = field(
+        default=1e5, metadata={"help": "--dataset_name csv: the population the counts refer to."}
+    )
     horizon: int = field(default=7, metadata={"help": "Forecast steps per window."})
-    sim_nodes: int = field(default=10, metadata={"help": "--dataset simulator: regions."})
-    sim_steps: int = field(default=300, metadata={"help": "--dataset simulator: time steps."})
-    sim_seed: int = field(default=0, metadata={"help": "--dataset simulator: seed of the epidemic."})
+    sim_nodes: int = field(default=10, metadata={"help": "--dataset_name simulator: regions."})
+    sim_steps: int = field(default=300, metadata={"help": "--dataset_name simulator: time steps."})
+    sim_seed: int = field(default=0, metadata={"help": "--dataset_name simulator: seed of the epidemic."})
     eval_num_samples: int = field(default=8, metadata={"help": "Draws per validation window for the model card."})
     eval_inference_steps: int = field(default=10, metadata={"help": "DDIM steps of those draws."})
 
@@ -75,12 +77,14 @@ def parse_args(argv=None):
         parser.error(re.sub(r"`(\w+)`", r"--\1", str(error)))
     if config.output_dir is None:
         parser.error("--output_dir is required.")
-    if script_args.dataset not in DATASETS:
-        parser.error(f"--dataset must be one of {DATASETS}, got {script_args.dataset!r}.")
-    if script_args.dataset == "csv" and script_args.counts_csv is None:
-        parser.error("--dataset csv needs --counts_csv.")
-    if script_args.dataset != "csv" and (script_args.counts_csv or script_args.adjacency_csv):
-        parser.error(f"--counts_csv/--adjacency_csv need --dataset csv, got --dataset {script_args.dataset}.")
+    if script_args.dataset_name not in DATASETS:
+        parser.error(f"--dataset_name must be one of {DATASETS}, got {script_args.dataset_name!r}.")
+    if script_args.dataset_name == "csv" and script_args.counts_csv is None:
+        parser.error("--dataset_name csv needs --counts_csv.")
+    if script_args.dataset_name != "csv" and (script_args.counts_csv or script_args.adjacency_csv):
+        parser.error(
+            f"--counts_csv/--adjacency_csv need --dataset_name csv, got --dataset_name {script_args.dataset_name}."
+        )
     for name in ("horizon", "sim_nodes", "sim_steps", "eval_num_samples", "eval_inference_steps"):
         if getattr(script_args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(script_args, name)}.")
@@ -92,9 +96,9 @@ def parse_args(argv=None):
 def load_series(script_args):
     from diffusers_ext.data.epidemics import load_boston_ili, load_counts_csv, simulate_metapopulation_sir
 
-    if script_args.dataset == "boston":
+    if script_args.dataset_name == "boston":
         return load_boston_ili()
-    if script_args.dataset == "simulator":
+    if script_args.dataset_name == "simulator":
         return simulate_metapopulation_sir(
             num_nodes=script_args.sim_nodes, num_steps=script_args.sim_steps, seed=script_args.sim_seed
         )
@@ -146,7 +150,7 @@ def main(argv=None):
     accelerator = trainer.accelerator
     logger.info(accelerator.state, main_process_only=False)
     logger.info(
-        f"{script_args.dataset}: {series.num_nodes} nodes x {series.num_steps} steps; {len(train)} training windows "
+        f"{script_args.dataset_name}: {series.num_nodes} nodes x {series.num_steps} steps; {len(train)} training windows "
         f"of {config.history} + {script_args.horizon} steps"
     )
     trainer.train()  # resumes per --resume_from_checkpoint, checkpoints every --save_steps

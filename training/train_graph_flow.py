@@ -1,6 +1,6 @@
 """Pretrain a discrete graph flow model (DeFoG) on SPECTRE-style planar or tree graphs.
 
-    accelerate launch training/train_graph_flow.py --output_dir graph-flow-tree16 --dataset tree --num_nodes 16 \
+    accelerate launch training/train_graph_flow.py --output_dir graph-flow-tree16 --dataset_name tree --num_nodes 16 \
         --max_train_steps 3000
 
 The graphs are regenerated with the benchmark's generators (`diffusers_ext.data.graphs.spectre_splits`, split
@@ -33,7 +33,7 @@ logger = get_logger(__name__, log_level="INFO")
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", type=str, default="tree", choices=["tree", "planar"], help="Graph family.")
+    data.add_argument("--dataset_name", type=str, default="tree", choices=["tree", "planar"], help="Graph family.")
     data.add_argument("--num_nodes", type=int, default=16, help="Nodes per graph.")
     data.add_argument("--data_seed", type=int, default=0, help="Seed of the regenerated graphs.")
     model = parser.add_argument_group("model")
@@ -93,7 +93,7 @@ def main(argv=None):
     )
 
     accelerator = start_run(args, logger)
-    splits = spectre_splits(args.dataset, args.num_nodes, args.data_seed)
+    splits = spectre_splits(args.dataset_name, args.num_nodes, args.data_seed)
     X, E, mask = graphs_to_dense(splits["train"])
     node_p0, edge_p0 = GraphDiscreteFlowScheduler.marginals_from_dense(X, E, mask, 1, 2)
     counts = torch.bincount(mask.sum(1), minlength=args.num_nodes + 1).double()
@@ -171,21 +171,21 @@ def main(argv=None):
                 num_inference_steps=args.eval_inference_steps,
                 generator=torch.Generator(accelerator.device).manual_seed(args.seed),
             ).graphs
-            scores = vun(graphs, splits["train"], args.dataset)
+            scores = vun(graphs, splits["train"], args.dataset_name)
             metrics = {f"{k} ({args.eval_inference_steps} steps)": v for k, v in scores.items()}
         with open(os.path.join(args.output_dir, "validation_metrics.json"), "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2)
         write_model_card(
             args.output_dir,
-            title=f"Discrete graph flow (DeFoG) on {args.dataset}-{args.num_nodes}",
+            title=f"Discrete graph flow (DeFoG) on {args.dataset_name}-{args.num_nodes}",
             description=(
                 f"A `GraphTransformerModel` ({sum(p.numel() for p in final.parameters()):,} parameters) trained with "
-                f"`training/train_graph_flow.py` on 128 regenerated {args.dataset} graphs of {args.num_nodes} nodes: "
+                f"`training/train_graph_flow.py` on 128 regenerated {args.dataset_name} graphs of {args.num_nodes} nodes: "
                 f"{args.max_train_steps} steps. Sample with `GraphFlowPipeline.from_pretrained(folder)`."
             ),
             command=command_line(),
             metrics=metrics,
-            tags=["graph-generation", "discrete-flow-matching", args.dataset],
+            tags=["graph-generation", "discrete-flow-matching", args.dataset_name],
         )
     accelerator.end_training()
 
