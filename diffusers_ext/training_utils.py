@@ -153,6 +153,21 @@ class GeneratorState:
         self.generator.set_state(state["state"])
 
 
+def log_and_checkpoint(accelerator, args, step: int, logs: dict, logger=None) -> str | None:
+    """The end of one optimizer step in the pack's scripts: `accelerator.log(logs)` every `args.logging_steps` and a
+    checkpoint (`save_checkpoint`, keeping `args.checkpoints_total_limit`) every `args.checkpointing_steps`, both
+    also at the last step `args.max_train_steps`. Returns the checkpoint's path when one was saved."""
+    last = step == args.max_train_steps
+    if step % args.logging_steps == 0 or last:
+        accelerator.log(logs, step=step)
+    if step % args.checkpointing_steps == 0 or last:
+        path = save_checkpoint(accelerator, args.output_dir, step, args.checkpoints_total_limit)
+        if logger is not None:
+            logger.info(f"Saved {path}")
+        return path
+    return None
+
+
 def command_line() -> str:
     """The command that started this process, as a user would retype it (launcher included).
 

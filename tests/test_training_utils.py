@@ -8,6 +8,7 @@ from diffusers_ext.training_utils import (
     checkpoint_step,
     command_line,
     list_checkpoints,
+    log_and_checkpoint,
     resolve_resume_checkpoint,
     save_checkpoint,
     write_model_card,
@@ -312,3 +313,25 @@ def test_option_aliases_share_the_destination_and_keep_the_default():
     assert parser.parse_args(["--max_train_steps", "7"]).max_steps == 7
     with pytest.raises(ValueError, match="--nope"):
         add_option_aliases(parser, {"--x": "--nope"})
+
+
+class _LoggingAccelerator(_FakeAccelerator):
+    def __init__(self):
+        super().__init__()
+        self.logged = []
+
+    def log(self, logs, step):
+        self.logged.append(step)
+
+
+def test_log_and_checkpoint_follows_the_step_options_and_always_ends_with_both(tmp_path):
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(
+        logging_steps=2, checkpointing_steps=3, max_train_steps=7, output_dir=str(tmp_path), checkpoints_total_limit=2
+    )
+    accelerator = _LoggingAccelerator()
+    saved = [log_and_checkpoint(accelerator, args, step, {"loss": 0.0}) for step in range(1, 8)]
+    assert accelerator.logged == [2, 4, 6, 7]
+    assert [checkpoint_step(p) for p in saved if p is not None] == [3, 6, 7]
+    assert [checkpoint_step(p) for p in list_checkpoints(str(tmp_path))] == [6, 7]  # the total limit holds

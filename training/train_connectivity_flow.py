@@ -196,9 +196,9 @@ def main(argv=None):
     from diffusers_ext.losses.connectivity_flow import connectivity_flow_loss
     from diffusers_ext.training_utils import (
         command_line,
+        log_and_checkpoint,
         maybe_push_to_hub,
         maybe_resume,
-        save_checkpoint,
         start_run,
         step_generator,
         validation_due,
@@ -290,11 +290,13 @@ def main(argv=None):
         progress.update(1)
         stage = "input" if pairs is None else "output"
         progress.set_postfix(loss=loss_sum, flow=stage)
-        if global_step % args.logging_steps == 0 or global_step == args.max_train_steps:
-            accelerator.log({f"{stage}_flow_loss": loss_sum, "lr": lr_scheduler.get_last_lr()[0]}, step=global_step)
-        if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
-            path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
-            logger.info(f"Saved {path}")
+        log_and_checkpoint(
+            accelerator,
+            args,
+            global_step,
+            {f"{stage}_flow_loss": loss_sum, "lr": lr_scheduler.get_last_lr()[0]},
+            logger,
+        )
         if (
             pairs is not None
             and global_step < args.max_train_steps

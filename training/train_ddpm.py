@@ -330,9 +330,9 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,
+        log_and_checkpoint,
         maybe_push_to_hub,
         maybe_resume,
-        save_checkpoint,
         start_run,
         step_generator,
         validation_due,
@@ -433,11 +433,7 @@ def main(argv=None):
         if ema is not None:
             logs["ema_decay"] = ema.cur_decay_value
         progress.set_postfix(**logs)
-        if global_step % args.logging_steps == 0 or global_step == args.max_train_steps:
-            accelerator.log(logs, step=global_step)
-        if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
-            path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
-            logger.info(f"Saved {path}")
+        log_and_checkpoint(accelerator, args, global_step, logs, logger)
         if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
             model = accelerator.unwrap_model(unet)
             if ema is not None:  # sample the EMA weights, as the saved pipeline will hold them

@@ -178,9 +178,9 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,
+        log_and_checkpoint,
         maybe_push_to_hub,
         maybe_resume,
-        save_checkpoint,
         start_run,
         step_generator,
         validation_due,
@@ -274,11 +274,7 @@ def main(argv=None):
         progress.update(1)
         logs = {"loss": loss_sum, "nelbo_per_token": nelbo_sum, "lr": lr_scheduler.get_last_lr()[0]}
         progress.set_postfix(**logs)
-        if global_step % args.logging_steps == 0 or global_step == args.max_train_steps:
-            accelerator.log(logs, step=global_step)
-        if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
-            path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
-            logger.info(f"Saved {path}")
+        log_and_checkpoint(accelerator, args, global_step, logs, logger)
         if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
             pipeline = LoMDMPipeline(
                 model=accelerator.unwrap_model(model),

@@ -137,9 +137,9 @@ def main(argv=None):
     from diffusers_ext.evaluation.certified_transfer import load_proxy
     from diffusers_ext.training_utils import (
         command_line,
+        log_and_checkpoint,
         maybe_push_to_hub,
         maybe_resume,
-        save_checkpoint,
         start_run,
         step_generator,
         write_model_card,
@@ -200,11 +200,9 @@ def main(argv=None):
         global_step += 1
         progress.update(1)
         progress.set_postfix(loss=loss_sum)
-        if global_step % args.logging_steps == 0 or global_step == args.max_train_steps:
-            accelerator.log({"loss": loss_sum, "lr": lr_scheduler.get_last_lr()[0]}, step=global_step)
-        if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
-            path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
-            logger.info(f"Saved {path}")
+        log_and_checkpoint(
+            accelerator, args, global_step, {"loss": loss_sum, "lr": lr_scheduler.get_last_lr()[0]}, logger
+        )
 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
