@@ -196,7 +196,14 @@ def test_pinned_update_of_a_tiny_run(tmp_path):
     transformers 5.24.0, peft 0.21.2 (an earlier machine's packages gave 31.637051886878908): 31.636620277538896.
     Re-pinned when the KL term moved to Flow-GRPO's units (`FlowMatchSDEScheduler.kl_penalty`, `tests/parity/`);
     with the earlier exact-Gaussian KL substituted back this run gives 31.636620277538896 again (checked when
-    re-pinning), so nothing else in the update changed."""
+    re-pinning), so nothing else in the update changed.
+
+    Tolerance: the pinned sum is at float32 rounding's mercy (the group-normalised advantages divide small reward
+    differences by a small standard deviation). Scaling every frozen weight by `1 + 2**-24 * N(0, 1)` (one rounding
+    step) moved it by up to 1.1e-5 relative over five draws (standard deviation 4.0e-6, on the AMD EPYC CI machine);
+    two threads instead of one moved it 2.1e-6, and that machine ends at 31.727485639974475 (1.05e-5 from the pin).
+    `rel=1e-4` is 9x the largest rounding spread seen and 29x below the smallest real change recorded above (the KL
+    re-pin, 2.9e-3)."""
     torch.manual_seed(1234)
     trainer = tiny_trainer(
         tmp_path,
@@ -212,5 +219,5 @@ def test_pinned_update_of_a_tiny_run(tmp_path):
     lora_b = sum(
         p.detach().double().abs().sum() for n, p in trainer.unwrapped_transformer.named_parameters() if "lora_B" in n
     )
-    assert float(lora_b) == pytest.approx(31.727150920778513, rel=1e-5)
+    assert float(lora_b) == pytest.approx(31.727150920778513, rel=1e-4)
     assert [log["reward"] for log in history] == pytest.approx([-0.549107, -0.5487197], abs=1e-6)

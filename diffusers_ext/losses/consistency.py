@@ -110,14 +110,16 @@ def consistency_model_output(
     Returns:
         `torch.Tensor` of the shape of `sample`: the estimate of the clean image.
     """
-    sigma = sigma.to(device=sample.device, dtype=torch.float32)
+    # the preconditioning is computed in float32 for half-precision models and in float64 for a float64 one
+    dtype = torch.promote_types(sample.dtype, torch.float32)
+    sigma = sigma.to(device=sample.device, dtype=dtype)
     s = sigma[:, None, None, None]
     c_skip = sigma_data**2 / ((s - sigma_min) ** 2 + sigma_data**2)
     c_out = (s - sigma_min) * sigma_data / (s**2 + sigma_data**2).sqrt()
     c_in = 1 / (s**2 + sigma_data**2).sqrt()
     timestep = 250.0 * torch.log(sigma + 1e-44)
     output = unet((c_in * sample).to(sample.dtype), timestep, class_labels=class_labels).sample
-    return c_skip * sample + c_out * output.float()
+    return c_skip * sample + c_out * output.to(dtype)
 
 
 def pseudo_huber_constant(sample_shape: tuple[int, ...]) -> float:
