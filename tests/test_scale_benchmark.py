@@ -82,7 +82,7 @@ def test_sd3_attention_part_records_without_changing_the_layers_output(tmp_path)
     assert "sd3_attention" in (tmp_path / "scale.md").read_text()
 
 
-def test_grpo_part_compares_the_trainers_overhead_with_a_replay_of_its_model_calls(tmp_path):
+def test_grpo_part_compares_the_trainers_overhead_with_outside_clocks_and_a_replay(tmp_path):
     argv = [
         "--parts",
         "grpo",
@@ -104,9 +104,15 @@ def test_grpo_part_compares_the_trainers_overhead_with_a_replay_of_its_model_cal
     assert 0 <= step["trainer_overhead_fraction"] < 1 and -1 < step["outside_overhead_fraction"] < 1
     difference = abs(step["trainer_overhead_fraction"] - step["outside_overhead_fraction"])
     assert abs(part["pooled_overhead_difference"] - difference) < 1e-12
+    # the check: the benchmark's own clocks around the same step's model calls and reward
+    assert 0 <= step["in_step_outside_overhead_fraction"] < 1
+    in_step = abs(step["trainer_overhead_fraction"] - step["in_step_outside_overhead_fraction"])
+    assert abs(part["in_step_overhead_difference"]["median"] - in_step) < 1e-12
     (row,) = results["summary"]["targets"]
-    assert row["name"] == "grpo: |trainer's overhead fraction - outside measurement| (medians over the steps)"
-    assert row["value"] == part["pooled_overhead_difference"]
+    assert row["name"] == (
+        "grpo: |trainer's overhead fraction - outside measurement in the same step| (median over the steps)"
+    )
+    assert row["value"] == part["in_step_overhead_difference"]["median"]
 
 
 def test_grpo_agreement_compares_the_medians_of_steps_and_replays():

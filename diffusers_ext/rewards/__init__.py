@@ -13,6 +13,7 @@ from .color import BrightnessReward, ColorReward
 from .compressibility import jpeg_compressibility, jpeg_incompressibility
 from .graphs import planar_validity_reward, tree_validity_reward
 from .images import images_to_tensor
+from .mosaic import MosaicJudgeReward, mosaic_reward_rows
 
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "images_to_tensor",
     "jpeg_compressibility",
     "jpeg_incompressibility",
+    "MosaicJudgeReward",
+    "mosaic_reward_rows",
     "planar_validity_reward",
     "tree_validity_reward",
 ]
