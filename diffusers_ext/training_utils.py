@@ -153,6 +153,20 @@ class GeneratorState:
         self.generator.set_state(state["state"])
 
 
+def backward_and_step(accelerator, loss, parameters, optimizer, lr_scheduler=None, max_grad_norm=None) -> None:
+    """One micro-step of the pack's scripts, inside `accelerator.accumulate(model)`: `accelerator.backward(loss)`,
+    gradient clipping to `max_grad_norm` where the accumulated gradients are synchronised (None or <= 0: no
+    clipping), then the optimizer step, the learning-rate scheduler's step (when given) and `zero_grad`. Under
+    accumulation accelerate's wrapped optimizer and scheduler skip the steps between synchronisations themselves."""
+    accelerator.backward(loss)
+    if accelerator.sync_gradients and max_grad_norm is not None and max_grad_norm > 0:
+        accelerator.clip_grad_norm_(parameters, max_grad_norm)
+    optimizer.step()
+    if lr_scheduler is not None:
+        lr_scheduler.step()
+    optimizer.zero_grad()
+
+
 def log_and_checkpoint(accelerator, args, step: int, logs: dict, logger=None) -> str | None:
     """The end of one optimizer step in the pack's scripts: `accelerator.log(logs)` every `args.logging_steps` and a
     checkpoint (`save_checkpoint`, keeping `args.checkpoints_total_limit`) every `args.checkpointing_steps`, both

@@ -3,11 +3,12 @@ import pytest
 import torch
 
 from diffusers_ext.data.mosaic import MosaicConfig
-from diffusers_ext.evaluation.mosaic import mosaic_records
+from diffusers_ext.evaluation.mosaic import MosaicEvaluator, mosaic_records
 from diffusers_ext.rewards import MosaicJudgeReward, mosaic_reward_rows
 
 
 CONFIG = MosaicConfig(resolution=64)
+JUDGE = MosaicEvaluator(CONFIG)
 
 
 def _batch(n=8, seed=1000):
@@ -22,7 +23,7 @@ def _batch(n=8, seed=1000):
 
 def test_rendered_scenes_pass_their_own_prompts_and_fail_others():
     prompts, images, columns = _batch()
-    reward = MosaicJudgeReward(CONFIG)
+    reward = MosaicJudgeReward(JUDGE)
     assert reward(prompts, images, **columns) == [1.0] * len(prompts)
     # each image judged against another row's prompt: these rows' scenes differ, so every check fails somewhere
     shifted = {key: values[1:] + values[:1] for key, values in columns.items()}
@@ -33,7 +34,7 @@ def test_rendered_scenes_pass_their_own_prompts_and_fail_others():
 
 def test_one_skill_scores_only_the_prompts_it_applies_to():
     prompts, images, columns = _batch(12)
-    counts = MosaicJudgeReward(CONFIG, skill="count")(prompts, images, **columns)
+    counts = MosaicJudgeReward(JUDGE, skill="count")(prompts, images, **columns)
     assert counts == [float(task == "count") for task in columns["task"]]
 
 
@@ -45,8 +46,10 @@ def test_rows_carry_what_the_reward_reads():
 def test_bad_input_is_named():
     prompts, images, columns = _batch(2)
     with pytest.raises(ValueError, match="skill"):
-        MosaicJudgeReward(CONFIG, skill="size")
+        MosaicJudgeReward(JUDGE, skill="size")
+    with pytest.raises(ValueError, match="`judge` must have an `evaluate"):
+        MosaicJudgeReward(CONFIG)
     with pytest.raises(ValueError, match="`task`, `groups` and `relation` columns"):
-        MosaicJudgeReward(CONFIG)(prompts, images)
+        MosaicJudgeReward(JUDGE)(prompts, images)
     with pytest.raises(ValueError, match="2 images but 1 `task`"):
-        MosaicJudgeReward(CONFIG)(prompts, images, **{k: v[:1] for k, v in columns.items()})
+        MosaicJudgeReward(JUDGE)(prompts, images, **{k: v[:1] for k, v in columns.items()})

@@ -1,5 +1,5 @@
-"""The mosaic zoo entries (mosaic-t2i at 32x32, mosaic-t2i-64 at 64x64): small Stable Diffusion folders that load in
-float32 and follow simple prompts."""
+"""The mosaic zoo entries (mosaic-t2i at 32x32, mosaic-t2i-64 and its SD3-format twin mosaic-sd3-64 at 64x64): small
+Stable Diffusion folders that load in float32 and follow simple prompts."""
 
 import os
 
@@ -11,8 +11,12 @@ from diffusers_ext.data.mosaic import MosaicConfig, mosaic_records
 from diffusers_ext.evaluation.mosaic import MosaicEvaluator, summarize
 
 
-# name -> (image side, folder size limit in MiB)
-ENTRIES = {"mosaic-t2i": (32, 3), "mosaic-t2i-64": (64, 15)}
+# name -> (image side, folder size limit in MiB, training script, extra call arguments)
+ENTRIES = {
+    "mosaic-t2i": (32, 3, "training/train_text_to_image.py", {}),
+    "mosaic-t2i-64": (64, 15, "training/train_text_to_image.py", {}),
+    "mosaic-sd3-64": (64, 13, "training/train_text_to_image_sd3.py", {"max_sequence_length": 8}),
+}
 
 
 @pytest.fixture(scope="module", params=sorted(ENTRIES))
@@ -30,15 +34,18 @@ def test_entry_is_small_and_documented(name):
     )
     assert size <= ENTRIES[name][1] * 2**20
     card = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
-    assert "training/train_text_to_image.py" in card and f"--output_dir diffusers_ext/zoo/{name} " in card
+    assert ENTRIES[name][2] in card and f"--output_dir diffusers_ext/zoo/{name} " in card
 
 
 def test_loads_in_float32_and_draws_single_objects(entry):
-    from diffusers import StableDiffusionPipeline
+    from diffusers import StableDiffusion3Pipeline, StableDiffusionPipeline
 
     name, pipe = entry
-    side = ENTRIES[name][0]
-    assert isinstance(pipe, StableDiffusionPipeline) and pipe.unet.dtype == torch.float32
+    side, _, _, kwargs = ENTRIES[name]
+    if name == "mosaic-sd3-64":
+        assert isinstance(pipe, StableDiffusion3Pipeline) and pipe.transformer.dtype == torch.float32
+    else:
+        assert isinstance(pipe, StableDiffusionPipeline) and pipe.unet.dtype == torch.float32
     config = MosaicConfig(resolution=side, tasks=("single",))
     rows = list(mosaic_records(config, 24, seed=123, split="test"))
     images = pipe(
@@ -49,6 +56,7 @@ def test_loads_in_float32_and_draws_single_objects(entry):
         guidance_scale=4.0,
         generator=torch.Generator().manual_seed(0),
         output_type="np",
+        **kwargs,
     ).images
     assert images.shape == (24, side, side, 3)
     summary = summarize(MosaicEvaluator(config).evaluate_batch(list(images), rows))

@@ -5,6 +5,7 @@ import torch
 
 from diffusers_ext.training_utils import (
     ResumableBatchSampler,
+    backward_and_step,
     checkpoint_step,
     command_line,
     list_checkpoints,
@@ -335,3 +336,33 @@ def test_log_and_checkpoint_follows_the_step_options_and_always_ends_with_both(t
     assert accelerator.logged == [2, 4, 6, 7]
     assert [checkpoint_step(p) for p in saved if p is not None] == [3, 6, 7]
     assert [checkpoint_step(p) for p in list_checkpoints(str(tmp_path))] == [6, 7]  # the total limit holds
+
+
+class _RecordingAccelerator:
+    """What `backward_and_step` asks of an accelerator, recorded."""
+
+    def __init__(self, sync_gradients):
+        self.sync_gradients = sync_gradients
+        self.clipped = []
+
+    def backward(self, loss):
+        loss.backward()
+
+    def clip_grad_norm_(self, parameters, max_norm):
+        self.clipped.append(max_norm)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+
+@pytest.mark.parametrize("sync, max_grad_norm, clipped", [(True, 0.5, [0.5]), (False, 0.5, []), (True, None, [])])
+def test_backward_and_step_clips_only_at_synchronisation_and_steps_everything(sync, max_grad_norm, clipped):
+    weight = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    lr_scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    accelerator = _RecordingAccelerator(sync)
+    backward_and_step(accelerator, (weight**2).sum() / 2, [weight], optimizer, lr_scheduler, max_grad_norm)
+    assert accelerator.clipped == clipped
+    # the gradient is the weight (norm 5): clipped to 0.5 it moves the weight by a tenth of itself
+    expected = [2.7, 3.6] if clipped else [0.0, 0.0]
+    torch.testing.assert_close(weight.detach(), torch.tensor(expected))
+    assert weight.grad is None or not weight.grad.any()  # zero_grad ran
+    assert lr_scheduler.get_last_lr() == [0.5]

@@ -33,6 +33,7 @@ def test_names_paths_and_errors():
         "digits-ddpm",
         "digits-sd3",
         "lomdm-markov",
+        "mosaic-sd3-64",
         "mosaic-t2i",
         "mosaic-t2i-64",
         "navigation-planner",
@@ -58,7 +59,8 @@ def test_zoo_is_small_and_ships_no_training_leftovers():
         total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
     # 48 MiB: 24 MiB held the first thirteen entries (the largest, mosaic-t2i, 2.8 MB in float16). The 64x64 mosaic
     # world needs a UNet large enough to draw several objects per scene (mosaic-t2i-64: 6.6M parameters, 14 MB in
-    # float16) and its SD3-format twin, so the two may take the other 24 MiB; the rest stay a few MB each.
+    # float16) and its SD3-format twin (mosaic-sd3-64: a 4-block transformer, ~11 MB in float16), so the two may take
+    # the other 24 MiB; the rest stay a few MB each.
     assert total < 48 * 2**20
     ignored = subprocess.run(
         ["git", "check-ignore", "-q", os.path.join(zoo.ZOO_DIR, "digits-ddpm", "checkpoint-1", "x")], cwd=zoo.ZOO_DIR
@@ -81,6 +83,7 @@ def test_cards_state_the_rebuild_command():
         ("sudoku-mdm", "training/train_masked_lm.py"),
         ("mosaic-t2i", "training/train_text_to_image.py"),
         ("mosaic-t2i-64", "training/train_text_to_image.py"),
+        ("mosaic-sd3-64", "training/train_text_to_image_sd3.py"),
         ("navigation-planner", "training/train_trajectory_diffusion.py"),
     ]:
         card = open(os.path.join(zoo.path(name), "README.md"), encoding="utf-8").read()
@@ -131,6 +134,9 @@ def _tiny_call(name, loaded):
     if name == "digits-sd3":
         images = loaded("3", height=8, width=8, max_sequence_length=8, num_inference_steps=2, output_type="pt")
         return images.images
+    if name == "mosaic-sd3-64":
+        kwargs = {"height": 64, "width": 64, "max_sequence_length": 8, "num_inference_steps": 2, "output_type": "pt"}
+        return loaded("a red circle", **kwargs).images
     if name in ("mosaic-t2i", "mosaic-t2i-64"):
         side = 64 if name == "mosaic-t2i-64" else 32
         return loaded("a red circle", height=side, width=side, num_inference_steps=2, output_type="pt").images

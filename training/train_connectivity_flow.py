@@ -30,6 +30,7 @@ from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_optimizer_arguments,
     add_validation_arguments,
+    backward_and_step,
     build_optimizer,
     output_dir_arg,
 )
@@ -279,12 +280,7 @@ def main(argv=None):
                         loss = connectivity_flow_loss(model, data_m[index], None, noise_generator)
                     else:
                         loss = connectivity_flow_loss(model, pairs[0][index], pairs[1][index], noise_generator)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm is not None:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                backward_and_step(accelerator, loss, model.parameters(), optimizer, lr_scheduler, args.max_grad_norm)
             loss_sum += loss.detach().item() / args.gradient_accumulation_steps
         global_step += 1
         progress.update(1)

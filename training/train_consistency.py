@@ -30,6 +30,7 @@ from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_optimizer_arguments,
     add_validation_arguments,
+    backward_and_step,
     build_optimizer,
     output_dir_arg,
 )
@@ -361,12 +362,7 @@ def main(argv=None):
                 loss = consistency_training_loss(
                     prediction, target, t, r, loss_type, distance=distance, huber_c=args.huber_c
                 ).mean()
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm is not None:
-                    accelerator.clip_grad_norm_(unet.parameters(), args.max_grad_norm)
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad()
+                backward_and_step(accelerator, loss, unet.parameters(), optimizer, lr_scheduler, args.max_grad_norm)
             loss_sum += loss.detach().item() / args.gradient_accumulation_steps
 
         global_step += 1

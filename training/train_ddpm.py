@@ -24,6 +24,7 @@ from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_optimizer_arguments,
     add_validation_arguments,
+    backward_and_step,
     build_optimizer,
     output_dir_arg,
 )
@@ -417,12 +418,7 @@ def main(argv=None):
                 with accelerator.autocast():
                     pred = unet(noisy, timesteps, class_labels=class_labels).sample
                 loss = F.mse_loss(pred.float(), target.float())
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(unet.parameters(), args.max_grad_norm)
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad()
+                backward_and_step(accelerator, loss, unet.parameters(), optimizer, lr_scheduler, args.max_grad_norm)
             loss_sum += loss.detach().item() / args.gradient_accumulation_steps
 
         global_step += 1

@@ -27,6 +27,7 @@ from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_optimizer_arguments,
     add_validation_arguments,
+    backward_and_step,
     build_optimizer,
     output_dir_arg,
 )
@@ -261,12 +262,7 @@ def main(argv=None):
                         mask_eps=args.mask_eps,
                         num_mask_samples=args.num_mask_samples,
                     )
-                accelerator.backward(out.loss)
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(params, args.max_grad_norm)
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad()
+                backward_and_step(accelerator, out.loss, params, optimizer, lr_scheduler, args.max_grad_norm)
             loss_sum += out.loss.detach().item() / args.gradient_accumulation_steps
             nelbo_sum += out.nelbo.item() / args.gradient_accumulation_steps
 

@@ -35,6 +35,7 @@ from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_optimizer_arguments,
     add_validation_arguments,
+    backward_and_step,
     build_optimizer,
     output_dir_arg,
 )
@@ -298,12 +299,7 @@ def main(argv=None):
                 with accelerator.autocast():
                     logits = model(noisy).logits[:, task.prompt_length :]
                 loss = masked_diffusion_loss(logits, answers, masked, mask_prob)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad()
+                backward_and_step(accelerator, loss, model.parameters(), optimizer, lr_scheduler, args.max_grad_norm)
             loss_sum += loss.detach().item() / args.gradient_accumulation_steps
 
         global_step += 1

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_validation_arguments,
+    backward_and_step,
     check_validation_arguments,
     output_dir_arg,
 )
@@ -198,11 +199,7 @@ def train_transformer_step(
                     pooled_projections=pooled[label].to(device),
                 ).sample
             loss = F.mse_loss(prediction.float(), (noise - x0).to(device))
-            accelerator.backward(loss)
-            if accelerator.sync_gradients and args.max_grad_norm is not None:
-                accelerator.clip_grad_norm_(transformer.parameters(), args.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad()
+            backward_and_step(accelerator, loss, transformer.parameters(), optimizer, None, args.max_grad_norm)
         total += loss.detach().item() / args.gradient_accumulation_steps
     return total
 

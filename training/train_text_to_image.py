@@ -37,6 +37,7 @@ from diffusers_ext.data.mosaic import (
 from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_validation_arguments,
+    backward_and_step,
     check_validation_arguments,
     output_dir_arg,
 )
@@ -246,11 +247,9 @@ def main(argv=None):
                     reconstruction, kl = autoencoder_step(x, eps.to(accelerator.device))
                     kl = kl.mean() / eps[0].numel()
                     loss = F.mse_loss(reconstruction.float(), x) + args.vae_kl_weight * kl
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients:
-                        accelerator.clip_grad_norm_(autoencoder_step.parameters(), args.max_grad_norm)
-                    vae_optimizer.step()
-                    vae_optimizer.zero_grad()
+                    backward_and_step(
+                        accelerator, loss, autoencoder_step.parameters(), vae_optimizer, None, args.max_grad_norm
+                    )
                 logs["vae_loss"] = logs.get("vae_loss", 0.0) + loss.item() / args.gradient_accumulation_steps
             else:
                 means, stds, scaling = latent_stats
@@ -266,11 +265,9 @@ def main(argv=None):
                 with accelerator.accumulate(denoiser), accelerator.autocast():
                     prediction = denoiser(noisy, timesteps, ids)
                     loss = F.mse_loss(prediction.float(), noise)
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients:
-                        accelerator.clip_grad_norm_(denoiser.parameters(), args.max_grad_norm)
-                    unet_optimizer.step()
-                    unet_optimizer.zero_grad()
+                    backward_and_step(
+                        accelerator, loss, denoiser.parameters(), unet_optimizer, None, args.max_grad_norm
+                    )
                 logs["loss"] = logs.get("loss", 0.0) + loss.item() / args.gradient_accumulation_steps
         global_step += 1
         progress.update(1)

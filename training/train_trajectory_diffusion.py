@@ -20,6 +20,7 @@ from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_optimizer_arguments,
     add_validation_arguments,
+    backward_and_step,
     build_optimizer,
     output_dir_arg,
 )
@@ -163,12 +164,7 @@ def main(argv=None):
                 noisy[:, :, 0], noisy[:, :, -1] = x0[:, :, 0], x0[:, :, -1]
                 pred = unet(noisy, t).sample
                 loss = F.mse_loss(pred[:, :, 1:-1].float(), noise[:, :, 1:-1])
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm:
-                    accelerator.clip_grad_norm_(unet.parameters(), args.max_grad_norm)
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad()
+                backward_and_step(accelerator, loss, unet.parameters(), optimizer, lr_scheduler, args.max_grad_norm)
         global_step += 1
         progress.update(1)
         progress.set_postfix(loss=loss.item())

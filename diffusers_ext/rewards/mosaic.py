@@ -6,28 +6,34 @@ from .images import images_to_tensor
 class MosaicJudgeReward:
     r"""
     1.0 when the image passes every skill check of its prompt (objects, colours, counts, relation; GenEval's
-    "correct"), else 0.0, from `diffusers_ext.evaluation.mosaic.MosaicEvaluator`, a rule-based judge that reads the
-    rendered scene (no network, so nothing the policy is trained on can fool it through shared features).
+    "correct"), else 0.0, from a mosaic judge (`diffusers_ext.evaluation.mosaic.MosaicEvaluator`, a rule-based
+    judge that reads the rendered scene: no network, so nothing the policy is trained on can fool it through shared
+    features).
 
     The prompt's structure arrives as the dataset columns of a mosaic row (`diffusers_ext.data.mosaic`):
     `task`, `groups` and `relation`, one entry per image, as the RL trainers pass extra columns.
 
     Args:
-        config (`MosaicConfig`, *optional*): the world (its resolution and palette); defaults to `MosaicConfig()`.
+        judge (`MosaicEvaluator`): the judge; anything with `evaluate(image, prompt) -> dict[str, bool]`
+            works.
         skill (`str`, defaults to `"overall"`): the verdict rewarded: `"overall"` (every check) or one skill
             (`"object"`, `"colour"`, `"count"`, `"relation"`), scored 0 on prompts it does not apply to.
 
     Example:
-        >>> reward = MosaicJudgeReward(MosaicConfig(resolution=64))
+        >>> reward = MosaicJudgeReward(MosaicEvaluator(MosaicConfig(resolution=64)))
         >>> reward(prompts, images, task=tasks, groups=groups, relation=relations)  # images (B, 3, 64, 64) in [0, 1]
     """
 
-    def __init__(self, config=None, skill: str = "overall"):
-        from diffusers_ext.evaluation.mosaic import SKILLS, MosaicEvaluator
+    SKILLS = ("overall", "object", "colour", "count", "relation")
 
-        if skill != "overall" and skill not in SKILLS:
-            raise ValueError(f"`skill` must be 'overall' or one of {list(SKILLS)}, got {skill!r}.")
-        self.judge = MosaicEvaluator(config)
+    def __init__(self, judge, skill: str = "overall"):
+        if not callable(getattr(judge, "evaluate", None)):
+            raise ValueError(
+                f"`judge` must have an `evaluate(image, prompt)` method (a MosaicEvaluator), got {judge!r}."
+            )
+        if skill not in self.SKILLS:
+            raise ValueError(f"`skill` must be one of {list(self.SKILLS)}, got {skill!r}.")
+        self.judge = judge
         self.skill = skill
         self.__name__ = f"mosaic_{skill}"
 
@@ -51,7 +57,7 @@ class MosaicJudgeReward:
         return rewards
 
     def __repr__(self) -> str:
-        return f"MosaicJudgeReward(skill={self.skill!r}, resolution={self.judge.config.resolution})"
+        return f"MosaicJudgeReward(judge={self.judge!r}, skill={self.skill!r})"
 
 
 def mosaic_reward_rows(records) -> list[dict]:
@@ -61,4 +67,3 @@ def mosaic_reward_rows(records) -> list[dict]:
         {"prompt": r["caption"], "task": r["task"], "groups": r["groups"], "relation": r.get("relation", "")}
         for r in records
     ]
-

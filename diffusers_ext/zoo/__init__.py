@@ -98,6 +98,14 @@ ENTRIES = {
             "SemanticNVSPipeline",
         ),
         ZooEntry(
+            "mosaic-sd3-64",
+            "The 64x64 mosaic world as a StableDiffusion3Pipeline (rectified flow, SD3Transformer2DModel on the "
+            "mosaic-t2i-64 autoencoder's 16x16x4 latents, the pack's tiny text encoders): the model GRPO / E2PO run "
+            "on; float16 weights, loaded in float32; sample at height=width=64 with max_sequence_length=8.",
+            "StableDiffusion3Pipeline",
+            library="diffusers",
+        ),
+        ZooEntry(
             "mosaic-t2i-64",
             "Latent text-to-image StableDiffusionPipeline of 64x64 mosaic scenes (16x16x4 latents, 6.6M-parameter "
             "UNet); the world with room for composition; float16 weights, loaded in float32; sample at height=width=64.",
