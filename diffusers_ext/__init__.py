@@ -60,6 +60,8 @@ _import_structure = {
     "trainers.diffusion_grpo_trainer": ["DiffusionGRPOTrainer"],
     "trainers.e2po_config": ["E2POConfig"],
     "trainers.e2po_trainer": ["E2POTrainer"],
+    "trainers.graph_grpo_config": ["GraphGRPOConfig"],
+    "trainers.graph_grpo_trainer": ["GraphGRPOTrainer"],
     "trainers.constrained_unlearning_config": ["ConstrainedUnlearningConfig"],
     "trainers.constrained_unlearning_trainer": ["ConstrainedUnlearningTrainer"],
     "trainers.base_config": ["DiffusionTrainerConfig", "LoraArguments"],
@@ -190,6 +192,8 @@ if TYPE_CHECKING:
     from .trainers.diffusion_grpo_trainer import DiffusionGRPOTrainer
     from .trainers.e2po_config import E2POConfig
     from .trainers.e2po_trainer import E2POTrainer
+    from .trainers.graph_grpo_config import GraphGRPOConfig
+    from .trainers.graph_grpo_trainer import GraphGRPOTrainer
     from .trainers.epidiff_config import EpiDiffConfig
     from .trainers.epidiff_trainer import (
         EpiDiffTrainer,
