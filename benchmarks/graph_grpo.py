@@ -24,7 +24,6 @@ than 2 standard errors (the SE of the difference of the two seed means), and no 
 """
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -98,12 +97,17 @@ def parse_args(argv=None):
     return args
 
 
-def load_script(name: str):
-    path = os.path.join(REPO, "training", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def run_script(name: str, argv: list[str]) -> None:
+    """Run `training/<name>.py argv` in a fresh interpreter from the repository root (as a user would), with this
+    process's environment (the same thread limits); raise with the script's last error lines if it fails."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    command = [sys.executable, os.path.join("training", f"{name}.py"), *argv]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -132,12 +136,7 @@ def pretrain(args, dataset: str) -> tuple[str, dict]:
             if json.load(f) == settings:
                 return folder, {"command": "python training/train_graph_flow.py " + " ".join(argv), "cached": True}
     start = time.perf_counter()
-    cwd = os.getcwd()
-    os.chdir(REPO)
-    try:
-        load_script("train_graph_flow").main(argv)
-    finally:
-        os.chdir(cwd)
+    run_script("train_graph_flow", argv)
     with open(recorded, "w", encoding="utf-8") as f:
         json.dump(settings, f)
     return folder, {
@@ -193,7 +192,9 @@ def grpo_run(args, dataset, pretrained, seed, learning_rate, cache) -> tuple[str
     if record is not None and os.path.isfile(os.path.join(folder, "model_index.json")):
         return folder, record
     start = time.perf_counter()
-    history = load_script("train_graph_grpo").main(argv)
+    run_script("train_graph_grpo", argv)
+    with open(os.path.join(folder, "trainer_state.json"), encoding="utf-8") as f:
+        history = json.load(f)["log_history"]
     record = {
         "argv": [
             "python",

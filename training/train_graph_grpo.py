@@ -6,7 +6,8 @@ weight) and the script arguments below, parsed by TRL's `TrlParser` (`--config r
 the diffusers-examples names `--max_train_steps`, `--train_batch_size`, `--checkpointing_steps`, ... are aliases of
 the config's). The result is a `GraphFlowPipeline` folder with a model card (or, with `--use_lora`, the adapter);
 `--resume_from_checkpoint latest` continues a run exactly. At the end, V.U.N. of `--num_eval_graphs` samples against
-the regenerated training split is written to `output_dir/validation_metrics.json` (not a benchmark).
+the regenerated training split is written to `output_dir/validation_metrics.json` (not a benchmark), and every
+step's metrics to `output_dir/trainer_state.json` (`log_history`, as TRL keeps them).
 
     accelerate launch training/train_graph_grpo.py --pretrained_model_name_or_path graph-flow-tree16 \
         --dataset_name tree --reward_funcs tree_validity --num_nodes 16 --output_dir graph-grpo-tree16
@@ -150,6 +151,9 @@ def main(argv=None):
     if accelerator.is_main_process:
         with open(os.path.join(config.output_dir, "validation_metrics.json"), "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2)
+        # every step's metrics, as TRL's trainer_state.json keeps them
+        with open(os.path.join(config.output_dir, "trainer_state.json"), "w", encoding="utf-8") as f:
+            json.dump({"global_step": trainer.global_step, "log_history": history}, f, indent=1)
         logger.info(f"Saved to {config.output_dir}")
     accelerator.end_training()
     return history
