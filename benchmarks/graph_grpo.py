@@ -153,6 +153,7 @@ def grpo_argv(args, dataset: str, pretrained: str, output_dir: str, seed: int, l
         "--reward_funcs", f"{dataset}_validity", "--num_nodes", str(args.num_nodes),
         "--max_train_steps", str(args.grpo_steps), "--num_generations", str(args.num_generations),
         "--train_batch_size", str(batch // args.updates_per_step), "--gradient_accumulation_steps", "1",
+        "--generation_batch_size", str(batch),
         "--num_inference_steps", str(args.num_inference_steps), "--learning_rate", str(learning_rate),
         "--beta", str(args.beta), "--seed", str(seed), "--save_strategy", "no", "--num_eval_graphs", "0",
         "--disable_tqdm", "true", "--report_to", "none",
