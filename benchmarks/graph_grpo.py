@@ -220,7 +220,9 @@ def run_dataset(args, dataset: str) -> dict:
     pretrained, pretrain_record = pretrain(args, dataset)
     with open(os.path.join(pretrained, "validation_metrics.json"), encoding="utf-8") as f:
         pretrain_record["validation_metrics"] = json.load(f)
-    settings = {k: v for k, v in vars(args).items() if k not in ("output_dir", "no_cache", "from_results", "datasets")}
+    # seeds are not in the key (each entry names its seeds), so a run with fewer seeds reuses the finished ones
+    skip = ("output_dir", "no_cache", "from_results", "datasets", "seeds")
+    settings = {k: v for k, v in vars(args).items() if k not in skip}
     cache = ResultCache(
         CACHE, {**settings, "dataset": dataset}, [os.path.join(REPO, p) for p in CODE], enabled=not args.no_cache
     )
@@ -228,7 +230,7 @@ def run_dataset(args, dataset: str) -> dict:
     # 2. headroom, on the test seeds
     headroom = {}
     for steps in (args.num_inference_steps, args.headroom_steps):
-        key = f"pretrained-{dataset}-{steps}steps"
+        key = f"pretrained-{dataset}-{steps}steps-seeds{'_'.join(map(str, args.seeds))}"
         per_seed, _ = cache.get_or_compute(
             key,
             lambda steps=steps: [
