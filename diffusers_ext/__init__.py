@@ -192,8 +192,6 @@ if TYPE_CHECKING:
     from .trainers.diffusion_grpo_trainer import DiffusionGRPOTrainer
     from .trainers.e2po_config import E2POConfig
     from .trainers.e2po_trainer import E2POTrainer
-    from .trainers.graph_grpo_config import GraphGRPOConfig
-    from .trainers.graph_grpo_trainer import GraphGRPOTrainer
     from .trainers.epidiff_config import EpiDiffConfig
     from .trainers.epidiff_trainer import (
         EpiDiffTrainer,
@@ -201,6 +199,8 @@ if TYPE_CHECKING:
         build_epidiff_schedulers,
         epidiff_denoising_loss,
     )
+    from .trainers.graph_grpo_config import GraphGRPOConfig
+    from .trainers.graph_grpo_trainer import GraphGRPOTrainer
     from .trainers.spade_config import SpadeConfig
     from .trainers.spade_trainer import SpadeTrainer
 else:

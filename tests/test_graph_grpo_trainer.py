@@ -27,18 +27,18 @@ def make_pipe(seed=0, rate="analytic"):
 
 
 def make_args(tmp_path, **overrides):
-    options = dict(
-        output_dir=str(tmp_path / "out"),
-        max_steps=2,
-        num_generations=4,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        num_inference_steps=4,
-        num_nodes=[5, 6],
-        learning_rate=1e-3,
-        save_strategy="no",
-        disable_tqdm=True,
-    )
+    options = {
+        "output_dir": str(tmp_path / "out"),
+        "max_steps": 2,
+        "num_generations": 4,
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "num_inference_steps": 4,
+        "num_nodes": [5, 6],
+        "learning_rate": 1e-3,
+        "save_strategy": "no",
+        "disable_tqdm": True,
+    }
     options.update(overrides)
     return GraphGRPOConfig(**options)
 
@@ -204,7 +204,13 @@ def test_refinement_groups_and_dynamic_prior(tmp_path):
 
 
 def test_checkpoint_resume_is_exact(tmp_path):
-    options = dict(save_strategy="steps", save_steps=1, max_steps=3, dynamic_prior_alpha=0.2, refine_top_k=1)
+    options = {
+        "save_strategy": "steps",
+        "save_steps": 1,
+        "max_steps": 3,
+        "dynamic_prior_alpha": 0.2,
+        "refine_top_k": 1,
+    }
     straight = GraphGRPOTrainer(make_pipe(), edge_count_reward, make_args(tmp_path / "a", **options))
     straight.train()
     first = GraphGRPOTrainer(make_pipe(), edge_count_reward, make_args(tmp_path / "b", **options))
