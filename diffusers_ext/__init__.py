@@ -60,6 +60,8 @@ _import_structure = {
     "trainers.diffusion_grpo_trainer": ["DiffusionGRPOTrainer"],
     "trainers.e2po_config": ["E2POConfig"],
     "trainers.e2po_trainer": ["E2POTrainer"],
+    "trainers.graph_grpo_config": ["GraphGRPOConfig"],
+    "trainers.graph_grpo_trainer": ["GraphGRPOTrainer"],
     "trainers.constrained_unlearning_config": ["ConstrainedUnlearningConfig"],
     "trainers.constrained_unlearning_trainer": ["ConstrainedUnlearningTrainer"],
     "trainers.base_config": ["DiffusionTrainerConfig", "LoraArguments"],
@@ -197,6 +199,8 @@ if TYPE_CHECKING:
         build_epidiff_schedulers,
         epidiff_denoising_loss,
     )
+    from .trainers.graph_grpo_config import GraphGRPOConfig
+    from .trainers.graph_grpo_trainer import GraphGRPOTrainer
     from .trainers.spade_config import SpadeConfig
     from .trainers.spade_trainer import SpadeTrainer
 else:

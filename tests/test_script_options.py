@@ -12,7 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "training").glob("train_*.py"))
-TRL_SCRIPTS = {"train_grpo.py", "train_unlearning.py"}  # parse a TrlParser of a TrainingArguments-style config
+# parse a TrlParser of a TrainingArguments-style config
+TRL_SCRIPTS = {"train_grpo.py", "train_unlearning.py", "train_graph_grpo.py"}
 
 # concept -> (the diffusers-examples name, TRL's name or None, other spellings a script may keep as aliases). A script
 # that has the concept answers to the diffusers name; TRL's name and earlier spellings are aliases of that option.

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
+from diffusers.loaders.peft import PeftAdapterMixin
 from diffusers.utils import BaseOutput
 from torch import nn
 
@@ -110,7 +111,7 @@ class _GraphTransformerLayer(nn.Module):
 
 
 @public
-class GraphTransformerModel(ModelMixin, ConfigMixin):
+class GraphTransformerModel(ModelMixin, ConfigMixin, PeftAdapterMixin):
     r"""
     A graph transformer predicting the clean node and edge classes of a noisy graph, `p̂(G_1 | G_t, t)`.
 

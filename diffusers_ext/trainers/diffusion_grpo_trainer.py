@@ -75,6 +75,27 @@ def clipped_policy_loss(ratio: torch.Tensor, advantages: torch.Tensor, low: floa
     return torch.maximum(-advantages * ratio, -advantages * ratio.clamp(low, high)).mean()
 
 
+def check_reward_values(name: str, values, count: int, items: str = "images", prompts=None) -> torch.Tensor:
+    """The rewards one reward function returned for `count` items, as a float32 tensor `(count,)`; a `ValueError`
+    naming the function unless they are a sequence of `count` finite numbers (`prompts`, if given, are quoted)."""
+    if values is None or isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise ValueError(f"reward function {name!r} returned {type(values).__name__}; expected a list of floats.")
+    if len(values) != count:
+        raise ValueError(
+            f"reward function {name!r} returned {len(values)} rewards for {count} {items}; it must return one float "
+            f"per {items[:-1]}."
+        )
+    tensor = torch.as_tensor([float(v) for v in values], dtype=torch.float32)
+    bad = (~torch.isfinite(tensor)).nonzero().flatten().tolist()
+    if bad:
+        quoted = f" (prompts {[prompts[i] for i in bad[:3]]})" if prompts is not None else ""
+        raise ValueError(
+            f"reward function {name!r} returned non-finite rewards {tensor[bad].tolist()} for {items} {bad}{quoted}; "
+            "rewards must be finite. Nothing was optimised."
+        )
+    return tensor
+
+
 def _reward_name(func) -> str:
     return getattr(func, "__name__", None) or type(func).__name__
 
@@ -391,23 +412,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
                 kwargs["trainer_state"] = {"global_step": self.global_step}
             with self._timed("reward"):
                 values = func(prompts=prompts, images=images, **kwargs)
-            if values is None or isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
-                raise ValueError(
-                    f"reward function {name!r} returned {type(values).__name__}; expected a list of floats."
-                )
-            if len(values) != len(prompts):
-                raise ValueError(
-                    f"reward function {name!r} returned {len(values)} rewards for {len(prompts)} images; it must "
-                    "return one float per image."
-                )
-            tensor = torch.as_tensor([float(v) for v in values], dtype=torch.float32)
-            bad = (~torch.isfinite(tensor)).nonzero().flatten().tolist()
-            if bad:
-                raise ValueError(
-                    f"reward function {name!r} returned non-finite rewards {tensor[bad].tolist()} for images {bad} "
-                    f"(prompts {[prompts[i] for i in bad[:3]]}); rewards must be finite. Nothing was optimised."
-                )
-            scores.append(tensor)
+            scores.append(check_reward_values(name, values, len(prompts), "images", prompts))
         return torch.stack(scores, dim=1).to(self.accelerator.device)
 
     def compute_advantages(self, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
