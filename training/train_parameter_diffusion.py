@@ -248,7 +248,12 @@ def main(argv=None):
         final = accelerator.unwrap_model(model).eval()
         pipeline = SampleThenEvaluatePipeline(model=final, scheduler=scheduler)
         pipeline.save_pretrained(args.output_dir)
-        metrics = {"final_loss": loss_sum, "num_upstream_adapters": len(vectors), "vector_dim": vectorizer.dim}
+        metrics = {
+            "final_loss": loss_sum,
+            "num_upstream_adapters": len(vectors),
+            "vector_dim": vectorizer.dim,
+            "command": command_line(),
+        }
         with open(os.path.join(args.output_dir, "training_metrics.json"), "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2)
         write_model_card(
