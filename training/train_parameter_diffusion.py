@@ -45,7 +45,7 @@ def parse_args(argv=None):
     upstream.add_argument("--adapter_learning_rate", type=float, default=0.05, help="Their learning rate.")
     upstream.add_argument("--adapter_batch_size", type=int, default=64, help="Examples per task per step.")
     model = parser.add_argument_group("model")
-    model.add_argument("--hidden_size", type=int, default=256, help="Width of the denoiser MLP.")
+    model.add_argument("--hidden_size", type=int, default=512, help="Width of the denoiser MLP.")
     model.add_argument("--num_layers", type=int, default=3, help="Residual blocks.")
     model.add_argument("--num_train_timesteps", type=int, default=1000, help="DDPM training timesteps.")
     model.add_argument(
@@ -56,7 +56,7 @@ def parse_args(argv=None):
     )
     model.add_argument(
         "--prediction_type",
-        default="epsilon",
+        default="sample",
         choices=["epsilon", "sample", "v_prediction"],
         help="What the denoiser predicts (the noise, the clean vector, or the velocity).",
     )
@@ -66,10 +66,10 @@ def parse_args(argv=None):
     )
     train.add_argument("--seed", type=int, default=0, help="Seed of the upstream tasks, initialisation and batches.")
     train.add_argument("--train_batch_size", type=int, default=64, help="Adapters per batch per process.")
-    train.add_argument("--max_train_steps", type=int, default=2000, help="Optimizer steps of the diffusion model.")
+    train.add_argument("--max_train_steps", type=int, default=6000, help="Optimizer steps of the diffusion model.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
     add_optimizer_arguments(
-        train, learning_rate=1e-3, lr_scheduler="constant_with_warmup", lr_warmup_steps=50, weight_decay=0.0
+        train, learning_rate=2e-3, lr_scheduler="cosine", lr_warmup_steps=50, weight_decay=0.0
     )
     add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=2)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
