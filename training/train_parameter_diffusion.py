@@ -68,9 +68,7 @@ def parse_args(argv=None):
     train.add_argument("--train_batch_size", type=int, default=64, help="Adapters per batch per process.")
     train.add_argument("--max_train_steps", type=int, default=6000, help="Optimizer steps of the diffusion model.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
-    add_optimizer_arguments(
-        train, learning_rate=2e-3, lr_scheduler="cosine", lr_warmup_steps=50, weight_decay=0.0
-    )
+    add_optimizer_arguments(train, learning_rate=2e-3, lr_scheduler="cosine", lr_warmup_steps=50, weight_decay=0.0)
     add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=2)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
     args = parser.parse_args(argv)
