@@ -258,3 +258,89 @@ def test_digits_proxy_batched_logits_match_the_peft_model():
     hidden = proxy.trunk(shifted)
     per = proxy.logits(vectors, hidden.expand(3, *hidden.shape), classes.expand(3, 5))
     assert torch.allclose(per, logits, atol=1e-5)
+
+
+# the PAC-Bayes bound of SGD-fitted LoRA (the baseline's honest certificate) -----------------------------------
+
+
+def test_isotropic_gaussian_kl_hand_values():
+    from diffusers_ext.evaluation.certified_transfer import isotropic_gaussian_kl
+
+    # d = 2, equal scales: ||mu_q - mu_p||^2 / (2 sigma^2) = 1 / (2 * 0.25) = 2
+    assert float(isotropic_gaussian_kl(torch.tensor([1.0, 0.0]), torch.zeros(2), 0.5, 0.5)) == pytest.approx(2.0)
+    # d = 1, same mean, sigma_q = 1, sigma_p = 2: 0.5 (1/4 - 1 + ln 4) = 0.3181472
+    assert float(isotropic_gaussian_kl(torch.zeros(1), torch.zeros(1), 1.0, 2.0)) == pytest.approx(0.3181472, abs=1e-7)
+    rows = isotropic_gaussian_kl(torch.tensor([[0.0, 0.0], [3.0, 4.0]]), torch.zeros(2), 1.0, 1.0)
+    assert torch.allclose(rows, torch.tensor([0.0, 12.5], dtype=torch.float64))
+    with pytest.raises(ValueError, match="sigma"):
+        isotropic_gaussian_kl(torch.zeros(1), torch.zeros(1), 0.0, 1.0)
+
+
+def test_pac_bayes_and_monte_carlo_bounds_hand_values():
+    from diffusers_ext.evaluation.certified_transfer import monte_carlo_risk_bound, pac_bayes_bound
+    from diffusers_ext.pipelines.certified_transfer.certificate import bernoulli_kl
+
+    # r = 0.1, n = 100, KL = 10, delta = 0.05: budget (10 + ln 400) / 100 = 0.15991465; 0.1 + sqrt(budget / 2)
+    budget = (10 + math.log(400)) / 100
+    assert budget == pytest.approx(0.15991465, abs=1e-8)
+    assert pac_bayes_bound(0.1, 100, 10.0) == pytest.approx(0.3827668, abs=1e-6)
+    kl = pac_bayes_bound(0.1, 100, 10.0, kind="kl")
+    assert float(bernoulli_kl(torch.tensor(0.1), torch.tensor(kl))) == pytest.approx(budget, abs=1e-9)
+    assert 0.1 < kl < 0.3827668
+    # tensors broadcast: one KL per task
+    out = pac_bayes_bound(torch.tensor([0.1, 0.1]), 100, torch.tensor([10.0, 0.0]))
+    assert out[0] == pytest.approx(0.3827668, abs=1e-6) and out[1] == pytest.approx(
+        0.1 + math.sqrt(math.log(400) / 200)
+    )
+    # Monte Carlo: mean 0 over m draws -> 1 - delta^(1/m); m = 100, delta = 0.01 -> 0.0450074
+    assert monte_carlo_risk_bound(0.0, 100, 0.01) == pytest.approx(1 - 0.01**0.01, abs=1e-9)
+    assert monte_carlo_risk_bound(0.0, 100, 0.01) == pytest.approx(0.0450074, abs=1e-7)
+    with pytest.raises(ValueError, match="kl"):
+        pac_bayes_bound(0.1, 100, -1.0)
+    with pytest.raises(ValueError, match="num_draws"):
+        monte_carlo_risk_bound(0.1, 0, 0.01)
+
+
+def _tiny_proxy():
+    from diffusers_ext import ConvImageClassifier
+    from diffusers_ext.evaluation.certified_transfer import DigitsLoRAProxy
+
+    torch.manual_seed(0)
+    classifier = ConvImageClassifier(sample_size=8, block_out_channels=(8, 16), feature_dim=12, dropout=0.0).eval()
+    images = torch.rand(30, 1, 8, 8) * 2 - 1
+    labels = torch.arange(30) % 10
+    return DigitsLoRAProxy(classifier, images, labels), images, labels
+
+
+def test_sgd_pac_bayes_bound_pays_for_the_prior_grid_and_the_monte_carlo_estimate():
+    from diffusers_ext.evaluation.certified_transfer import (
+        monte_carlo_risk_bound,
+        pac_bayes_bound,
+        sgd_pac_bayes_bound,
+    )
+
+    proxy, images, labels = _tiny_proxy()
+    generator = torch.Generator().manual_seed(0)
+    init = proxy.init_vectors(2, generator)
+    hidden = proxy.trunk(images[:20]).reshape(2, 10, 16, 4, 4)
+    targets = (labels[:20] % 5).reshape(2, 10)
+    classes = torch.tensor([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]])
+    sigmas = (0.01, 0.1)
+    # an adapter that never moved from its initialisation: KL = 0, the bound is the confidence terms alone
+    out = sgd_pac_bayes_bound(
+        proxy, init, init, hidden, targets, classes, generator, prior_sigmas=sigmas, num_select_draws=4, num_draws=8
+    )
+    assert torch.equal(out["kl"], torch.zeros(2, dtype=torch.float64))
+    gibbs = monte_carlo_risk_bound(out["gibbs_risk"], 8, 0.2 * 0.05)
+    expected = pac_bayes_bound(gibbs, 10, torch.zeros(2), 0.8 * 0.05 / 2)
+    assert torch.allclose(out["bound"], expected) and (out["bound"] > out["gibbs_risk"]).all()
+    assert set(out["sigma"].tolist()) <= set(sigmas)
+    assert out["posterior_draws"](3, torch.Generator().manual_seed(1)).shape == (2, 3, proxy.dim)
+    # far from its prior at every scale of the grid: vacuous
+    far = init + 5.0
+    out = sgd_pac_bayes_bound(
+        proxy, far, init, hidden, targets, classes, generator, prior_sigmas=sigmas, num_select_draws=4, num_draws=8
+    )
+    assert (out["bound"] > 1).all()
+    with pytest.raises(ValueError, match="mc_delta_fraction"):
+        sgd_pac_bayes_bound(proxy, init, init, hidden, targets, classes, generator, mc_delta_fraction=1.0)

@@ -3,7 +3,8 @@
 Stage 1 fits one peft LoRA adapter (rank 2, on the zoo digit classifier's last convolution and feature layer) per
 upstream task, a 5-way digit subset under an upstream domain shift (`diffusers_ext.evaluation.certified_transfer`);
 the adapters are saved as `output_dir/upstream_adapters.safetensors` (reused on resume). Stage 2 trains a
-`ParameterDiffusionModel` on the standardised adapter vectors with diffusers' `DDPMScheduler` (epsilon prediction).
+`ParameterDiffusionModel` on the standardised adapter vectors with diffusers' `DDPMScheduler` (`--prediction_type`:
+the noise, the clean vector or the velocity).
 
     accelerate launch training/train_parameter_diffusion.py --output_dir parameter-diffusion-digits
 
@@ -44,20 +45,30 @@ def parse_args(argv=None):
     upstream.add_argument("--adapter_learning_rate", type=float, default=0.05, help="Their learning rate.")
     upstream.add_argument("--adapter_batch_size", type=int, default=64, help="Examples per task per step.")
     model = parser.add_argument_group("model")
-    model.add_argument("--hidden_size", type=int, default=256, help="Width of the denoiser MLP.")
+    model.add_argument("--hidden_size", type=int, default=512, help="Width of the denoiser MLP.")
     model.add_argument("--num_layers", type=int, default=3, help="Residual blocks.")
     model.add_argument("--num_train_timesteps", type=int, default=1000, help="DDPM training timesteps.")
+    model.add_argument(
+        "--beta_schedule",
+        default="squaredcos_cap_v2",
+        choices=["squaredcos_cap_v2", "linear", "scaled_linear"],
+        help="The DDPMScheduler's noise schedule.",
+    )
+    model.add_argument(
+        "--prediction_type",
+        default="sample",
+        choices=["epsilon", "sample", "v_prediction"],
+        help="What the denoiser predicts (the noise, the clean vector, or the velocity).",
+    )
     train = parser.add_argument_group("training")
     train.add_argument(
         "--output_dir", type=output_dir_arg, required=True, help="Where the pipeline and checkpoints go."
     )
     train.add_argument("--seed", type=int, default=0, help="Seed of the upstream tasks, initialisation and batches.")
     train.add_argument("--train_batch_size", type=int, default=64, help="Adapters per batch per process.")
-    train.add_argument("--max_train_steps", type=int, default=2000, help="Optimizer steps of the diffusion model.")
+    train.add_argument("--max_train_steps", type=int, default=6000, help="Optimizer steps of the diffusion model.")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
-    add_optimizer_arguments(
-        train, learning_rate=1e-3, lr_scheduler="constant_with_warmup", lr_warmup_steps=50, weight_decay=0.0
-    )
+    add_optimizer_arguments(train, learning_rate=2e-3, lr_scheduler="cosine", lr_warmup_steps=50, weight_decay=0.0)
     add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=2)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
     args = parser.parse_args(argv)
@@ -83,7 +94,33 @@ def parse_args(argv=None):
         parser.error(f"--adapter_learning_rate must be > 0, got {args.adapter_learning_rate}.")
     if not os.path.isdir(args.classifier_path):
         parser.error(f"--classifier_path {args.classifier_path!r} is not a folder.")
+    from diffusers_ext.training_utils import resolve_resume_checkpoint
+
+    try:  # a missing checkpoint fails before any adapter is fitted
+        resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint)
+    except ValueError as error:
+        parser.error(str(error))
+    tasks_file = os.path.join(args.output_dir, TASKS_FILE)
+    if os.path.isfile(tasks_file):
+        with open(tasks_file, encoding="utf-8") as f:
+            saved = json.load(f)["settings"]
+        if saved != upstream_settings(args):
+            parser.error(
+                f"{args.output_dir!r} holds upstream adapters fitted with {saved}, not {upstream_settings(args)}; "
+                "use a new --output_dir."
+            )
     return args
+
+
+def upstream_settings(args) -> dict:
+    """The settings the upstream adapters depend on (a saved set is reused only under the same ones)."""
+    return {
+        "num_upstream_tasks": args.num_upstream_tasks,
+        "adapter_steps": args.adapter_steps,
+        "adapter_learning_rate": args.adapter_learning_rate,
+        "adapter_batch_size": args.adapter_batch_size,
+        "seed": args.seed,
+    }
 
 
 def upstream_adapters(args, accelerator, proxy):
@@ -94,13 +131,7 @@ def upstream_adapters(args, accelerator, proxy):
     from diffusers_ext.evaluation.certified_transfer import fit_upstream_adapters
 
     path = os.path.join(args.output_dir, ADAPTERS_FILE)
-    settings = {
-        "num_upstream_tasks": args.num_upstream_tasks,
-        "adapter_steps": args.adapter_steps,
-        "adapter_learning_rate": args.adapter_learning_rate,
-        "adapter_batch_size": args.adapter_batch_size,
-        "seed": args.seed,
-    }
+    settings = upstream_settings(args)
     if accelerator.is_main_process and not os.path.isfile(path):
         vectors, tasks = fit_upstream_adapters(
             proxy,
@@ -127,10 +158,6 @@ def upstream_adapters(args, accelerator, proxy):
 
 def main(argv=None):
     args = parse_args(argv)
-    from diffusers_ext.training_utils import resolve_resume_checkpoint
-
-    resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint)  # a missing checkpoint fails first
-
     from diffusers import DDPMScheduler
 
     from diffusers_ext import ParameterDiffusionModel, SampleThenEvaluatePipeline
@@ -161,7 +188,10 @@ def main(argv=None):
     )
     model.set_standardization(vectorizer.mean, vectorizer.std)
     scheduler = DDPMScheduler(
-        num_train_timesteps=args.num_train_timesteps, beta_schedule="squaredcos_cap_v2", clip_sample=False
+        num_train_timesteps=args.num_train_timesteps,
+        beta_schedule=args.beta_schedule,
+        prediction_type=args.prediction_type,
+        clip_sample=False,
     )
     optimizer, lr_scheduler = build_optimizer(model.parameters(), args, accelerator.num_processes)
     model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
@@ -169,6 +199,13 @@ def main(argv=None):
     if accelerator.is_main_process:
         accelerator.init_trackers("train_parameter_diffusion", config={k: str(v) for k, v in vars(args).items()})
     logger.info(f"{len(data)} adapters of {vectorizer.dim} numbers, {args.max_train_steps} steps, from {global_step}")
+
+    def regression_target(clean, noise, timesteps):
+        if args.prediction_type == "epsilon":
+            return noise
+        if args.prediction_type == "sample":
+            return clean
+        return scheduler.get_velocity(clean, noise, timesteps)
 
     device = accelerator.device
     data = data.to(device)
@@ -189,7 +226,7 @@ def main(argv=None):
             with accelerator.accumulate(model):
                 with accelerator.autocast():
                     prediction = model(noisy, timesteps).sample
-                    loss = torch.nn.functional.mse_loss(prediction.float(), noise)
+                    loss = torch.nn.functional.mse_loss(prediction.float(), regression_target(clean, noise, timesteps))
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and args.max_grad_norm is not None:
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -209,7 +246,12 @@ def main(argv=None):
         final = accelerator.unwrap_model(model).eval()
         pipeline = SampleThenEvaluatePipeline(model=final, scheduler=scheduler)
         pipeline.save_pretrained(args.output_dir)
-        metrics = {"final_loss": loss_sum, "num_upstream_adapters": len(vectors), "vector_dim": vectorizer.dim}
+        metrics = {
+            "final_loss": loss_sum,
+            "num_upstream_adapters": len(vectors),
+            "vector_dim": vectorizer.dim,
+            "command": command_line(),
+        }
         with open(os.path.join(args.output_dir, "training_metrics.json"), "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2)
         write_model_card(

@@ -49,9 +49,13 @@ _import_structure = {
         "episode_classes",
         "fit_upstream_adapters",
         "gaussian_fit_sample",
+        "isotropic_gaussian_kl",
         "load_proxy",
         "make_task",
+        "monte_carlo_risk_bound",
+        "pac_bayes_bound",
         "parameter_count_bound",
+        "sgd_pac_bayes_bound",
         "split_class_combinations",
     ],
     "divide_and_denoise.composition": [
@@ -133,9 +137,13 @@ if TYPE_CHECKING:
         episode_classes,
         fit_upstream_adapters,
         gaussian_fit_sample,
+        isotropic_gaussian_kl,
         load_proxy,
         make_task,
+        monte_carlo_risk_bound,
+        pac_bayes_bound,
         parameter_count_bound,
+        sgd_pac_bayes_bound,
         split_class_combinations,
     )
     from .connectivity import (

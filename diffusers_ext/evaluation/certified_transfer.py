@@ -152,6 +152,7 @@ class DigitsLoRAProxy:
         generator: torch.Generator,
         batch_size: int | None = None,
         weight_decay: float = 0.0,
+        init: torch.Tensor | None = None,
     ) -> torch.Tensor:
         r"""
         Fit one adapter per task with Adam on the cross-entropy of the cosine logits, all tasks at once.
@@ -163,12 +164,18 @@ class DigitsLoRAProxy:
             steps (`int`), lr (`float`): Adam steps and learning rate.
             generator (`torch.Generator`): the adapters' initialisation and the minibatches.
             batch_size (`int`, *optional*): examples per task per step (default all `n`).
+            init (`torch.Tensor` of shape `(T, dim)`, *optional*): the starting adapters (default
+                [`init_vectors`] drawn from `generator`).
 
         Returns:
             `torch.Tensor` of shape `(T, dim)`: the fitted raw adapter vectors.
         """
         num, n = targets.shape
-        vectors = self.init_vectors(num, generator).requires_grad_(True)
+        if init is None:
+            init = self.init_vectors(num, generator)
+        elif tuple(init.shape) != (num, self.dim):
+            raise ValueError(f"`init` must have shape ({num}, {self.dim}), got {tuple(init.shape)}.")
+        vectors = init.clone().float().requires_grad_(True)
         optimizer = torch.optim.AdamW([vectors], lr=lr, weight_decay=weight_decay)
         rows = torch.arange(num)[:, None]
         with torch.enable_grad():
@@ -199,6 +206,170 @@ def parameter_count_bound(empirical_risk, num_samples: int, num_parameters: int,
     """The honest finite-class bound of a continuously trained adapter: its `bits`-bit discretisation is one of
     `2 ** (bits * num_parameters)` hypotheses, so `R <= r + sqrt((bits * num_parameters * ln 2 + ln(1/delta)) / 2n)`."""
     return empirical_risk + math.sqrt((bits * num_parameters * math.log(2) + math.log(1 / delta)) / (2 * num_samples))
+
+
+def isotropic_gaussian_kl(mean_q: torch.Tensor, mean_p: torch.Tensor, sigma_q: float, sigma_p: float) -> torch.Tensor:
+    r"""`KL(N(mean_q, sigma_q^2 I) || N(mean_p, sigma_p^2 I))` in nats, per row (float64).
+
+    `= 0.5 * (d sigma_q^2 / sigma_p^2 + ||mean_q - mean_p||^2 / sigma_p^2 - d + 2 d ln(sigma_p / sigma_q))`.
+
+    Args:
+        mean_q, mean_p (`torch.Tensor` of shape `(..., d)`): the posterior and prior means.
+        sigma_q, sigma_p (`float`): their isotropic standard deviations (> 0).
+
+    Returns:
+        `torch.Tensor` of shape `(...)`.
+    """
+    if not (sigma_q > 0 and sigma_p > 0):
+        raise ValueError(f"`sigma_q` and `sigma_p` must be > 0, got {sigma_q!r} and {sigma_p!r}.")
+    d = mean_q.shape[-1]
+    distance = ((mean_q.double() - mean_p.double()) ** 2).sum(-1)
+    ratio = (sigma_q / sigma_p) ** 2
+    return 0.5 * (d * ratio + distance / sigma_p**2 - d - d * math.log(ratio))
+
+
+def pac_bayes_bound(gibbs_risk, num_samples: int, kl, delta: float = 0.05, kind: str = "hoeffding"):
+    r"""
+    PAC-Bayes bound on the true risk `R(Q)` of a Gibbs (stochastic) classifier `Q` with a prior `P` fixed before
+    the sample: with probability `>= 1 - delta`, simultaneously for every posterior `Q`,
+
+    - `kind="kl"` (Langford-Seeger, Maurer's constant): `kl(r(Q) || R(Q)) <= (KL(Q || P) + ln(2 sqrt(n) / delta)) / n`;
+    - `kind="hoeffding"` (McAllester's form, by Pinsker): `R(Q) <= r(Q) + sqrt((KL(Q || P) + ln(2 sqrt(n) / delta)) / (2 n))`,
+      comparable term by term with the finite-class Hoeffding certificate.
+
+    Args:
+        gibbs_risk (`float` or `torch.Tensor`): the empirical Gibbs risk `r(Q) = E_{h ~ Q} r(h)` in `[0, 1]` (or an
+            upper bound on it, e.g. [`monte_carlo_risk_bound`]).
+        num_samples (`int`): the sample size `n`.
+        kl (`float` or `torch.Tensor`, broadcastable with `gibbs_risk`): `KL(Q || P)` in nats (>= 0).
+        delta (`float`, defaults to 0.05): the failure probability.
+        kind (`str`): `"hoeffding"` or `"kl"`.
+
+    Returns:
+        float64 tensor of the broadcast shape (a float for float inputs).
+    """
+    from ..pipelines.certified_transfer.certificate import CERTIFICATE_KINDS, kl_inverse
+
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"`num_samples` must be a positive int, got {num_samples!r}.")
+    if not 0 < delta < 1:
+        raise ValueError(f"`delta` must be in (0, 1), got {delta!r}.")
+    if kind not in CERTIFICATE_KINDS:
+        raise ValueError(f"`kind` must be one of {CERTIFICATE_KINDS}, got {kind!r}.")
+    is_scalar = not isinstance(gibbs_risk, torch.Tensor) and not isinstance(kl, torch.Tensor)
+    risk = torch.as_tensor(gibbs_risk, dtype=torch.float64)
+    kl = torch.as_tensor(kl, dtype=torch.float64)
+    if (risk < 0).any() or (risk > 1).any() or torch.isnan(risk).any():
+        raise ValueError("`gibbs_risk` must lie in [0, 1].")
+    if (kl < 0).any() or torch.isnan(kl).any():
+        raise ValueError("`kl` must be >= 0.")
+    budget = (kl + math.log(2 * math.sqrt(num_samples) / delta)) / num_samples
+    risk, budget = torch.broadcast_tensors(risk, budget)
+    bound = risk + torch.sqrt(budget / 2) if kind == "hoeffding" else kl_inverse(risk, budget)
+    return float(bound) if is_scalar else bound
+
+
+def monte_carlo_risk_bound(mean_risk, num_draws: int, delta: float):
+    r"""Upper bound on a Gibbs risk `r(Q)` from the mean `mean_risk` of the empirical risks of `num_draws` i.i.d.
+    draws `h ~ Q` (Langford-Caruana sample convergence): with probability `>= 1 - delta` over the draws,
+    `r(Q) <= kl^-1(mean_risk, ln(1 / delta) / num_draws)`."""
+    from ..pipelines.certified_transfer.certificate import kl_inverse
+
+    if not isinstance(num_draws, int) or num_draws < 1:
+        raise ValueError(f"`num_draws` must be a positive int, got {num_draws!r}.")
+    if not 0 < delta < 1:
+        raise ValueError(f"`delta` must be in (0, 1), got {delta!r}.")
+    bound = kl_inverse(mean_risk, math.log(1 / delta) / num_draws)
+    return float(bound) if not isinstance(mean_risk, torch.Tensor) else bound
+
+
+PRIOR_SIGMAS = tuple(float(s) for s in torch.logspace(-3, 0, 8, dtype=torch.float64))
+
+
+@torch.no_grad()
+def sgd_pac_bayes_bound(
+    proxy: DigitsLoRAProxy,
+    fitted: torch.Tensor,
+    init: torch.Tensor,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    classes: torch.Tensor,
+    generator: torch.Generator,
+    delta: float = 0.05,
+    prior_sigmas: Sequence[float] = PRIOR_SIGMAS,
+    num_select_draws: int = 50,
+    num_draws: int = 500,
+    mc_delta_fraction: float = 0.2,
+    kind: str = "hoeffding",
+) -> dict:
+    r"""
+    The honest PAC-Bayes bound of SGD-fitted LoRA adapters, one per task: a Gaussian posterior
+    `Q = N(fitted, sigma^2 I)` around each SGD solution, the prior `P = N(init, sigma^2 I)` centred at the adapter's
+    (data-independent) initialisation, the best `sigma` of the grid `prior_sigmas` paid for by a union bound.
+
+    The failure probability `delta` is split: `(1 - mc_delta_fraction) delta / G` for the PAC-Bayes bound of each of
+    the `G` prior scales, and `mc_delta_fraction * delta` for the Monte Carlo estimate of the chosen posterior's
+    Gibbs risk. `sigma` is picked by the bound computed from `num_select_draws` draws; the chosen posterior's Gibbs
+    risk is then re-estimated from `num_draws` fresh draws (independent of the choice, so one Monte Carlo bound
+    suffices) and bounded by [`monte_carlo_risk_bound`]. The bound is on the Gibbs classifier `Q` (`posterior_draws`
+    returns draws from it, for checking the bound on held-out data), which is how PAC-Bayes certifies a continuously
+    trained network (Dziugaite & Roy, 2017).
+
+    Args:
+        fitted, init (`torch.Tensor` of shape `(T, dim)`): the SGD solutions and their initialisations.
+        hidden (`torch.Tensor` of shape `(T, n, 64, 4, 4)`), targets (`(T, n)`), classes (`(T, K)`): the support sets.
+        generator (`torch.Generator`): the posterior draws.
+
+    Returns:
+        `dict` with `bound` `(T,)` (of `kind`), `kl_bound` (or `hoeffding_bound`, the other form for the same
+        posterior) `(T,)`, `sigma` `(T,)` (the chosen scale), `gibbs_risk` `(T,)` (the Monte Carlo mean of the final
+        draws), `kl` `(T,)` (`KL(Q || P)`) and `posterior_draws(num, generator)` -> `(T, num, dim)`.
+    """
+    if not 0 < mc_delta_fraction < 1:
+        raise ValueError(f"`mc_delta_fraction` must be in (0, 1), got {mc_delta_fraction!r}.")
+    if len(prior_sigmas) < 1 or min(prior_sigmas) <= 0:
+        raise ValueError(f"`prior_sigmas` must be a non-empty list of positive scales, got {prior_sigmas!r}.")
+    num, n = targets.shape
+    delta_pb = (1 - mc_delta_fraction) * delta / len(prior_sigmas)
+    delta_mc = mc_delta_fraction * delta
+
+    def gibbs_risks(sigma, draws):  # (T,) Monte Carlo mean support risk of N(fitted, sigma^2 I)
+        out = torch.empty(num)
+        for t in range(num):
+            noise = torch.randn(draws, fitted.shape[1], generator=generator)
+            out[t] = proxy.risks(fitted[t] + sigma * noise, hidden[t], targets[t], classes[t]).mean()
+        return out
+
+    candidates = []
+    for sigma in prior_sigmas:
+        kl = isotropic_gaussian_kl(fitted, init, sigma, sigma)
+        risk = monte_carlo_risk_bound(gibbs_risks(sigma, num_select_draws).double(), num_select_draws, delta_mc)
+        candidates.append(pac_bayes_bound(risk, n, kl, delta_pb, kind))
+    choice = torch.stack(candidates).argmin(0)  # (T,)
+    sigma = torch.tensor(prior_sigmas, dtype=torch.float64)[choice]
+    final = torch.empty(num, dtype=torch.float64)
+    for t in range(num):
+        noise = torch.randn(num_draws, fitted.shape[1], generator=generator)
+        final[t] = proxy.risks(fitted[t] + float(sigma[t]) * noise, hidden[t], targets[t], classes[t]).mean()
+    kl = torch.stack([isotropic_gaussian_kl(fitted[t], init[t], float(sigma[t]), float(sigma[t])) for t in range(num)])
+    gibbs_upper = monte_carlo_risk_bound(final, num_draws, delta_mc)
+    bound = pac_bayes_bound(gibbs_upper, n, kl, delta_pb, kind)
+    other = "kl" if kind == "hoeffding" else "hoeffding"
+    # the same posterior bounded by the other form (valid too: sigma's choice is paid for by the union bound)
+    other_bound = pac_bayes_bound(gibbs_upper, n, kl, delta_pb, other)
+
+    def posterior_draws(count: int, draw_generator: torch.Generator) -> torch.Tensor:
+        noise = torch.randn(num, count, fitted.shape[1], generator=draw_generator)
+        return fitted[:, None] + sigma[:, None, None].float() * noise
+
+    return {
+        "bound": bound,
+        f"{other}_bound": other_bound,
+        "sigma": sigma,
+        "gibbs_risk": final,
+        "kl": kl,
+        "posterior_draws": posterior_draws,
+    }
 
 
 def episode_classes(num_classes: int = 10, way: int = 5) -> list[tuple[int, ...]]:

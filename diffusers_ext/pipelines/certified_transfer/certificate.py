@@ -58,10 +58,14 @@ def kl_inverse(empirical_risk, budget: float, num_iterations: int = 100) -> torc
 
     Args:
         empirical_risk (`float` or `torch.Tensor`): `q` in `[0, 1]`.
-        budget (`float`): `c >= 0`.
+        budget (`float` or `torch.Tensor` broadcastable with `q`): `c >= 0`.
     """
     q = torch.as_tensor(empirical_risk, dtype=torch.float64)
-    if not is_number(budget) or budget < 0:
+    if isinstance(budget, torch.Tensor):
+        if torch.isnan(budget).any() or (budget < 0).any():
+            raise ValueError("`budget` must be >= 0 everywhere.")
+        q, budget = torch.broadcast_tensors(q, budget.to(torch.float64))
+    elif not is_number(budget) or budget < 0:
         raise ValueError(f"`budget` must be a number >= 0, got {budget!r}.")
     low, high = q.clone(), torch.ones_like(q)
     for _ in range(num_iterations):
