@@ -10,6 +10,10 @@ position prior puts it, and the masked average keeps only fragments.
 layout, in the benchmarks: an upper reference, labelled as such). Masks here are boxes that need not cover the
 canvas; a position no box covers is given to the nearest box's prompt, so that every position is denoised by
 exactly one prompt at its box and the background between objects comes from the bootstrapped views.
+
+[`WindowMultiDiffusion`] is the same method with windows as its views (`F_i` a crop, as in MultiDiffusion's
+panorama mode; a window as large as the canvas gives full-canvas views): each prompt owns its box and a margin
+around it, and positions no view owns follow the known empty canvas. [`window_corners`] places the windows.
 """
 
 import numpy as np
