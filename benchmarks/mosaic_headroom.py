@@ -11,17 +11,22 @@ method is measured on it:
   (1-4), relations. Targets: single >= 0.9, count >= 0.6, relation >= 0.4.
 - **Composition gap** (the room Divide-and-Denoise needs). Prompts naming two and three objects with their colours
   (`evaluation.divide_and_denoise.mosaic_composition.make_prompts`): the model on the whole prompt, against
-  region-based MultiDiffusion with bootstrapping (`evaluation.divide_and_denoise.region_multidiffusion`) given
-  the oracle layout (each object's box from a real mosaic placement, one sub-prompt per object; outside the boxes
-  its bootstrapped views see the empty canvas). Targets: single prompt <= 0.5, oracle-layout MultiDiffusion >= 0.7 (a method that
-  finds the layout itself then has room between the two).
+  MultiDiffusion given the oracle layout (each object's box from a real mosaic placement, one sub-prompt per object):
+  `evaluation.divide_and_denoise.region_multidiffusion.WindowMultiDiffusion`, whose views are windows around the
+  boxes (cropped, or the full canvas), owning each box and a margin around it, bootstrapped for a share of the first
+  steps; the window, margin and bootstrap share are chosen on validation with the guidance. Targets: single prompt
+  <= 0.5, oracle-layout MultiDiffusion >= 0.7 (a method that finds the layout itself then has room between the two).
+- **Concepts** (the room unlearning needs). For each colour and shape, prompts that ask for it and prompts that do
+  not (`evaluation.mosaic_unlearning.concept_prompt_sets`); the concept most often present on validation is judged
+  on test. Targets: presence >= 0.9 on its prompts, judge accuracy on the retained prompts >= 0.6.
 
 Protocol: every method's guidance scale is chosen on validation prompts (the mosaic test split's stream with seed
-1000), then the test prompts (seed 2000) are judged once with the frozen choice. Both methods get the same grid, the
-same initial latents and the same number of sampling steps.
+1000), then the test prompts (seed 2000) are judged once with the frozen choice. Both methods get the same guidance grid, the
+same initial latents and the same number of sampling steps; the oracle-layout reference (an upper reference) is also
+given its own settings grid.
 
-Not measured here yet (the issue's other headroom parts): mimicry (a LoRA mimic and the protections), concepts
-(unlearning) and RL (the SD3-format model's reward).
+Not measured here yet (the issue's other headroom parts): mimicry (a LoRA mimic and the protections) and RL (the
+SD3-format model's reward).
 """
 
 import argparse
@@ -53,13 +58,20 @@ def parse_args(argv=None):
     parser.add_argument("--num_inference_steps", type=int, default=25)
     parser.add_argument("--batch_size", type=int, default=50)
     parser.add_argument(
-        "--bootstrap_fraction",
-        type=float,
-        default=0.4,
-        help="Share of the first steps in which MultiDiffusion bootstraps its views (its default: 20 of 50).",
+        "--oracle_configs",
+        nargs="+",
+        default=["16,2,1.0", "12,3,0.4"],
+        help="MultiDiffusion settings `window,margin,bootstrap` tried on validation with every guidance: the window"
+        " side in latents (the latent canvas side: full-canvas views; smaller: cropped views), the margin around each"
+        " box in latents, and the share of the first steps that bootstrap.",
     )
+    parser.add_argument("--concepts", nargs="+", default=None, help="Concepts tried (default: every colour and shape).")
+    parser.add_argument("--concept_prompts", type=int, default=60, help="Test prompts per kind (concept, retained).")
     parser.add_argument(
-        "--parts", nargs="+", default=["capability", "composition"], choices=["capability", "composition"]
+        "--parts",
+        nargs="+",
+        default=["capability", "composition", "concepts"],
+        choices=["capability", "composition", "concepts"],
     )
     parser.add_argument("--output_dir", default=RESULTS)
     add_from_results_argument(parser)
@@ -70,8 +82,11 @@ def parse_args(argv=None):
         check_positive_int(name, getattr(args, name))
     if not 0 < args.validation_fraction <= 1:
         parser.error(f"--validation_fraction must be in (0, 1], got {args.validation_fraction}.")
-    if not 0 <= args.bootstrap_fraction <= 1:
-        parser.error(f"--bootstrap_fraction must be in [0, 1], got {args.bootstrap_fraction}.")
+    try:
+        args.oracle_configs = [_oracle_config(text) for text in args.oracle_configs]
+    except ValueError as error:
+        parser.error(f"--oracle_configs: {error}")
+    check_positive_int("concept_prompts", args.concept_prompts)
     if any(g < 1 for g in args.guidance_grid):
         parser.error(f"--guidance_grid values must be >= 1, got {args.guidance_grid}.")
     if args.from_results is None:
@@ -80,6 +95,17 @@ def parse_args(argv=None):
         if not os.path.isfile(os.path.join(args.model_path, "model_index.json")):
             parser.error(f"--model_path {args.model_path!r} is not a pipeline folder (no model_index.json).")
     return args
+
+
+def _oracle_config(text: str) -> list:
+    """`"window,margin,bootstrap"` -> `[window, margin, bootstrap]` (ints, ints, a fraction in [0, 1])."""
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise ValueError(f"expected `window,margin,bootstrap`, got {text!r}.")
+    window, margin, bootstrap = int(parts[0]), int(parts[1]), float(parts[2])
+    if window < 1 or margin < 0 or not 0 <= bootstrap <= 1:
+        raise ValueError(f"expected window >= 1, margin >= 0, bootstrap in [0, 1], got {text!r}.")
+    return [window, margin, bootstrap]
 
 
 def _num_prompts(args, total: int, split: str) -> int:
@@ -121,21 +147,17 @@ class CompositionSampler:
     """The model on the whole prompt, and MultiDiffusion with the oracle layout, from the same initial latents."""
 
     def __init__(self, pipe, config, args):
-        from diffusers_ext.evaluation.divide_and_denoise.region_multidiffusion import RegionMultiDiffusion
-
         self.pipe, self.config, self.args = pipe, config, args
         self.latent_size = config.resolution // pipe.vae_scale_factor
-        # The bootstrapped views show the world's empty canvas outside their box.
+        # Bootstrapped views, and positions no window covers, show the world's empty canvas.
         background = torch.tensor(config.background, dtype=torch.float32).view(3, 1, 1) / 127.5 - 1.0
-        self.multidiffusion = RegionMultiDiffusion(
-            pipe, background.expand(3, config.resolution, config.resolution), args.bootstrap_fraction
-        )
+        self.background = background.expand(3, config.resolution, config.resolution)
 
     def latents(self, index: int, split: str) -> torch.Tensor:
         shape = (1, self.pipe.unet.config.in_channels, self.latent_size, self.latent_size)
         return torch.randn(shape, generator=torch.Generator().manual_seed(SPLIT_SEEDS[split] * 1000 + index))
 
-    def single_prompt(self, prompts: list[dict], guidance: float, split: str) -> np.ndarray:
+    def single_prompt(self, prompts: list[dict], candidate: dict, split: str) -> np.ndarray:
         images = []
         for start in range(0, len(prompts), self.args.batch_size):
             chunk = prompts[start : start + self.args.batch_size]
@@ -146,31 +168,43 @@ class CompositionSampler:
                     height=self.config.resolution,
                     width=self.config.resolution,
                     num_inference_steps=self.args.num_inference_steps,
-                    guidance_scale=guidance,
+                    guidance_scale=candidate["guidance"],
                     latents=latents.to(self.pipe.unet.dtype),
                     output_type="np",
                 ).images
             )
         return np.concatenate(images)
 
-    def oracle_layout(self, prompts: list[dict], guidance: float, split: str) -> np.ndarray:
+    def oracle_layout(self, prompts: list[dict], candidate: dict, split: str) -> np.ndarray:
         from diffusers_ext.evaluation.divide_and_denoise.mosaic_composition import oracle_regions
+        from diffusers_ext.evaluation.divide_and_denoise.region_multidiffusion import WindowMultiDiffusion
 
+        sampler = WindowMultiDiffusion(
+            self.pipe, self.background, candidate["window"], candidate["margin"], candidate["bootstrap"]
+        )
         images = []
-        for index, prompt in enumerate(prompts):
-            seed = SPLIT_SEEDS[split] * 1000 + index
-            boxes = oracle_regions(prompt, seed, self.latent_size, self.config.resolution)
+        for start in range(0, len(prompts), self.args.batch_size):
+            chunk = prompts[start : start + self.args.batch_size]
+            seeds = [SPLIT_SEEDS[split] * 1000 + start + i for i in range(len(chunk))]
+            boxes = torch.stack(
+                [oracle_regions(p, seed, self.latent_size, self.config.resolution) for p, seed in zip(chunk, seeds)]
+            )
+            latents = torch.cat([self.latents(start + i, split) for i in range(len(chunk))])
             images.append(
-                self.multidiffusion(
-                    prompt["sub_prompts"],
+                sampler(
+                    [p["sub_prompts"] for p in chunk],
                     boxes,
-                    self.latents(index, split).to(self.pipe.unet.dtype),
+                    latents.to(self.pipe.unet.dtype),
                     num_inference_steps=self.args.num_inference_steps,
-                    guidance_scale=guidance,
-                    generator=torch.Generator().manual_seed(seed),
+                    guidance_scale=candidate["guidance"],
+                    generator=torch.Generator().manual_seed(seeds[0]),
                 )
             )
         return np.concatenate(images)
+
+
+def _candidate_name(candidate: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in candidate.items())
 
 
 def measure_composition(pipe, config, args) -> dict:
@@ -189,17 +223,72 @@ def measure_composition(pipe, config, args) -> dict:
             for split in SPLIT_SEEDS
         }
         record[setting] = {}
-        for method in ("single_prompt", "oracle_layout"):
+        grids = {
+            "single_prompt": [{"guidance": g} for g in args.guidance_grid],
+            "oracle_layout": [
+                {"guidance": g, "window": w, "margin": m, "bootstrap": b}
+                for w, m, b in args.oracle_configs
+                if w <= sampler.latent_size
+                for g in args.guidance_grid
+            ],
+        }
+        for method, grid in grids.items():
             sample = getattr(sampler, method)
 
-            def measure(guidance, split, sample=sample, prompts=prompts):
-                images = sample(prompts[split], guidance, split)
+            def measure(candidate, split, sample=sample, prompts=prompts):
+                images = sample(prompts[split], candidate, split)
                 return summarize([judge.evaluate(image, p) for image, p in zip(images, prompts[split])])
 
             record[setting][method] = choose_on_validation(
-                list(args.guidance_grid), measure, score=lambda m: m["overall"], names=lambda g: f"guidance {g}"
+                grid, measure, score=lambda m: m["overall"], names=_candidate_name
             )
     return record
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# concepts
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def measure_concepts(pipe, config, args, guidance: float) -> dict:
+    """The concept unlearning would remove: for each candidate colour or shape, how often the base model draws it
+    for prompts that ask for it (presence), and the judge's overall accuracy on prompts that do not (the retained
+    set). The concept with the highest presence on validation (ties: higher retained accuracy) is judged once on
+    test, at the capability part's guidance."""
+    from diffusers_ext.evaluation.mosaic import MosaicEvaluator
+    from diffusers_ext.evaluation.mosaic_unlearning import concept_presence, concept_prompt_sets, judge_accuracy
+    from diffusers_ext.evaluation.mosaic_unlearning import sample_prompts
+    from diffusers_ext.evaluation.reporting import choose_on_validation
+
+    judge = MosaicEvaluator(config)
+    concepts = args.concepts or list(config.colours) + list(config.shapes)
+
+    def measure(concept, split):
+        count = _num_prompts(args, args.concept_prompts, split)
+        sets = concept_prompt_sets(config, concept, {split: count}, seed=SPLIT_SEEDS[split])[split]
+        record = {"n": count}
+        for kind, seed_offset in (("forget", 0), ("retain", 1)):
+            prompts = sets[kind]
+            images = sample_prompts(
+                pipe,
+                [p["caption"] for p in prompts],
+                SPLIT_SEEDS[split] * 10 + seed_offset,
+                args.num_inference_steps,
+                guidance,
+                args.batch_size,
+            )
+            if kind == "forget":
+                record["presence"] = float(concept_presence(judge, images, concept).mean())
+                record["concept_accuracy"] = float(np.nanmean(judge_accuracy(judge, images, prompts)["overall"]))
+            else:
+                record["retained_accuracy"] = float(np.nanmean(judge_accuracy(judge, images, prompts)["overall"]))
+        return record
+
+    result = choose_on_validation(
+        concepts, measure, score=lambda m: m["presence"] + 1e-3 * m["retained_accuracy"], names=str
+    )
+    result["guidance"] = guidance
+    return result
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -225,6 +314,11 @@ def headroom_targets(summary: dict) -> list[dict]:
             targets.append(
                 target(f"composition {setting}: MultiDiffusion + oracle layout (test)", oracle, ORACLE_LAYOUT_MIN)
             )
+    concepts = summary.get("concepts")
+    if concepts:
+        test, name = concepts["test"], concepts["chosen"]["candidate"]
+        targets.append(target(f"concepts: presence of {name!r} for its prompts (test)", test["presence"], 0.9))
+        targets.append(target(f"concepts: retained-set accuracy without {name!r} (test)", test["retained_accuracy"], 0.6))
     return targets
 
 
@@ -250,7 +344,7 @@ def report_sections(results: dict) -> list[str]:
         lines += [
             "## Composition gap",
             "",
-            "| setting | method | guidance (validation) | test overall | test colour | test object |",
+            "| setting | method | settings (validation) | test overall | test colour | test object |",
             "| --- | --- | --- | --- | --- | --- |",
         ]
         for setting, record in composition.items():
@@ -261,10 +355,32 @@ def report_sections(results: dict) -> list[str]:
                 r = record[method]
                 t = r["test"]
                 lines.append(
-                    f"| {setting} | {label} | {r['chosen']['candidate']} | {t['overall']:.3f} | "
+                    f"| {setting} | {label} | {r['chosen']['name']} | {t['overall']:.3f} | "
                     f"{t.get('colour', float('nan')):.3f} | {t.get('object', float('nan')):.3f} |"
                 )
         lines.append("")
+    concepts = summary.get("concepts")
+    if concepts:
+        lines += [
+            "## Concepts",
+            "",
+            f"Guidance {concepts['guidance']} (the capability part's choice). Validation, per candidate concept:",
+            "",
+            "| concept | presence | accuracy on its prompts | retained-set accuracy |",
+            "| --- | --- | --- | --- |",
+        ]
+        for row in concepts["validation"]:
+            m = row["measurement"]
+            lines.append(
+                f"| {row['name']} | {m['presence']:.3f} | {m['concept_accuracy']:.3f} | {m['retained_accuracy']:.3f} |"
+            )
+        t = concepts["test"]
+        lines += [
+            "",
+            f"Chosen: {concepts['chosen']['name']}. Test ({t['n']} prompts of each kind): presence {t['presence']:.3f}, "
+            f"accuracy on its prompts {t['concept_accuracy']:.3f}, retained-set accuracy {t['retained_accuracy']:.3f}.",
+            "",
+        ]
     return lines
 
 
@@ -289,6 +405,9 @@ def main(argv=None) -> dict:
         summary["capability"] = measure_capability(pipe, config, args)
     if "composition" in args.parts:
         summary["composition"] = measure_composition(pipe, config, args)
+    if "concepts" in args.parts:
+        chosen = summary.get("capability", {}).get("chosen", {}).get("candidate", args.guidance_grid[0])
+        summary["concepts"] = measure_concepts(pipe, config, args, chosen)
     summary["targets"] = headroom_targets(summary)
     settings = {k: v for k, v in vars(args).items() if k not in ("output_dir", "from_results", "model_path")}
     results = {

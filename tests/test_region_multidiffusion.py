@@ -79,3 +79,68 @@ def test_bad_shapes_are_refused(pipe):
         sampler(["a", "b"], torch.ones(1, size, size), _latents(pipe, size))
     with pytest.raises(ValueError, match="bootstrap_fraction"):
         RegionMultiDiffusion(pipe, torch.zeros(3, 8, 8), bootstrap_fraction=1.5)
+
+
+def test_windows_are_centred_on_their_boxes_and_kept_in_the_canvas():
+    from diffusers_ext.evaluation.divide_and_denoise.region_multidiffusion import window_corners
+
+    boxes = torch.zeros(2, 8, 8)
+    boxes[0, 3:5, 3:5] = 1.0  # centre (4, 4): a 4-window starts at (2, 2)
+    boxes[1, 0:2, 6:8] = 1.0  # top-right corner: clipped to (0, 4)
+    assert window_corners(boxes, 4).tolist() == [[2, 2], [0, 4]]
+    with pytest.raises(ValueError, match="window_size"):
+        window_corners(boxes, 9)
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 4.0])
+def test_one_full_canvas_window_over_the_whole_box_is_the_plain_pipeline(pipe, guidance_scale):
+    from diffusers_ext.evaluation.divide_and_denoise.region_multidiffusion import WindowMultiDiffusion
+
+    resolution = pipe.unet.config.sample_size * pipe.vae_scale_factor
+    size = pipe.unet.config.sample_size
+    latents = _latents(pipe, size)
+    expected = pipe(
+        "a red circle",
+        height=resolution,
+        width=resolution,
+        num_inference_steps=3,
+        guidance_scale=guidance_scale,
+        latents=latents,
+        output_type="np",
+    ).images
+    sampler = WindowMultiDiffusion(pipe, torch.zeros(3, resolution, resolution), window_size=size)
+    got = sampler([["a red circle"]], torch.ones(1, 1, size, size), latents, 3, guidance_scale)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_cropped_windows_in_a_batch_match_each_image_alone(pipe):
+    from diffusers_ext.evaluation.divide_and_denoise.region_multidiffusion import WindowMultiDiffusion
+
+    resolution = pipe.unet.config.sample_size * pipe.vae_scale_factor
+    size = pipe.unet.config.sample_size
+    sampler = WindowMultiDiffusion(pipe, torch.zeros(3, resolution, resolution), size // 2, margin=1)
+    boxes = torch.zeros(2, 2, size, size)
+    boxes[:, 0, :2, :2] = 1.0
+    boxes[0, 1, -2:, -2:] = 1.0
+    boxes[1, 1, :2, -2:] = 1.0
+    latents = torch.randn((2, pipe.unet.config.in_channels, size, size), generator=torch.Generator().manual_seed(1))
+    prompts = [["a red circle", "a blue square"], ["a green square", "a red circle"]]
+    both = sampler(prompts, boxes, latents, 2, 3.0)
+    for i in range(2):
+        alone = sampler(prompts[i : i + 1], boxes[i : i + 1], latents[i : i + 1], 2, 3.0)
+        np.testing.assert_allclose(both[i : i + 1], alone, atol=1e-5)
+    assert both.shape == (2, resolution, resolution, 3)
+
+
+def test_window_sampler_refuses_bad_arguments(pipe):
+    from diffusers_ext.evaluation.divide_and_denoise.region_multidiffusion import WindowMultiDiffusion
+
+    size = pipe.unet.config.sample_size
+    background = torch.zeros(3, size * pipe.vae_scale_factor, size * pipe.vae_scale_factor)
+    with pytest.raises(ValueError, match="window_size"):
+        WindowMultiDiffusion(pipe, background, window_size=size + 1)
+    with pytest.raises(ValueError, match="margin"):
+        WindowMultiDiffusion(pipe, background, window_size=2, margin=-1)
+    sampler = WindowMultiDiffusion(pipe, background, window_size=2)
+    with pytest.raises(ValueError, match="`boxes` must be"):
+        sampler([["a", "b"]], torch.ones(1, 1, size, size), _latents(pipe, size))

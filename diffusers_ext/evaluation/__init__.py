@@ -70,7 +70,12 @@ _import_structure = {
     ],
     "divide_and_denoise.empirical_denoiser": ["EmpiricalOptimalDenoiser"],
     "divide_and_denoise.mosaic_composition": ["make_prompts", "oracle_regions"],
-    "divide_and_denoise.region_multidiffusion": ["RegionMultiDiffusion", "partition_masks"],
+    "divide_and_denoise.region_multidiffusion": [
+        "RegionMultiDiffusion",
+        "WindowMultiDiffusion",
+        "partition_masks",
+        "window_corners",
+    ],
     "divide_and_denoise.placements": [
         "colour_expert",
         "colour_object_scores",
@@ -190,7 +195,12 @@ if TYPE_CHECKING:
         layout_regions,
         random_layout,
     )
-    from .divide_and_denoise.region_multidiffusion import RegionMultiDiffusion, partition_masks
+    from .divide_and_denoise.region_multidiffusion import (
+        RegionMultiDiffusion,
+        WindowMultiDiffusion,
+        partition_masks,
+        window_corners,
+    )
     from .doob_guidance import plan_with_budget, project_out_of_discs, projection_guidance
     from .epidiff import QUANTILE_LEVELS, gamma_draws, quantile_loss, summarize_scores, window_scores
     from .lomdm import (

@@ -10,6 +10,10 @@ position prior puts it, and the masked average keeps only fragments.
 layout, in the benchmarks: an upper reference, labelled as such). Masks here are boxes that need not cover the
 canvas; a position no box covers is given to the nearest box's prompt, so that every position is denoised by
 exactly one prompt at its box and the background between objects comes from the bootstrapped views.
+
+[`WindowMultiDiffusion`] is the same method with windows as its views (`F_i` a crop, as in MultiDiffusion's
+panorama mode; a window as large as the canvas gives full-canvas views): each prompt owns its box and a margin
+around it, and positions no view owns follow the known empty canvas. [`window_corners`] places the windows.
 """
 
 import numpy as np
@@ -126,6 +130,160 @@ class RegionMultiDiffusion:
                 noise_pred = noise_uncond + guidance_scale * (noise_text - noise_uncond)
             denoised = scheduler.step(noise_pred, t, views).prev_sample  # (K, C, h, w)
             latents = (denoised * weights).sum(dim=0, keepdim=True)
+
+        image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
+        return pipe.image_processor.postprocess(image, output_type="np")
+
+
+def window_corners(boxes: torch.Tensor, window_size: int) -> torch.Tensor:
+    """Top-left corners of square windows of side `window_size` centred on each box, shifted to lie in the canvas.
+
+    Args:
+        boxes (`torch.Tensor` of shape `(..., K, h, w)`): 1 inside box `k`, 0 outside; every box non-empty.
+        window_size (`int`): the window's side, at most `min(h, w)`.
+
+    Returns:
+        `torch.LongTensor` of shape `(..., K, 2)`: `(row, column)` of each window's top-left position.
+    """
+    height, width = boxes.shape[-2:]
+    if not isinstance(window_size, int) or not 1 <= window_size <= min(height, width):
+        raise ValueError(f"`window_size` must be an int in [1, {min(height, width)}], got {window_size!r}.")
+    flat = boxes.reshape(-1, height, width) > 0
+    if not bool(flat.flatten(1).any(dim=1).all()):
+        raise ValueError("`boxes` has an empty box: every box needs at least one position set to 1.")
+    corners = torch.empty(flat.shape[0], 2, dtype=torch.long)
+    for index, box in enumerate(flat):
+        for axis, size in ((0, height), (1, width)):
+            used = box.any(dim=1 - axis).nonzero().flatten()
+            centre = (used.min().item() + used.max().item() + 1) / 2
+            corners[index, axis] = min(max(int(np.floor(centre - window_size / 2 + 0.5)), 0), size - window_size)
+    return corners.reshape(*boxes.shape[:-2], 2)
+
+
+class WindowMultiDiffusion(RegionMultiDiffusion):
+    """MultiDiffusion with one cropped window per prompt (its panorama form), on a `StableDiffusionPipeline`.
+
+    Each prompt's view is a square crop of the canvas latent around its box (`F_i` in Bar-Tal et al. 2023 is a
+    crop): the model denoises a small canvas that holds only its object, at the scale it was trained on. After every
+    step the views are put back and averaged with per-position weights `W_i`: a view owns its own box, positions in
+    no box are shared by every window over them, and positions in another prompt's box are left to that prompt. A
+    position that no window covers belongs to a background view whose denoiser knows the answer: the world's empty
+    canvas, brought to each step's noise level along the initial noise (the deterministic path a perfect denoiser of
+    that canvas takes under DDIM). With `bootstrap_fraction > 0` each view is shown the noised background outside its
+    box during the first steps, as MultiDiffusion's region mode does.
+
+    Given an oracle layout (the benchmarks), it is an upper reference, labelled as such.
+
+    Args:
+        pipe (`diffusers.StableDiffusionPipeline`): its `unet`, `vae`, text encoder and scheduler config are used.
+        background (`torch.Tensor` of shape `(3, H, W)` in [-1, 1]): the empty canvas.
+        window_size (`int`): each view's side at latent resolution.
+        bootstrap_fraction (`float`, defaults to 0.0): share of the first steps that bootstrap.
+    """
+
+    def __init__(
+        self, pipe, background: torch.Tensor, window_size: int, margin: int = 0, bootstrap_fraction: float = 0.0
+    ):
+        super().__init__(pipe, background, bootstrap_fraction)
+        if not isinstance(margin, int) or margin < 0:
+            raise ValueError(f"`margin` must be a non-negative int, got {margin!r}.")
+        self.margin = margin
+        if not isinstance(window_size, int) or window_size < 1:
+            raise ValueError(f"`window_size` must be a positive int, got {window_size!r}.")
+        if window_size > min(self.background_latents.shape[-2:]):
+            raise ValueError(
+                f"`window_size` {window_size} is larger than the latent canvas {tuple(self.background_latents.shape[-2:])}."
+            )
+        self.window_size = window_size
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompts: list[list[str]],
+        boxes: torch.Tensor,
+        latents: torch.Tensor,
+        num_inference_steps: int = 25,
+        guidance_scale: float = 5.0,
+        generator: torch.Generator | None = None,
+    ) -> np.ndarray:
+        """A batch of composed images, every image with the same number `K` of prompts.
+
+        Args:
+            prompts (`list[list[str]]`): `B` lists of `K` prompts, one per region.
+            boxes (`torch.Tensor` of shape `(B, K, h, w)`): each prompt's region at latent resolution (1 inside).
+            latents (`torch.Tensor` of shape `(B, C, h, w)`): the initial noise (unit variance).
+            num_inference_steps (`int`), guidance_scale (`float`): as in the pipeline.
+            generator (`torch.Generator`, *optional*): draws the bootstrapping noise.
+
+        Returns:
+            `np.ndarray` of shape `(B, H, W, 3)` in [0, 1].
+        """
+        pipe, scheduler, size = self.pipe, self.scheduler, self.window_size
+        if latents.ndim != 4:
+            raise ValueError(f"`latents` must be (B, C, h, w), got shape {tuple(latents.shape)}.")
+        batch, num_regions = latents.shape[0], len(prompts[0]) if prompts else 0
+        if len(prompts) != batch or any(len(p) != num_regions for p in prompts) or num_regions == 0:
+            raise ValueError(f"`prompts` must be {batch} non-empty lists of equal length, got {prompts!r}.")
+        if tuple(boxes.shape) != (batch, num_regions, *latents.shape[-2:]):
+            raise ValueError(
+                f"`boxes` must be (B, K, h, w) = {(batch, num_regions, *latents.shape[-2:])}, got {tuple(boxes.shape)}."
+            )
+        if latents.shape[-2:] != self.background_latents.shape[-2:]:
+            raise ValueError(
+                f"`latents` must match the background's latent size {tuple(self.background_latents.shape[-2:])}, "
+                f"got {tuple(latents.shape[-2:])}."
+            )
+        corners = window_corners(boxes.cpu(), size).reshape(-1, 2).tolist()  # (B*K) windows, view v = b*K + k
+        device, dtype = pipe.unet.device, pipe.unet.dtype
+        inside = (boxes > 0).to(device=device, dtype=dtype)  # (B, K, h, w)
+        m = self.margin
+        region = torch.nn.functional.max_pool2d(inside, 2 * m + 1, 1, m) if m else inside  # box and its margin
+        in_no_box = 1.0 - inside.amax(dim=1, keepdim=True)
+        weights = (inside + region * in_no_box).reshape(-1, 1, *latents.shape[-2:])  # (B*K, 1, h, w) before the crop
+        views_of = [v // num_regions for v in range(batch * num_regions)]
+
+        def crop(x, v):
+            r, c = corners[v]
+            return x[..., r : r + size, c : c + size]
+
+        do_guidance = guidance_scale > 1.0
+        flat = [p for group in prompts for p in group]
+        cond, uncond = pipe.encode_prompt(flat, device, 1, do_guidance, [""] * len(flat) if do_guidance else None)
+        embeddings = torch.cat([uncond, cond]) if do_guidance else cond
+
+        scheduler.set_timesteps(num_inference_steps, device=device)
+        noise = latents.to(device=device, dtype=dtype)
+        latents = noise * scheduler.init_noise_sigma
+        num_bootstrap = round(self.bootstrap_fraction * len(scheduler.timesteps))
+        background = self.background_latents.to(device=device, dtype=dtype)
+        box_crops = torch.stack([crop(region[views_of[v], v % num_regions], v) for v in range(len(corners))])
+        box_crops = box_crops.unsqueeze(1)  # (B*K, 1, S, S)
+        weight_crops = torch.stack([crop(weights[v], v) for v in range(len(corners))])
+        timesteps = scheduler.timesteps
+        for index, t in enumerate(timesteps):
+            views = torch.stack([crop(latents[views_of[v]], v) for v in range(len(corners))])
+            if index < num_bootstrap:
+                fresh = torch.randn(background.shape, generator=generator, dtype=dtype).to(device)
+                noisy = scheduler.add_noise(background, fresh, t.reshape(1))[0]
+                noisy_crops = torch.stack([crop(noisy, v) for v in range(len(corners))])
+                views = views * box_crops + noisy_crops * (1.0 - box_crops)
+            model_input = torch.cat([views] * 2) if do_guidance else views
+            model_input = scheduler.scale_model_input(model_input, t)
+            noise_pred = pipe.unet(model_input, t, encoder_hidden_states=embeddings).sample
+            if do_guidance:
+                noise_uncond, noise_text = noise_pred.chunk(2)
+                noise_pred = noise_uncond + guidance_scale * (noise_text - noise_uncond)
+            denoised = scheduler.step(noise_pred, t, views).prev_sample  # (B*K, C, S, S)
+            if index + 1 < len(timesteps):
+                latents = scheduler.add_noise(background.expand_as(noise), noise, timesteps[index + 1].reshape(1))
+            else:
+                latents = background.expand_as(noise).clone()
+            total = torch.zeros_like(latents)
+            mass = torch.zeros(batch, 1, *latents.shape[-2:], device=device, dtype=dtype)
+            for v in range(len(corners)):
+                crop(total[views_of[v]], v).add_(denoised[v] * weight_crops[v])
+                crop(mass[views_of[v]], v).add_(weight_crops[v])
+            latents = torch.where(mass > 0, total / mass.clamp(min=1e-8), latents)
 
         image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
         return pipe.image_processor.postprocess(image, output_type="np")
