@@ -41,8 +41,8 @@ def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_pipeline_folder, tmp_p
     assert all(0 <= f <= 1 for f in rl["grpo"]["frac_reward_zero_std"])
     names = [row["name"] for row in summary["targets"]]
     assert names[:3] == ["capability: single (test)", "capability: count (test)", "capability: relation (test)"]
-    assert len(names) == 6
-    zero_std = summary["targets"][-1]
+    assert len(names) == 7
+    zero_std = summary["targets"][-2]
     assert zero_std["value"] == rl["grpo"]["last_third_zero_std"] and zero_std["met"] == (zero_std["value"] >= 0.3)
     written = json.loads((tmp_path / "mosaic_rl_headroom.json").read_text())
     assert "--model_path" not in written["command"]
