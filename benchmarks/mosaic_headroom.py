@@ -65,7 +65,9 @@ def parse_args(argv=None):
         " side in latents (the latent canvas side: full-canvas views; smaller: cropped views), the margin around each"
         " box in latents, and the share of the first steps that bootstrap.",
     )
-    parser.add_argument("--concepts", nargs="+", default=None, help="Concepts tried (default: every colour and shape).")
+    parser.add_argument(
+        "--concepts", nargs="+", default=None, help="Concepts tried (default: every colour and shape)."
+    )
     parser.add_argument("--concept_prompts", type=int, default=60, help="Test prompts per kind (concept, retained).")
     parser.add_argument(
         "--parts",
@@ -256,8 +258,12 @@ def measure_concepts(pipe, config, args, guidance: float) -> dict:
     set). The concept with the highest presence on validation (ties: higher retained accuracy) is judged once on
     test, at the capability part's guidance."""
     from diffusers_ext.evaluation.mosaic import MosaicEvaluator
-    from diffusers_ext.evaluation.mosaic_unlearning import concept_presence, concept_prompt_sets, judge_accuracy
-    from diffusers_ext.evaluation.mosaic_unlearning import sample_prompts
+    from diffusers_ext.evaluation.mosaic_unlearning import (
+        concept_presence,
+        concept_prompt_sets,
+        judge_accuracy,
+        sample_prompts,
+    )
     from diffusers_ext.evaluation.reporting import choose_on_validation
 
     judge = MosaicEvaluator(config)
@@ -318,7 +324,9 @@ def headroom_targets(summary: dict) -> list[dict]:
     if concepts:
         test, name = concepts["test"], concepts["chosen"]["candidate"]
         targets.append(target(f"concepts: presence of {name!r} for its prompts (test)", test["presence"], 0.9))
-        targets.append(target(f"concepts: retained-set accuracy without {name!r} (test)", test["retained_accuracy"], 0.6))
+        targets.append(
+            target(f"concepts: retained-set accuracy without {name!r} (test)", test["retained_accuracy"], 0.6)
+        )
     return targets
 
 
