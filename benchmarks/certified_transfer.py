@@ -31,7 +31,7 @@ from diffusers_ext.evaluation.certified_transfer import (
     split_class_combinations,
 )
 from diffusers_ext.evaluation.protocol import binomial_standard_error, mean_spread, target
-from diffusers_ext.evaluation.reporting import choose_on_validation, command, write_results
+from diffusers_ext.evaluation.reporting import choose_on_validation, command, without_machine_paths, write_results
 
 
 def parse_args(argv=None):
@@ -205,6 +205,8 @@ def model_record(model_dir):
         if os.path.isfile(full):
             with open(full, encoding="utf-8") as f:
                 record[key] = json.load(f)
+    if "command" in record.get("training", {}):
+        record["training"]["command"] = without_machine_paths(record["training"]["command"])
     record.get("model_config", {}).pop("parameter_names", None)
     record.get("model_config", {}).pop("parameter_shapes", None)
     return record

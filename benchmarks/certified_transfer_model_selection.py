@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from diffusers_ext import SampleThenEvaluatePipeline
 from diffusers_ext.evaluation.certified_transfer import gaussian_fit_sample, load_proxy
 from diffusers_ext.evaluation.protocol import target
-from diffusers_ext.evaluation.reporting import command, write_results
+from diffusers_ext.evaluation.reporting import command, without_machine_paths, write_results
 
 
 def parse_args(argv=None):
@@ -91,7 +91,7 @@ def main(argv=None):
         with open(os.path.join(folder, "training_metrics.json"), encoding="utf-8") as f:
             training = json.load(f)
         models[os.path.basename(os.path.normpath(folder))] = {
-            "training_command": training.get("command"),
+            "training_command": without_machine_paths(training.get("command") or ""),
             "final_loss": training["final_loss"],
             "prediction_type": pipe.scheduler.config.prediction_type,
             "picked_query_accuracy": picked_query_accuracy(draws),
@@ -111,8 +111,11 @@ def main(argv=None):
         )
     ]
     results = {
-        "command": command(__file__, omit=("--output",)),
-        "settings": {k_: v for k_, v in vars(args).items() if k_ != "output"},
+        "command": without_machine_paths(command(__file__, omit=("--output",))),
+        "settings": {
+            **{k_: v for k_, v in vars(args).items() if k_ not in ("output", "model_dirs")},
+            "model_dirs": [without_machine_paths(folder) for folder in args.model_dirs],
+        },
         "summary": {"targets": targets, "chosen": chosen},
         "references": references,
         "models": models,

@@ -10,6 +10,7 @@ from diffusers_ext.evaluation.reporting import (
     ResultCache,
     choose_on_validation,
     command,
+    without_machine_paths,
     rebuild_results,
     run_jobs,
     targets_table,
@@ -125,3 +126,10 @@ def test_run_jobs_in_process_and_in_order():
     assert run_jobs(_add, [(1, 2), (3, 4)]) == [3, 7]
     with pytest.raises(ValueError, match="workers"):
         run_jobs(_add, [(1, 2)], workers=0)
+
+
+def test_without_machine_paths_keeps_only_the_last_component_of_absolute_paths():
+    assert without_machine_paths("python t.py --output_dir /tmp/runs/x4/ --lr 2e-3 --data rel/dir") == (
+        "python t.py --output_dir x4 --lr 2e-3 --data rel/dir"
+    )
+    assert without_machine_paths("/work/wt/steel-runs/r1") == "r1"

@@ -128,6 +128,7 @@ _import_structure = {
         "rebuild_results",
         "run_jobs",
         "targets_table",
+        "without_machine_paths",
         "write_results",
     ],
     "semantic_nvs": ["SceneEvaluator", "bootstrap_frechet", "evaluator_accuracy", "train_scene_evaluator"],
@@ -246,6 +247,7 @@ if TYPE_CHECKING:
         rebuild_results,
         run_jobs,
         targets_table,
+        without_machine_paths,
         write_results,
     )
     from .semantic_nvs import SceneEvaluator, bootstrap_frechet, evaluator_accuracy, train_scene_evaluator

@@ -60,6 +60,12 @@ def command(script: str, argv: Sequence[str] | None = None, omit: Sequence[str] 
     return " ".join(["python", f"benchmarks/{os.path.basename(script)}", *kept])
 
 
+def without_machine_paths(text: str) -> str:
+    """`text` (a recorded command, a folder) with every absolute path token replaced by its last component, so a
+    results file names no folder of one machine: `"--output_dir /tmp/runs/x4"` -> `"--output_dir x4"`."""
+    return " ".join(os.path.basename(os.path.normpath(t)) if os.path.isabs(t) else t for t in text.split(" "))
+
+
 def _cell(text: Any) -> str:
     """A Markdown table cell: `|` escaped and newlines flattened, so a name cannot break the table."""
     return str(text).replace("|", "\\|").replace("\n", " ")
