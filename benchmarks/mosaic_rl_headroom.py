@@ -101,29 +101,19 @@ def parse_args(argv=None):
     return args
 
 
-def _num_prompts(args, total: int, split: str) -> int:
-    return max(1, round(total * args.validation_fraction)) if split == "validation" else total
-
-
 def measure_capability(pipe, config, args) -> dict:
-    from diffusers_ext.evaluation.mosaic import evaluate_text_to_image
-    from diffusers_ext.evaluation.reporting import choose_on_validation
+    from diffusers_ext.evaluation.mosaic import capability_on_validation
 
-    def measure(guidance, split):
-        return evaluate_text_to_image(
-            pipe,
-            config,
-            _num_prompts(args, args.capability_prompts, split),
-            SPLIT_SEEDS[split],
-            guidance,
-            args.num_inference_steps,
-            split="test",
-            batch_size=args.batch_size,
-            pipeline_kwargs={"max_sequence_length": args.max_sequence_length},
-        )
-
-    return choose_on_validation(
-        list(args.guidance_grid), measure, score=lambda m: m["overall"], names=lambda g: f"guidance {g}"
+    return capability_on_validation(
+        pipe,
+        config,
+        args.capability_prompts,
+        args.guidance_grid,
+        args.num_inference_steps,
+        SPLIT_SEEDS,
+        validation_fraction=args.validation_fraction,
+        batch_size=args.batch_size,
+        pipeline_kwargs={"max_sequence_length": args.max_sequence_length},
     )
 
 

@@ -10,10 +10,10 @@ from diffusers_ext.evaluation.reporting import (
     ResultCache,
     choose_on_validation,
     command,
-    without_machine_paths,
     rebuild_results,
     run_jobs,
     targets_table,
+    without_machine_paths,
     write_results,
 )
 

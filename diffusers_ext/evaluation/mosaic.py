@@ -360,6 +360,47 @@ def evaluate_text_to_image(
     return summarize(results, rows)
 
 
+def capability_on_validation(
+    pipe,
+    config: MosaicConfig,
+    num_prompts: int,
+    guidance_grid: list[float],
+    num_inference_steps: int,
+    split_seeds: dict[str, int],
+    validation_fraction: float = 0.5,
+    batch_size: int = 50,
+    pipeline_kwargs: dict | None = None,
+) -> dict:
+    r"""
+    [`evaluate_text_to_image`] at every guidance scale of `guidance_grid` on validation prompts, the best (by
+    `overall`) measured once on test: the `choose_on_validation` record of the headroom benchmarks.
+
+    Args:
+        num_prompts (`int`): test prompts; validation uses `round(num_prompts * validation_fraction)` (at least 1).
+        split_seeds (`dict[str, int]`): the mosaic test split's prompt-stream seed of `"validation"` and `"test"`.
+        The others are [`evaluate_text_to_image`]'s.
+    """
+    from .reporting import choose_on_validation
+
+    def measure(guidance, split):
+        count = max(1, round(num_prompts * validation_fraction)) if split == "validation" else num_prompts
+        return evaluate_text_to_image(
+            pipe,
+            config,
+            count,
+            split_seeds[split],
+            guidance,
+            num_inference_steps,
+            split="test",
+            batch_size=batch_size,
+            pipeline_kwargs=pipeline_kwargs,
+        )
+
+    return choose_on_validation(
+        list(guidance_grid), measure, score=lambda m: m["overall"], names=lambda g: f"guidance {g}"
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The independent feature network
 # ---------------------------------------------------------------------------------------------------------------------
