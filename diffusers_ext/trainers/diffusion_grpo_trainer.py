@@ -100,6 +100,18 @@ def _reward_name(func) -> str:
     return getattr(func, "__name__", None) or type(func).__name__
 
 
+def reward_functions(reward_funcs, reward_weights=None) -> tuple[list, list[str], torch.Tensor]:
+    """`(funcs, names, weights)` of a GRPO trainer's `reward_funcs` (a callable or a non-empty list of them) and
+    `reward_weights` (one per function; None weighs each 1.0), checked; `weights` is a float32 tensor."""
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if not funcs or not all(callable(f) for f in funcs):
+        raise TypeError(f"`reward_funcs` must be a callable or a non-empty list of callables, got {reward_funcs!r}.")
+    weights = reward_weights if reward_weights is not None else [1.0] * len(funcs)
+    if len(weights) != len(funcs):
+        raise ValueError(f"`reward_weights` has {len(weights)} entries for {len(funcs)} reward functions.")
+    return funcs, [_reward_name(f) for f in funcs], torch.tensor(weights, dtype=torch.float32)
+
+
 def _as_rows(train_dataset, encoder_prompt_keys: tuple[str, ...]) -> list[dict]:
     """Dataset rows as dicts with a non-empty `prompt` (a list of strings, of dicts, or a `datasets.Dataset`).
 
@@ -184,18 +196,7 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         args = self.args
         self.adapter = get_adapter(pipeline)
         self.pipeline = pipeline
-        self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
-            raise TypeError(
-                f"`reward_funcs` must be a callable or a non-empty list of callables, got {reward_funcs!r}."
-            )
-        self.reward_names = [_reward_name(f) for f in self.reward_funcs]
-        weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(self.reward_funcs)
-        if len(weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"`reward_weights` has {len(weights)} entries for {len(self.reward_funcs)} reward functions."
-            )
-        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        self.reward_funcs, self.reward_names, self.reward_weights = reward_functions(reward_funcs, args.reward_weights)
         self.rows = _as_rows(train_dataset, self.adapter.encoder_prompt_keys)
 
         pipeline.scheduler = FlowMatchSDEScheduler.from_config(

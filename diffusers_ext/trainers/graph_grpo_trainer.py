@@ -17,7 +17,7 @@ from ..training_utils import ResumableBatchSampler, step_generator
 from ..utils import public
 from .base_config import with_default_targets
 from .base_trainer import DiffusionTrainer
-from .diffusion_grpo_trainer import _reward_name, check_reward_values, clipped_policy_loss
+from .diffusion_grpo_trainer import check_reward_values, clipped_policy_loss, reward_functions
 from .graph_grpo_config import GRAPH_LORA_TARGETS, GraphGRPOConfig
 
 
@@ -244,18 +244,7 @@ class GraphGRPOTrainer(DiffusionTrainer):
                 "`GraphDiscreteFlowScheduler.from_config(scheduler.config, rate='analytic', eta=0.0, omega=0.0)`."
             )
         self.pipeline, self.scheduler = pipeline, scheduler
-        self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
-            raise TypeError(
-                f"`reward_funcs` must be a callable or a non-empty list of callables, got {reward_funcs!r}."
-            )
-        self.reward_names = [_reward_name(f) for f in self.reward_funcs]
-        weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(self.reward_funcs)
-        if len(weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"`reward_weights` has {len(weights)} entries for {len(self.reward_funcs)} reward functions."
-            )
-        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        self.reward_funcs, self.reward_names, self.reward_weights = reward_functions(reward_funcs, args.reward_weights)
         self.rows = _as_rows(train_dataset)
         if args.num_nodes is None and self.rows is None and scheduler.node_count_probs is None:
             raise ValueError(
