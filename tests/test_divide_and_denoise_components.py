@@ -139,7 +139,7 @@ def test_digit_slot_scoring():
 
 
 def test_attention_recorders_install_on_the_text_layers_without_walking_the_model_each_call(monkeypatch):
-    """Recording is swapped in per expert and step: the text-attention layers are found once per model."""
+    """The text-attention layers a recording installs on are found once per model, not at every installation."""
     from diffusers_ext.pipelines.divide_and_denoise.utilities import ConceptAttentionStore, record_cross_attention
     from diffusers_ext.testing import get_tiny_sd_components
 

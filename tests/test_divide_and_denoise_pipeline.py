@@ -398,6 +398,70 @@ def test_attn_res_records_only_the_layers_at_that_grid_with_the_output_unchanged
         _ = ConceptAttentionStore((16, 16), attn_res=(2, 2)).maps
 
 
+def test_a_store_of_a_few_tokens_records_those_columns_of_the_full_maps_with_the_output_unchanged():
+    """The token-restricted store reads `exp(q . k_j - logsumexp)` at its tokens: the same numbers as the full
+    softmax's columns, with the UNet output of the plain fused kernel."""
+    unet = get_tiny_sd_components(seed=0)["unet"]
+    sample = torch.randn(3, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    text = torch.randn(3, 77, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = unet(sample, 10, encoder_hidden_states=text).sample
+        full, few = (
+            ConceptAttentionStore((16, 16), first_row=1),
+            ConceptAttentionStore((16, 16), first_row=1, tokens=[5, 2]),
+        )
+        with record_cross_attention(unet, full):
+            unet(sample, 10, encoder_hidden_states=text)
+        with record_cross_attention(unet, few):
+            got = unet(sample, 10, encoder_hidden_states=text).sample
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert few.maps.shape == (2, 16, 16, 2) and few.num_layers == full.num_layers > 0
+    torch.testing.assert_close(few.maps, full.maps[..., [5, 2]], atol=1e-6, rtol=1e-5)
+    for bad in ([], [-1], [1.5], "3"):
+        with pytest.raises(ValueError, match="tokens"):
+            ConceptAttentionStore((16, 16), tokens=bad)
+
+
+def test_attention_with_logsumexp_agrees_with_the_explicit_softmax():
+    """The CPU kernel's normaliser (no mask) and the explicit path (a mask) against `logsumexp` of the logits."""
+    from diffusers_ext.pipelines.divide_and_denoise.utilities import attention_with_logsumexp
+
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(6, n, 8, generator=generator) for n in (20, 7, 7))
+    logits = query @ key.transpose(1, 2) * 0.3
+    for mask in (None, torch.zeros(6, 1, 7)):
+        out, logsumexp = attention_with_logsumexp(query, key, value, mask, 0.3)
+        torch.testing.assert_close(logsumexp, logits.logsumexp(dim=-1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out, logits.softmax(dim=-1) @ value, atol=1e-5, rtol=1e-5)
+    masked = torch.zeros(6, 1, 7)
+    masked[..., 3:] = -1e4  # only the first three keys count
+    out, logsumexp = attention_with_logsumexp(query, key, value, masked, 0.3)
+    torch.testing.assert_close(logsumexp, logits[..., :3].logsumexp(dim=-1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, logits[..., :3].softmax(dim=-1) @ value[:, :3], atol=1e-5, rtol=1e-5)
+
+
+def test_recording_processors_are_installed_once_per_call_not_per_model_call(monkeypatch):
+    from diffusers.models.attention_processor import Attention
+
+    pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
+    pipe.set_progress_bar_config(disable=True)
+    before = [dict(denoiser.attn_processors) for denoiser in pipe.denoisers]
+    cross_layers = sum(name.endswith("attn2.processor") for processors in before for name in processors)
+    calls = []
+    original_set_processor = Attention.set_processor
+    monkeypatch.setattr(
+        Attention, "set_processor", lambda self, processor: calls.append(1) or original_set_processor(self, processor)
+    )
+    kwargs = {"prompt": ["a red cat", "a blue dog"], "output_type": "latent", "utility": "cross_attention"}
+    for steps in (1, 3):
+        calls.clear()
+        pipe(**kwargs, num_inference_steps=steps, guidance_scale=3.0, generator=torch.Generator().manual_seed(0))
+        assert len(calls) == 2 * cross_layers  # installed before the loop, restored after it
+    assert [dict(denoiser.attn_processors) for denoiser in pipe.denoisers] == before
+    with pytest.raises(ValueError, match="outside the 77 prompt tokens"):
+        pipe(**kwargs, num_inference_steps=1, token_indices=[[1], [77]])
+
+
 def test_attn_res_is_checked_before_any_model_work():
     pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines(unet_seeds=(0,)))
     pipe.set_progress_bar_config(disable=True)

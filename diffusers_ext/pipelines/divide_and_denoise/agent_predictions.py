@@ -9,7 +9,7 @@ Denoisers are called the way their class expects: a `UNet2DModel`/`UNet2DConditi
 import torch
 
 from .denoisers import is_joint_transformer, uncompiled
-from .utilities import ConceptAttentionStore, record_cross_attention
+from .utilities import ConceptAttentionRecording, ConceptAttentionStore
 
 
 def is_flow_matching(scheduler) -> bool:
@@ -49,6 +49,21 @@ def _call_denoiser(denoisers, index: int, model, model_input, timestep, kwargs) 
     return denoisers(index, model_input, timestep, **kwargs).sample
 
 
+def agent_groups(denoisers, num_agents: int) -> list[list[int]]:
+    """The agents each model call serves: all of them in one call when one denoiser serves every agent, else one
+    call per agent (its own denoiser)."""
+    return [list(range(num_agents))] if len(denoisers) == 1 else [[k] for k in range(num_agents)]
+
+
+def concept_attention_recording(denoisers, num_agents: int) -> ConceptAttentionRecording:
+    """Recording processors for every denoiser the agents call, to install once around a sampling loop and hand to
+    [`predict_agents`]."""
+    models = [
+        uncompiled(denoisers[0 if len(denoisers) == 1 else group[0]]) for group in agent_groups(denoisers, num_agents)
+    ]
+    return ConceptAttentionRecording(models)
+
+
 def predict_agents(
     denoisers,
     conditioning: str,
@@ -58,12 +73,12 @@ def predict_agents(
     guidance_scales: list[float],
     branches: int,
     null_class_label: int | None = None,
-    record_attention: bool = False,
+    recording: ConceptAttentionRecording | None = None,
     attn_res: tuple[int, int] | None = None,
 ):
     """Every agent's guided prediction `(B, K, C, H, W)`, its conditional and unconditional predictions (the latter
-    `None` with one branch) and, with `record_attention`, its conditional concept attention maps
-    `(B, K, H, W, tokens)`.
+    `None` with one branch) and, with `recording`, its conditional attention to its concept tokens `(B, K, H, W)`
+    (averaged over the tokens `cond["token_indices"][k]`).
 
     Args:
         denoisers ([`MultiDenoiserModel`]): one denoiser shared by every agent, or one per agent.
@@ -71,18 +86,19 @@ def predict_agents(
         sample (`torch.Tensor` of shape `(B, C, H, W)`): the scaled model input.
         t: the timestep.
         cond (`dict`): `prompt_embeds` `(K, L, D)`, `negative_embeds` `(1, L, D)` (and for SD3 `pooled`
-            `(K, P)`, `negative_pooled` `(1, P)`), or `labels` `(K,)`.
+            `(K, P)`, `negative_pooled` `(1, P)`), or `labels` `(K,)`; `token_indices` (per agent, its concept's
+            token positions) with `recording`.
         guidance_scales (`list[float]`): the `K` agents' guidance scales (used with two branches).
         branches (`int`): 2 to run the unconditional branch too, else 1.
         null_class_label (`int`, *optional*): the unconditional class of class-conditional denoisers.
-        record_attention (`bool`): record the concept-token attention (the cross-attention utility).
+        recording ([`ConceptAttentionRecording`], *optional*): installed on the denoisers (see
+            [`concept_attention_recording`]); records the concept-token attention (the cross-attention utility).
         attn_res (`tuple[int, int]`, *optional*): record only the layers at this attention grid (see
             [`ConceptAttentionStore`]); every text-attention layer by default.
     """
     batch, num_agents = sample.shape[0], len(guidance_scales)
-    groups = [list(range(num_agents))] if len(denoisers) == 1 else [[k] for k in range(num_agents)]
     cond_out, uncond_out, attention = [None] * num_agents, [None] * num_agents, [None] * num_agents
-    for agents in groups:
+    for agents in agent_groups(denoisers, num_agents):
         index = 0 if len(denoisers) == 1 else agents[0]
         model = denoisers[index]
         n = len(agents)
@@ -104,26 +120,33 @@ def predict_agents(
                 labels = torch.cat([torch.full_like(labels, null_class_label), labels])
             kwargs["class_labels"] = labels
         timestep = t.expand(model_input.shape[0]) if isinstance(t, torch.Tensor) and t.ndim == 0 else t
-        store = None
-        if record_attention:
-            # only the conditional branch's maps are used: the last n * batch rows
-            store = ConceptAttentionStore(sample.shape[-2:], first_row=(branches - 1) * n * batch, attn_res=attn_res)
-            with record_cross_attention(uncompiled(model), store):
-                out = _call_denoiser(denoisers, index, model, model_input, timestep, kwargs)
-        else:
+        if recording is None:
             out = _call_denoiser(denoisers, index, model, model_input, timestep, kwargs)
+        else:
+            # only the conditional branch's maps are used (the last n * batch rows), and only at the concept tokens
+            # of this call's agents
+            tokens = sorted({i for k in agents for i in cond["token_indices"][k]})
+            store = ConceptAttentionStore(
+                sample.shape[-2:], first_row=(branches - 1) * n * batch, attn_res=attn_res, tokens=tokens
+            )
+            recording.store = store
+            try:
+                out = _call_denoiser(denoisers, index, model, model_input, timestep, kwargs)
+            finally:
+                recording.store = None
+            maps = store.maps.view(n, batch, *sample.shape[-2:], len(tokens))  # (n, B, H, W, tokens)
+            for j, k in enumerate(agents):
+                columns = [tokens.index(i) for i in cond["token_indices"][k]]
+                attention[k] = maps[j][..., columns].mean(dim=-1)
         out = out.view(branches, n, batch, *out.shape[1:])
-        maps = store.maps if store is not None else None
-        maps = maps.view(n, batch, *maps.shape[1:]) if maps is not None else None
         for j, k in enumerate(agents):
             cond_out[k] = out[-1, j]
             uncond_out[k] = out[0, j] if branches == 2 else None
-            attention[k] = maps[j] if maps is not None else None
     cond_out = torch.stack(cond_out, dim=1)
     uncond_out = torch.stack(uncond_out, dim=1) if branches == 2 else None
     guided = cond_out
     if uncond_out is not None:
         scales = torch.tensor(guidance_scales, dtype=cond_out.dtype, device=cond_out.device)
         guided = uncond_out + scales.view(1, -1, 1, 1, 1) * (cond_out - uncond_out)
-    attention = torch.stack(attention, dim=1) if record_attention else None
+    attention = torch.stack(attention, dim=1) if recording is not None else None
     return guided, cond_out, uncond_out, attention

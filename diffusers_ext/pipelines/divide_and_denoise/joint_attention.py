@@ -25,11 +25,12 @@ def is_joint_attention(module: torch.nn.Module) -> bool:
 class JointConceptAttentionProcessor:
     """diffusers' `JointAttnProcessor2_0` computation that also records image-to-text attention in a store.
 
-    The store receives probabilities of shape `(batch * heads, image_tokens, text_tokens)`: the attention of every
-    image token to the text tokens, renormalised to sum to 1 over them.
+    The store receives probabilities of shape `(batch, image_tokens, text_tokens)` (already averaged over heads): the
+    attention of every image token to the text tokens, renormalised to sum to 1 over them, at the store's token
+    positions when it lists some. With no store (`store=None`) nothing is recorded.
     """
 
-    def __init__(self, store):
+    def __init__(self, store=None):
         self.store = store
 
     def __call__(
@@ -67,11 +68,12 @@ class JointConceptAttentionProcessor:
             key = torch.cat([key, context_key], dim=2)
             value = torch.cat([value, context_value], dim=2)
 
-        if encoder_hidden_states is not None and self.store.records(num_image):
+        store = self.store
+        if encoder_hidden_states is not None and store is not None and store.records(num_image):
             with torch.no_grad():
                 scale = query.shape[-1] ** -0.5  # scaled_dot_product_attention's default scale
                 # image queries x text keys only: (B, H, N, T), softmax over the text keys (module docstring)
-                rows = slice(self.store.first_row, None)  # only the rows the store records
+                rows = slice(store.first_row, None)  # only the rows the store records
                 # one head at a time, averaged here (the store's mean over heads), so that only an N x T block per
                 # recorded row is held, not one per head
                 to_text = None
@@ -81,7 +83,9 @@ class JointConceptAttentionProcessor:
                     probs = (image_queries @ text_keys.transpose(-1, -2) * scale).softmax(dim=-1)
                     to_text = probs if to_text is None else to_text.add_(probs)
                 to_text = to_text.div_(attn.heads)  # (recorded rows, N, T): the store's head count is 1
-            self.store.record(to_text, to_text.shape[0])
+                if store.tokens is not None:
+                    to_text = to_text[..., store.tokens]  # renormalised over every text token, then selected
+            store.record(to_text, to_text.shape[0])
         out = F.scaled_dot_product_attention(query, key, value, dropout_p=0.0, is_causal=False)
         out = out.transpose(1, 2).reshape(batch_size, -1, value.shape[1] * value.shape[-1])
         out = out.to(query.dtype)

@@ -1,5 +1,6 @@
 """Divide-and-Denoise: several pretrained diffusion models share one sample through a per-step fair division."""
 
+import contextlib
 import functools
 import os
 from collections.abc import Callable
@@ -25,7 +26,13 @@ from ..pipeline_utils import (
     prepare_extra_step_kwargs,
     prepare_initial_noise,
 )
-from .agent_predictions import is_flow_matching, noise_levels, predict_agents, prediction_type
+from .agent_predictions import (
+    concept_attention_recording,
+    is_flow_matching,
+    noise_levels,
+    predict_agents,
+    prediction_type,
+)
 from .alignment import alignment_step
 from .baseline_allocators import FixedAllocator
 from .call_settings import DivideAndDenoiseCallSettings, agent_guidance_scales
@@ -363,9 +370,9 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             settings.allocator.check(settings.num_agents, *settings.latent_shape[2:])
         return settings
 
-    def _predict(self, sample: torch.Tensor, t, settings: DivideAndDenoiseCallSettings, cond: dict):
-        """Every agent's guided, conditional and unconditional predictions `(B, K, C, H, W)` and, for the
-        cross-attention utility, its concept attention maps `(B, K, H, W, tokens)` (see `agent_predictions`)."""
+    def _predict(self, sample: torch.Tensor, t, settings: DivideAndDenoiseCallSettings, cond: dict, recording=None):
+        """Every agent's guided, conditional and unconditional predictions `(B, K, C, H, W)` and, with the
+        cross-attention utility's `recording`, its concept attention maps `(B, K, H, W)` (see `agent_predictions`)."""
         return predict_agents(
             self.denoisers,
             self.conditioning,
@@ -375,7 +382,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             self._agent_guidance_scales(),
             branches=2 if settings.needs_unconditional or self.do_classifier_free_guidance else 1,
             null_class_label=self.config.null_class_label,
-            record_attention=settings.fair and settings.utility == "cross_attention",
+            recording=recording,
             attn_res=settings.attn_res,
         )
 
@@ -570,51 +577,53 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         scale_input = getattr(self.scheduler, "scale_model_input", lambda sample, t: sample)  # flow matching: none
         momentum = settings.utility_momentum
 
-        # 7. Denoising loop: predict, divide, align, compose, step
+        # 7. Denoising loop: predict, divide, align, compose, step. The cross-attention utility's recording
+        # processors are installed once for the loop (not swapped in and out at every model call).
+        records_attention = settings.fair and settings.utility == "cross_attention"
+        recording = concept_attention_recording(self.denoisers, num_agents) if records_attention else None
         allocations, utility_maps, allocation = [], None, None
-        for i, t in enumerate(self.progress_bar(timesteps)):
-            if self.interrupt:
-                continue
-            scaled = scale_input(latents, t)
-            start = clock()
-            guided, cond_out, uncond_out, attention = self._predict(scaled, t, settings, cond)
-            timings["model_forwards"] += clock() - start
+        with recording if recording is not None else contextlib.nullcontext():
+            for i, t in enumerate(self.progress_bar(timesteps)):
+                if self.interrupt:
+                    continue
+                scaled = scale_input(latents, t)
+                start = clock()
+                guided, cond_out, uncond_out, attention = self._predict(scaled, t, settings, cond, recording)
+                timings["model_forwards"] += clock() - start
 
-            if settings.fair:
-                start = clock()
-                # x0 (B, K, C, H, W) in float32 whatever the models' dtype: at high noise it is several times x_t,
-                # and in float16 its saliency and the alignment's sums over an SD-sized canvas overflow
-                guided32 = guided.float()
-                signal, noise = noise_levels(self.scheduler, t, i, guided32)
-                x0 = prediction_to_x0(guided32, scaled.unsqueeze(1).float(), signal, noise, pred_type)
-                new = agent_utility_maps(
-                    settings.utility, x0, cond_out, uncond_out, attention, cond.get("token_indices")
-                )
-                utility_maps = new if utility_maps is None else momentum * utility_maps + (1 - momentum) * new
-                timings["utility"] += clock() - start
-                start = clock()
-                progress = i / max(1, len(timesteps) - 1)
-                allocation = allocator(utility_maps, warm_start=allocation, progress=progress)
-                timings["allocation"] += clock() - start
-                if i < settings.max_iter_to_align and settings.aligns:
+                if settings.fair:
                     start = clock()
-                    latents = alignment_step(
-                        latents, scaled, x0, allocation.to(x0.dtype), noise, settings.alignment_scale
-                    )
-                    timings["alignment"] += clock() - start
-            else:
-                allocation = fixed
-            weights = allocation.to(guided.dtype).unsqueeze(2)
-            noise_pred = (weights * guided).sum(dim=1)
-            allocations.append(allocation.detach().float().cpu())
+                    # x0 (B, K, C, H, W) in float32 whatever the models' dtype: at high noise it is several times x_t,
+                    # and in float16 its saliency and the alignment's sums over an SD-sized canvas overflow
+                    guided32 = guided.float()
+                    signal, noise = noise_levels(self.scheduler, t, i, guided32)
+                    x0 = prediction_to_x0(guided32, scaled.unsqueeze(1).float(), signal, noise, pred_type)
+                    new = agent_utility_maps(settings.utility, x0, cond_out, uncond_out, attention)
+                    utility_maps = new if utility_maps is None else momentum * utility_maps + (1 - momentum) * new
+                    timings["utility"] += clock() - start
+                    start = clock()
+                    progress = i / max(1, len(timesteps) - 1)
+                    allocation = allocator(utility_maps, warm_start=allocation, progress=progress)
+                    timings["allocation"] += clock() - start
+                    if i < settings.max_iter_to_align and settings.aligns:
+                        start = clock()
+                        latents = alignment_step(
+                            latents, scaled, x0, allocation.to(x0.dtype), noise, settings.alignment_scale
+                        )
+                        timings["alignment"] += clock() - start
+                else:
+                    allocation = fixed
+                weights = allocation.to(guided.dtype).unsqueeze(2)
+                noise_pred = (weights * guided).sum(dim=1)
+                allocations.append(allocation.detach().float().cpu())
 
-            latents = self.scheduler.step(noise_pred, t, latents, **step_kwargs).prev_sample
+                latents = self.scheduler.step(noise_pred, t, latents, **step_kwargs).prev_sample
 
-            if callback_on_step_end is not None:
-                step_tensors = {"latents": latents, "noise_pred": noise_pred, "allocation": allocation}
-                callback_kwargs = {k: step_tensors[k] for k in callback_on_step_end_tensor_inputs}
-                callback_outputs = callback_on_step_end(self, i, t, callback_kwargs) or {}
-                latents = callback_outputs.pop("latents", latents)
+                if callback_on_step_end is not None:
+                    step_tensors = {"latents": latents, "noise_pred": noise_pred, "allocation": allocation}
+                    callback_kwargs = {k: step_tensors[k] for k in callback_on_step_end_tensor_inputs}
+                    callback_outputs = callback_on_step_end(self, i, t, callback_kwargs) or {}
+                    latents = callback_outputs.pop("latents", latents)
 
         # 8. Decode and post-process
         if output_type == "latent":

@@ -131,5 +131,12 @@ def agent_text_condition(
         if min(lengths) < 1:
             raise ValueError("every prompt needs at least one token for the cross-attention utility.")
         token_indices = [list(range(1, 1 + n)) for n in lengths]
+    if token_indices is not None:
+        length = cond["prompt_embeds"].shape[1]
+        outside = [i for indices in token_indices for i in indices if not 0 <= i < length]
+        if outside:
+            raise ValueError(
+                f"`token_indices` {token_indices!r} name positions {outside} outside the {length} prompt tokens."
+            )
     cond["token_indices"] = token_indices
     return cond

@@ -6,6 +6,7 @@
   [`ConceptAttentionProcessor`]s installed on the cross-attention layers of a `UNet2DConditionModel`, or through
   [`JointConceptAttentionProcessor`]s on the joint attention of an `SD3Transformer2DModel` (the weights are
   untouched; the processors compute exactly what diffusers' processors compute and keep the probabilities).
+  [`ConceptAttentionRecording`] installs them once for a whole sampling loop; a store is attached per forward.
 
 All return non-negative maps of shape `(batch, height, width)` at the sample's resolution.
 """
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.attention_processor import Attention
 
+from ...utils import is_int
 from .joint_attention import JointConceptAttentionProcessor, is_joint_attention
 
 
@@ -58,12 +60,27 @@ class ConceptAttentionStore:
         attn_res (`tuple[int, int]`, *optional*): record only the layers whose attention grid is this `(h, w)`
             (Attend-and-Excite's `attn_res`, `(16, 16)` for Stable Diffusion's 64x64 latents); the other layers keep
             the fused kernel. By default every text-attention layer is recorded.
+        tokens (`list[int]`, *optional*): record only the attention to these text-token positions (the concept
+            tokens a utility reads); `maps` then has one column per listed position, in this order. By default every
+            token is recorded. A few columns cost a few dot products per query on top of the fused kernel, where
+            every column costs a second attention.
     """
 
-    def __init__(self, size: tuple[int, int], first_row: int = 0, attn_res: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        size: tuple[int, int],
+        first_row: int = 0,
+        attn_res: tuple[int, int] | None = None,
+        tokens: list[int] | None = None,
+    ):
         self.size = tuple(size)
         self.first_row = int(first_row)
         self.attn_res = None if attn_res is None else tuple(attn_res)
+        if tokens is not None and (
+            not isinstance(tokens, (list, tuple)) or not tokens or not all(is_int(i) and i >= 0 for i in tokens)
+        ):
+            raise ValueError(f"`tokens` must be a non-empty list of non-negative token positions, got {tokens!r}.")
+        self.tokens = None if tokens is None else [int(i) for i in tokens]
         self.reset()
 
     def grid(self, num_queries: int) -> tuple[int, int] | None:
@@ -85,9 +102,14 @@ class ConceptAttentionStore:
 
     def record(self, probs: torch.Tensor, batch: int) -> None:
         """`probs` of shape `(batch * heads, queries, tokens)` from one cross-attention layer, for `batch` rows (the
-        rows from `first_row` on)."""
+        rows from `first_row` on); `tokens` is `len(self.tokens)` when the store records only those positions."""
         if not self.records(probs.shape[1]):
             return  # a layer whose grid does not tile the sample (odd sizes; skip rather than guess), or not attn_res
+        if self.tokens is not None and probs.shape[2] != len(self.tokens):
+            raise ValueError(
+                f"the store records {len(self.tokens)} token positions {self.tokens}, got probabilities over "
+                f"{probs.shape[2]} tokens."
+            )
         heads = probs.shape[0] // batch
         probs = probs.reshape(batch, heads, probs.shape[1], probs.shape[2]).mean(dim=1)
         h, w = self.grid(probs.shape[1])
@@ -110,10 +132,48 @@ class ConceptAttentionStore:
         return total.permute(0, 2, 3, 1) / self.num_layers
 
 
-class ConceptAttentionProcessor:
-    """diffusers' `AttnProcessor` computation that also hands the attention probabilities to a store."""
+# The CPU flash-attention kernel behind `F.scaled_dot_product_attention` on CPU; it also returns the log of each
+# query's softmax normaliser, which turns "record the attention to a few tokens" into a few dot products per query.
+_CPU_ATTENTION_WITH_LOGSUMEXP = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
-    def __init__(self, store: ConceptAttentionStore):
+
+def attention_with_logsumexp(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`softmax(scale q k^T + mask) v` and the log of each query's softmax normaliser.
+
+    Args:
+        query, key, value (`torch.Tensor` of shapes `(rows, queries, d)`, `(rows, keys, d)`, `(rows, keys, d)`):
+            one row per batch element and head (diffusers' `head_to_batch_dim` layout).
+        mask (`torch.Tensor`, *optional*): an additive mask broadcastable to `(rows, queries, keys)`.
+        scale (`float`): the logits' scale.
+
+    Returns:
+        `(out, logsumexp)` of shapes `(rows, queries, d)` and `(rows, queries)` (float32 or wider). On CPU without a
+        mask both come from the fused kernel `F.scaled_dot_product_attention` runs there, so `out` is exactly its
+        output; elsewhere they come from the explicit logits.
+    """
+    if query.device.type == "cpu" and mask is None and _CPU_ATTENTION_WITH_LOGSUMEXP is not None:
+        out, logsumexp = _CPU_ATTENTION_WITH_LOGSUMEXP(query[None], key[None], value[None], scale=scale)
+        return out[0], logsumexp[0]
+    logits = torch.bmm(query, key.transpose(1, 2)).mul_(scale)
+    if mask is not None:
+        logits = logits + mask
+    logsumexp = logits.float().logsumexp(dim=-1)
+    probs = (logits.float() - logsumexp[..., None]).exp_().to(value.dtype)
+    return torch.bmm(probs, value), logsumexp
+
+
+class ConceptAttentionProcessor:
+    """diffusers' `AttnProcessor2_0` computation that also hands the attention probabilities to a store.
+
+    With no store (`store=None`, between the recorded forwards of a [`ConceptAttentionRecording`]) or at a layer the
+    store does not record, every row takes diffusers' fused kernel. The store's rows take the same attention plus
+    the log of its softmax normaliser ([`attention_with_logsumexp`]); the recorded probabilities are then
+    `exp(scale q . k_j - logsumexp)` for the store's token positions `j` only.
+    """
+
+    def __init__(self, store: ConceptAttentionStore | None = None):
         self.store = store
 
     def __call__(
@@ -150,18 +210,24 @@ class ConceptAttentionProcessor:
         key = attn.head_to_batch_dim(key)
         value = attn.head_to_batch_dim(value)
 
-        # a layer the store does not record (another resolution than `attn_res`) keeps the fused kernel for every row
-        split = (
-            batch_size * attn.heads if not self.store.records(query.shape[1]) else self.store.first_row * attn.heads
-        )
-        # rows before the store's first row (an unconditional branch) take the fused kernel; the recorded ones the
-        # explicit softmax whose probabilities are recorded
+        store = self.store
+        # rows before `split` (an unconditional branch, or every row of a layer the store does not record) take the
+        # fused kernel; the recorded rows the same attention with its normaliser
+        split = query.shape[0] if store is None or not store.records(query.shape[1]) else store.first_row * attn.heads
         mask = (lambda rows: None) if attention_mask is None else (lambda rows: attention_mask[rows])
         hidden_states = query[:0]  # (0, queries, head_dim): no recorded rows yet
         if split < query.shape[0]:
-            attention_probs = attn.get_attention_scores(query[split:], key[split:], mask(slice(split, None)))
-            self.store.record(attention_probs.detach(), batch_size - self.store.first_row)
-            hidden_states = torch.bmm(attention_probs, value[split:])
+            recorded = slice(split, None)
+            hidden_states, logsumexp = attention_with_logsumexp(
+                query[recorded], key[recorded], value[recorded], mask(recorded), attn.scale
+            )
+            keys = key[recorded] if store.tokens is None else key[recorded][:, store.tokens]
+            logits = torch.bmm(query[recorded], keys.transpose(1, 2)).float().mul_(attn.scale)
+            if attention_mask is not None:
+                logits = logits + (mask(recorded) if store.tokens is None else mask(recorded)[..., store.tokens])
+            probs = (logits - logsumexp[..., None]).exp_()  # (recorded rows, queries, recorded tokens)
+            store.record(probs, batch_size - store.first_row)
+            hidden_states = hidden_states.to(query.dtype)
         if split:
             fused = F.scaled_dot_product_attention(
                 query[:split], key[:split], value[:split], attn_mask=mask(slice(None, split)), scale=attn.scale
@@ -199,28 +265,62 @@ def text_attention_layers(model: torch.nn.Module) -> list[tuple[Attention, bool]
     return layers
 
 
+class ConceptAttentionRecording:
+    """Recording processors on the text-attention layers of one or more models, installed once for a sampling loop.
+
+    A `UNet2DConditionModel`'s cross-attention layers (`attn2`) get a [`ConceptAttentionProcessor`]; the joint
+    (image + text) attention layers of an `SD3Transformer2DModel` a [`JointConceptAttentionProcessor`], which records
+    the image-to-text block. Set `store` before a forward to record it (None: the processors compute the plain
+    attention and record nothing), so one installation serves every model call of a loop instead of swapping
+    processors in and out per call. The layers' own processors are restored on exit; other layers are not touched.
+
+    Args:
+        models (`list[torch.nn.Module]`): the models to record (a model listed twice is installed once).
+    """
+
+    def __init__(self, models: list[torch.nn.Module]):
+        self.models = []
+        for model in models:
+            if not any(model is seen for seen in self.models):
+                self.models.append(model)
+        for model in self.models:
+            if not text_attention_layers(model):
+                raise ValueError(
+                    f"{type(model).__name__} has no cross- or joint-attention layers to read concept-token attention "
+                    "from."
+                )
+        self._joint, self._cross = JointConceptAttentionProcessor(None), ConceptAttentionProcessor(None)
+        self._original = None
+
+    @property
+    def store(self) -> ConceptAttentionStore | None:
+        return self._cross.store
+
+    @store.setter
+    def store(self, store: ConceptAttentionStore | None) -> None:
+        self._joint.store = self._cross.store = store
+
+    def __enter__(self) -> "ConceptAttentionRecording":
+        self._original = []
+        for model in self.models:
+            for layer, joint in text_attention_layers(model):
+                self._original.append((layer, layer.processor))
+                layer.set_processor(self._joint if joint else self._cross)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for layer, processor in self._original:
+            layer.set_processor(processor)
+        self._original = None
+        self.store = None
+
+
 @contextlib.contextmanager
 def record_cross_attention(model: torch.nn.Module, store: ConceptAttentionStore) -> Iterator[ConceptAttentionStore]:
-    """Install recording processors on every text-attention layer of `model` for the block.
-
-    A `UNet2DConditionModel`'s cross-attention layers (`attn2`) get [`ConceptAttentionProcessor`]s; the joint
-    (image + text) attention layers of an `SD3Transformer2DModel` get [`JointConceptAttentionProcessor`]s, which
-    record the image-to-text block. The layers' own processors are restored on exit; other layers are not touched.
-    """
-    layers = text_attention_layers(model)
-    if not layers:
-        raise ValueError(
-            f"{type(model).__name__} has no cross- or joint-attention layers to read concept-token attention from."
-        )
-    original = [layer.processor for layer, _ in layers]
-    recorders = (JointConceptAttentionProcessor(store), ConceptAttentionProcessor(store))
-    for layer, joint in layers:
-        layer.set_processor(recorders[0] if joint else recorders[1])
-    try:
+    """Record every forward of `model` in the block into `store` (a one-model [`ConceptAttentionRecording`])."""
+    with ConceptAttentionRecording([model]) as recording:
+        recording.store = store
         yield store
-    finally:
-        for (layer, _), processor in zip(layers, original):
-            layer.set_processor(processor)
 
 
 def agent_utility_maps(
@@ -229,7 +329,6 @@ def agent_utility_maps(
     cond_out: torch.Tensor,
     uncond_out: torch.Tensor | None,
     attention: torch.Tensor | None,
-    token_indices: list[list[int]] | None,
 ) -> torch.Tensor:
     """Every agent's utility map `(B, K, H, W)`, each normalised to a maximum of 1 per image.
 
@@ -237,8 +336,8 @@ def agent_utility_maps(
         utility (`str`): one of `UTILITIES`.
         x0, cond_out, uncond_out (`torch.Tensor` of shape `(B, K, C, H, W)`): every agent's clean-sample prediction,
             and its conditional and unconditional model outputs (the latter only with `"guidance_delta"`).
-        attention (`torch.Tensor` of shape `(B, K, H, W, tokens)`): cross-attention maps (`"cross_attention"`).
-        token_indices (`list[list[int]]`): per agent, its concept's token positions (`"cross_attention"`).
+        attention (`torch.Tensor` of shape `(B, K, H, W)`): every agent's attention to its concept tokens, averaged
+            over them (`"cross_attention"`).
     """
     if utility == "x0_saliency":
         maps = torch.stack([x0_saliency(x0[:, k]) for k in range(x0.shape[1])], dim=1)
@@ -247,9 +346,6 @@ def agent_utility_maps(
             [guidance_delta(cond_out[:, k].float(), uncond_out[:, k].float()) for k in range(x0.shape[1])], dim=1
         )
     else:
-        per_agent = []
-        for k, indices in enumerate(token_indices):
-            per_agent.append(attention[:, k, :, :, indices].mean(dim=-1))
-        maps = torch.stack(per_agent, dim=1)
+        maps = attention
     maps = maps.float()
     return maps / maps.flatten(2).amax(dim=2).clamp_min(1e-12)[..., None, None]
