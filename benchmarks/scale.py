@@ -930,8 +930,8 @@ def report_sections(results: dict) -> list[str]:
             f"each), {dnd['shape']['latent_size']}x{dnd['shape']['latent_size']} latents, "
             f"{dnd['shape']['num_inference_steps']} steps, {dnd['shape']['unet_calls']} UNet calls. Ratio "
             f"{dnd['ratio']['median']:.3f} (median), {dnd['ratio']['min']:.3f} (min), with the default "
-            "cross-attention utility (every cross-attention layer recorded). Recording one attention grid, "
-            f"`attn_res={tuple(dnd['attn_res'])}` as Attend-and-Excite (an option, not the default, and not what "
+            "cross-attention utility (every cross-attention layer recorded at the concept tokens). Recording one "
+            f"attention grid, `attn_res={tuple(dnd['attn_res'])}` as Attend-and-Excite (an option, not the default, and not what "
             f"the target row measures): {dnd['ratio_attn_res']['median']:.3f} (median), "
             f"{dnd['ratio_attn_res']['min']:.3f} (min).",
             "",
