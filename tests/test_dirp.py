@@ -193,6 +193,60 @@ def test_an_iteration_peaks_below_three_plain_round_trips_where_the_vae_dominate
     assert all("forward" not in vars(m) for m in pipe.vae.modules())  # the layers' own forwards are restored
 
 
+def test_checkpointed_calls_keep_long_attention_and_recompute_the_rest():
+    """Selective checkpointing: a denoiser call's self-attention over 256 keys runs once (its output is kept for the
+    backward), its attention over 77 text tokens runs again in the recomputation, and the gradient is unchanged."""
+    from diffusers import DDIMScheduler, UNet2DConditionModel
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from diffusers_ext.pipelines.dirp.ddim_inversion import _FUSED_ATTENTION_OPS
+
+    class AttentionKeys(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.keys = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in _FUSED_ATTENTION_OPS:
+                self.keys.append(args[1].shape[-2])
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(  # one level, self-attention over the 16x16 = 256 positions, cross-attention to 77
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(32,),
+        down_block_types=("CrossAttnDownBlock2D",),
+        up_block_types=("CrossAttnUpBlock2D",),
+        cross_attention_dim=32,
+        attention_head_dim=8,
+        norm_num_groups=32,
+    ).requires_grad_(False)
+    text = torch.randn(1, 77, 32, generator=seeded(1))
+    sample = torch.randn(1, 4, 16, 16, generator=seeded(0))
+
+    scheduler = DDIMScheduler()
+    timesteps = inversion_timesteps(scheduler, 1, 0.5)
+    alphas = noise_levels(scheduler, timesteps)
+
+    def run(use_checkpoint: bool):
+        z = sample.clone().requires_grad_(True)
+        noise_fn = lambda x, t: unet(x, t, encoder_hidden_states=text).sample  # noqa: E731
+        with AttentionKeys() as forward:
+            out = ddim_round_trip(noise_fn, z, timesteps, alphas, use_checkpoint=use_checkpoint)
+        with AttentionKeys() as backward:
+            out.pow(2).sum().backward()
+        return z.grad, forward.keys, backward.keys
+
+    plain_grad, plain_forward, plain_backward = run(False)
+    grad, forward, backward = run(True)
+    torch.testing.assert_close(grad, plain_grad)
+    assert forward == plain_forward and plain_backward == [] and {77, 256} == set(forward)
+    assert sorted(backward) == [77] * forward.count(77)  # recomputed: only the attention to the text
+
+
 def test_bf16_models_keep_the_ddim_arithmetic_in_float32(sd_pipe):
     """With bf16 models the latents between denoiser calls stay float32 (bf16 rounding would add to the error)."""
     import copy

@@ -24,6 +24,12 @@ from torch.utils.checkpoint import checkpoint
 from ..pipeline_utils import EPSILON_PREDICTION_TYPES
 
 
+try:  # selective activation checkpointing, torch >= 2.4
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+except ImportError:
+    CheckpointPolicy = create_selective_checkpoint_contexts = None
+
+
 NoiseFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """`noise_fn(z, t) -> eps`: the denoiser's noise estimate for `z` of shape `(B, C, H, W)` at integer timestep `t`."""
 
@@ -68,10 +74,49 @@ def ddim_move(z: torch.Tensor, eps: torch.Tensor, alpha_from: float, alpha_to: f
     return alpha_to**0.5 * x0 + (1 - alpha_to) ** 0.5 * eps
 
 
+# Fused attention kernels (each device's) whose outputs a checkpointed call keeps rather than recomputes.
+_FUSED_ATTENTION_OPS = tuple(
+    getattr(torch.ops.aten, name).default
+    for name in (
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+    if hasattr(torch.ops.aten, name)
+)
+# Attention over fewer keys than this (a prompt's 77 text tokens, say) is recomputed: it is cheap next to its output.
+_MIN_KEYS_TO_KEEP_ATTENTION = 256
+
+
+def _keep_long_attention(ctx, op, *args, **kwargs):
+    """Selective-checkpointing policy: keep the outputs of fused attention over long key sequences (self-attention
+    at the denoiser's finer grids: its forward is most of a call's time on CPU, its output one activation), recompute
+    everything else."""
+    if op in _FUSED_ATTENTION_OPS and args[1].shape[-2] >= _MIN_KEYS_TO_KEEP_ATTENTION:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _keep_long_attention_contexts():
+    return create_selective_checkpoint_contexts(_keep_long_attention)
+
+
+def checkpointed(forward: Callable, *args, **kwargs):
+    """`forward(*args, **kwargs)`, recomputed in the backward pass when gradients are being recorded for a tensor
+    argument, except the outputs of attention over long key sequences, which are kept (selective checkpointing:
+    the recomputation skips the most expensive kernels for a few activations more)."""
+    if not (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+        return forward(*args, **kwargs)
+    if create_selective_checkpoint_contexts is None:  # torch < 2.4: everything is recomputed
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, context_fn=_keep_long_attention_contexts, **kwargs)
+
+
 def _call(noise_fn: NoiseFn, z: torch.Tensor, t: torch.Tensor, use_checkpoint: bool) -> torch.Tensor:
-    if use_checkpoint and torch.is_grad_enabled() and z.requires_grad:
+    if use_checkpoint:
         # Recompute the denoiser's activations in the backward pass: memory holds one call's activations at a time.
-        return checkpoint(noise_fn, z, t, use_reentrant=False)
+        return checkpointed(noise_fn, z, t)
     return noise_fn(z, t)
 
 
@@ -79,33 +124,66 @@ def _call(noise_fn: NoiseFn, z: torch.Tensor, t: torch.Tensor, use_checkpoint: b
 _VAE_CHECKPOINTED_LAYERS = (ResnetBlock2D, Downsample2D, Upsample2D, Attention)
 
 
-def _checkpointed_call(forward, *args, **kwargs):
-    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-    return forward(*args, **kwargs)
+def _output_tails(vae) -> list[tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]]:
+    """The `(conv_norm_out, conv_act, conv_out)` output layers of `vae`'s encoder and decoder (diffusers' `Encoder` and
+    `Decoder` run them in this order, last), where the norm is a plain `GroupNorm`."""
+    tails = []
+    for coder in (getattr(vae, "encoder", None), getattr(vae, "decoder", None)):
+        layers = [getattr(coder, name, None) for name in ("conv_norm_out", "conv_act", "conv_out")]
+        if isinstance(layers[0], torch.nn.GroupNorm) and all(isinstance(layer, torch.nn.Module) for layer in layers):
+            tails.append(tuple(layers))
+    return tails
+
+
+def _identity(sample: torch.Tensor) -> torch.Tensor:
+    return sample
 
 
 @contextmanager
 def vae_layer_checkpointing(vae, enabled: bool) -> Iterator[None]:
-    """Within the block, every residual block, resampler and attention layer of `vae` (if any) recomputes its
-    activations in the backward pass when `enabled`, each on its own: the backward holds one layer's activations at
-    a time (diffusers' own `AutoencoderKL` checkpointing recomputes a whole up/down block at once, two or three
-    residual blocks at the full image resolution, which made the VAE decoder the peak of a DIRP iteration). The
-    gradients are the same; diffusers' own setting is left off within the block and restored after it."""
+    """Within the block, `vae` (if any) recomputes its activations in the backward pass when `enabled`.
+
+    Every residual block, resampler and attention layer of the decoder is recomputed on its own: the backward holds
+    one layer's activations at a time (diffusers' own `AutoencoderKL` checkpointing recomputes a whole up block at
+    once, two or three residual blocks at the full image resolution, which made the decoder the peak of a DIRP
+    iteration). The decoder's output layers (norm, activation, convolution) are recomputed as one, so it keeps one
+    full-resolution input for them instead of three. The encoder is recomputed as a whole: layer by layer, its
+    layers' inputs (two at the full resolution) would be held through the denoiser's and the decoder's backward,
+    where the iteration peaks, while its own backward comes last, when little else is held. Long attention is kept
+    rather than recomputed ([`checkpointed`]). The gradients are the same; diffusers' own setting is left off within
+    the block and restored after it."""
     if not enabled or vae is None:
         yield
         return
-    layers = [module for module in vae.modules() if isinstance(module, _VAE_CHECKPOINTED_LAYERS)]
+    encoder = getattr(vae, "encoder", None)
+    encoder = encoder if isinstance(encoder, torch.nn.Module) else None
+    in_encoder = set() if encoder is None else {id(module) for module in encoder.modules()}
+    layers = [
+        module
+        for module in vae.modules()
+        if isinstance(module, _VAE_CHECKPOINTED_LAYERS) and id(module) not in in_encoder
+    ]
+    tails = [tail for tail in _output_tails(vae) if id(tail[0]) not in in_encoder]
+    patched = layers + [layer for tail in tails for layer in tail]
     was_on = bool(getattr(vae, "is_gradient_checkpointing", False))
     if was_on:
         vae.disable_gradient_checkpointing()
-    saved = [layer.__dict__.get("forward") for layer in layers]  # an instance-level forward (an offload hook)
+    saved = [layer.__dict__.get("forward") for layer in patched]  # an instance-level forward (an offload hook)
     for layer in layers:
-        layer.forward = functools.partial(_checkpointed_call, layer.forward)
+        layer.forward = functools.partial(checkpointed, layer.forward)
+    for norm, act, conv in tails:
+        # the output convolution runs all three; the norm and activation pass their input through
+        forwards = (norm.forward, act.forward, conv.forward)
+        conv.forward = functools.partial(checkpointed, lambda sample, f=forwards: f[2](f[1](f[0](sample))))
+        norm.forward = act.forward = _identity
+    if encoder is not None:
+        patched.append(encoder)
+        saved.append(encoder.__dict__.get("forward"))
+        encoder.forward = functools.partial(checkpointed, encoder.forward)
     try:
         yield
     finally:
-        for layer, forward in zip(layers, saved):
+        for layer, forward in zip(patched, saved):
             if forward is None:
                 del layer.forward
             else:

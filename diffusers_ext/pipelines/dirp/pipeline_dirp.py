@@ -269,8 +269,9 @@ class DIRPPipeline(DiffusionPipeline):
         `D(R_K(I_K(E(images))))`: the DDIM-inversion round trip of images `(B, C, H, W)` in [-1, 1], differentiable.
         With `num_inversion_steps=0` only the VAE round trip remains. `noise_fn` (from [`noise_function`]) saves
         encoding `prompt` again when the round trip is repeated. `gradient_checkpointing` recomputes activations in
-        the backward pass: each denoiser call's and each VAE layer's (residual block, resampler, attention), so that
-        memory holds one of them at a time.
+        the backward pass: each denoiser call's, the VAE encoder's and each VAE decoder layer's (residual block,
+        resampler, attention, output layers), so that memory holds one of them at a time; the outputs of attention
+        over long key sequences are kept instead of recomputed.
         """
         with vae_layer_checkpointing(getattr(self, "vae", None), gradient_checkpointing):
             latents = self.encode_images(images)
@@ -472,9 +473,11 @@ class DIRPPipeline(DiffusionPipeline):
             perceptual_weight (`float`, defaults to 1.0): weight of the hinge `max(d - budget, 0)`.
             init_noise_std (`float`, defaults to 0.0): standard deviation of Gaussian noise added to the input
                 before optimising (IMPRESS uses 0.1 against PhotoGuard); drawn from `generator`.
-            gradient_checkpointing (`bool`, defaults to True): recompute each denoiser call and each VAE layer in
-                the backward pass, so memory holds one of them at a time instead of `2K` calls and the whole VAE
-                (which dominates at Stable Diffusion resolutions).
+            gradient_checkpointing (`bool`, defaults to True): recompute each denoiser call, the VAE encoder and
+                each VAE decoder layer in the backward pass, so memory holds one of them at a time instead of `2K`
+                calls and the whole VAE (which dominates at Stable Diffusion resolutions). Attention over long key
+                sequences is not recomputed: its output is kept (selective checkpointing), which spares most of the
+                recomputation's time on CPU for a few activations.
             num_images_per_prompt (`int`, defaults to 1): purified versions of each input image, from different
                 `init_noise_std` draws; the output holds them image by image (`B * num_images_per_prompt` rows).
             prompt_embeds (`torch.Tensor` of shape `(B, L, D)` or `(1, L, D)`, *optional*): precomputed text
