@@ -6,10 +6,11 @@ ablations (no calibration, no support, neither), on offline black-box tasks with
 
 Writes `benchmarks/results/spade.json`, `.md` and `.png`. Three task families (`diffusers_ext.data.offline_bbo`): a
 TF-Bind-like 8-mer task (every sequence scored exactly), an Ehrlich function (optimum 1.0) and 20-dimensional
-continuous functions. Each method gets the same tuning budget: three settings of its own main knob, measured on the
-family's validation task (another task seed; Ackley for the continuous family), the best frozen; then every method
-runs once per seed on unseen test tasks (the continuous family's are Rosenbrock and Styblinski-Tang, alternating).
-The ablations use SPADE's frozen setting. Each run proposes `--num_candidates` designs; the oracle scores them and
+continuous functions. Every surrogate (the baselines' MLPs and SPADE's) trains for the same number of mini-batches
+(default: the reference's 100 epochs). Each method gets the same tuning budget: six settings of its own two main knobs
+(`grids`), measured on the family's validation task (another task seed; Ackley for the continuous family), the best
+frozen; then every method runs once per seed on unseen test tasks (the continuous family's are Rosenbrock and
+Styblinski-Tang, alternating). The ablations use SPADE's frozen setting. Each run proposes `--num_candidates` designs; the oracle scores them and
 the Design-Bench numbers are the normalised 100th and 50th percentile. Everything runs on one CPU thread.
 """
 
@@ -45,19 +46,23 @@ def parse_args(argv=None):
     parser.add_argument("--continuous_dim", type=int, default=20, help="Dimension of the continuous functions.")
     parser.add_argument("--reference_size", type=int, default=1_000_000, help="Uniform points fixing y_min.")
     parser.add_argument("--num_candidates", type=int, default=128, help="Designs each method proposes.")
-    parser.add_argument("--train_steps", type=int, default=300, help="Mini-batches (64) of every surrogate.")
+    parser.add_argument(
+        "--train_steps",
+        type=int,
+        default=1600,
+        help="Mini-batches (64) of every surrogate (1600: the reference's 100 epochs of 1000 points).",
+    )
     parser.add_argument("--hidden_size", type=int, default=128, help="SPADE's hidden width H.")
     parser.add_argument("--mlp_hidden_size", type=int, default=256, help="The baselines' MLP width.")
     parser.add_argument("--num_samples", type=int, default=32, help="SPADE's Monte-Carlo samples per design.")
     parser.add_argument("--num_inference_steps", type=int, default=10, help="SPADE's DDIM steps.")
     parser.add_argument("--num_generations", type=int, default=30, help="EA generations (every EA method).")
-    parser.add_argument("--gradient_steps", type=int, default=50, help="Gradient-ascent steps.")
     parser.add_argument("--output_dir", default=RESULTS, help="Where spade.json/.md/.png go.")
     add_from_results_argument(parser)
     args = parser.parse_args(argv)
     if args.from_results is None and len(args.seeds) < 3:
         parser.error(f"--seeds needs >= 3 seeds (the protocol), got {args.seeds}.")
-    for name in ("offline_size", "num_candidates", "train_steps", "num_generations", "gradient_steps"):
+    for name in ("offline_size", "num_candidates", "train_steps", "num_generations"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
     if args.num_candidates > args.offline_size:
@@ -87,14 +92,25 @@ def make_task(args, family: str, split: str, seed: int):
 
 
 def grids() -> dict:
-    """Each method's validation grid: three settings of its main knob (best_of_offline has none)."""
+    """Each method's validation grid: six settings of its own two main knobs (best_of_offline has none).
+
+    Every grid holds the same number of settings (the same tuning budget). The EA methods share the search's mutation
+    std as one knob; gradient ascent tunes its step size and number of steps, the MLP EA its step size and crossover
+    rate, and the LCB methods (the ensemble, SPADE) beta.
+    """
     return {
         "best_of_offline": [{}],
-        "mlp_gradient_ascent": [{"learning_rate": lr} for lr in (0.01, 0.05, 0.2)],
-        "mlp_ea": [{"mutation_std": s} for s in (0.06, 0.12, 0.24)],
-        "ensemble_lcb": [{"beta": b} for b in (0.0, 0.1, 1.0)],
-        "spade": [{"beta": b} for b in (0.0, 0.1, 1.0)],
+        "mlp_gradient_ascent": [{"learning_rate": lr, "num_steps": n} for n in (50, 200) for lr in (0.01, 0.05, 0.2)],
+        "mlp_ea": [{"mutation_std": s, "crossover_rate": c} for c in (0.3, 0.6) for s in (0.06, 0.12, 0.24)],
+        "ensemble_lcb": [{"beta": b, "mutation_std": s} for s in (0.12, 0.24) for b in (0.0, 0.1, 1.0)],
+        "spade": [{"beta": b, "mutation_std": s} for s in (0.12, 0.24) for b in (0.0, 0.1, 1.0)],
     }
+
+
+def ea_overrides(setting: dict) -> dict:
+    """The [`EAConfig`] fields a validation setting sets (`mutation_std`, `crossover_rate`); the rest is the method's
+    own knob."""
+    return {k: setting[k] for k in ("mutation_std", "crossover_rate") if k in setting}
 
 
 class Runner:
@@ -153,16 +169,18 @@ class Runner:
         if method == "best_of_offline":
             x = ev.best_of_offline(task, args.num_candidates)
         elif method == "mlp_gradient_ascent":
-            x = ev.gradient_ascent(model, task, args.num_candidates, setting["learning_rate"], args.gradient_steps)
+            x = ev.gradient_ascent(model, task, args.num_candidates, setting["learning_rate"], setting["num_steps"])
         elif method == "mlp_ea":
-            x = ev.regressor_search([model], task, self.ea(mutation_std=setting["mutation_std"]), seed=self.seed)
+            x = ev.regressor_search([model], task, self.ea(**ea_overrides(setting)), seed=self.seed)
         elif method == "ensemble_lcb":
-            x = ev.regressor_search(model, task, self.ea(), beta=setting["beta"], seed=self.seed)
+            x = ev.regressor_search(
+                model, task, self.ea(**ea_overrides(setting)), beta=setting["beta"], seed=self.seed
+            )
         else:
             x = ev.spade_search(
                 model,
                 task,
-                self.ea(),
+                self.ea(**ea_overrides(setting)),
                 beta=setting["beta"],
                 num_samples=args.num_samples,
                 num_inference_steps=args.num_inference_steps,

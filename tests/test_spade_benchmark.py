@@ -79,7 +79,7 @@ def test_tiny_run_writes_every_output_and_rebuilds(tmp_path):
     bench = benchmark()
     tiny = [
         "--seeds", "0", "1", "2", "--offline_size", "60", "--num_candidates", "8", "--train_steps", "2",
-        "--num_generations", "1", "--num_samples", "2", "--num_inference_steps", "2", "--gradient_steps", "2",
+        "--num_generations", "1", "--num_samples", "2", "--num_inference_steps", "2",
         "--reference_size", "200", "--hidden_size", "8", "--mlp_hidden_size", "8", "--continuous_dim", "4",
     ]  # fmt: skip
     results = bench.main([*tiny, "--output_dir", str(tmp_path)])
@@ -90,7 +90,7 @@ def test_tiny_run_writes_every_output_and_rebuilds(tmp_path):
     for family in bench.FAMILIES:
         validation = results["validation"][family]
         assert all(len(validation[m]["validation"]) == len(g) for m, g in bench.grids().items())
-        assert all(3 == len(g) for m, g in bench.grids().items() if m != "best_of_offline")  # same tuning budget
+        assert {len(g) for m, g in bench.grids().items() if m != "best_of_offline"} == {6}  # same tuning budget
     markdown = (tmp_path / "spade.md").read_text()
     assert markdown.index("## Headroom") < markdown.index("## tfbind8")
     rebuilt = bench.main(["--from_results", str(tmp_path / "spade.json"), "--output_dir", str(tmp_path / "again")])
@@ -111,3 +111,42 @@ def test_committed_results_recompute_from_their_runs():
         recorded = results["summary"]["families"][family]
         assert summary["families"][family]["methods"] == recorded["methods"]
         assert recorded["headroom"]["offline_best"]["mean"] < 1.0
+
+
+def test_validation_settings_reach_the_searches(monkeypatch, task):
+    """Every knob of a grid setting changes the run it names (the EA's mutation std and crossover rate, beta, the
+    gradient-ascent step size and step count)."""
+    bench = benchmark()
+    args = bench.parse_args(["--num_candidates", "8", "--num_generations", "2"])
+    seen = []
+
+    def record(name):
+        def run(model, task, *rest, **kwargs):
+            seen.append((name, rest, kwargs))
+            return task.offline_x[:8]
+
+        return run
+
+    for name in ("gradient_ascent", "regressor_search", "spade_search"):
+        monkeypatch.setattr(ev, name, record(name))
+    runner = bench.Runner(args, task, 0, "unused")
+    runner.models = {name: object() for name in ("mlp", "ensemble", "spade")}
+    for method, grid in bench.grids().items():
+        for setting in grid:
+            runner.propose(method, setting)
+    calls = {}
+    for name, rest, kwargs in seen:
+        calls.setdefault(name, []).append((rest, kwargs))
+    assert sorted(rest[1:] for rest, _ in calls["gradient_ascent"]) == sorted(
+        (s["learning_rate"], s["num_steps"]) for s in bench.grids()["mlp_gradient_ascent"]
+    )
+    eas = [(rest[0], kwargs.get("beta", 0.0)) for rest, kwargs in calls["regressor_search"] + calls["spade_search"]]
+    assert len(eas) == 18 and all(ea.num_generations == 2 and ea.population_size == 8 for ea, _ in eas)
+    mlp_ea, ensemble, spade = eas[:6], eas[6:12], eas[12:]
+    assert [(ea.mutation_std, ea.crossover_rate) for ea, _ in mlp_ea] == [
+        (s["mutation_std"], s["crossover_rate"]) for s in bench.grids()["mlp_ea"]
+    ]
+    for runs, method in ((ensemble, "ensemble_lcb"), (spade, "spade")):
+        assert [(ea.mutation_std, beta) for ea, beta in runs] == [
+            (s["mutation_std"], s["beta"]) for s in bench.grids()[method]
+        ]
