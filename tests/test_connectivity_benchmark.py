@@ -1,13 +1,15 @@
 """The connectivity benchmark (`benchmarks/connectivity.py`): training lengths chosen on validation seeds disjoint
-from the test seeds, a tiny run writing every output and the `--from_results` rebuild."""
+from the test seeds, a tiny run writing every output, the `--from_results` rebuild, and the committed results."""
 
 import importlib.util
+import json
 import os
 
 import pytest
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "connectivity.json")
 
 
 def benchmark():
@@ -60,3 +62,15 @@ def test_tiny_run_chooses_on_validation_then_tests_once(tmp_path):
         ["--from_results", str(tmp_path / "connectivity.json"), "--output", str(tmp_path / "re.json")]
     )
     assert rebuilt["summary"]["targets"] == results["summary"]["targets"]
+
+
+def test_committed_results_were_chosen_on_validation_and_recompute():
+    bench = benchmark()
+    with open(RESULTS, encoding="utf-8") as f:
+        results = json.load(f)
+    settings = results["settings"]
+    assert len(settings["seeds"]) >= 3 and not set(settings["seeds"]) & set(settings["validation_seeds"])
+    choices = results["validation"]["choices"]
+    assert results["training_steps"]["ours"] == choices["ours"]["chosen"]["candidate"]
+    assert len(choices["ours"]["validation"]) == len(settings["flow_steps_grid"]) >= 2
+    assert bench.targets_from_results(results) == results["summary"]["targets"]
