@@ -22,9 +22,13 @@ fresh draws of the ground truth; and, for networks resampled from our distributi
 Negative control: the ground-truth network with its `n` shuffled across neurons must fail that check. Sanity
 reference: a second network drawn from the ground truth.
 
-No hyperparameter is tuned on the test seeds. Seeds 0-2 were the development seeds: two judge settings (the added
-0.25x-median MMD bandwidth and the ring's 60-step summary) were settled on them. The default `--seeds 100 101 102`
-were never run before those settings were frozen, and the test measurement is made on them once. Writes `benchmarks/results/connectivity.json`, `.md` and `.png`.
+Validation, then test once. Before any test seed is touched, each method's training length is chosen on the
+`--validation_seeds` (every ground truth, the same choice for all of them), with the same number of candidates for
+ours and for each point estimate: ours' `--flow_steps_grid` by the mean fraction of resampled networks reproducing
+the attractor (ties to fewer steps), each trained lrRNN's `--lrrnn_steps_grid` by its mean MMD^2 to the ground truth.
+The frozen choices then run once on the test `--seeds`; the validation measurements are recorded beside them.
+Seeds 0-2 were also the development seeds on which two judge settings (the added 0.25x-median MMD bandwidth and the
+ring's 60-step summary) were settled. Writes `benchmarks/results/connectivity.json`, `.md` and `.png`.
 """
 
 import argparse
@@ -59,13 +63,32 @@ def parse_args(argv=None):
     parser.add_argument("--num_neurons", type=int, default=1000, help="Neurons of each ground-truth network.")
     parser.add_argument("--num_dynamics_steps", type=int, default=100, help="Steps of the observed trajectories.")
     parser.add_argument("--num_transitions", type=int, default=4000, help="Transitions used by ridge and fits.")
-    parser.add_argument("--flow_steps", type=int, default=1000, help="Training steps of each flow.")
+    parser.add_argument(
+        "--validation_seeds",
+        type=int,
+        nargs="+",
+        default=[0, 1, 2, 3],
+        help="Seeds on which the training lengths are chosen (disjoint from --seeds).",
+    )
+    parser.add_argument(
+        "--flow_steps_grid",
+        type=int,
+        nargs="+",
+        default=[1000, 3000, 10000],
+        help="Candidate training steps of each flow (one value: used without validation).",
+    )
     parser.add_argument("--batch_size", type=int, default=256, help="Training batch of the flows.")
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="Peak learning rate of the flows.")
     parser.add_argument("--hidden_size", type=int, default=128, help="Width of both velocity MLPs.")
     parser.add_argument("--readout_networks", type=int, default=20, help="Sampled networks for the ridge targets.")
     parser.add_argument("--readout_neurons", type=int, default=500, help="Neurons of each of them.")
-    parser.add_argument("--lrrnn_steps", type=int, default=500, help="Adam steps of the trained lrRNN fits.")
+    parser.add_argument(
+        "--lrrnn_steps_grid",
+        type=int,
+        nargs="+",
+        default=[250, 500, 2000],
+        help="Candidate Adam steps of each trained lrRNN fit (one value: used without validation).",
+    )
     parser.add_argument(
         "--lrrnn_free_transitions", type=int, default=1000, help="Transitions of the all-fitted lrRNN (CPU time)."
     )
@@ -74,26 +97,33 @@ def parse_args(argv=None):
     parser.add_argument("--num_resamples", type=int, default=10, help="Resampled networks per seed.")
     parser.add_argument("--output", type=str, default=os.path.join(RESULTS, "connectivity.json"))
     add_from_results_argument(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    overlap = sorted(set(args.seeds) & set(args.validation_seeds))
+    if overlap and not args.from_results:
+        parser.error(f"--validation_seeds must be disjoint from the test --seeds, both hold {overlap}.")
+    for name in ("flow_steps_grid", "lrrnn_steps_grid"):
+        if min(getattr(args, name)) < 1:
+            parser.error(f"--{name} must hold positive step counts, got {getattr(args, name)}.")
+    return args
 
 
 # ---------------------------------------------------------------------------------------------------- methods
 
 
-def train_flow(model, input_loadings, output_loadings, args, seed):
-    """Plain AdamW + cosine training of one head of `model` (the loop of `training/train_connectivity_flow.py`
-    without accelerate); returns the last 100 steps' mean loss."""
+def train_flow(model, input_loadings, output_loadings, args, seed, steps):
+    """Plain AdamW + cosine training of one head of `model` for `steps` steps (the loop of
+    `training/train_connectivity_flow.py` without accelerate); returns the last 100 steps' mean loss."""
     from diffusers.optimization import get_scheduler
 
     from diffusers_ext.losses.connectivity_flow import connectivity_flow_loss
 
     head = model.input_velocity if output_loadings is None else model.output_velocity
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.learning_rate, weight_decay=0.0)
-    schedule = get_scheduler("cosine", optimizer, num_warmup_steps=50, num_training_steps=args.flow_steps)
+    schedule = get_scheduler("cosine", optimizer, num_warmup_steps=50, num_training_steps=steps)
     generator = torch.Generator().manual_seed(seed)
     losses = []
     model.train()
-    for _ in range(args.flow_steps):
+    for _ in range(steps):
         index = torch.randint(0, len(input_loadings), (args.batch_size,), generator=generator)
         outputs = None if output_loadings is None else output_loadings[index]
         loss = connectivity_flow_loss(model, input_loadings[index], outputs, generator)
@@ -107,8 +137,8 @@ def train_flow(model, input_loadings, output_loadings, args, seed):
     return sum(losses[-100:]) / len(losses[-100:])
 
 
-def fit_connectivity_distribution(m, states, next_states, args, seed):
-    """Ours: both flows; returns `(pipeline, info)`."""
+def fit_connectivity_distribution(m, states, next_states, args, seed, flow_steps):
+    """Ours: both flows, `flow_steps` training steps each; returns `(pipeline, info)`."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     from diffusers_ext import ConnectivityFlowModel, ConnectivityPipeline, ridge_readout_targets
@@ -117,7 +147,7 @@ def fit_connectivity_distribution(m, states, next_states, args, seed):
     model = ConnectivityFlowModel(rank=2, hidden_size=args.hidden_size, input_scale=float(m.std()))
     pipe = ConnectivityPipeline(model=model, scheduler=FlowMatchEulerDiscreteScheduler())
     pipe.set_progress_bar_config(disable=True)
-    loss_a = train_flow(model, m.float(), None, args, seed)
+    loss_a = train_flow(model, m.float(), None, args, seed, flow_steps)
     generator = torch.Generator().manual_seed(10_000 + seed)
     inputs, outputs = ridge_readout_targets(
         pipe,
@@ -129,7 +159,7 @@ def fit_connectivity_distribution(m, states, next_states, args, seed):
         num_inference_steps=args.num_inference_steps,
     )
     model.register_to_config(output_scale=float(outputs.std()))
-    loss_b = train_flow(model, inputs, outputs, args, seed + 1)
+    loss_b = train_flow(model, inputs, outputs, args, seed + 1, flow_steps)
     return pipe, {"input_flow_loss": loss_a, "output_flow_loss": loss_b, "output_scale": model.config.output_scale}
 
 
@@ -155,51 +185,44 @@ def fit_lrrnn(m_init, states, next_states, alpha, steps, fit_inputs, seed):
 # ---------------------------------------------------------------------------------------------------- one run
 
 
-def run_one(name, seed, args, log):
-    from diffusers_ext.data.lrrnn import GROUND_TRUTHS, LowRankRNN, initial_state_grid, make_ground_truth
-    from diffusers_ext.evaluation.connectivity import attractor_summary, loading_distances, reproduces_attractor
-    from diffusers_ext.metrics import median_bandwidth
+def observe(name, seed, args):
+    """The ground truth `name`'s network of `seed` and `args.num_transitions` of its observed one-step transitions:
+    `(truth, net, states, next_states)`, the states `(T, 2)` float64."""
+    from diffusers_ext.data.lrrnn import GROUND_TRUTHS, initial_state_grid, make_ground_truth
 
-    start = time.process_time()
     truth = make_ground_truth(name)
     index = GROUND_TRUTHS.index(name)
     net = truth.network(args.num_neurons, 1000 * index + seed)
     states, next_states = net.transitions(initial_state_grid(20, 2.4), args.num_dynamics_steps)
     pick = torch.randperm(len(states), generator=torch.Generator().manual_seed(seed))[: args.num_transitions]
-    states, next_states = states[pick], next_states[pick]
+    return truth, net, states[pick], next_states[pick]
 
-    pipe, info = fit_connectivity_distribution(net.input_loadings, states, next_states, args, seed)
-    generator = torch.Generator().manual_seed(20_000 + seed)
-    ours = (
-        pipe(
-            num_neurons=args.num_eval_neurons,
-            num_inference_steps=args.num_inference_steps,
-            generator=generator,
-            num_dynamics_steps=0,
-        )
-        .loadings[0]
-        .double()
-    )
-    _, n_given, fit_given = fit_lrrnn(
-        net.input_loadings, states, next_states, net.alpha, args.lrrnn_steps, False, seed
-    )
-    m_init = torch.randn(net.input_loadings.shape, generator=torch.Generator().manual_seed(30_000 + seed))
-    few = slice(0, args.lrrnn_free_transitions)
-    m_free, n_free, fit_free = fit_lrrnn(
-        m_init, states[few], next_states[few], net.alpha, args.lrrnn_steps, True, seed
-    )
-    samples = {
-        "ours": ours,
-        "lrrnn_m_given": torch.cat([net.input_loadings, n_given], -1)[: args.num_eval_neurons],
-        "lrrnn_all_fitted": torch.cat([m_free, n_free], -1)[: args.num_eval_neurons],
-    }
+
+def reference_draws(truth, args, seed):
+    """Fresh neurons `(num_eval_neurons, 4)` of the ground truth and the judges' kernel bandwidth."""
+    from diffusers_ext.metrics import median_bandwidth
+
     reference = torch.cat(truth.sample_loadings(args.num_eval_neurons, 40_000 + seed), -1)
-    bandwidth = median_bandwidth(reference)
-    distances = {method: loading_distances(x, reference, bandwidth, seed) for method, x in samples.items()}
-    second = truth.network(args.num_eval_neurons, 50_000 + seed)
-    distances["second_ground_truth_draw"] = loading_distances(
-        torch.cat([second.input_loadings, second.output_loadings], -1), reference, bandwidth, seed
+    return reference, median_bandwidth(reference)
+
+
+def sample_ours(pipe, args, seed):
+    """`num_eval_neurons` neurons `(num_eval_neurons, 4)` (float64) of one network sampled from our distribution."""
+    generator = torch.Generator().manual_seed(20_000 + seed)
+    out = pipe(
+        num_neurons=args.num_eval_neurons,
+        num_inference_steps=args.num_inference_steps,
+        generator=generator,
+        num_dynamics_steps=0,
     )
+    return out.loadings[0].double()
+
+
+def resampled_reproduction(pipe, truth, net, args, seed):
+    """Whether each of `num_resamples` networks sampled from `pipe` reproduces `net`'s attractor:
+    `(reproduced, target, last_summary)`."""
+    from diffusers_ext.data.lrrnn import LowRankRNN
+    from diffusers_ext.evaluation.connectivity import attractor_summary, reproduces_attractor
 
     kind = truth.attractor
     target = attractor_summary(kind, net)
@@ -214,9 +237,140 @@ def run_one(name, seed, args, log):
     for loadings in resampled:
         summary = attractor_summary(kind, LowRankRNN(loadings[:, :2], loadings[:, 2:], net.alpha))
         reproduced.append(bool(reproduces_attractor(kind, summary, target)))
+    return reproduced, target, summary
+
+
+def fit_baselines(net, states, next_states, args, seed, steps):
+    """Both trained lrRNNs, `steps[method]` Adam steps each: `{method: (loadings (num_eval_neurons, 4), n, rmse)}`."""
+    _, n_given, fit_given = fit_lrrnn(
+        net.input_loadings, states, next_states, net.alpha, steps["lrrnn_m_given"], False, seed
+    )
+    m_init = torch.randn(net.input_loadings.shape, generator=torch.Generator().manual_seed(30_000 + seed))
+    few = slice(0, args.lrrnn_free_transitions)
+    m_free, n_free, fit_free = fit_lrrnn(
+        m_init, states[few], next_states[few], net.alpha, steps["lrrnn_all_fitted"], True, seed
+    )
+    return {
+        "lrrnn_m_given": (torch.cat([net.input_loadings, n_given], -1)[: args.num_eval_neurons], n_given, fit_given),
+        "lrrnn_all_fitted": (torch.cat([m_free, n_free], -1)[: args.num_eval_neurons], n_free, fit_free),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+
+
+def validate_flow_steps(flow_steps, args, log):
+    """Ours with `flow_steps` on every ground truth and validation seed: per ground truth the fraction of resampled
+    networks reproducing the attractor and the mean MMD^2; `mean_reproduced_rate` over ground truths (the score)."""
+    from diffusers_ext.evaluation.connectivity import loading_distances
+
+    per_truth = {}
+    for name in args.ground_truths:
+        reproduced, mmd2 = [], []
+        for seed in args.validation_seeds:
+            truth, net, states, next_states = observe(name, seed, args)
+            pipe, _ = fit_connectivity_distribution(net.input_loadings, states, next_states, args, seed, flow_steps)
+            reference, bandwidth = reference_draws(truth, args, seed)
+            mmd2.append(loading_distances(sample_ours(pipe, args, seed), reference, bandwidth, seed)["mmd2"])
+            reproduced += resampled_reproduction(pipe, truth, net, args, seed)[0]
+        per_truth[name] = {"reproduced_rate": sum(reproduced) / len(reproduced), "mmd2": sum(mmd2) / len(mmd2)}
+        log(f"validation: ours, {flow_steps} flow steps, {name}: {per_truth[name]}")
+    rates = [entry["reproduced_rate"] for entry in per_truth.values()]
+    return {"per_ground_truth": per_truth, "mean_reproduced_rate": sum(rates) / len(rates)}
+
+
+def validate_lrrnn_steps(lrrnn_steps, args, log):
+    """Both trained lrRNNs with `lrrnn_steps` on every ground truth and validation seed: per ground truth each one's
+    mean MMD^2; `mean_mmd2` per method over ground truths (the score)."""
+    from diffusers_ext.evaluation.connectivity import loading_distances
+
+    per_truth = {}
+    for name in args.ground_truths:
+        mmd2 = {method: [] for method in BASELINES}
+        for seed in args.validation_seeds:
+            truth, net, states, next_states = observe(name, seed, args)
+            reference, bandwidth = reference_draws(truth, args, seed)
+            fits = fit_baselines(net, states, next_states, args, seed, dict.fromkeys(BASELINES, lrrnn_steps))
+            for method, (loadings, _, _) in fits.items():
+                mmd2[method].append(loading_distances(loadings, reference, bandwidth, seed)["mmd2"])
+        per_truth[name] = {method: sum(v) / len(v) for method, v in mmd2.items()}
+        log(f"validation: trained lrRNNs, {lrrnn_steps} steps, {name}: {per_truth[name]}")
+    mean = {method: sum(e[method] for e in per_truth.values()) / len(per_truth) for method in BASELINES}
+    return {"per_ground_truth": per_truth, "mean_mmd2": mean}
+
+
+def choose_training_lengths(args, log) -> dict:
+    """Each method's training length chosen on the validation seeds (`reporting.choose_on_validation`, test
+    measured later by `run_one`): `{"ours": record, "lrrnn_m_given": record, "lrrnn_all_fitted": record}`. A grid of
+    one candidate is used as given (its record has no validation measurements)."""
+    from diffusers_ext.evaluation.reporting import choose_on_validation
+
+    def given(value):
+        return {"validation": [], "chosen": {"name": str(value), "candidate": value, "score": None}, "test": None}
+
+    choices = {}
+    if len(args.flow_steps_grid) == 1:
+        choices["ours"] = given(args.flow_steps_grid[0])
+    else:
+        choices["ours"] = choose_on_validation(
+            args.flow_steps_grid,
+            lambda steps, split: validate_flow_steps(steps, args, log),
+            lambda measurement: measurement["mean_reproduced_rate"],
+            test=False,
+        )
+    measured = {}
+
+    def measure_lrrnn(steps, split):
+        if steps not in measured:
+            measured[steps] = validate_lrrnn_steps(steps, args, log)
+        return measured[steps]
+
+    for method in BASELINES:
+        if len(args.lrrnn_steps_grid) == 1:
+            choices[method] = given(args.lrrnn_steps_grid[0])
+        else:
+            choices[method] = choose_on_validation(
+                args.lrrnn_steps_grid,
+                measure_lrrnn,
+                lambda measurement, method=method: measurement["mean_mmd2"][method],
+                maximize=False,
+                test=False,
+            )
+    log("chosen on validation: " + ", ".join(f"{k} {v['chosen']['candidate']} steps" for k, v in choices.items()))
+    return choices
+
+
+# ---------------------------------------------------------------------------------------------------- one run
+
+
+def run_one(name, seed, args, steps, log):
+    """One test run of every method on ground truth `name` and `seed`, with the training lengths `steps`
+    (`{"ours": flow steps, "lrrnn_m_given": Adam steps, "lrrnn_all_fitted": Adam steps}`)."""
+    from diffusers_ext.data.lrrnn import LowRankRNN
+    from diffusers_ext.evaluation.connectivity import attractor_summary, loading_distances, reproduces_attractor
+
+    start = time.process_time()
+    truth, net, states, next_states = observe(name, seed, args)
+    pipe, info = fit_connectivity_distribution(net.input_loadings, states, next_states, args, seed, steps["ours"])
+    ours = sample_ours(pipe, args, seed)
+    fits = fit_baselines(net, states, next_states, args, seed, steps)
+    samples = {"ours": ours, **{method: fit[0] for method, fit in fits.items()}}
+    reference, bandwidth = reference_draws(truth, args, seed)
+    distances = {method: loading_distances(x, reference, bandwidth, seed) for method, x in samples.items()}
+    second = truth.network(args.num_eval_neurons, 50_000 + seed)
+    distances["second_ground_truth_draw"] = loading_distances(
+        torch.cat([second.input_loadings, second.output_loadings], -1), reference, bandwidth, seed
+    )
+
+    kind = truth.attractor
+    reproduced, target, summary = resampled_reproduction(pipe, truth, net, args, seed)
     shuffle = torch.randperm(net.num_neurons, generator=torch.Generator().manual_seed(70_000 + seed))
     control = LowRankRNN(net.input_loadings, net.output_loadings[shuffle], net.alpha)
-    given_net = LowRankRNN(net.input_loadings, n_given, net.alpha)
+    given_net = LowRankRNN(net.input_loadings, fits["lrrnn_m_given"][1], net.alpha)
+    fresh = [
+        bool(reproduces_attractor(kind, attractor_summary(kind, truth.network(args.num_neurons, seed_b)), target))
+        for seed_b in range(80_000 + 100 * seed, 80_000 + 100 * seed + args.num_resamples)
+    ]
     run = {
         "ground_truth": name,
         "seed": seed,
@@ -226,8 +380,9 @@ def run_one(name, seed, args, log):
         "resampled_reproduce": reproduced,
         "example_resample_attractor": summary,
         "shuffled_control_reproduces": bool(reproduces_attractor(kind, attractor_summary(kind, control), target)),
+        "fresh_networks_reproduce": fresh,
         "lrrnn_m_given_reproduces": bool(reproduces_attractor(kind, attractor_summary(kind, given_net), target)),
-        "lrrnn_fit_rmse": {"m_given": fit_given, "all_fitted": fit_free},
+        "lrrnn_fit_rmse": {"m_given": fits["lrrnn_m_given"][2], "all_fitted": fits["lrrnn_all_fitted"][2]},
         "training": info,
         "cpu_seconds": time.process_time() - start,
     }
@@ -270,6 +425,8 @@ def summarise(runs: list[dict], ground_truths: list[str]) -> dict:
         }
         entry["shuffled_control_rate"] = sum(r["shuffled_control_reproduces"] for r in rows) / len(rows)
         entry["lrrnn_m_given_reproduces_rate"] = sum(r["lrrnn_m_given_reproduces"] for r in rows) / len(rows)
+        fresh = [ok for r in rows for ok in r.get("fresh_networks_reproduce", [])]
+        entry["fresh_network_rate"] = sum(fresh) / len(fresh) if fresh else None
         per_truth[name] = entry
     return per_truth
 
@@ -309,17 +466,63 @@ def report_sections(results: dict) -> list[str]:
             )
     lines += ["", "## Attractors of resampled networks", ""]
     lines += [
-        "| ground truth | attractor | reproduced (ours) | shuffled-n control | trained lrRNN (m given) |",
-        "| --- | --- | --- | --- | --- |",
+        "| ground truth | attractor | reproduced (ours) | fresh ground-truth networks | shuffled-n control "
+        "| trained lrRNN (m given) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, entry in results["per_ground_truth"].items():
         rep = entry["reproduced"]
         kind = results["attractor_kinds"][name]
+        fresh = entry.get("fresh_network_rate")
         lines.append(
             f"| {name} | {kind} | {rep['rate']:.2f} +- {rep['se']:.2f} (n={rep['count']}) | "
-            f"{entry['shuffled_control_rate']:.2f} | {entry['lrrnn_m_given_reproduces_rate']:.2f} |"
+            f"{'-' if fresh is None else f'{fresh:.2f}'} | {entry['shuffled_control_rate']:.2f} | "
+            f"{entry['lrrnn_m_given_reproduces_rate']:.2f} |"
         )
-    lines += ["", "Tolerances: " + ", ".join(f"{k} = {v}" for k, v in TOLERANCES.items()) + "."]
+    lines += [
+        "",
+        "Fresh ground-truth networks: new networks of the same size drawn from the known generator, judged against the "
+        "same ground-truth network (a reference for what finite-size fluctuations alone allow).",
+        "",
+        "Tolerances: " + ", ".join(f"{k} = {v}" for k, v in TOLERANCES.items()) + ".",
+    ]
+    return lines + validation_section(results)
+
+
+def validation_section(results: dict) -> list[str]:
+    """The validation grid of each method's training length and the frozen choices (Markdown lines)."""
+    validation = results.get("validation")
+    if not validation:
+        return []
+    choices = validation["choices"]
+    lines = ["", f"## Validation (seeds {validation['seeds']}; the test seeds were run once with the choices)", ""]
+    ours = choices["ours"]
+    if ours["validation"]:
+        names = list(ours["validation"][0]["measurement"]["per_ground_truth"])
+        lines += [
+            "Ours: steps of each flow, chosen by the mean reproduced fraction over ground truths (ties to fewer steps).",
+            "",
+            "| flow steps | " + " | ".join(f"{n}: reproduced / MMD^2" for n in names) + " | mean reproduced |",
+            "| --- | " + " | ".join("---" for _ in names) + " | --- |",
+        ]
+        for row in ours["validation"]:
+            per = row["measurement"]["per_ground_truth"]
+            cells = [f"{per[n]['reproduced_rate']:.2f} / {per[n]['mmd2']:.4f}" for n in names]
+            lines.append(f"| {row['name']} | " + " | ".join(cells) + f" | {row['score']:.3f} |")
+        lines.append("")
+    if any(choices[m]["validation"] for m in BASELINES):
+        lines += [
+            "Trained lrRNNs: Adam steps, each chosen by its mean MMD^2 over ground truths (lower is better).",
+            "",
+            "| Adam steps | " + " | ".join(BASELINES.values()) + " |",
+            "| --- | " + " | ".join("---" for _ in BASELINES) + " |",
+        ]
+        first = choices[next(iter(BASELINES))]["validation"]
+        for i, row in enumerate(first):
+            cells = [f"{choices[m]['validation'][i]['measurement']['mean_mmd2'][m]:.4f}" for m in BASELINES]
+            lines.append(f"| {row['name']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines.append("Chosen: " + ", ".join(f"{k} {v['chosen']['candidate']} steps" for k, v in choices.items()) + ".")
     return lines
 
 
@@ -370,10 +573,9 @@ def main(argv=None):
     settings_line = None
     if args.from_results:
         results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
-        write_results(
+        return write_results(
             stem, results, title, report_sections(results), figures={".png": lambda p: plot(results, None, p)}
         )
-        return
     torch.set_num_threads(1)
     if len(args.seeds) < 3:
         print("warning: fewer than 3 seeds; the measurement protocol asks for >= 3", file=sys.stderr)
@@ -382,10 +584,12 @@ def main(argv=None):
     def log(message):
         print(f"[{time.time() - begin:7.1f}s] {message}", flush=True)
 
+    choices = choose_training_lengths(args, log)
+    steps = {method: record["chosen"]["candidate"] for method, record in choices.items()}
     runs, drawn = [], {}
     for name in args.ground_truths:
         for seed in args.seeds:
-            run, samples, reference = run_one(name, seed, args, log)
+            run, samples, reference = run_one(name, seed, args, steps, log)
             runs.append(run)
             if seed == args.seeds[0]:
                 drawn[name] = {"reference": reference.numpy(), **{k: v.numpy() for k, v in samples.items()}}
@@ -393,6 +597,8 @@ def main(argv=None):
         "command": command(__file__, argv, omit=("--output",)),
         "settings": {k: v for k, v in vars(args).items() if k not in ("output", "from_results")},
         "attractor_kinds": {name: ATTRACTORS[name] for name in args.ground_truths},
+        "validation": {"seeds": args.validation_seeds, "choices": choices},
+        "training_steps": steps,
         "per_ground_truth": summarise(runs, args.ground_truths),
         "runs": runs,
         "wall_seconds": time.time() - begin,
@@ -403,13 +609,15 @@ def main(argv=None):
             name: {
                 "second_ground_truth_draw_mmd2": entry["distances"]["second_ground_truth_draw"]["mmd2"]["mean"],
                 "shuffled_control_reproduce_rate": entry["shuffled_control_rate"],
+                "fresh_ground_truth_network_reproduce_rate": entry["fresh_network_rate"],
             }
             for name, entry in results["per_ground_truth"].items()
         },
     }
     settings_line = (
         f"Settings: {len(args.seeds)} seeds, {args.num_neurons} neurons, {args.num_transitions} transitions, "
-        f"{args.flow_steps} steps per flow, {args.num_resamples} resampled networks per seed, one CPU thread."
+        f"{steps['ours']} steps per flow (chosen on validation seeds {args.validation_seeds}), "
+        f"{args.num_resamples} resampled networks per seed, one CPU thread."
     )
     write_results(
         stem,
@@ -420,6 +628,7 @@ def main(argv=None):
         figures={".png": lambda p: plot(results, drawn, p)},
     )
     log(f"wrote {args.output}")
+    return results
 
 
 if __name__ == "__main__":
