@@ -39,12 +39,10 @@ def _latents(pipe, size):
     return torch.randn(shape, generator=torch.Generator().manual_seed(3))
 
 
-@pytest.mark.parametrize("guidance_scale", [1.0, 4.0])
-def test_one_region_over_the_whole_canvas_is_the_plain_pipeline(pipe, guidance_scale):
-    resolution = pipe.unet.config.sample_size * pipe.vae_scale_factor
-    size = pipe.unet.config.sample_size
-    latents = _latents(pipe, size)
-    expected = pipe(
+def _plain_pipeline(pipe, latents, guidance_scale):
+    """The pipeline's own image of "a red circle" from `latents`, 3 steps, as `np` `(1, H, W, 3)`."""
+    resolution = latents.shape[-1] * pipe.vae_scale_factor
+    return pipe(
         "a red circle",
         height=resolution,
         width=resolution,
@@ -53,6 +51,14 @@ def test_one_region_over_the_whole_canvas_is_the_plain_pipeline(pipe, guidance_s
         latents=latents,
         output_type="np",
     ).images
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 4.0])
+def test_one_region_over_the_whole_canvas_is_the_plain_pipeline(pipe, guidance_scale):
+    resolution = pipe.unet.config.sample_size * pipe.vae_scale_factor
+    size = pipe.unet.config.sample_size
+    latents = _latents(pipe, size)
+    expected = _plain_pipeline(pipe, latents, guidance_scale)
     sampler = RegionMultiDiffusion(pipe, torch.zeros(3, resolution, resolution), bootstrap_fraction=1.0)
     got = sampler(["a red circle"], torch.ones(1, size, size), latents, 3, guidance_scale)
     np.testing.assert_allclose(got, expected, atol=1e-5)
@@ -99,15 +105,7 @@ def test_one_full_canvas_window_over_the_whole_box_is_the_plain_pipeline(pipe, g
     resolution = pipe.unet.config.sample_size * pipe.vae_scale_factor
     size = pipe.unet.config.sample_size
     latents = _latents(pipe, size)
-    expected = pipe(
-        "a red circle",
-        height=resolution,
-        width=resolution,
-        num_inference_steps=3,
-        guidance_scale=guidance_scale,
-        latents=latents,
-        output_type="np",
-    ).images
+    expected = _plain_pipeline(pipe, latents, guidance_scale)
     sampler = WindowMultiDiffusion(pipe, torch.zeros(3, resolution, resolution), window_size=size)
     got = sampler([["a red circle"]], torch.ones(1, 1, size, size), latents, 3, guidance_scale)
     np.testing.assert_allclose(got, expected, atol=1e-5)

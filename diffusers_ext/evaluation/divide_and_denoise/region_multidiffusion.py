@@ -74,6 +74,28 @@ class RegionMultiDiffusion:
             image = background.unsqueeze(0).to(device=vae.device, dtype=vae.dtype)
             self.background_latents = vae.encode(image).latent_dist.mean * vae.config.scaling_factor
 
+    def _prompt_embeddings(self, prompts: list[str], guidance_scale: float) -> torch.Tensor:
+        """The views' text embeddings `(2V or V, L, D)`: unconditional ones first when guiding."""
+        do_guidance = guidance_scale > 1.0
+        negatives = [""] * len(prompts) if do_guidance else None
+        cond, uncond = self.pipe.encode_prompt(prompts, self.pipe.unet.device, 1, do_guidance, negatives)
+        return torch.cat([uncond, cond]) if do_guidance else cond
+
+    def _denoise(self, views: torch.Tensor, t, embeddings: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+        """One guided scheduler step of every view `(V, C, h, w)`."""
+        do_guidance = guidance_scale > 1.0
+        model_input = torch.cat([views] * 2) if do_guidance else views
+        model_input = self.scheduler.scale_model_input(model_input, t)
+        noise_pred = self.pipe.unet(model_input, t, encoder_hidden_states=embeddings).sample
+        if do_guidance:
+            noise_uncond, noise_text = noise_pred.chunk(2)
+            noise_pred = noise_uncond + guidance_scale * (noise_text - noise_uncond)
+        return self.scheduler.step(noise_pred, t, views).prev_sample
+
+    def _decode(self, latents: torch.Tensor) -> np.ndarray:
+        image = self.pipe.vae.decode(latents / self.pipe.vae.config.scaling_factor).sample
+        return self.pipe.image_processor.postprocess(image, output_type="np")
+
     @torch.no_grad()
     def __call__(
         self,
@@ -108,9 +130,7 @@ class RegionMultiDiffusion:
         device, dtype = pipe.unet.device, pipe.unet.dtype
         weights = partition_masks(boxes.cpu()).to(device=device, dtype=dtype).unsqueeze(1)  # (K, 1, h, w)
         inside = (boxes > 0).to(device=device, dtype=dtype).unsqueeze(1)
-        do_guidance = guidance_scale > 1.0
-        cond, uncond = pipe.encode_prompt(prompts, device, 1, do_guidance, [""] * num_regions if do_guidance else None)
-        embeddings = torch.cat([uncond, cond]) if do_guidance else cond
+        embeddings = self._prompt_embeddings(prompts, guidance_scale)
 
         scheduler.set_timesteps(num_inference_steps, device=device)
         latents = latents.to(device=device, dtype=dtype) * scheduler.init_noise_sigma
@@ -122,17 +142,9 @@ class RegionMultiDiffusion:
                 noise = torch.randn(background.shape, generator=generator, dtype=dtype).to(device)
                 noisy_background = scheduler.add_noise(background, noise, t.reshape(1))
                 views = views * inside + noisy_background * (1.0 - inside)
-            model_input = torch.cat([views] * 2) if do_guidance else views
-            model_input = scheduler.scale_model_input(model_input, t)
-            noise_pred = pipe.unet(model_input, t, encoder_hidden_states=embeddings).sample
-            if do_guidance:
-                noise_uncond, noise_text = noise_pred.chunk(2)
-                noise_pred = noise_uncond + guidance_scale * (noise_text - noise_uncond)
-            denoised = scheduler.step(noise_pred, t, views).prev_sample  # (K, C, h, w)
+            denoised = self._denoise(views, t, embeddings, guidance_scale)  # (K, C, h, w)
             latents = (denoised * weights).sum(dim=0, keepdim=True)
-
-        image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
-        return pipe.image_processor.postprocess(image, output_type="np")
+        return self._decode(latents)
 
 
 def window_corners(boxes: torch.Tensor, window_size: int) -> torch.Tensor:
@@ -246,10 +258,7 @@ class WindowMultiDiffusion(RegionMultiDiffusion):
             r, c = corners[v]
             return x[..., r : r + size, c : c + size]
 
-        do_guidance = guidance_scale > 1.0
-        flat = [p for group in prompts for p in group]
-        cond, uncond = pipe.encode_prompt(flat, device, 1, do_guidance, [""] * len(flat) if do_guidance else None)
-        embeddings = torch.cat([uncond, cond]) if do_guidance else cond
+        embeddings = self._prompt_embeddings([p for group in prompts for p in group], guidance_scale)
 
         scheduler.set_timesteps(num_inference_steps, device=device)
         noise = latents.to(device=device, dtype=dtype)
@@ -267,13 +276,7 @@ class WindowMultiDiffusion(RegionMultiDiffusion):
                 noisy = scheduler.add_noise(background, fresh, t.reshape(1))[0]
                 noisy_crops = torch.stack([crop(noisy, v) for v in range(len(corners))])
                 views = views * box_crops + noisy_crops * (1.0 - box_crops)
-            model_input = torch.cat([views] * 2) if do_guidance else views
-            model_input = scheduler.scale_model_input(model_input, t)
-            noise_pred = pipe.unet(model_input, t, encoder_hidden_states=embeddings).sample
-            if do_guidance:
-                noise_uncond, noise_text = noise_pred.chunk(2)
-                noise_pred = noise_uncond + guidance_scale * (noise_text - noise_uncond)
-            denoised = scheduler.step(noise_pred, t, views).prev_sample  # (B*K, C, S, S)
+            denoised = self._denoise(views, t, embeddings, guidance_scale)  # (B*K, C, S, S)
             if index + 1 < len(timesteps):
                 latents = scheduler.add_noise(background.expand_as(noise), noise, timesteps[index + 1].reshape(1))
             else:
@@ -284,6 +287,4 @@ class WindowMultiDiffusion(RegionMultiDiffusion):
                 crop(total[views_of[v]], v).add_(denoised[v] * weight_crops[v])
                 crop(mass[views_of[v]], v).add_(weight_crops[v])
             latents = torch.where(mass > 0, total / mass.clamp(min=1e-8), latents)
-
-        image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor).sample
-        return pipe.image_processor.postprocess(image, output_type="np")
+        return self._decode(latents)
