@@ -124,15 +124,13 @@ def _call(noise_fn: NoiseFn, z: torch.Tensor, t: torch.Tensor, use_checkpoint: b
 _VAE_CHECKPOINTED_LAYERS = (ResnetBlock2D, Downsample2D, Upsample2D, Attention)
 
 
-def _output_tails(vae) -> list[tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]]:
-    """The `(conv_norm_out, conv_act, conv_out)` output layers of `vae`'s encoder and decoder (diffusers' `Encoder` and
-    `Decoder` run them in this order, last), where the norm is a plain `GroupNorm`."""
-    tails = []
-    for coder in (getattr(vae, "encoder", None), getattr(vae, "decoder", None)):
-        layers = [getattr(coder, name, None) for name in ("conv_norm_out", "conv_act", "conv_out")]
-        if isinstance(layers[0], torch.nn.GroupNorm) and all(isinstance(layer, torch.nn.Module) for layer in layers):
-            tails.append(tuple(layers))
-    return tails
+def _decoder_output_layers(vae) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module] | None:
+    """The `(conv_norm_out, conv_act, conv_out)` layers `vae`'s decoder runs last, in this order (diffusers'
+    `Decoder`), when its norm is a plain `GroupNorm`; else None."""
+    layers = [getattr(getattr(vae, "decoder", None), name, None) for name in ("conv_norm_out", "conv_act", "conv_out")]
+    if isinstance(layers[0], torch.nn.GroupNorm) and all(isinstance(layer, torch.nn.Module) for layer in layers):
+        return tuple(layers)
+    return None
 
 
 def _identity(sample: torch.Tensor) -> torch.Tensor:
@@ -163,22 +161,21 @@ def vae_layer_checkpointing(vae, enabled: bool) -> Iterator[None]:
         for module in vae.modules()
         if isinstance(module, _VAE_CHECKPOINTED_LAYERS) and id(module) not in in_encoder
     ]
-    tails = [tail for tail in _output_tails(vae) if id(tail[0]) not in in_encoder]
-    patched = layers + [layer for tail in tails for layer in tail]
+    tail = _decoder_output_layers(vae)
+    patched = layers + list(tail or ()) + ([encoder] if encoder is not None else [])
     was_on = bool(getattr(vae, "is_gradient_checkpointing", False))
     if was_on:
         vae.disable_gradient_checkpointing()
     saved = [layer.__dict__.get("forward") for layer in patched]  # an instance-level forward (an offload hook)
     for layer in layers:
         layer.forward = functools.partial(checkpointed, layer.forward)
-    for norm, act, conv in tails:
+    if tail is not None:
         # the output convolution runs all three; the norm and activation pass their input through
+        norm, act, conv = tail
         forwards = (norm.forward, act.forward, conv.forward)
         conv.forward = functools.partial(checkpointed, lambda sample, f=forwards: f[2](f[1](f[0](sample))))
         norm.forward = act.forward = _identity
     if encoder is not None:
-        patched.append(encoder)
-        saved.append(encoder.__dict__.get("forward"))
         encoder.forward = functools.partial(checkpointed, encoder.forward)
     try:
         yield
