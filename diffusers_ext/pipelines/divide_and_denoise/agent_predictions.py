@@ -55,13 +55,10 @@ def agent_groups(denoisers, num_agents: int) -> list[list[int]]:
     return [list(range(num_agents))] if len(denoisers) == 1 else [[k] for k in range(num_agents)]
 
 
-def concept_attention_recording(denoisers, num_agents: int) -> ConceptAttentionRecording:
-    """Recording processors for every denoiser the agents call, to install once around a sampling loop and hand to
-    [`predict_agents`]."""
-    models = [
-        uncompiled(denoisers[0 if len(denoisers) == 1 else group[0]]) for group in agent_groups(denoisers, num_agents)
-    ]
-    return ConceptAttentionRecording(models)
+def concept_attention_recording(denoisers) -> ConceptAttentionRecording:
+    """Recording processors on every denoiser (one shared by the agents, or one per agent), to install once around a
+    sampling loop and hand to [`predict_agents`]."""
+    return ConceptAttentionRecording([uncompiled(model) for model in denoisers])
 
 
 def predict_agents(

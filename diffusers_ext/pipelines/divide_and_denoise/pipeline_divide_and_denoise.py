@@ -580,7 +580,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         # 7. Denoising loop: predict, divide, align, compose, step. The cross-attention utility's recording
         # processors are installed once for the loop (not swapped in and out at every model call).
         records_attention = settings.fair and settings.utility == "cross_attention"
-        recording = concept_attention_recording(self.denoisers, num_agents) if records_attention else None
+        recording = concept_attention_recording(self.denoisers) if records_attention else None
         allocations, utility_maps, allocation = [], None, None
         with recording if recording is not None else contextlib.nullcontext():
             for i, t in enumerate(self.progress_bar(timesteps)):
