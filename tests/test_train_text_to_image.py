@@ -107,6 +107,55 @@ def test_trains_saves_and_loads_as_a_stable_diffusion_pipeline(tmp_path):
     assert next(iter(weights.values())).dtype == torch.float16
 
 
+def test_warm_start_keeps_the_autoencoder_and_its_latent_scale_and_trains_the_unet(tmp_path):
+    base, warm = tmp_path / "base", tmp_path / "warm"
+    _run(base, 2, 2)
+    command = [sys.executable, SCRIPT, "--output_dir", str(warm), "--pretrained_model_name_or_path", str(base)]
+    # No --vae_steps: a warm start skips the autoencoder phase; the tiny model options are ignored (from the folder).
+    tiny = TINY[:2] + TINY[TINY.index("--train_batch_size") :]
+    result = subprocess.run(
+        [*command, "--max_train_steps", "2", *tiny], capture_output=True, text=True, env=_env(), timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "0 VAE + 2 UNet steps" in result.stdout + result.stderr
+    for part, name, changed in (
+        ("vae", "diffusion_pytorch_model.safetensors", False),
+        ("unet", "diffusion_pytorch_model.safetensors", True),
+    ):
+        before, after = load_file(str(base / part / name)), load_file(str(warm / part / name))
+        assert before.keys() == after.keys()
+        differs = any(not torch.equal(before[key], after[key]) for key in before)
+        assert differs == changed, part
+    from diffusers import AutoencoderKL
+
+    scale = [AutoencoderKL.load_config(str(folder / "vae"))["scaling_factor"] for folder in (base, warm)]
+    assert scale[0] == scale[1]
+    assert f"continued from `{base}`" in (warm / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--vae_steps", "3"], "--vae_steps must be 0"), (["--max_length", "8"], "--max_length")],
+)
+def test_warm_start_rejects_an_autoencoder_phase_and_a_mismatched_tokenizer(tmp_path, capsys, args, message):
+    base = tmp_path / "base"
+    for part in ("vae", "unet", "text_encoder"):
+        (base / part).mkdir(parents=True)
+    (base / "text_encoder" / "config.json").write_text('{"max_position_embeddings": 16}')
+    script = _load_script()
+    with pytest.raises(SystemExit) as error:
+        script.parse_args(["--output_dir", str(tmp_path / "out"), "--pretrained_model_name_or_path", str(base), *args])
+    assert error.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_warm_start_names_a_folder_that_is_not_a_pipeline(tmp_path, capsys):
+    script = _load_script()
+    with pytest.raises(SystemExit):
+        script.parse_args(["--output_dir", str(tmp_path / "out"), "--pretrained_model_name_or_path", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "--pretrained_model_name_or_path" in err and "missing ['vae', 'unet', 'text_encoder']" in err
+
+
 @pytest.mark.slow
 def test_two_process_resume_across_phases_equals_an_uninterrupted_run(tmp_path):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"

@@ -15,7 +15,10 @@ together with a small `CLIPTextModel` (`--max_train_steps`, epsilon prediction, 
 Data: a mosaic dataset drawn on the fly from the `--mosaic_*`/`--num_train_samples` options (train split), or any
 `datasets.save_to_disk` folder with `image` and `caption` columns (`--train_data_dir`; the tokenizer only knows
 mosaic's words). Checkpoints are `output_dir/checkpoint-<step>`; `--resume_from_checkpoint latest` continues
-exactly where the last one stopped, in either phase. With `--eval_num_prompts` > 0 the model card reports the
+exactly where the last one stopped, in either phase. `--pretrained_model_name_or_path` continues training a pipeline
+this script made (a warm start, e.g. the zoo's `mosaic-t2i-64` for more steps): its autoencoder, text encoder and
+UNet are loaded, the autoencoder phase is skipped (the UNet was trained on its latents), and the model options are
+taken from the folder. With `--eval_num_prompts` > 0 the model card reports the
 `diffusers_ext.evaluation.mosaic` judge's per-skill accuracy on held-out test prompts.
 """
 
@@ -51,6 +54,12 @@ def parse_args(argv=None):
     add_mosaic_data_arguments(parser.add_argument_group("data"))
     model = parser.add_argument_group("model")
     model.add_argument(
+        "--pretrained_model_name_or_path",
+        default=None,
+        help="A StableDiffusionPipeline folder made by this script to continue training (warm start): the VAE phase"
+        " is skipped and the model options below are ignored.",
+    )
+    model.add_argument(
         "--vae_channels",
         type=int,
         nargs="+",
@@ -75,7 +84,12 @@ def parse_args(argv=None):
         "--output_dir", type=output_dir_arg, required=True, help="Where the pipeline and checkpoints go."
     )
     train.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and noise.")
-    train.add_argument("--vae_steps", type=int, default=1500, help="Optimizer steps of the autoencoder (phase 1).")
+    train.add_argument(
+        "--vae_steps",
+        type=int,
+        default=None,
+        help="Optimizer steps of the autoencoder (phase 1); default 1500, and 0 with --pretrained_model_name_or_path.",
+    )
     train.add_argument("--vae_learning_rate", type=float, default=2e-3, help="Peak learning rate of phase 1.")
     train.add_argument("--vae_kl_weight", type=float, default=1e-6, help="Weight of the autoencoder's KL term.")
     train.add_argument("--max_train_steps", type=int, default=2500, help="Optimizer steps of the UNet (phase 2).")
@@ -135,6 +149,10 @@ def validate_args(args, parser):
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+    if args.pretrained_model_name_or_path is not None:
+        _check_pretrained(args, parser)
+    elif args.vae_steps is None:
+        args.vae_steps = 1500
     if args.vae_steps < 0 or args.eval_num_prompts < 0:
         parser.error("--vae_steps and --eval_num_prompts must be >= 0.")
     if not 0 <= args.prompt_dropout < 1:
@@ -144,6 +162,29 @@ def validate_args(args, parser):
     check_validation_arguments(args, parser)
 
 
+def _check_pretrained(args, parser) -> None:
+    """A warm start loads a pipeline folder of this script's kind; its autoencoder stays as it is."""
+    import os
+
+    path = args.pretrained_model_name_or_path
+    missing = [sub for sub in ("vae", "unet", "text_encoder") if not os.path.isdir(os.path.join(path, sub))]
+    if missing:
+        parser.error(
+            f"--pretrained_model_name_or_path {path!r} must be a StableDiffusionPipeline folder with vae, unet and "
+            f"text_encoder subfolders; missing {missing}."
+        )
+    if args.vae_steps not in (None, 0):
+        parser.error(
+            f"--vae_steps must be 0 with --pretrained_model_name_or_path (the UNet was trained on that autoencoder's "
+            f"latents), got {args.vae_steps}."
+        )
+    args.vae_steps = 0
+    with open(os.path.join(path, "text_encoder", "config.json")) as f:
+        positions = json.load(f)["max_position_embeddings"]
+    if positions != args.max_length:
+        parser.error(f"--max_length must be the pretrained text encoder's {positions}, got {args.max_length}.")
+
+
 def main(argv=None):
     args = parse_args(argv)
     from diffusers_ext.data.mosaic import mosaic_tokenizer
@@ -151,6 +192,7 @@ def main(argv=None):
     from diffusers_ext.models.stable_diffusion_components import (
         assemble_stable_diffusion_pipeline,
         build_stable_diffusion_components,
+        load_stable_diffusion_components,
         stable_diffusion_schedulers,
     )
     from diffusers_ext.training_utils import (
@@ -177,18 +219,21 @@ def main(argv=None):
     token_ids, empty_ids = tokenize_captions(tokenizer, captions, args.max_length)
 
     torch.manual_seed(args.seed)
-    vae, text_encoder, unet = build_stable_diffusion_components(
-        tokenizer,
-        resolution=args.resolution,
-        latent_channels=args.latent_channels,
-        vae_channels=args.vae_channels,
-        unet_channels=args.unet_channels,
-        unet_down_block_types=args.unet_down_block_types,
-        attention_head_dim=args.attention_head_dim,
-        text_hidden_size=args.text_hidden_size,
-        text_layers=args.text_layers,
-        max_length=args.max_length,
-    )
+    if args.pretrained_model_name_or_path is not None:
+        vae, text_encoder, unet = load_stable_diffusion_components(args.pretrained_model_name_or_path)
+    else:
+        vae, text_encoder, unet = build_stable_diffusion_components(
+            tokenizer,
+            resolution=args.resolution,
+            latent_channels=args.latent_channels,
+            vae_channels=args.vae_channels,
+            unet_channels=args.unet_channels,
+            unet_down_block_types=args.unet_down_block_types,
+            attention_head_dim=args.attention_head_dim,
+            text_hidden_size=args.text_hidden_size,
+            text_layers=args.text_layers,
+            max_length=args.max_length,
+        )
     noise_scheduler, _ = stable_diffusion_schedulers()
     vae_optimizer = torch.optim.AdamW(vae.parameters(), lr=args.vae_learning_rate, weight_decay=0.0)
     unet_optimizer = torch.optim.AdamW(
@@ -214,6 +259,11 @@ def main(argv=None):
         accelerator.init_trackers("train_text_to_image", config={k: str(v) for k, v in vars(args).items()})
     logger.info(f"{len(images)} images, {args.vae_steps} VAE + {args.max_train_steps} UNet steps, from {global_step}")
 
+    def latent_scaling(means: torch.Tensor) -> float:
+        if args.pretrained_model_name_or_path is not None:
+            return float(vae.config.scaling_factor)  # the latent scale the pretrained UNet learned
+        return float(1.0 / means.std())
+
     latent_stats = None  # (means, stds, scaling_factor), once phase 1 is over
     latent_size = (args.resolution // 4, args.resolution // 4)
     progress = tqdm(range(total_steps), initial=global_step, disable=not accelerator.is_local_main_process)
@@ -222,7 +272,7 @@ def main(argv=None):
         if not in_vae_phase and latent_stats is None:
             vae.eval()
             means, stds = encode_posteriors(vae, images, accelerator.device)
-            scaling = float(1.0 / means.std())
+            scaling = latent_scaling(means)
             latent_stats = (means, stds, scaling)
             logger.info(f"latents {tuple(means.shape[1:])}, scaling factor {scaling:.4f}")
         if in_vae_phase:
@@ -289,7 +339,7 @@ def main(argv=None):
         vae.eval()
         if latent_stats is None:  # the UNet phase did not run in this invocation (resumed at the last step)
             means, _ = encode_posteriors(vae, images, accelerator.device)
-            latent_stats = (means, None, float(1.0 / means.std()))
+            latent_stats = (means, None, latent_scaling(means))
         vae.register_to_config(scaling_factor=latent_stats[2])
         pipe = assemble_stable_diffusion_pipeline(vae, text_encoder.eval(), tokenizer, unet.eval())
         pipe.set_progress_bar_config(disable=True)
@@ -361,15 +411,26 @@ def write_card(args, pipe, metrics, command, write_model_card):
         if args.save_dtype == "float16"
         else ""
     )
+    text_layers = pipe.text_encoder.config.num_hidden_layers
+    latent_side, latent_channels = args.resolution // 4, pipe.vae.config.latent_channels
+    if args.pretrained_model_name_or_path is None:
+        origin = "trained from scratch by `training/train_text_to_image.py`"
+        autoencoder_steps = f", {args.vae_steps} steps"
+    else:
+        origin = (
+            f"continued from `{args.pretrained_model_name_or_path}` (its autoencoder kept as it was) by "
+            "`training/train_text_to_image.py`"
+        )
+        autoencoder_steps = ", kept from the pretrained pipeline"
     write_model_card(
         args.output_dir,
         title="Small latent text-to-image model of mosaic scenes",
         description=(
-            "A `diffusers.StableDiffusionPipeline` trained from scratch by `training/train_text_to_image.py` on "
+            f"A `diffusers.StableDiffusionPipeline` {origin} on "
             f"{data} at {args.resolution}x{args.resolution}: an `AutoencoderKL` ({parameters['vae']:,} parameters, "
-            f"{args.resolution}x{args.resolution}x3 -> {args.resolution // 4}x{args.resolution // 4}x"
-            f"{args.latent_channels}, {args.vae_steps} steps), then a `UNet2DConditionModel` ({parameters['unet']:,} "
-            f"parameters) and a `CLIPTextModel` ({parameters['text_encoder']:,} parameters, {args.text_layers} "
+            f"{args.resolution}x{args.resolution}x3 -> {latent_side}x{latent_side}x"
+            f"{latent_channels}{autoencoder_steps}), then a `UNet2DConditionModel` ({parameters['unet']:,} "
+            f"parameters) and a `CLIPTextModel` ({parameters['text_encoder']:,} parameters, {text_layers} "
             f"layers, {args.max_length} tokens) trained together for {args.max_train_steps} steps of batch "
             f"{args.train_batch_size} with {args.prompt_dropout:.0%} empty prompts for guidance. The tokenizer is the "
             "word-level `mosaic_tokenizer`. Sample with `height=width="

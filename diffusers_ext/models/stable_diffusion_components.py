@@ -109,6 +109,19 @@ def build_stable_diffusion_components(
     return vae, text_encoder, unet
 
 
+def load_stable_diffusion_components(path: str):
+    """The `(vae, text_encoder, unet)` of a `StableDiffusionPipeline` folder in float32, to train further (a warm
+    start of `training/train_text_to_image.py`; folders stored in float16 are upcast)."""
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32)
+    text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=torch.float32)
+    unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", torch_dtype=torch.float32)
+    return vae, text_encoder, unet
+
+
 def stable_diffusion_schedulers():
     """The training `DDPMScheduler` and the sampling `DDIMScheduler` on Stable Diffusion's noise schedule."""
     from diffusers import DDIMScheduler, DDPMScheduler
