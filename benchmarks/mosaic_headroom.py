@@ -14,7 +14,8 @@ method is measured on it:
   MultiDiffusion given the oracle layout (each object's box from a real mosaic placement, one sub-prompt per object):
   `evaluation.divide_and_denoise.region_multidiffusion.WindowMultiDiffusion`, whose views are windows around the
   boxes (cropped, or the full canvas), owning each box and a margin around it, bootstrapped for a share of the first
-  steps; the window, margin and bootstrap share are chosen on validation with the guidance. Targets: single prompt
+  steps, each step taken once (as published) or resampled several times (RePaint's resampling); the window, margin,
+  bootstrap share and resampling are chosen on validation with the guidance. Targets: single prompt
   <= 0.5, oracle-layout MultiDiffusion >= 0.7 (a method that finds the layout itself then has room between the two).
 - **Concepts** (the room unlearning needs). For each colour and shape, prompts that ask for it and prompts that do
   not (`evaluation.mosaic_unlearning.concept_prompt_sets`); the concept most often present on validation is judged
@@ -60,10 +61,11 @@ def parse_args(argv=None):
     parser.add_argument(
         "--oracle_configs",
         nargs="+",
-        default=["16,2,1.0", "12,3,0.4"],
-        help="MultiDiffusion settings `window,margin,bootstrap` tried on validation with every guidance: the window"
-        " side in latents (the latent canvas side: full-canvas views; smaller: cropped views), the margin around each"
-        " box in latents, and the share of the first steps that bootstrap.",
+        default=["16,2,1.0,1", "16,2,1.0,8"],
+        help="MultiDiffusion settings `window,margin,bootstrap[,resampling]` tried on validation with every guidance:"
+        " the window side in latents (the latent canvas side: full-canvas views; smaller: cropped views), the margin"
+        " around each box in latents, the share of the first steps that bootstrap, and how many times each step is"
+        " taken (default 1: as published).",
     )
     parser.add_argument(
         "--concepts", nargs="+", default=None, help="Concepts tried (default: every colour and shape)."
@@ -100,14 +102,16 @@ def parse_args(argv=None):
 
 
 def _oracle_config(text: str) -> list:
-    """`"window,margin,bootstrap"` -> `[window, margin, bootstrap]` (ints, ints, a fraction in [0, 1])."""
+    """`"window,margin,bootstrap[,resampling]"` -> `[window, margin, bootstrap, resampling]` (an int, an int, a
+    fraction in [0, 1], an int; resampling 1 when not given)."""
     parts = text.split(",")
-    if len(parts) != 3:
-        raise ValueError(f"expected `window,margin,bootstrap`, got {text!r}.")
+    if len(parts) not in (3, 4):
+        raise ValueError(f"expected `window,margin,bootstrap[,resampling]`, got {text!r}.")
     window, margin, bootstrap = int(parts[0]), int(parts[1]), float(parts[2])
-    if window < 1 or margin < 0 or not 0 <= bootstrap <= 1:
-        raise ValueError(f"expected window >= 1, margin >= 0, bootstrap in [0, 1], got {text!r}.")
-    return [window, margin, bootstrap]
+    resampling = int(parts[3]) if len(parts) == 4 else 1
+    if window < 1 or margin < 0 or not 0 <= bootstrap <= 1 or resampling < 1:
+        raise ValueError(f"expected window >= 1, margin >= 0, bootstrap in [0, 1], resampling >= 1, got {text!r}.")
+    return [window, margin, bootstrap, resampling]
 
 
 def _num_prompts(args, total: int, split: str) -> int:
@@ -176,7 +180,12 @@ class CompositionSampler:
         from diffusers_ext.evaluation.divide_and_denoise.region_multidiffusion import WindowMultiDiffusion
 
         sampler = WindowMultiDiffusion(
-            self.pipe, self.background, candidate["window"], candidate["margin"], candidate["bootstrap"]
+            self.pipe,
+            self.background,
+            candidate["window"],
+            candidate["margin"],
+            candidate["bootstrap"],
+            candidate.get("resampling", 1),
         )
         images = []
         for start in range(0, len(prompts), self.args.batch_size):
@@ -222,8 +231,8 @@ def measure_composition(pipe, config, args) -> dict:
         grids = {
             "single_prompt": [{"guidance": g} for g in args.guidance_grid],
             "oracle_layout": [
-                {"guidance": g, "window": w, "margin": m, "bootstrap": b}
-                for w, m, b in args.oracle_configs
+                {"guidance": g, "window": w, "margin": m, "bootstrap": b, "resampling": r}
+                for w, m, b, r in args.oracle_configs
                 if w <= sampler.latent_size
                 for g in args.guidance_grid
             ],

@@ -28,7 +28,7 @@ def tiny_pipeline_folder(tmp_path_factory):
 def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_pipeline_folder, tmp_path):
     argv = ["--model_path", str(tiny_pipeline_folder), "--capability_prompts", "4", "--composition_prompts", "2"]
     argv += ["--guidance_grid", "1.0", "3.0", "--num_inference_steps", "1", "--output_dir", str(tmp_path)]
-    argv += ["--oracle_configs", "4,1,1.0", "2,0,0.0", "--concepts", "red", "circle", "--concept_prompts", "2"]
+    argv += ["--oracle_configs", "4,1,1.0,2", "2,0,0.0", "--concepts", "red", "circle", "--concept_prompts", "2"]
     results = bench.main(argv)
     summary = results["summary"]
     assert [row["candidate"] for row in summary["capability"]["validation"]] == [1.0, 3.0]
@@ -40,7 +40,9 @@ def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_pipeline_folder, tmp_p
     assert names[:3] == ["capability: single (test)", "capability: count (test)", "capability: relation (test)"]
     assert [row["name"] for row in summary["concepts"]["validation"]] == ["red", "circle"]
     assert summary["concepts"]["test"]["n"] == 2
-    assert len(summary["composition"]["2_objects"]["oracle_layout"]["validation"]) == 4
+    oracle_grid = summary["composition"]["2_objects"]["oracle_layout"]["validation"]
+    assert len(oracle_grid) == 4
+    assert sorted({row["candidate"]["resampling"] for row in oracle_grid}) == [1, 2]
     assert len(names) == 9
     written = json.loads((tmp_path / "mosaic_headroom.json").read_text())
     assert "--model_path" not in written["command"] and "--output_dir" not in written["command"]
@@ -51,6 +53,8 @@ def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_pipeline_folder, tmp_p
 def test_a_malformed_oracle_config_is_refused(tiny_pipeline_folder):
     with pytest.raises(SystemExit):
         bench.parse_args(["--model_path", str(tiny_pipeline_folder), "--oracle_configs", "16,2"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--model_path", str(tiny_pipeline_folder), "--oracle_configs", "16,2,1.0,0"])
 
 
 def test_a_folder_that_is_not_a_pipeline_is_refused_before_loading(tmp_path):

@@ -142,3 +142,56 @@ def test_window_sampler_refuses_bad_arguments(pipe):
     sampler = WindowMultiDiffusion(pipe, background, window_size=2)
     with pytest.raises(ValueError, match="`boxes` must be"):
         sampler([["a", "b"]], torch.ones(1, 1, size, size), _latents(pipe, size))
+
+
+def test_renoising_takes_the_next_level_back_to_the_current_one(pipe):
+    """`x_s = sqrt(a_s) x0 + sqrt(1 - a_s) eps` goes to a latent with mean `sqrt(a_t) x0` and variance `1 - a_t`."""
+    resolution = pipe.unet.config.sample_size * pipe.vae_scale_factor
+    sampler = RegionMultiDiffusion(pipe, torch.zeros(3, resolution, resolution), resampling=2)
+    sampler.scheduler.set_timesteps(10)
+    index = 3
+    alphas = sampler.scheduler.alphas_cumprod
+    a_t, a_s = alphas[sampler.scheduler.timesteps[index]], alphas[sampler.scheduler.timesteps[index + 1]]
+    x0, eps = 0.7, torch.randn(200_000, generator=torch.Generator().manual_seed(0))
+    renoised = sampler._renoise(a_s.sqrt() * x0 + (1 - a_s).sqrt() * eps, index, torch.Generator().manual_seed(1))
+    assert abs(renoised.mean().item() - a_t.sqrt().item() * x0) < 0.01
+    assert abs(renoised.std().item() - (1 - a_t).sqrt().item()) < 0.01
+
+
+def test_resampling_takes_every_step_but_the_last_that_many_times(pipe):
+    from diffusers_ext.evaluation.divide_and_denoise.region_multidiffusion import WindowMultiDiffusion
+
+    resolution = pipe.unet.config.sample_size * pipe.vae_scale_factor
+    size = pipe.unet.config.sample_size
+    boxes = torch.zeros(1, 1, size, size)
+    boxes[0, 0, : size // 2, : size // 2] = 1.0
+    latents = _latents(pipe, size)
+    calls = []
+    hook = pipe.unet.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        images = {}
+        for resampling in (1, 3):
+            calls.clear()
+            sampler = WindowMultiDiffusion(pipe, torch.zeros(3, resolution, resolution), size, 0, 1.0, resampling)
+            images[resampling] = sampler(
+                [["a red circle"]], boxes, latents, 4, 3.0, generator=torch.Generator().manual_seed(0)
+            )
+            assert len(calls) == 3 * resampling + 1  # 4 steps: the last one is taken once
+    finally:
+        hook.remove()
+    assert np.abs(images[1] - images[3]).max() > 1e-3
+
+
+def test_resampling_needs_a_positive_int_and_a_scheduler_with_alphas(pipe):
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    background = torch.zeros(3, 8, 8)
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match="`resampling` must be a positive int"):
+            RegionMultiDiffusion(pipe, background, resampling=bad)
+    flow = StableDiffusionPipeline(
+        **{**get_tiny_sd_components(seed=0), "scheduler": FlowMatchEulerDiscreteScheduler()}
+    )
+    with pytest.raises(ValueError, match="alphas_cumprod"):
+        RegionMultiDiffusion(flow, background, resampling=2)
+    RegionMultiDiffusion(flow, background, resampling=1)  # no re-noising: any scheduler

@@ -11,6 +11,11 @@ layout, in the benchmarks: an upper reference, labelled as such). Masks here are
 canvas; a position no box covers is given to the nearest box's prompt, so that every position is denoised by
 exactly one prompt at its box and the background between objects comes from the bootstrapped views.
 
+Both can *resample* each step (RePaint's resampling, Lugmayr et al. 2022, with jumps of one step): the fused latents
+are taken back to the step's noise level with fresh noise and the step is taken again. Replacement alone (the
+bootstrapping) lets a small model keep drawing its object outside the box, where the background overwrites it;
+resampling gives the views' content and the imposed background several passes to agree.
+
 [`WindowMultiDiffusion`] is the same method with windows as its views (`F_i` a crop, as in MultiDiffusion's
 panorama mode; a window as large as the canvas gives full-canvas views): each prompt owns its box and a margin
 around it, and positions no view owns follow the known empty canvas. [`window_corners`] places the windows.
@@ -59,11 +64,21 @@ class RegionMultiDiffusion:
             their box, e.g. the world's empty canvas.
         bootstrap_fraction (`float`, defaults to 0.4): share of the first steps that bootstrap (MultiDiffusion's
             default is 20 of 50 steps).
+        resampling (`int`, defaults to 1): times each step but the last is taken; between two passes the fused
+            latents are re-noised to the step's level (1: no resampling, MultiDiffusion as published). Needs a
+            scheduler with `alphas_cumprod` whose `step` keeps no state between calls (DDIM, DDPM).
     """
 
-    def __init__(self, pipe, background: torch.Tensor, bootstrap_fraction: float = 0.4):
+    def __init__(self, pipe, background: torch.Tensor, bootstrap_fraction: float = 0.4, resampling: int = 1):
         if not 0.0 <= bootstrap_fraction <= 1.0:
             raise ValueError(f"`bootstrap_fraction` must be in [0, 1], got {bootstrap_fraction!r}.")
+        if not isinstance(resampling, int) or resampling < 1:
+            raise ValueError(f"`resampling` must be a positive int, got {resampling!r}.")
+        if resampling > 1 and not hasattr(pipe.scheduler, "alphas_cumprod"):
+            raise ValueError(
+                f"`resampling` > 1 re-noises along `alphas_cumprod`, which {type(pipe.scheduler).__name__} lacks."
+            )
+        self.resampling = resampling
         if background.ndim != 3 or background.shape[0] != 3:
             raise ValueError(f"`background` must be an image (3, H, W), got shape {tuple(background.shape)}.")
         self.pipe = pipe
@@ -91,6 +106,18 @@ class RegionMultiDiffusion:
             noise_uncond, noise_text = noise_pred.chunk(2)
             noise_pred = noise_uncond + guidance_scale * (noise_text - noise_uncond)
         return self.scheduler.step(noise_pred, t, views).prev_sample
+
+    def _passes(self, index: int) -> int:
+        """How many times step `index` is taken: `resampling`, except for the last step."""
+        return self.resampling if index + 1 < len(self.scheduler.timesteps) else 1
+
+    def _renoise(self, latents: torch.Tensor, index: int, generator: torch.Generator | None) -> torch.Tensor:
+        """Latents at the noise level after step `index`, brought back to the level before it with fresh noise:
+        `x_t = sqrt(a_t / a_s) x_s + sqrt(1 - a_t / a_s) z` (`a` the cumulative alphas, `s` the next timestep)."""
+        timesteps, alphas = self.scheduler.timesteps, self.scheduler.alphas_cumprod
+        ratio = (alphas[timesteps[index]] / alphas[timesteps[index + 1]]).to(latents.device, latents.dtype)
+        noise = torch.randn(latents.shape, generator=generator, dtype=latents.dtype).to(latents.device)
+        return ratio.sqrt() * latents + (1.0 - ratio).sqrt() * noise
 
     def _decode(self, latents: torch.Tensor) -> np.ndarray:
         image = self.pipe.vae.decode(latents / self.pipe.vae.config.scaling_factor).sample
@@ -137,13 +164,17 @@ class RegionMultiDiffusion:
         num_bootstrap = round(self.bootstrap_fraction * len(scheduler.timesteps))
         background = self.background_latents.to(device=device, dtype=dtype)
         for index, t in enumerate(scheduler.timesteps):
-            views = latents.expand(num_regions, -1, -1, -1)
-            if index < num_bootstrap:
-                noise = torch.randn(background.shape, generator=generator, dtype=dtype).to(device)
-                noisy_background = scheduler.add_noise(background, noise, t.reshape(1))
-                views = views * inside + noisy_background * (1.0 - inside)
-            denoised = self._denoise(views, t, embeddings, guidance_scale)  # (K, C, h, w)
-            latents = (denoised * weights).sum(dim=0, keepdim=True)
+            passes = self._passes(index)
+            for repeat in range(passes):
+                if repeat:
+                    latents = self._renoise(latents, index, generator)
+                views = latents.expand(num_regions, -1, -1, -1)
+                if index < num_bootstrap:
+                    noise = torch.randn(background.shape, generator=generator, dtype=dtype).to(device)
+                    noisy_background = scheduler.add_noise(background, noise, t.reshape(1))
+                    views = views * inside + noisy_background * (1.0 - inside)
+                denoised = self._denoise(views, t, embeddings, guidance_scale)  # (K, C, h, w)
+                latents = (denoised * weights).sum(dim=0, keepdim=True)
         return self._decode(latents)
 
 
@@ -191,12 +222,19 @@ class WindowMultiDiffusion(RegionMultiDiffusion):
         background (`torch.Tensor` of shape `(3, H, W)` in [-1, 1]): the empty canvas.
         window_size (`int`): each view's side at latent resolution.
         bootstrap_fraction (`float`, defaults to 0.0): share of the first steps that bootstrap.
+        resampling (`int`, defaults to 1): passes of each step, as in [`RegionMultiDiffusion`].
     """
 
     def __init__(
-        self, pipe, background: torch.Tensor, window_size: int, margin: int = 0, bootstrap_fraction: float = 0.0
+        self,
+        pipe,
+        background: torch.Tensor,
+        window_size: int,
+        margin: int = 0,
+        bootstrap_fraction: float = 0.0,
+        resampling: int = 1,
     ):
-        super().__init__(pipe, background, bootstrap_fraction)
+        super().__init__(pipe, background, bootstrap_fraction, resampling)
         if not isinstance(margin, int) or margin < 0:
             raise ValueError(f"`margin` must be a non-negative int, got {margin!r}.")
         self.margin = margin
@@ -270,21 +308,25 @@ class WindowMultiDiffusion(RegionMultiDiffusion):
         weight_crops = torch.stack([crop(weights[v], v) for v in range(len(corners))])
         timesteps = scheduler.timesteps
         for index, t in enumerate(timesteps):
-            views = torch.stack([crop(latents[views_of[v]], v) for v in range(len(corners))])
-            if index < num_bootstrap:
-                fresh = torch.randn(background.shape, generator=generator, dtype=dtype).to(device)
-                noisy = scheduler.add_noise(background, fresh, t.reshape(1))[0]
-                noisy_crops = torch.stack([crop(noisy, v) for v in range(len(corners))])
-                views = views * box_crops + noisy_crops * (1.0 - box_crops)
-            denoised = self._denoise(views, t, embeddings, guidance_scale)  # (B*K, C, S, S)
-            if index + 1 < len(timesteps):
-                latents = scheduler.add_noise(background.expand_as(noise), noise, timesteps[index + 1].reshape(1))
-            else:
-                latents = background.expand_as(noise).clone()
-            total = torch.zeros_like(latents)
-            mass = torch.zeros(batch, 1, *latents.shape[-2:], device=device, dtype=dtype)
-            for v in range(len(corners)):
-                crop(total[views_of[v]], v).add_(denoised[v] * weight_crops[v])
-                crop(mass[views_of[v]], v).add_(weight_crops[v])
-            latents = torch.where(mass > 0, total / mass.clamp(min=1e-8), latents)
+            for repeat in range(self._passes(index)):
+                if repeat:
+                    latents = self._renoise(latents, index, generator)
+                views = torch.stack([crop(latents[views_of[v]], v) for v in range(len(corners))])
+                if index < num_bootstrap:
+                    fresh = torch.randn(background.shape, generator=generator, dtype=dtype).to(device)
+                    noisy = scheduler.add_noise(background, fresh, t.reshape(1))[0]
+                    noisy_crops = torch.stack([crop(noisy, v) for v in range(len(corners))])
+                    views = views * box_crops + noisy_crops * (1.0 - box_crops)
+                denoised = self._denoise(views, t, embeddings, guidance_scale)  # (B*K, C, S, S)
+                if index + 1 < len(timesteps):
+                    next_t = timesteps[index + 1].reshape(1)
+                    latents = scheduler.add_noise(background.expand_as(noise), noise, next_t)
+                else:
+                    latents = background.expand_as(noise).clone()
+                total = torch.zeros_like(latents)
+                mass = torch.zeros(batch, 1, *latents.shape[-2:], device=device, dtype=dtype)
+                for v in range(len(corners)):
+                    crop(total[views_of[v]], v).add_(denoised[v] * weight_crops[v])
+                    crop(mass[views_of[v]], v).add_(weight_crops[v])
+                latents = torch.where(mass > 0, total / mass.clamp(min=1e-8), latents)
         return self._decode(latents)
