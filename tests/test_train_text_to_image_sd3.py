@@ -147,3 +147,65 @@ def test_bad_arguments_are_rejected_by_the_parser(tmp_path, capsys, vae_folder, 
     with pytest.raises(SystemExit) as error:
         script.parse_args(["--output_dir", str(tmp_path), "--pretrained_vae_model_name_or_path", vae_folder, *args])
     assert error.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_warm_start_keeps_the_autoencoder_text_encoders_and_latent_scale_and_trains_the_transformer(
+    tmp_path, vae_folder
+):
+    base, warm = tmp_path / "base", tmp_path / "warm"
+    _run(base, vae_folder, 2)
+    command = [sys.executable, SCRIPT, "--output_dir", str(warm), "--pretrained_model_name_or_path", str(base)]
+    # No model options: a warm start takes the transformer and encoders from the folder (the defaults would not fit).
+    command += [
+        "--max_train_steps",
+        "2",
+        "--num_train_samples",
+        "24",
+        "--train_batch_size",
+        "4",
+        "--report_to",
+        "none",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for part, name in [
+        ("vae", "diffusion_pytorch_model.safetensors"),
+        ("text_encoder", "model.safetensors"),
+        ("text_encoder_3", "model.safetensors"),
+    ]:
+        before, after = load_file(str(base / part / name)), load_file(str(warm / part / name))
+        assert all(torch.equal(before[k], after[k]) for k in before), part
+    name = "transformer/diffusion_pytorch_model.safetensors"
+    before, after = load_file(str(base / name)), load_file(str(warm / name))
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
+    from diffusers import AutoencoderKL
+
+    configs = [AutoencoderKL.load_config(str(folder / "vae")) for folder in (base, warm)]
+    assert [c["shift_factor"] for c in configs] == [configs[0]["shift_factor"]] * 2
+    assert [c["scaling_factor"] for c in configs] == [configs[0]["scaling_factor"]] * 2
+    assert f"continued from `{base}`" in (warm / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--pretrained_model_name_or_path", "/nonexistent/pipe"], "exactly one of"),
+        (["--max_length", "12"], "--max_length must be the pretrained text encoders' 16"),
+    ],
+)
+def test_warm_start_rejects_two_sources_and_a_mismatched_tokenizer(tmp_path, capsys, vae_folder, extra, message):
+    import importlib.util
+
+    base = tmp_path / "base"
+    for part in ("vae", "transformer", "text_encoder", "text_encoder_2", "text_encoder_3"):
+        (base / part).mkdir(parents=True)
+    (base / "text_encoder" / "config.json").write_text('{"max_position_embeddings": 16}')
+    spec = importlib.util.spec_from_file_location("train_text_to_image_sd3", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    source = ["--pretrained_vae_model_name_or_path", vae_folder] if "exactly one of" in message else []
+    source += [] if "exactly one of" in message else ["--pretrained_model_name_or_path", str(base)]
+    with pytest.raises(SystemExit) as error:
+        script.parse_args(["--output_dir", str(tmp_path / "out"), *source, *extra])
+    assert error.value.code == 2 and message in capsys.readouterr().err

@@ -22,8 +22,10 @@ caption is encoded once before training. An `SD3Transformer2DModel` is trained w
 
 Call the result with the `max_sequence_length` it was trained with (`--max_sequence_length`, the T5 tokens).
 Checkpoints are `output_dir/checkpoint-<step>`; `--resume_from_checkpoint latest` continues exactly where the last one
-stopped. With `--eval_num_prompts` > 0 the model card reports the `diffusers_ext.evaluation.mosaic` judge's per-skill
-accuracy on held-out test prompts.
+stopped. `--pretrained_model_name_or_path` continues training a pipeline this script made (a warm start, e.g. the
+zoo's `mosaic-sd3-64` for more steps): its autoencoder (with the shift and scaling factors the transformer learned),
+text encoders and transformer are loaded, and the model options are taken from the folder. With `--eval_num_prompts`
+> 0 the model card reports the `diffusers_ext.evaluation.mosaic` judge's per-skill accuracy on held-out test prompts.
 """
 
 import argparse
@@ -60,8 +62,16 @@ def parse_args(argv=None):
     model.add_argument(
         "--pretrained_vae_model_name_or_path",
         type=str,
-        required=True,
-        help="The AutoencoderKL: a pipeline folder (its vae/ subfolder is read) or an AutoencoderKL folder.",
+        default=None,
+        help="The AutoencoderKL of a training from scratch: a pipeline folder (its vae/ subfolder is read) or an "
+        "AutoencoderKL folder.",
+    )
+    model.add_argument(
+        "--pretrained_model_name_or_path",
+        type=str,
+        default=None,
+        help="A StableDiffusion3Pipeline folder made by this script to continue training (warm start), instead of "
+        "--pretrained_vae_model_name_or_path; the model options below are then ignored.",
     )
     model.add_argument("--num_layers", type=int, default=4, help="Joint transformer blocks.")
     model.add_argument("--attention_head_dim", type=int, default=32, help="Width of one attention head.")
@@ -129,12 +139,36 @@ def validate_args(args, parser):
         parser.error(f"--max_length must be >= 3, got {args.max_length}.")
     if args.text_hidden_size % 4:
         parser.error(f"--text_hidden_size must be a multiple of 4 (4 attention heads), got {args.text_hidden_size}.")
-    if not os.path.isdir(args.pretrained_vae_model_name_or_path):
+    if (args.pretrained_vae_model_name_or_path is None) == (args.pretrained_model_name_or_path is None):
+        parser.error(
+            "Give exactly one of --pretrained_vae_model_name_or_path (train from scratch on that autoencoder) and "
+            "--pretrained_model_name_or_path (continue a pipeline this script made); got "
+            f"{args.pretrained_vae_model_name_or_path!r} and {args.pretrained_model_name_or_path!r}."
+        )
+    if args.pretrained_model_name_or_path is not None:
+        _check_pretrained(args, parser)
+    elif not os.path.isdir(args.pretrained_vae_model_name_or_path):
         parser.error(
             f"--pretrained_vae_model_name_or_path {args.pretrained_vae_model_name_or_path!r} is not a folder (a "
             "pipeline folder with a vae/ subfolder, or an AutoencoderKL folder)."
         )
     check_validation_arguments(args, parser)
+
+
+def _check_pretrained(args, parser) -> None:
+    """A warm start loads a pipeline folder of this script's kind, read by the same tokenizer length."""
+    path = args.pretrained_model_name_or_path
+    parts = ("vae", "transformer", "text_encoder", "text_encoder_2", "text_encoder_3")
+    missing = [sub for sub in parts if not os.path.isdir(os.path.join(path, sub))]
+    if missing:
+        parser.error(
+            f"--pretrained_model_name_or_path {path!r} must be a StableDiffusion3Pipeline folder with "
+            f"{', '.join(parts)} subfolders; missing {missing}."
+        )
+    with open(os.path.join(path, "text_encoder", "config.json")) as f:
+        positions = json.load(f)["max_position_embeddings"]
+    if positions != args.max_length:
+        parser.error(f"--max_length must be the pretrained text encoders' {positions}, got {args.max_length}.")
 
 
 def load_vae(path: str):
@@ -170,6 +204,7 @@ def main(argv=None):
     from diffusers_ext.models.stable_diffusion_components import (
         assemble_stable_diffusion_3_pipeline,
         build_stable_diffusion_3_components,
+        load_stable_diffusion_3_components,
     )
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
@@ -191,34 +226,50 @@ def main(argv=None):
     tokenizer = mosaic_tokenizer(args.max_length)
     tokenize_captions(tokenizer, captions, args.max_length)  # vocabulary and length, before any expensive work
 
-    vae = load_vae(args.pretrained_vae_model_name_or_path).to(accelerator.device).eval().requires_grad_(False)
+    if args.pretrained_model_name_or_path is not None:
+        vae, text_encoder, text_encoder_2, text_encoder_3, transformer = load_stable_diffusion_3_components(
+            args.pretrained_model_name_or_path
+        )
+    else:
+        vae = load_vae(args.pretrained_vae_model_name_or_path)
+    vae = vae.to(accelerator.device).eval().requires_grad_(False)
     factor = 2 ** (len(vae.config.block_out_channels) - 1)
-    if args.resolution % factor or (args.resolution // factor) % args.patch_size:
+    patch = args.patch_size if args.pretrained_model_name_or_path is None else transformer.config.patch_size
+    if args.resolution % factor or (args.resolution // factor) % patch:
         raise ValueError(
             f"--resolution {args.resolution}: the autoencoder downsamples by {factor} and the transformer reads "
-            f"patches of {args.patch_size}; the latent side must be a multiple of the patch."
+            f"patches of {patch}; the latent side must be a multiple of the patch."
+        )
+    if args.pretrained_model_name_or_path is not None and args.resolution // factor > transformer.config.sample_size:
+        raise ValueError(
+            f"--resolution {args.resolution}: the pretrained transformer's position embedding covers latents of side "
+            f"{transformer.config.sample_size} (images of {transformer.config.sample_size * factor}) at most."
         )
     torch.manual_seed(args.seed)
-    text_encoder, text_encoder_2, text_encoder_3, transformer = build_stable_diffusion_3_components(
-        tokenizer,
-        latent_channels=vae.config.latent_channels,
-        sample_size=args.resolution // factor,
-        patch_size=args.patch_size,
-        num_layers=args.num_layers,
-        attention_head_dim=args.attention_head_dim,
-        num_attention_heads=args.num_attention_heads,
-        text_hidden_size=args.text_hidden_size,
-        text_layers=args.text_layers,
-        max_length=args.max_length,
-    )
+    if args.pretrained_model_name_or_path is None:
+        text_encoder, text_encoder_2, text_encoder_3, transformer = build_stable_diffusion_3_components(
+            tokenizer,
+            latent_channels=vae.config.latent_channels,
+            sample_size=args.resolution // factor,
+            patch_size=args.patch_size,
+            num_layers=args.num_layers,
+            attention_head_dim=args.attention_head_dim,
+            num_attention_heads=args.num_attention_heads,
+            text_hidden_size=args.text_hidden_size,
+            text_layers=args.text_layers,
+            max_length=args.max_length,
+        )
     for encoder in (text_encoder, text_encoder_2, text_encoder_3):
         encoder.eval().requires_grad_(False)
 
     # Latent statistics and caption embeddings are functions of the frozen models and the data: recomputed on
     # resume, never checkpointed.
     means, stds = encode_posteriors(vae, images, accelerator.device)
-    shift, scale = float(means.mean()), float(1.0 / means.std())
-    vae.register_to_config(shift_factor=shift, scaling_factor=scale)
+    if args.pretrained_model_name_or_path is not None:  # the latent scale the pretrained transformer learned
+        shift, scale = float(vae.config.shift_factor), float(vae.config.scaling_factor)
+    else:
+        shift, scale = float(means.mean()), float(1.0 / means.std())
+        vae.register_to_config(shift_factor=shift, scaling_factor=scale)
     pipe = assemble_stable_diffusion_3_pipeline(
         vae, text_encoder, text_encoder_2, text_encoder_3, tokenizer, transformer
     ).to(accelerator.device)
@@ -359,15 +410,25 @@ def write_card(args, pipe, metrics, command, write_model_card):
         if args.save_dtype == "float16"
         else ""
     )
+    config = pipe.transformer.config
+    if args.pretrained_model_name_or_path is None:
+        origin = "trained from scratch by `training/train_text_to_image_sd3.py`"
+        latents = f"the autoencoder of `{args.pretrained_vae_model_name_or_path}`"
+    else:
+        origin = (
+            f"continued from `{args.pretrained_model_name_or_path}` (its autoencoder and text encoders kept as they "
+            "were) by `training/train_text_to_image_sd3.py`"
+        )
+        latents = "that pipeline's autoencoder"
     write_model_card(
         args.output_dir,
         title="Small SD3-format text-to-image model of mosaic scenes",
         description=(
-            "A `diffusers.StableDiffusion3Pipeline` trained from scratch by `training/train_text_to_image_sd3.py` on "
+            f"A `diffusers.StableDiffusion3Pipeline` {origin} on "
             f"{data} at {args.resolution}x{args.resolution}: an `SD3Transformer2DModel` ({parameters:,} parameters, "
-            f"{args.num_layers} joint blocks, patch {args.patch_size}) trained with rectified flow for "
+            f"{config.num_layers} joint blocks, patch {config.patch_size}) trained with rectified flow for "
             f"{args.max_train_steps} steps of batch {args.train_batch_size} ({args.prompt_dropout:.0%} empty prompts "
-            f"for guidance) on the latents of the autoencoder of `{args.pretrained_vae_model_name_or_path}`, with "
+            f"for guidance) on the latents of {latents}, with "
             "frozen, seeded CLIP and T5 encoders reading the word-level `mosaic_tokenizer`. Sample with "
             f"`height=width={args.resolution}, max_sequence_length={args.max_sequence_length}`."
             + dtype_note

@@ -235,6 +235,22 @@ def build_stable_diffusion_3_components(
     return text_encoder, text_encoder_2, text_encoder_3, transformer
 
 
+def load_stable_diffusion_3_components(path: str):
+    """The `(vae, text_encoder, text_encoder_2, text_encoder_3, transformer)` of a `StableDiffusion3Pipeline` folder
+    in float32, to train further (a warm start of `training/train_text_to_image_sd3.py`; folders stored in float16 are
+    upcast). The autoencoder keeps its `shift_factor` and `scaling_factor`."""
+    import torch
+    from diffusers import AutoencoderKL, SD3Transformer2DModel
+    from transformers import CLIPTextModelWithProjection, T5EncoderModel
+
+    vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32)
+    text_encoder = CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder", dtype=torch.float32)
+    text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder_2", dtype=torch.float32)
+    text_encoder_3 = T5EncoderModel.from_pretrained(path, subfolder="text_encoder_3", dtype=torch.float32)
+    transformer = SD3Transformer2DModel.from_pretrained(path, subfolder="transformer", torch_dtype=torch.float32)
+    return vae, text_encoder, text_encoder_2, text_encoder_3, transformer
+
+
 def assemble_stable_diffusion_3_pipeline(
     vae, text_encoder, text_encoder_2, text_encoder_3, tokenizer, transformer, shift: float = 1.0
 ):
