@@ -1,5 +1,6 @@
 import os
 
+import pytest
 import torch
 
 
@@ -7,3 +8,15 @@ import torch
 # Set OMP_NUM_THREADS to choose another count.
 if "OMP_NUM_THREADS" not in os.environ:
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_sd_pipeline_folder(tmp_path_factory):
+    """A saved `StableDiffusionPipeline` of the pack's tiny components (seed 0), for scripts that read a folder."""
+    from diffusers import StableDiffusionPipeline
+
+    from diffusers_ext.testing import get_tiny_sd_components
+
+    folder = tmp_path_factory.mktemp("tiny_sd")
+    StableDiffusionPipeline(**get_tiny_sd_components(seed=0)).save_pretrained(folder)
+    return folder

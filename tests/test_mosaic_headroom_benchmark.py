@@ -6,9 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from diffusers import StableDiffusionPipeline
-
-from diffusers_ext.testing import get_tiny_sd_components
 
 
 _SPEC = importlib.util.spec_from_file_location(
@@ -18,15 +15,8 @@ bench = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(bench)
 
 
-@pytest.fixture(scope="module")
-def tiny_pipeline_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_sd")
-    StableDiffusionPipeline(**get_tiny_sd_components(seed=0)).save_pretrained(folder)
-    return folder
-
-
-def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_pipeline_folder, tmp_path):
-    argv = ["--model_path", str(tiny_pipeline_folder), "--capability_prompts", "4", "--composition_prompts", "2"]
+def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_sd_pipeline_folder, tmp_path):
+    argv = ["--model_path", str(tiny_sd_pipeline_folder), "--capability_prompts", "4", "--composition_prompts", "2"]
     argv += ["--guidance_grid", "1.0", "3.0", "--num_inference_steps", "1", "--output_dir", str(tmp_path)]
     argv += ["--oracle_configs", "4,1,1.0,2", "2,0,0.0", "--concepts", "red", "circle", "--concept_prompts", "2"]
     results = bench.main(argv)
@@ -50,11 +40,11 @@ def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_pipeline_folder, tmp_p
     assert [r["value"] for r in rebuilt["summary"]["targets"]] == [r["value"] for r in summary["targets"]]
 
 
-def test_a_malformed_oracle_config_is_refused(tiny_pipeline_folder):
+def test_a_malformed_oracle_config_is_refused(tiny_sd_pipeline_folder):
     with pytest.raises(SystemExit):
-        bench.parse_args(["--model_path", str(tiny_pipeline_folder), "--oracle_configs", "16,2"])
+        bench.parse_args(["--model_path", str(tiny_sd_pipeline_folder), "--oracle_configs", "16,2"])
     with pytest.raises(SystemExit):
-        bench.parse_args(["--model_path", str(tiny_pipeline_folder), "--oracle_configs", "16,2,1.0,0"])
+        bench.parse_args(["--model_path", str(tiny_sd_pipeline_folder), "--oracle_configs", "16,2,1.0,0"])
 
 
 def test_a_folder_that_is_not_a_pipeline_is_refused_before_loading(tmp_path):

@@ -6,9 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from diffusers import StableDiffusionPipeline
-
-from diffusers_ext.testing import get_tiny_sd_components
 
 
 _SPEC = importlib.util.spec_from_file_location(
@@ -18,15 +15,8 @@ bench = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(bench)
 
 
-@pytest.fixture(scope="module")
-def tiny_pipeline_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_sd")
-    StableDiffusionPipeline(**get_tiny_sd_components(seed=0)).save_pretrained(folder)
-    return folder
-
-
-def test_a_tiny_run_chooses_on_validation_measures_test_over_seeds_and_rebuilds(tiny_pipeline_folder, tmp_path):
-    argv = ["--model_path", str(tiny_pipeline_folder), "--output_dir", str(tmp_path), "--num_images", "2"]
+def test_a_tiny_run_chooses_on_validation_measures_test_over_seeds_and_rebuilds(tiny_sd_pipeline_folder, tmp_path):
+    argv = ["--model_path", str(tiny_sd_pipeline_folder), "--output_dir", str(tmp_path), "--num_images", "2"]
     argv += ["--num_reference", "4", "--num_samples", "4", "--pgd_steps", "1"]
     argv += [
         "--mimic_configs",
@@ -74,9 +64,9 @@ def test_a_tiny_run_chooses_on_validation_measures_test_over_seeds_and_rebuilds(
         ["--mimic_configs", "0,150,0.003"],
     ],
 )
-def test_bad_arguments_are_refused_before_loading(tiny_pipeline_folder, args):
+def test_bad_arguments_are_refused_before_loading(tiny_sd_pipeline_folder, args):
     with pytest.raises(SystemExit):
-        bench.parse_args(["--model_path", str(tiny_pipeline_folder), *args])
+        bench.parse_args(["--model_path", str(tiny_sd_pipeline_folder), *args])
 
 
 def test_a_folder_that_is_not_a_pipeline_is_refused(tmp_path):
