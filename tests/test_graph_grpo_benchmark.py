@@ -40,8 +40,9 @@ def write_run(folder: Path, dataset: str, command: str, grpo: float = 0.7, **cha
             "learning_rate": 1e-4,
         },
     }
-    settings = {"datasets": [dataset], "num_nodes": 16, "seeds": [0, 1, 2, 3, 4], "headroom_steps": 500}
-    settings.update(changed)
+    skip = ("output_dir", "no_cache", "from_results", "merge_from")
+    settings = {k: v for k, v in vars(bench.parse_args([])).items() if k not in skip}  # the defaults, as a run records
+    settings.update(datasets=[dataset], **changed)
     results = {
         "command": command,
         "settings": settings,
