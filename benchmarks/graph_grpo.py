@@ -4,8 +4,13 @@ model at 50 CTMC steps before and after GRPO with the validity reward.
 
     python benchmarks/graph_grpo.py                      # tree-16
     python benchmarks/graph_grpo.py --datasets tree planar
+    python benchmarks/graph_grpo.py --datasets planar --output_dir /tmp/planar        # one dataset on its own, then
+    python benchmarks/graph_grpo.py --merge_from benchmarks/results/graph_grpo.json /tmp/planar/graph_grpo.json
 
-Writes `benchmarks/results/graph_grpo.json`, `.md` and `.png`. Per dataset:
+Writes `benchmarks/results/graph_grpo.json`, `.md` and `.png`. `--merge_from` measures nothing: it joins the dataset
+sections of results files of this script run with the same settings (each dataset measured once, by one of them) and
+rebuilds the report, each dataset keeping the command, code hash and seconds of the run that measured it, so a
+dataset can be added without running (and judging) the others' test split again. Per dataset:
 
 1. Pretraining: `training/train_graph_flow.py` on the 128 regenerated training graphs (the command is recorded; the
    folder is cached under `benchmarks/.cache/graph_grpo/`, keyed by its settings).
@@ -83,9 +88,19 @@ def parse_args(argv=None):
     parser.add_argument("--validation_samples", type=int, default=40, help="Samples per validation seed.")
     parser.add_argument("--output_dir", default=RESULTS, help="Where graph_grpo.json/.md/.png go.")
     parser.add_argument("--no_cache", action="store_true", help="Recompute every run (the cache is still written).")
+    parser.add_argument(
+        "--merge_from",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="Measure nothing: join the dataset sections of these results files of this script (the same settings "
+        "but --datasets; each dataset in one file) and write them, with targets rebuilt and checked, to --output_dir.",
+    )
     add_from_results_argument(parser)
     args = parser.parse_args(argv)
-    if args.from_results is None and len(args.seeds) < 3:
+    if args.merge_from is not None and args.from_results is not None:
+        parser.error("--merge_from and --from_results are exclusive (both measure nothing).")
+    if args.from_results is None and args.merge_from is None and len(args.seeds) < 3:
         parser.error(f"--seeds needs >= 3 seeds (the protocol), got {args.seeds}.")
     for name in ("num_nodes", "num_samples", "grpo_steps", "pretrain_steps", "groups_per_step", "headroom_steps"):
         if getattr(args, name) < 1:
@@ -228,7 +243,7 @@ def run_dataset(args, dataset: str) -> dict:
     with open(os.path.join(pretrained, "validation_metrics.json"), encoding="utf-8") as f:
         pretrain_record["validation_metrics"] = json.load(f)
     # seeds are not in the key (each entry names its seeds), so a run with fewer seeds reuses the finished ones
-    skip = ("output_dir", "no_cache", "from_results", "datasets", "seeds")
+    skip = ("output_dir", "no_cache", "from_results", "merge_from", "datasets", "seeds")
     settings = {k: v for k, v in vars(args).items() if k not in skip}
     cache = ResultCache(
         CACHE, {**settings, "dataset": dataset}, [os.path.join(REPO, p) for p in CODE], enabled=not args.no_cache
@@ -332,6 +347,58 @@ def all_targets(results: dict) -> list[dict]:
     )]  # fmt: skip
 
 
+def measured_by(results: dict, name: str) -> dict:
+    """The run that measured dataset `name` of `results`: the one a merge recorded in its section, else the file's."""
+    part = results["datasets"][name]
+    if "measured_by" in part:
+        return part["measured_by"]
+    return {key: results[key] for key in ("command", "code_hash", "seconds")}
+
+
+def merge_results(paths: list[str]) -> dict:
+    """One results dict from results files of this script run with the same settings but `datasets`.
+
+    Each file's targets are first rebuilt from its measurements and must equal its recorded rows
+    (`reporting.rebuild_results`); a dataset may come from one file only. Each dataset section keeps the `measured_by`
+    record (`command`, `code_hash`, `seconds`) of the run that measured it; the merged results name the files
+    (`merged_from`: path, sha256, datasets), join the distinct commands with "; ", and rebuild the targets.
+    """
+    from diffusers_ext.evaluation.reporting import rebuild_results
+
+    datasets, sources, settings = {}, [], None
+    for path in paths:
+        results = rebuild_results(path, all_targets, rel_to=REPO)
+        sha256 = results.pop("rebuilt_from_results")["sha256"]
+        same = {k: v for k, v in results["settings"].items() if k != "datasets"}
+        if settings is None:
+            settings = same
+        elif same != settings:
+            differ = sorted(k for k in set(same) | set(settings) if same.get(k) != settings.get(k))
+            raise ValueError(
+                f"{path}: settings {differ} differ from those of {paths[0]}; only runs of the same settings merge."
+            )
+        for name in results["datasets"]:
+            if name in datasets:
+                raise ValueError(
+                    f"{path}: dataset {name!r} is in an earlier file too; each dataset must come from one run."
+                )
+            datasets[name] = {**results["datasets"][name], "measured_by": measured_by(results, name)}
+        inside = os.path.abspath(path).startswith(REPO + os.sep)
+        # a file outside the repository is named by its folder and name only (no folder of one machine)
+        file = os.path.relpath(path, REPO) if inside else os.path.join(*os.path.abspath(path).split(os.sep)[-2:])
+        sources.append({"file": file, "sha256": sha256, "datasets": list(results["datasets"])})
+    runs = {json.dumps(part["measured_by"], sort_keys=True): part["measured_by"] for part in datasets.values()}
+    merged = {
+        "command": "; ".join(dict.fromkeys(run["command"] for run in runs.values())),
+        "settings": {"datasets": list(datasets), **settings},
+        "merged_from": sources,
+        "datasets": datasets,
+        "seconds": sum(run["seconds"] for run in runs.values()),
+    }
+    merged["summary"] = {"targets": all_targets(merged)}
+    return merged
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Report
 # ----------------------------------------------------------------------------------------------------------------
@@ -344,12 +411,24 @@ def _ms(d: dict) -> str:
 def report_sections(results: dict) -> list[str]:
     headroom_steps = results["settings"]["headroom_steps"]
     lines = []
+    if "merged_from" in results:
+        files = " ".join(source["file"] for source in results["merged_from"])
+        lines += [
+            f"Merged with `python benchmarks/graph_grpo.py --merge_from {files}` (measuring nothing): each dataset "
+            "below was measured by the command it names.",
+            "",
+        ]
     for name, part in results["datasets"].items():
         s = part["summary"]
         grid = ", ".join(f"{v['name']}: V.U.N. {v['score']:.3f}" for v in part["validation"]["validation"])
+        lines += [f"## {name}-{results['settings']['num_nodes']}", ""]
+        if "measured_by" in part:
+            run = part["measured_by"]
+            lines += [
+                f"Measured by `{run['command']}` (code hash `{run['code_hash'][:12]}`, {run['seconds']:.0f} s).",
+                "",
+            ]
         lines += [
-            f"## {name}-{results['settings']['num_nodes']}",
-            "",
             f"Pretraining: `{part['pretraining']['command']}`. GRPO learning rate frozen on validation: "
             f"{s['learning_rate']:g} ({grid}).",
             "",
@@ -431,9 +510,12 @@ def main(argv=None) -> dict:
     title = "Graph-GRPO on tree-16 / planar-16 (CPU proxies of SPECTRE tree / planar)"
     if args.from_results is not None:
         results = rebuild_results(args.from_results, all_targets, rel_to=REPO)
+    elif args.merge_from is not None:
+        results = merge_results(args.merge_from)
     else:
         start = time.perf_counter()
-        settings = {k: v for k, v in vars(args).items() if k not in ("output_dir", "no_cache", "from_results")}
+        skip = ("output_dir", "no_cache", "from_results", "merge_from")
+        settings = {k: v for k, v in vars(args).items() if k not in skip}
         results = {
             "command": command(__file__, argv, omit=("--output_dir",)),
             "settings": settings,

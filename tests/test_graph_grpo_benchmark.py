@@ -1,0 +1,117 @@
+"""benchmarks/graph_grpo.py `--merge_from`: results files of separate dataset runs join into one report without
+measuring anything, each dataset keeping the command of the run that measured it; files that do not fit together (other
+settings, a dataset twice, recorded targets that do not rebuild) are refused."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from diffusers_ext.evaluation.protocol import mean_spread, targets_met
+
+
+_SPEC = importlib.util.spec_from_file_location(
+    "graph_grpo_benchmark", Path(__file__).parents[1] / "benchmarks" / "graph_grpo.py"
+)
+bench = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(bench)
+
+KEYS = ("valid", "unique", "novel", "vun", "mmd_degree", "mmd_clustering", "mmd_spectral", "edges_mean")
+KEYS += ("ratio_degree", "ratio_spectral", "ratio_ratio")
+
+
+def measurements(base: float) -> dict:
+    return {key: mean_spread([base + 0.01 * i for i in range(5)]) for key in KEYS}
+
+
+def write_run(folder: Path, dataset: str, command: str, grpo: float = 0.7, **changed) -> Path:
+    """A results file as a run of `--datasets <dataset>` writes it (made-up measurements, computed targets)."""
+    part = {
+        "pretraining": {"command": f"python training/train_graph_flow.py --dataset_name {dataset}", "cached": False},
+        "validation": {"validation": [{"name": "lr=0.0001", "candidate": 1e-4, "score": 0.6}]},
+        "runs": [
+            {"seed": seed, "seconds": 3.0, "reward_curve": [0.5, 0.6], "test": {"vun": grpo}} for seed in range(5)
+        ],
+        "summary": {
+            "pretrained": measurements(0.5),
+            "pretrained_500_steps": measurements(0.55),
+            "grpo": measurements(grpo),
+            "learning_rate": 1e-4,
+        },
+    }
+    skip = ("output_dir", "no_cache", "from_results", "merge_from")
+    settings = {k: v for k, v in vars(bench.parse_args([])).items() if k not in skip}  # the defaults, as a run records
+    settings.update(datasets=[dataset], **changed)
+    results = {
+        "command": command,
+        "settings": settings,
+        "code_hash": f"{dataset}-hash-0123456789",
+        "datasets": {dataset: part},
+        "seconds": 100.0 if dataset == "tree" else 200.0,
+    }
+    part["summary"]["targets"] = bench.dataset_targets(part["summary"], dataset, 500)
+    results["summary"] = {"targets": bench.all_targets(results)}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "graph_grpo.json"
+    path.write_text(json.dumps(results))
+    return path
+
+
+def test_merge_keeps_each_dataset_and_its_command(tmp_path):
+    tree = write_run(tmp_path / "tree", "tree", "python benchmarks/graph_grpo.py")
+    planar = write_run(tmp_path / "planar", "planar", "python benchmarks/graph_grpo.py --datasets planar", grpo=0.5)
+    before = {name: json.loads(path.read_text()) for name, path in (("tree", tree), ("planar", planar))}
+    out = tmp_path / "out"
+    merged = bench.main(["--merge_from", str(tree), str(planar), "--output_dir", str(out)])
+
+    written = json.loads((out / "graph_grpo.json").read_text())
+    assert written == json.loads(json.dumps(merged))
+    assert list(written["datasets"]) == ["tree", "planar"] and written["settings"]["datasets"] == ["tree", "planar"]
+    for name in ("tree", "planar"):
+        section = dict(written["datasets"][name])
+        assert section.pop("measured_by") == {
+            "command": before[name]["command"],
+            "code_hash": before[name]["code_hash"],
+            "seconds": before[name]["seconds"],
+        }
+        assert section == before[name]["datasets"][name]  # the measurements, untouched
+    # the targets are each file's recorded rows, in order
+    assert (
+        written["summary"]["targets"] == before["tree"]["summary"]["targets"] + before["planar"]["summary"]["targets"]
+    )
+    assert written["command"] == "python benchmarks/graph_grpo.py; python benchmarks/graph_grpo.py --datasets planar"
+    assert [source["datasets"] for source in written["merged_from"]] == [["tree"], ["planar"]]
+    assert written["seconds"] == 300.0
+    met, total = targets_met(written["summary"]["targets"])
+    assert total == 12 and 0 < met < total  # planar's GRPO gain (0.5 -> 0.5) is not met, tree's is
+    report = (out / "graph_grpo.md").read_text()
+    assert f"## Targets: {met} of {total} targets met" in report
+    assert "## tree-16" in report and "## planar-16" in report and (out / "graph_grpo.png").is_file()
+    assert "Measured by `python benchmarks/graph_grpo.py --datasets planar` (code hash `planar-hash-`" in report
+
+    # a merged file merges (and rebuilds) again with the same per-dataset records, not its own joined command
+    again = bench.main(["--merge_from", str(out / "graph_grpo.json"), "--output_dir", str(tmp_path / "again")])
+    assert again["datasets"] == written["datasets"] and again["summary"] == written["summary"]
+    rebuilt = bench.main(["--from_results", str(out / "graph_grpo.json"), "--output_dir", str(tmp_path / "re")])
+    assert rebuilt["summary"]["targets"] == written["summary"]["targets"]
+
+
+def test_merge_refuses_files_that_do_not_fit(tmp_path):
+    tree = write_run(tmp_path / "tree", "tree", "python benchmarks/graph_grpo.py")
+    other = write_run(
+        tmp_path / "other", "planar", "python benchmarks/graph_grpo.py --pretrain_steps 3000", pretrain_steps=3000
+    )
+    with pytest.raises(ValueError, match="pretrain_steps"):
+        bench.merge_results([str(tree), str(other)])
+    twice = write_run(tmp_path / "twice", "tree", "python benchmarks/graph_grpo.py --datasets tree")
+    with pytest.raises(ValueError, match="'tree' is in an earlier file"):
+        bench.merge_results([str(tree), str(twice)])
+    planar = write_run(tmp_path / "planar", "planar", "python benchmarks/graph_grpo.py --datasets planar")
+    tampered = json.loads(planar.read_text())
+    tampered["datasets"]["planar"]["summary"]["grpo"]["vun"]["mean"] = 0.9  # the recorded targets no longer rebuild
+    planar.write_text(json.dumps(tampered))
+    with pytest.raises(ValueError, match="differs from the recorded"):
+        bench.merge_results([str(tree), str(planar)])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--merge_from", str(tree), "--from_results", str(tree)])
