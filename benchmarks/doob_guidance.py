@@ -7,12 +7,14 @@ Navigation2D test maps, at the same budget of model evaluations per plan.
 Writes `benchmarks/results/doob_guidance.json`, `.md` and `.png`. Every method gets a budget of `--budget_factor`
 times `--num_inference_steps` model evaluations per plan (a backward pass counts like a forward); a method whose one
 plan costs less draws as many candidates as the budget pays for and keeps the first collision-free one (rejection on
-top). Every method's setting (the Doob estimator and its scale; DPS's temperature; projection's margin) is chosen
-on validation maps, then the frozen choices run on unseen test maps with `--seeds`. The judge is exact
-(segment-circle distances, goal distance, path length against grid A* with shortcutting).
+top). Every method's setting (the Doob estimator, its last-jump prior, scale and gradient clipping; DPS's temperature
+and gradient clipping; projection's margin; 12 settings each) is chosen on validation maps, then the frozen choices
+run on unseen test maps with `--seeds`. The judge is exact (segment-circle distances, goal distance, path length
+against grid A* with shortcutting).
 """
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -62,19 +64,49 @@ def maps(count: int, seed: int, num_obstacles: int) -> list[dict]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def demonstration_prior(count: int = 2000, seed: int = 12345) -> tuple[float, torch.Tensor]:
+    """The demonstrations' scale: `(std, covariance over the waypoints (H, H))`, both channels pooled; the Doob
+    estimators' last-jump prior (`data_std`, or `data_covariance` for draws as smooth as the demonstrations)."""
+    from diffusers_ext.data import navigation2d as nav
+
+    demos = nav.make_demonstrations(count, seed=seed)  # (N, H, 2)
+    rows = demos.transpose(1, 2).reshape(-1, demos.shape[1]).double()
+    rows = rows - rows.mean(0)
+    return float(demos.std()), rows.T @ rows / (len(rows) - 1)
+
+
 def grids(args, data_std: float) -> dict:
-    """Each method's validation grid (a list of settings dicts)."""
+    """Each method's validation grid (a list of settings dicts). Doob, DPS and projection get 12 settings each."""
     doob = [
-        {"estimator": estimator, "scale": scale, "temperature": 0.05}
-        for estimator in ("mc", "path_integral")
-        for scale in (1.0, 2.0, 4.0)
-    ] + [{"estimator": "tweedie", "scale": 1.0, "temperature": t} for t in (0.02, 0.1)]
+        {"estimator": "mc", "prior": prior, "scale": scale, "max_grad_norm": clip}
+        for prior in ("std", "covariance")
+        for scale in (1.0, 2.0)
+        for clip in (None, 10.0)
+    ]
+    doob += [
+        {"estimator": "path_integral", "jacobian": "identity", "prior": prior, "scale": 1.0, "max_grad_norm": 10.0}
+        for prior in ("std", "covariance")
+    ]
+    doob += [
+        {
+            "estimator": "path_integral",
+            "jacobian": "model",
+            "prior": "covariance",
+            "scale": 1.0,
+            "max_grad_norm": 10.0,
+        },
+        {"estimator": "tweedie", "prior": "std", "scale": 1.0, "max_grad_norm": 10.0, "temperature": 0.1},
+    ]
+    dps = [{"temperature": t, "max_grad_norm": None} for t in (0.01, 0.03, 0.1, 0.3)]
+    dps += [{"temperature": t, "max_grad_norm": clip} for t in (0.1, 1.0) for clip in (3.0, 10.0, 30.0, 100.0)]
+    margins = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2)
     return {
         "unguided": [{}],
         "rejection": [{}],
-        "dps": [{"temperature": t} for t in (0.01, 0.03, 0.1, 0.3)],
-        "projection": [{"margin": m} for m in (0.0, 0.03, 0.08)],
-        "doob": [{**d, "data_std": data_std} for d in doob],
+        "dps": dps,
+        "projection": [{"margin": m} for m in margins],
+        "doob": [{"temperature": 0.05, **d, "data_std": data_std} for d in doob],
     }
 
 
@@ -92,8 +124,16 @@ def run_method(pipe, args, method: str, setting: dict, world: dict, seed: int, c
     record = {"bound": None, "kl": None}
     guidance = None
     if method == "dps":
-        guidance = DoobGuidance(cost=constraint.cost, temperature=setting["temperature"], estimator="tweedie")
+        guidance = DoobGuidance(
+            cost=constraint.cost,
+            temperature=setting["temperature"],
+            estimator="tweedie",
+            max_grad_norm=setting.get("max_grad_norm"),
+        )
     elif method == "doob":
+        prior = {"data_std": setting["data_std"]}
+        if setting.get("prior") == "covariance":
+            prior = {"data_covariance": demonstration_prior()[1]}
         guidance = DoobGuidance(
             constraint=constraint.satisfied,
             cost=constraint.cost,
@@ -102,14 +142,20 @@ def run_method(pipe, args, method: str, setting: dict, world: dict, seed: int, c
             num_rollouts=args.num_rollouts,
             rollout_steps=1,
             scale=setting["scale"],
-            data_std=setting["data_std"],
-            jacobian="identity",
+            max_grad_norm=setting.get("max_grad_norm"),
+            jacobian=setting.get("jacobian", "identity"),
             compute_bound=compute_bound,
             reference_rollouts=args.reference_rollouts,
+            **prior,
         )
+    # model evaluations per candidate plan: a forward per step, plus a backward per step where the estimator
+    # differentiates through the network (one-jump rollouts need no extra forward)
     cost = {"unguided": steps, "rejection": steps, "projection": steps, "dps": 2 * steps}.get(method)
     if method == "doob":
-        cost = steps * (2 if setting["estimator"] == "tweedie" else 1)
+        backward = setting["estimator"] == "tweedie" or (
+            setting["estimator"] == "path_integral" and setting.get("jacobian", "identity") == "model"
+        )
+        cost = steps * (2 if backward else 1)
     generator = torch.Generator().manual_seed(1000 * seed + 17)
     first = {}
 
@@ -199,6 +245,12 @@ def summarise(args, results) -> dict:
     sanity = {
         "unguided_single_satisfaction_below_1": methods["unguided"]["single_candidate_satisfaction"] < 1.0,
         "every_test_map_has_a_feasible_path": all(math.isfinite(m) for m in results["test_shortest"]),
+        "guided_candidates_within_their_cost": all(
+            r["evaluations"] <= r["cost_per_candidate"]
+            for method in ("dps", "doob")
+            for s in args.seeds
+            for r in test[method][str(s)]
+        ),
     }
     return {
         "methods": methods,
@@ -264,7 +316,6 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
     from diffusers_ext import DoobGuidedPlannerPipeline, zoo
-    from diffusers_ext.data import navigation2d as nav
     from diffusers_ext.evaluation.reporting import choose_on_validation, command, write_results
 
     if args.pretrained_model_name_or_path is None:
@@ -273,7 +324,7 @@ def main(argv=None):
         pipe = DoobGuidedPlannerPipeline.from_pretrained(args.pretrained_model_name_or_path, torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     started = time.perf_counter()
-    data_std = float(nav.make_demonstrations(2000, seed=12345).std())
+    data_std = demonstration_prior()[0]
     validation_maps = maps(args.num_validation_maps, 10_000, args.num_obstacles)
     test_maps = maps(args.num_test_maps, 20_000, args.num_obstacles)
     grid = grids(args, data_std)
