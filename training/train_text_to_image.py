@@ -9,7 +9,7 @@ together with a small `CLIPTextModel` (`--max_train_steps`, epsilon prediction, 
     accelerate launch training/train_text_to_image.py --output_dir mosaic-t2i --num_train_samples 20000
 
     >>> from diffusers import StableDiffusionPipeline
-    >>> pipe = StableDiffusionPipeline.from_pretrained("mosaic-t2i", torch_dtype=torch.float32)
+    >>> pipe = StableDiffusionPipeline.from_pretrained("mosaic-t2i", dtype=torch.float32)
     >>> pipe("a red circle to the left of a blue square", height=32, width=32).images[0]
 
 Data: a mosaic dataset drawn on the fly from the `--mosaic_*`/`--num_train_samples` options (train split), or any
@@ -104,7 +104,7 @@ def parse_args(argv=None):
         "--save_dtype",
         choices=["float32", "float16"],
         default="float32",
-        help="dtype of the saved weights (float16 halves the folder; load with torch_dtype=float32).",
+        help="dtype of the saved weights (float16 halves the folder; load with dtype=float32).",
     )
     train.add_argument("--eval_num_prompts", type=int, default=0, help="Test prompts judged for the model card.")
     train.add_argument("--eval_guidance_scale", type=float, default=3.0, help="Guidance of the evaluation.")
@@ -407,7 +407,7 @@ def write_card(args, pipe, metrics, command, write_model_card):
             f"{args.eval_guidance_scale}: the share of prompts whose every skill holds (`judge_overall`) and per skill."
         )
     dtype_note = (
-        " Weights are stored in float16 to keep the folder small: load with `torch_dtype=torch.float32`."
+        " Weights are stored in float16 to keep the folder small: load with `dtype=torch.float32`."
         if args.save_dtype == "float16"
         else ""
     )

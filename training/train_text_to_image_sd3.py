@@ -99,7 +99,7 @@ def parse_args(argv=None):
         type=str,
         default="float32",
         choices=["float32", "float16"],
-        help="dtype of the saved weights (float16 halves the folder; load with torch_dtype=float32).",
+        help="dtype of the saved weights (float16 halves the folder; load with dtype=float32).",
     )
     train.add_argument("--eval_num_prompts", type=int, default=0, help="Test prompts judged for the model card.")
     train.add_argument("--eval_guidance_scale", type=float, default=3.0, help="Guidance of the evaluation.")

@@ -116,9 +116,9 @@ def load_stable_diffusion_components(path: str):
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextModel
 
-    vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32)
-    text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", torch_dtype=torch.float32)
-    unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", torch_dtype=torch.float32)
+    vae = AutoencoderKL.from_pretrained(path, subfolder="vae", dtype=torch.float32)
+    text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", dtype=torch.float32)
+    unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", dtype=torch.float32)
     return vae, text_encoder, unet
 
 
@@ -243,11 +243,11 @@ def load_stable_diffusion_3_components(path: str):
     from diffusers import AutoencoderKL, SD3Transformer2DModel
     from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
-    vae = AutoencoderKL.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32)
+    vae = AutoencoderKL.from_pretrained(path, subfolder="vae", dtype=torch.float32)
     text_encoder = CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder", dtype=torch.float32)
     text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder_2", dtype=torch.float32)
     text_encoder_3 = T5EncoderModel.from_pretrained(path, subfolder="text_encoder_3", dtype=torch.float32)
-    transformer = SD3Transformer2DModel.from_pretrained(path, subfolder="transformer", torch_dtype=torch.float32)
+    transformer = SD3Transformer2DModel.from_pretrained(path, subfolder="transformer", dtype=torch.float32)
     return vae, text_encoder, text_encoder_2, text_encoder_3, transformer
 
 
