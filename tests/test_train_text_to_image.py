@@ -131,6 +131,8 @@ def test_warm_start_keeps_the_autoencoder_and_its_latent_scale_and_trains_the_un
     scale = [AutoencoderKL.load_config(str(folder / "vae"))["scaling_factor"] for folder in (base, warm)]
     assert scale[0] == scale[1]
     assert f"continued from `{base}`" in (warm / "README.md").read_text()
+    for part in ("vae", "unet"):  # the saved configs do not name the folder the run started from
+        assert str(base) not in (warm / part / "config.json").read_text(), part
 
 
 @pytest.mark.parametrize(

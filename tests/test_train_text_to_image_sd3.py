@@ -185,6 +185,8 @@ def test_warm_start_keeps_the_autoencoder_text_encoders_and_latent_scale_and_tra
     assert [c["shift_factor"] for c in configs] == [configs[0]["shift_factor"]] * 2
     assert [c["scaling_factor"] for c in configs] == [configs[0]["scaling_factor"]] * 2
     assert f"continued from `{base}`" in (warm / "README.md").read_text()
+    for part in ("vae", "transformer", "text_encoder", "text_encoder_3"):  # no path of the starting folder saved
+        assert str(base) not in (warm / part / "config.json").read_text(), part
 
 
 @pytest.mark.parametrize(

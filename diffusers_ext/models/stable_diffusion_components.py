@@ -109,6 +109,15 @@ def build_stable_diffusion_components(
     return vae, text_encoder, unet
 
 
+def _forget_source(model):
+    """Drop the `_name_or_path` that diffusers' `from_pretrained` records in a model's config, so that a model
+    trained further and saved elsewhere does not carry the folder (a path of one machine) it was loaded from."""
+    from diffusers.configuration_utils import FrozenDict
+
+    model._internal_dict = FrozenDict({k: v for k, v in model.config.items() if k != "_name_or_path"})
+    return model
+
+
 def load_stable_diffusion_components(path: str):
     """The `(vae, text_encoder, unet)` of a `StableDiffusionPipeline` folder in float32, to train further (a warm
     start of `training/train_text_to_image.py`; folders stored in float16 are upcast)."""
@@ -119,7 +128,7 @@ def load_stable_diffusion_components(path: str):
     vae = AutoencoderKL.from_pretrained(path, subfolder="vae", dtype=torch.float32)
     text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder", dtype=torch.float32)
     unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", dtype=torch.float32)
-    return vae, text_encoder, unet
+    return _forget_source(vae), text_encoder, _forget_source(unet)
 
 
 def stable_diffusion_schedulers():
@@ -248,7 +257,7 @@ def load_stable_diffusion_3_components(path: str):
     text_encoder_2 = CLIPTextModelWithProjection.from_pretrained(path, subfolder="text_encoder_2", dtype=torch.float32)
     text_encoder_3 = T5EncoderModel.from_pretrained(path, subfolder="text_encoder_3", dtype=torch.float32)
     transformer = SD3Transformer2DModel.from_pretrained(path, subfolder="transformer", dtype=torch.float32)
-    return vae, text_encoder, text_encoder_2, text_encoder_3, transformer
+    return _forget_source(vae), text_encoder, text_encoder_2, text_encoder_3, _forget_source(transformer)
 
 
 def assemble_stable_diffusion_3_pipeline(
