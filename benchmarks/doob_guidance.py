@@ -65,15 +65,11 @@ def maps(count: int, seed: int, num_obstacles: int) -> list[dict]:
 
 
 @functools.lru_cache(maxsize=1)
-def demonstration_prior(count: int = 2000, seed: int = 12345) -> tuple[float, torch.Tensor]:
-    """The demonstrations' scale: `(std, covariance over the waypoints (H, H))`, both channels pooled; the Doob
-    estimators' last-jump prior (`data_std`, or `data_covariance` for draws as smooth as the demonstrations)."""
+def demonstration_prior() -> tuple[float, torch.Tensor]:
+    """`navigation2d.demonstration_statistics()`, computed once per process (every Doob run reads it)."""
     from diffusers_ext.data import navigation2d as nav
 
-    demos = nav.make_demonstrations(count, seed=seed)  # (N, H, 2)
-    rows = demos.transpose(1, 2).reshape(-1, demos.shape[1]).double()
-    rows = rows - rows.mean(0)
-    return float(demos.std()), rows.T @ rows / (len(rows) - 1)
+    return nav.demonstration_statistics()
 
 
 def grids(args, data_std: float) -> dict:

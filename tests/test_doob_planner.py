@@ -54,6 +54,18 @@ def test_demonstrations_are_smooth_in_the_map_and_test_maps_block_the_straight_l
         assert nav.shortest_path_length(start, goal, obstacles) < float("inf")
 
 
+def test_demonstration_statistics_are_the_pooled_std_and_the_waypoint_covariance():
+    std, covariance = nav.demonstration_statistics(count=64, seed=5)
+    demos = nav.make_demonstrations(64, seed=5)  # (N, H, 2)
+    horizon = demos.shape[1]
+    assert std == pytest.approx(float(demos.std()))
+    assert covariance.shape == (horizon, horizon) and covariance.dtype == torch.float64
+    # the covariance of waypoints i and j over every demonstration and both coordinates
+    rows = demos.transpose(1, 2).reshape(-1, horizon).double()
+    torch.testing.assert_close(covariance, torch.cov(rows.T))
+    assert torch.linalg.eigvalsh(covariance).min() > -1e-10  # a covariance: symmetric, positive semi-definite
+
+
 def tiny_pipe(scheduler):
     unet = _script().build_unet(16, [8, 16])
     return DoobGuidedPlannerPipeline(unet=unet, scheduler=scheduler).to("cpu")

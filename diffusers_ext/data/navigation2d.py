@@ -130,6 +130,16 @@ def make_demonstrations(num: int, horizon: int = HORIZON, seed: int = 0, max_obs
     return out
 
 
+def demonstration_statistics(count: int = 2000, seed: int = 12345) -> tuple[float, torch.Tensor]:
+    """The scale of `count` demonstrations ([`make_demonstrations`] with `seed`): `(std, covariance (H, H))`, the
+    covariance over the waypoints with both coordinates pooled (float64). They are the last-jump prior of
+    `DoobGuidance`'s rollouts (`data_std`, or `data_covariance` for draws as smooth as the demonstrations)."""
+    demos = make_demonstrations(count, seed=seed)  # (N, H, 2)
+    rows = demos.transpose(1, 2).reshape(-1, demos.shape[1]).double()
+    rows = rows - rows.mean(0)
+    return float(demos.std()), rows.T @ rows / (len(rows) - 1)
+
+
 def make_test_map(generator: torch.Generator, num_obstacles: int = 3, min_clearance: float = 0.08):
     """One test map: `(start (2,), goal (2,), obstacles (K, 3))` with `num_obstacles` unseen discs (radius 0.1-0.2)
     centred near the straight start-goal line (so the straight path collides) and clear of start and goal."""
