@@ -1,12 +1,16 @@
 #!/usr/bin/env python
-"""Prompt-level concept erasure on the latent text-to-image zoo model (mosaic-t2i): the constrained methods against
-ESD and SISS with the same retain term.
+"""Prompt-level concept erasure on a latent text-to-image zoo model of the mosaic world: the constrained methods
+against ESD and SISS with the same retain term.
 
     python benchmarks/latent_world_unlearning.py
+    python benchmarks/latent_world_unlearning.py --unlearn_model mosaic-t2i-64 --unlearn_concept blue \
+        --unlearn_methods reverse_kl esd siss --unlearn_results_name mosaic_unlearning
 
-The concept (default the colour "red") is erased from `mosaic-t2i` (`StableDiffusionPipeline`, 8x8x4 latents) by
+The concept (default the colour "red") is erased from `--unlearn_model` (a zoo name or a `StableDiffusionPipeline`
+folder; default `mosaic-t2i`, 8x8x4 latents; `mosaic-t2i-64` is the 64x64 world, 16x16x4 latents) by
 `ConstrainedUnlearningTrainer`: the primal-dual reverse-KL, likelihood and forward-KL constraints, and the ESD and
-SISS baselines, every one with the same retain term (distillation to the pretrained model on the retained prompts
+SISS baselines (`--unlearn_methods`, a subset that keeps `reverse_kl` and `esd`, whose comparison the targets are),
+every one with the same retain term (distillation to the pretrained model on the retained prompts
 and the empty prompt, weight `--retain_weight`). The methods see 32 training prompts that ask for the concept and 32
 that do not; they are judged on other prompts by the exact mosaic judge:
 
@@ -38,11 +42,31 @@ RESULTS = os.path.join(HERE, "results")
 NAME = "latent_world_unlearning"
 CONSTRAINED = ("reverse_kl", "likelihood", "forward_kl")
 BASELINES = ("esd", "siss")
+METHODS = (*CONSTRAINED, *BASELINES)
 HEADLINE = "reverse_kl"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("unlearning on the latent model")
+    group.add_argument(
+        "--unlearn_model",
+        type=str,
+        default="mosaic-t2i",
+        help="Zoo model name or StableDiffusionPipeline folder of the mosaic world to erase from.",
+    )
+    group.add_argument(
+        "--unlearn_methods",
+        nargs="+",
+        default=list(METHODS),
+        choices=METHODS,
+        help="Methods compared (must include reverse_kl and esd: the targets compare them).",
+    )
+    group.add_argument(
+        "--unlearn_results_name",
+        type=str,
+        default=NAME,
+        help="Stem of the results files main() writes (<output_dir>/<name>.json, .md, .png).",
+    )
     group.add_argument("--unlearn_concept", type=str, default="red", help="Colour or shape of mosaic to erase.")
     group.add_argument(
         "--unlearn_seeds", type=int, nargs="+", default=[0, 1, 2], help="Training seeds (first: validation)."
@@ -91,8 +115,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def model_folder(model: str) -> str:
+    """The pipeline folder of `--unlearn_model`: a zoo entry's folder, or the folder itself."""
+    from diffusers_ext import zoo
+
+    if model in zoo.names():
+        return zoo.path(model)
+    if os.path.isfile(os.path.join(model, "model_index.json")):
+        return model
+    raise ValueError(
+        f"--unlearn_model {model!r} is neither a zoo model ({', '.join(zoo.names())}) nor a pipeline folder "
+        "(no model_index.json)."
+    )
+
+
+def check_arguments(args) -> None:
+    """Refuse settings the targets cannot be computed from, before anything is loaded or trained."""
+    missing = [m for m in (HEADLINE, "esd") if m not in args.unlearn_methods]
+    if missing:
+        raise ValueError(
+            f"--unlearn_methods {args.unlearn_methods} must include {missing} (the targets compare {HEADLINE} "
+            "with ESD)."
+        )
+    model_folder(args.unlearn_model)
+
+
 def grid(args) -> list[tuple[str, str, dict, float | None]]:
-    """(run name, method, config overrides, level factor) of every validation setting."""
+    """(run name, method, config overrides, level factor) of every validation setting of `--unlearn_methods`."""
     retain = {"retain_weight": args.retain_weight}
     runs = []
     for f in args.level_factors:
@@ -107,7 +156,7 @@ def grid(args) -> list[tuple[str, str, dict, float | None]]:
         runs.append((f"esd eta={eta:g}", "esd", {"baseline": "esd", "esd_negative_guidance": eta, **retain}, None))
     for w in args.siss_weights:
         runs.append((f"siss w={w:g}", "siss", {"baseline": "siss", "neggrad_weight": w, **retain}, None))
-    return runs
+    return [run for run in runs if run[1] in args.unlearn_methods]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -116,12 +165,12 @@ def grid(args) -> list[tuple[str, str, dict, float | None]]:
 
 
 def settings(args) -> dict:
-    return {k: v for k, v in sorted(vars(args).items()) if k not in ("unlearn_cache_dir", "output_dir")}
+    ignored = ("unlearn_cache_dir", "unlearn_results_name", "output_dir")
+    return {k: v for k, v in sorted(vars(args).items()) if k not in ignored}
 
 
 def run_cache(args):
     """Finished runs, keyed by every setting, this script, the trainers, the judge, the data and the zoo weights."""
-    from diffusers_ext import zoo
     from diffusers_ext.evaluation.reporting import ResultCache
 
     package = os.path.join(os.path.dirname(HERE), "diffusers_ext")
@@ -131,7 +180,7 @@ def run_cache(args):
         os.path.join(package, "evaluation", "mosaic_unlearning.py"),
         os.path.join(package, "evaluation", "mosaic.py"),
         os.path.join(package, "data", "mosaic.py"),
-        zoo.path("mosaic-t2i"),
+        model_folder(args.unlearn_model),
     ]
     return ResultCache(args.unlearn_cache_dir, settings(args), code)
 
@@ -147,16 +196,17 @@ class Bench:
     def __init__(self, args):
         from diffusers import StableDiffusionPipeline
 
-        from diffusers_ext import zoo
         from diffusers_ext.data.mosaic import MosaicConfig
         from diffusers_ext.evaluation.mosaic import MosaicEvaluator, train_feature_net
         from diffusers_ext.evaluation.mosaic_unlearning import concept_prompt_sets
 
         self.args = args
-        self.config = MosaicConfig()
-        self.judge = MosaicEvaluator(self.config)
-        self.pipe = StableDiffusionPipeline.from_pretrained(zoo.path("mosaic-t2i"), torch_dtype=torch.float32)
+        self.pipe = StableDiffusionPipeline.from_pretrained(model_folder(args.unlearn_model), dtype=torch.float32)
         self.pipe.set_progress_bar_config(disable=True)
+        # the world at the model's own resolution: renders, judge and feature net all at that size
+        resolution = self.pipe.unet.config.sample_size * self.pipe.vae_scale_factor
+        self.config = MosaicConfig(resolution=resolution)
+        self.judge = MosaicEvaluator(self.config)
         sizes = {
             "train": args.num_train_prompts,
             "val": args.val_prompts,
@@ -300,11 +350,11 @@ def run_setting(bench, cache, split, name, method, overrides, factor, seed, mode
     return result
 
 
-def choose(validation: dict, target: float) -> dict:
-    """Per method, the validation setting chosen: lowest retained FD among those meeting the forgetting target,
-    else the one with the lowest forgetting rate (ties: lower FD)."""
+def choose(validation: dict, target: float, methods) -> dict:
+    """Per method of `methods`, the validation setting chosen: lowest retained FD among those meeting the forgetting
+    target, else the one with the lowest forgetting rate (ties: lower FD)."""
     chosen = {}
-    for method in (*CONSTRAINED, *BASELINES):
+    for method in methods:
         runs = [r for r in validation.values() if r["method"] == method]
         meeting = [r for r in runs if r["forget_rate"] <= target]
         pick = (
@@ -394,6 +444,7 @@ def aggregate_test(runs: list[dict]) -> dict:
 def run(args: argparse.Namespace) -> dict:
     from diffusers_ext.evaluation.protocol import target
 
+    check_arguments(args)
     torch.set_num_threads(1)
     start = time.perf_counter()
     cache = run_cache(args)
@@ -411,7 +462,7 @@ def run(args: argparse.Namespace) -> dict:
         validation[name] = run_setting(
             bench, cache, "val", name, method, overrides, factor, args.unlearn_seeds[0], models
         )
-    chosen = choose(validation, args.forget_target)
+    chosen = choose(validation, args.forget_target, [m for m in METHODS if m in args.unlearn_methods])
     test_runs, test = {}, {}
     for method, pick in chosen.items():
         name = pick["name"]
@@ -421,7 +472,7 @@ def run(args: argparse.Namespace) -> dict:
         test[method] = aggregate_test([test_runs[(method, s)] for s in args.unlearn_seeds])
 
     esd_fd = test["esd"]["retained_frechet"]["mean"]
-    ratios = {m: test[m]["retained_frechet"]["mean"] / esd_fd for m in (*CONSTRAINED, "siss")}
+    ratios = {m: test[m]["retained_frechet"]["mean"] / esd_fd for m in test if m != "esd"}
     head = test[HEADLINE]
     targets = [
         target(
@@ -447,6 +498,8 @@ def run(args: argparse.Namespace) -> dict:
     sanity["headroom_pretrained_concept_rate_test"] = headroom["test"]["concept_rate"]
     sanity["headroom_shown"] = headroom["test"]["concept_rate"] >= 0.5
     summary = {
+        "model": args.unlearn_model,
+        "resolution": bench.config.resolution,
         "concept": args.unlearn_concept,
         "headroom": headroom,
         "chosen_on_validation": chosen,
@@ -483,7 +536,8 @@ def write_report(results: dict, stem: str) -> None:
     write_results(
         stem,
         results,
-        f'Erasing "{results["summary"]["concept"]}" from mosaic-t2i (latent text-to-image)',
+        f'Erasing "{results["summary"]["concept"]}" from {results["summary"].get("model", "mosaic-t2i")} '
+        "(latent text-to-image)",
         report_sections(results),
         figures={".png": lambda path: write_plot(results, path)},
     )
@@ -576,13 +630,18 @@ def write_plot(results: dict, path: str) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(parser)
-    parser.add_argument("--output_dir", type=str, default=RESULTS, help=f"Where {NAME}.json/.md/.png go.")
+    parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where the results files go.")
     args = parser.parse_args(argv)
     from diffusers_ext.evaluation.reporting import command
 
+    try:
+        check_arguments(args)
+    except ValueError as error:
+        parser.error(str(error))
     results = {**run(args), "command": command(__file__, argv)}
-    write_report(results, os.path.join(args.output_dir, NAME))
-    print(open(os.path.join(args.output_dir, f"{NAME}.md")).read())
+    stem = os.path.join(args.output_dir, args.unlearn_results_name)
+    write_report(results, stem)
+    print(open(f"{stem}.md").read())
 
 
 if __name__ == "__main__":

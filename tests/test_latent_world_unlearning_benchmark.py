@@ -38,7 +38,7 @@ def test_choice_is_the_lowest_fd_among_settings_that_forget_else_the_most_forget
         _run("esd eta=1", "esd", 0.0, 4.0),
         _run("siss w=1", "siss", 0.5, 1.0),
     ]
-    chosen = bench.choose({r["name"]: r for r in runs}, target=0.02)
+    chosen = bench.choose({r["name"]: r for r in runs}, target=0.02, methods=bench.METHODS)
     assert {m: c["name"] for m, c in chosen.items()} == {
         "reverse_kl": "reverse_kl x1",
         "likelihood": "likelihood x1",
@@ -61,6 +61,29 @@ def test_every_method_gets_its_grid_with_the_same_retain_term():
     assert all(overrides["retain_weight"] == 3 for _, _, overrides, _ in runs)
     assert [o["esd_negative_guidance"] for _, m, o, _ in runs if m == "esd"] == [1.0, 2.0]
     assert all((factor is None) == (method in bench.BASELINES) for _, method, _, factor in runs)
+
+
+def test_a_method_subset_keeps_only_its_grid_and_must_keep_the_compared_pair():
+    bench = _bench()
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--unlearn_methods", "reverse_kl", "esd", "siss"])
+    assert {method for _, method, _, _ in bench.grid(args)} == {"reverse_kl", "esd", "siss"}
+    bench.check_arguments(args)
+    for methods in (["esd", "siss"], ["reverse_kl", "siss"]):
+        args = parser.parse_args(["--unlearn_methods", *methods])
+        with pytest.raises(ValueError, match="--unlearn_methods"):
+            bench.check_arguments(args)
+
+
+def test_an_unknown_model_is_refused_with_the_zoo_names():
+    bench = _bench()
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--unlearn_model", "no-such-model"])
+    with pytest.raises(ValueError, match="--unlearn_model 'no-such-model'.*mosaic-t2i-64"):
+        bench.check_arguments(args)
+    assert bench.model_folder("mosaic-t2i-64").endswith(os.path.join("zoo", "mosaic-t2i-64"))
 
 
 @pytest.mark.slow
