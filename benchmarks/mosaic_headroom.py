@@ -143,82 +143,17 @@ def measure_capability(pipe, config, args) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class CompositionSampler:
-    """The model on the whole prompt, and MultiDiffusion with the oracle layout, from the same initial latents."""
-
-    def __init__(self, pipe, config, args):
-        self.pipe, self.config, self.args = pipe, config, args
-        self.latent_size = config.resolution // pipe.vae_scale_factor
-        # Bootstrapped views, and positions no window covers, show the world's empty canvas.
-        background = torch.tensor(config.background, dtype=torch.float32).view(3, 1, 1) / 127.5 - 1.0
-        self.background = background.expand(3, config.resolution, config.resolution)
-
-    def latents(self, index: int, split: str) -> torch.Tensor:
-        shape = (1, self.pipe.unet.config.in_channels, self.latent_size, self.latent_size)
-        return torch.randn(shape, generator=torch.Generator().manual_seed(SPLIT_SEEDS[split] * 1000 + index))
-
-    def single_prompt(self, prompts: list[dict], candidate: dict, split: str) -> np.ndarray:
-        images = []
-        for start in range(0, len(prompts), self.args.batch_size):
-            chunk = prompts[start : start + self.args.batch_size]
-            latents = torch.cat([self.latents(start + i, split) for i in range(len(chunk))])
-            images.append(
-                self.pipe(
-                    [p["caption"] for p in chunk],
-                    height=self.config.resolution,
-                    width=self.config.resolution,
-                    num_inference_steps=self.args.num_inference_steps,
-                    guidance_scale=candidate["guidance"],
-                    latents=latents.to(self.pipe.unet.dtype),
-                    output_type="np",
-                ).images
-            )
-        return np.concatenate(images)
-
-    def oracle_layout(self, prompts: list[dict], candidate: dict, split: str) -> np.ndarray:
-        from diffusers_ext.evaluation.divide_and_denoise.mosaic_composition import oracle_regions
-        from diffusers_ext.evaluation.divide_and_denoise.region_multidiffusion import WindowMultiDiffusion
-
-        sampler = WindowMultiDiffusion(
-            self.pipe,
-            self.background,
-            candidate["window"],
-            candidate["margin"],
-            candidate["bootstrap"],
-            candidate.get("resampling", 1),
-        )
-        images = []
-        for start in range(0, len(prompts), self.args.batch_size):
-            chunk = prompts[start : start + self.args.batch_size]
-            seeds = [SPLIT_SEEDS[split] * 1000 + start + i for i in range(len(chunk))]
-            boxes = torch.stack(
-                [oracle_regions(p, seed, self.latent_size, self.config.resolution) for p, seed in zip(chunk, seeds)]
-            )
-            latents = torch.cat([self.latents(start + i, split) for i in range(len(chunk))])
-            images.append(
-                sampler(
-                    [p["sub_prompts"] for p in chunk],
-                    boxes,
-                    latents.to(self.pipe.unet.dtype),
-                    num_inference_steps=self.args.num_inference_steps,
-                    guidance_scale=candidate["guidance"],
-                    generator=torch.Generator().manual_seed(seeds[0]),
-                )
-            )
-        return np.concatenate(images)
-
-
 def _candidate_name(candidate: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in candidate.items())
 
 
 def measure_composition(pipe, config, args) -> dict:
-    from diffusers_ext.evaluation.divide_and_denoise.mosaic_composition import make_prompts
+    from diffusers_ext.evaluation.divide_and_denoise.mosaic_composition import CompositionSampler, make_prompts
     from diffusers_ext.evaluation.mosaic import MosaicEvaluator, summarize
     from diffusers_ext.evaluation.reporting import choose_on_validation
 
     judge = MosaicEvaluator(config)
-    sampler = CompositionSampler(pipe, config, args)
+    sampler = CompositionSampler(pipe, config, SPLIT_SEEDS, args.num_inference_steps, args.batch_size)
     record = {}
     for setting, shapes in COMPOSITION_SHAPES.items():
         prompts = {
@@ -237,8 +172,12 @@ def measure_composition(pipe, config, args) -> dict:
                 for g in args.guidance_grid
             ],
         }
+        samplers = {
+            "single_prompt": lambda ps, candidate, split: sampler.single_prompt(ps, candidate["guidance"], split),
+            "oracle_layout": sampler.oracle_layout,
+        }
         for method, grid in grids.items():
-            sample = getattr(sampler, method)
+            sample = samplers[method]
 
             def measure(candidate, split, sample=sample, prompts=prompts):
                 images = sample(prompts[split], candidate, split)
