@@ -14,7 +14,8 @@ agents are the same model with one sub-prompt per object ("a red circle", ...;
 - **MultiDiffusion, default strips**: region-based MultiDiffusion (`RegionMultiDiffusion`) on equal vertical strips,
   one sub-prompt per strip, with its bootstrapping and resampling tuned;
 - **Divide-and-Denoise**: `DivideAndDenoisePipeline`, the fair division of every step (utility, allocator,
-  alignment tuned);
+  alignment tuned); the cross-attention utility reads each agent's object words (colour and shape), as
+  Attend-and-Excite's `token_indices`;
 - **MultiDiffusion, oracle layout** (upper reference, told where each object goes): `WindowMultiDiffusion` with
   each object's box from a real mosaic placement.
 
@@ -35,6 +36,7 @@ import argparse
 import itertools
 import os
 
+import numpy as np
 import torch
 
 
@@ -165,6 +167,23 @@ def method_grids(args) -> dict[str, list[dict]]:
     return grids
 
 
+def object_token_indices(tokenizer, prompt: dict) -> list[list[int]]:
+    """Per agent, the positions of its object's words (colour and shape) in its sub-prompt's tokens: the concept
+    tokens the cross-attention utility reads (Attend-and-Excite's `token_indices`; "a" attends everywhere)."""
+    indices = []
+    for sub_prompt, group in zip(prompt["sub_prompts"], prompt["agent_groups"]):
+        ids = tokenizer(sub_prompt).input_ids
+        positions = []
+        for word in (group["colour"], group["shape"]):
+            word_ids = tokenizer(word, add_special_tokens=False).input_ids
+            starts = [i for i in range(len(ids)) if ids[i : i + len(word_ids)] == word_ids]
+            if not starts:
+                raise ValueError(f"the word {word!r} is not among the tokens of the sub-prompt {sub_prompt!r}.")
+            positions += range(starts[0], starts[0] + len(word_ids))
+        indices.append(positions)
+    return indices
+
+
 def sample_method(sampler, method: str, prompts: list[dict], candidate: dict, split: str, args):
     """Images `(N, H, W, 3)` of `method` with the settings `candidate` on `prompts`."""
     from diffusers_ext import AverageAllocator, FairDivisionAllocator
@@ -177,14 +196,23 @@ def sample_method(sampler, method: str, prompts: list[dict], candidate: dict, sp
     if method == "multidiffusion":
         return sampler.region_multidiffusion(prompts, guidance, candidate["bootstrap"], candidate["resampling"], split)
     if method == "divide_and_denoise":
-        return sampler.divide_and_denoise(
-            prompts,
-            guidance,
-            split,
-            allocator=FairDivisionAllocator(**ALLOCATORS[candidate["allocator"]]),
-            utility=candidate["utility"],
-            alignment_scale=candidate["alignment_scale"],
-            max_iter_to_align=args.max_iter_to_align,
+        return np.concatenate(
+            [
+                sampler.divide_and_denoise(
+                    [prompt],
+                    guidance,
+                    split,
+                    index=index,
+                    allocator=FairDivisionAllocator(**ALLOCATORS[candidate["allocator"]]),
+                    utility=candidate["utility"],
+                    token_indices=object_token_indices(sampler.pipe.tokenizer, prompt)
+                    if candidate["utility"] == "cross_attention"
+                    else None,
+                    alignment_scale=candidate["alignment_scale"],
+                    max_iter_to_align=args.max_iter_to_align,
+                )
+                for index, prompt in enumerate(prompts)
+            ]
         )
     if method == "oracle_layout":
         return sampler.oracle_layout(prompts, candidate, split)
@@ -292,11 +320,16 @@ def main(argv=None) -> dict:
     pipe.set_progress_bar_config(disable=True)
     config = MosaicConfig(resolution=pipe.vae.config.sample_size)
     record = measure_all(pipe, config, args)
-    settings = {k: v for k, v in vars(args).items() if k not in ("output_dir", "from_results")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("output_dir", "from_results", "model_path")}
     results = {
-        "command": command(__file__, argv, omit=("--output_dir",)),
+        # the model's folder is recorded by name: a path would name one machine's folders
+        "command": command(__file__, argv, omit=("--output_dir", "--model_path")),
         "settings": settings,
-        "model": {"resolution": config.resolution, "unet_parameters": sum(p.numel() for p in pipe.unet.parameters())},
+        "model": {
+            "name": os.path.basename(os.path.normpath(args.model_path)),
+            "resolution": config.resolution,
+            "unet_parameters": sum(p.numel() for p in pipe.unet.parameters()),
+        },
         "summary": {"methods": record, "targets": composition_targets(record)},
     }
     return write_results(stem, results, title, report_sections(results))

@@ -133,10 +133,13 @@ class CompositionSampler:
             )
         return np.concatenate(images)
 
-    def _per_prompt(self, prompts: list[dict], split: str, sample) -> np.ndarray:
-        """`sample(index, prompt, latents)` -> `(1, H, W, 3)` for every prompt, concatenated."""
+    def _per_prompt(self, prompts: list[dict], split: str, sample, first: int = 0) -> np.ndarray:
+        """`sample(index, prompt, latents)` -> `(1, H, W, 3)` for every prompt (numbered from `first`), concatenated."""
         return np.concatenate(
-            [sample(i, p, self.latents(i, split).to(self.pipe.unet.dtype)) for i, p in enumerate(prompts)]
+            [
+                sample(first + i, p, self.latents(first + i, split).to(self.pipe.unet.dtype))
+                for i, p in enumerate(prompts)
+            ]
         )
 
     def region_multidiffusion(
@@ -189,9 +192,12 @@ class CompositionSampler:
             )
         return np.concatenate(images)
 
-    def divide_and_denoise(self, prompts: list[dict], guidance: float, split: str, **call_kwargs) -> np.ndarray:
+    def divide_and_denoise(
+        self, prompts: list[dict], guidance: float, split: str, index: int = 0, **call_kwargs
+    ) -> np.ndarray:
         """[`DivideAndDenoisePipeline`] with the pipeline's UNet as every agent and one sub-prompt per agent;
-        `call_kwargs` go to its call (`allocator`, `utility`, `alignment_scale`, ...)."""
+        `call_kwargs` go to its call (`allocator`, `utility`, `alignment_scale`, ...). `prompts` are the split's
+        prompts from number `index` on (a call per prompt when the call settings depend on the prompt)."""
         if self._composite is None:
             from ...pipelines.divide_and_denoise.denoisers import MultiDenoiserModel
             from ...pipelines.divide_and_denoise.pipeline_divide_and_denoise import DivideAndDenoisePipeline
@@ -219,4 +225,4 @@ class CompositionSampler:
                 **call_kwargs,
             ).images
 
-        return self._per_prompt(prompts, split, sample)
+        return self._per_prompt(prompts, split, sample, first=index)
