@@ -225,7 +225,12 @@ class Bench:
     def outputs(self, unet, split: str) -> dict:
         """Images and judge verdicts of `unet` on `split`'s forget and retain prompts (eval noise seed 1234)."""
         from diffusers_ext.evaluation.mosaic import image_features
-        from diffusers_ext.evaluation.mosaic_unlearning import concept_presence, judge_accuracy, sample_prompts
+        from diffusers_ext.evaluation.mosaic_unlearning import (
+            classifier_concept_presence,
+            concept_presence,
+            judge_accuracy,
+            sample_prompts,
+        )
 
         args, pipe = self.args, copy.copy(self.pipe)
         pipe.register_modules(unet=unet.eval())
@@ -241,6 +246,10 @@ class Bench:
             )
             result[kind] = {
                 "present": concept_presence(self.judge, images, args.unlearn_concept),
+                # the second judge: the feature net's classifier head (trained on real renders only)
+                "present_classifier": classifier_concept_presence(
+                    self.feature_net, self.config, images, args.unlearn_concept
+                ),
                 "skills": judge_accuracy(self.judge, images, prompts),
                 "features": image_features(self.feature_net, images),
             }
@@ -266,9 +275,11 @@ class Bench:
                 }
         # the named objects' shapes on the concept's own prompts (does the rest of the prompt survive?)
         forget_object = out["forget"]["skills"]["object"]
+        classifier_rate = float(out["forget"]["present_classifier"].mean())
         return {
             "forget_rate": rate,
             "forget_rate_se": binomial_standard_error(rate, len(present)),
+            "forget_rate_classifier": classifier_rate,
             "retain_accuracy": float(overall.mean()),
             "retain_drop": float(diff.mean()),
             "retain_drop_se": float(diff.std(ddof=1) / np.sqrt(len(diff))),
@@ -375,6 +386,7 @@ def base_report(bench, split):
     return {
         "concept_rate": rate,
         "concept_rate_se": binomial_standard_error(rate, len(out["forget"]["present"])),
+        "concept_rate_classifier": float(out["forget"]["present_classifier"].mean()),
         "retain_skills": skills,
         "forget_prompt_skills": {s: float(np.nanmean(v)) for s, v in out["forget"]["skills"].items()},
     }
@@ -383,7 +395,12 @@ def base_report(bench, split):
 def sanity_checks(bench) -> dict:
     """Judge and feature-space checks on real renders, and the FD noise floor."""
     from diffusers_ext.evaluation.mosaic import image_features
-    from diffusers_ext.evaluation.mosaic_unlearning import concept_presence, judge_accuracy, sample_prompts
+    from diffusers_ext.evaluation.mosaic_unlearning import (
+        classifier_concept_presence,
+        concept_presence,
+        judge_accuracy,
+        sample_prompts,
+    )
     from diffusers_ext.metrics.frechet import frechet_distance
 
     args, test = bench.args, bench.prompts["test"]
@@ -404,6 +421,12 @@ def sanity_checks(bench) -> dict:
     return {
         "judge_concept_rate_on_real_renders_of_its_prompts": float(
             concept_presence(bench.judge, real_forget, args.unlearn_concept).mean()
+        ),
+        "classifier_concept_rate_on_real_renders_of_its_prompts": float(
+            classifier_concept_presence(bench.feature_net, bench.config, real_forget, args.unlearn_concept).mean()
+        ),
+        "classifier_concept_rate_on_real_renders_of_other_prompts": float(
+            classifier_concept_presence(bench.feature_net, bench.config, real_retain, args.unlearn_concept).mean()
         ),
         "judge_concept_rate_on_real_renders_of_other_prompts": float(
             concept_presence(bench.judge, real_retain, args.unlearn_concept).mean()
@@ -426,6 +449,7 @@ def aggregate_test(runs: list[dict]) -> dict:
     out = {"name": runs[0]["name"], "num_seeds": len(runs)}
     for metric in (
         "forget_rate",
+        "forget_rate_classifier",
         "retain_drop",
         "retain_accuracy",
         "retained_frechet",
@@ -478,6 +502,12 @@ def run(args: argparse.Namespace) -> dict:
         target(
             f"{HEADLINE}: concept present in outputs of its test prompts",
             head["forget_rate"]["mean"],
+            args.forget_target,
+            "<=",
+        ),
+        target(
+            f"{HEADLINE}: concept present per the second judge (the feature net's classifier)",
+            head["forget_rate_classifier"]["mean"],
             args.forget_target,
             "<=",
         ),
@@ -550,7 +580,8 @@ def report_sections(results: dict) -> list[str]:
     lines = [
         f"Headroom: the pretrained model draws {s['concept']} in {h['test']['concept_rate']:.3f} "
         f"(SE {h['test']['concept_rate_se']:.3f}) of outputs of test prompts that ask for it (validation "
-        f"{h['val']['concept_rate']:.3f}); overall accuracy on the other test prompts "
+        f"{h['val']['concept_rate']:.3f}; second judge {h['test']['concept_rate_classifier']:.3f}); overall "
+        "accuracy on the other test prompts "
         f"{h['test']['retain_skills']['overall']:.3f}.",
         "",
         "Validation (seed of the first run): each setting's concept rate, accuracy drop and retained FD.",
@@ -567,14 +598,15 @@ def report_sections(results: dict) -> list[str]:
         "",
         "Test (chosen setting, mean ± std over seeds; SE: the evaluation's standard error, mean over seeds):",
         "",
-        "| method | setting | concept rate (SE) | accuracy drop (SE) | retained FD | FD / ESD | seeds |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| method | setting | concept rate (SE) | concept rate, second judge | accuracy drop (SE) | retained FD | "
+        "FD / ESD | seeds |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for method, t in s["test"].items():
         ratio = s["frechet_ratio_to_esd"].get(method, 1.0)
         lines.append(
             f"| {method} | {t['name']} | {_pm(t['forget_rate'])} ({t['forget_rate_se']:.3f}) | "
-            f"{_pm(t['retain_drop'])} ({t['retain_drop_se']:.3f}) | {_pm(t['retained_frechet'])} | {ratio:.2f} | "
+            f"{_pm(t['forget_rate_classifier'])} | {_pm(t['retain_drop'])} ({t['retain_drop_se']:.3f}) | {_pm(t['retained_frechet'])} | {ratio:.2f} | "
             f"{t['num_seeds']} |"
         )
     lines += ["", "Sanity:", ""]

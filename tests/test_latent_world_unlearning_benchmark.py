@@ -129,7 +129,9 @@ def test_tiny_run_writes_a_protocol_results_file(tmp_path):
     with open(tmp_path / "latent_world_unlearning.json", encoding="utf-8") as f:
         results = json.load(f)
     summary = results["summary"]
-    assert len(summary["targets"]) == 3 and {"value", "threshold", "met"} <= summary["targets"][0].keys()
+    assert len(summary["targets"]) == 4 and {"value", "threshold", "met"} <= summary["targets"][0].keys()
+    assert "second judge" in summary["targets"][1]["name"]
+    assert summary["targets"][1]["value"] == summary["test"]["reverse_kl"]["forget_rate_classifier"]["mean"]
     assert set(summary["test"]) == {*bench.CONSTRAINED, *bench.BASELINES}
     assert summary["test"]["esd"]["num_seeds"] == 2
     assert summary["sanity"]["judge_concept_rate_on_real_renders_of_its_prompts"] == 1.0

@@ -8,6 +8,7 @@ from diffusers_ext.data.mosaic import MosaicConfig
 from diffusers_ext.evaluation.mosaic import MosaicEvaluator, MosaicFeatureNet, image_features, train_feature_net
 from diffusers_ext.evaluation.mosaic_unlearning import (
     asks_for,
+    classifier_concept_presence,
     concept_kind,
     concept_presence,
     concept_prompt_sets,
@@ -82,3 +83,32 @@ def test_feature_net_trains_on_renders_and_gives_features(sets):
     array = np.stack([np.asarray(p["image"], dtype=np.float32) / 255 for p in sets["val"]["retain"]])
     torch.testing.assert_close(image_features(net, array), features, atol=1e-5, rtol=1e-5)
     assert MosaicFeatureNet(12)(torch.zeros(2, 3, 32, 32)).shape == (2, 12)
+
+
+def test_the_second_judge_reads_the_classifier_columns_of_the_concept():
+    """A net whose head names exactly (red, circle) in every image: red and circle are present, blue and square are
+    not; PIL images and [0, 1] arrays give the same verdicts."""
+    config = MosaicConfig()
+    pairs = [(c, s) for c in config.colours for s in config.shapes]
+    net = MosaicFeatureNet(len(pairs)).eval()
+    with torch.no_grad():
+        net.head.weight.zero_()
+        net.head.bias.fill_(-1.0)
+        net.head.bias[pairs.index(("red", "circle"))] = 1.0
+    images = np.zeros((3, 32, 32, 3), dtype=np.float32)
+    for concept, expected in (("red", True), ("circle", True), ("blue", False), ("square", False)):
+        assert classifier_concept_presence(net, config, images, concept).tolist() == [expected] * 3
+    from PIL import Image
+
+    pil = [Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8))] * 2
+    assert classifier_concept_presence(net, config, pil, "red").tolist() == [True, True]
+    with pytest.raises(ValueError, match="concept"):
+        classifier_concept_presence(net, config, images, "purple")
+
+
+def test_the_second_judge_agrees_with_the_exact_judge_on_real_renders_once_trained(sets):
+    net, report = train_feature_net(MosaicConfig(), num_train=600, num_heldout=100, steps=300, seed=0)
+    images = [p["image"] for p in sets["val"]["forget"] + sets["val"]["retain"]]
+    expected = concept_presence(MosaicEvaluator(MosaicConfig()), images, "red")
+    agreement = (classifier_concept_presence(net, MosaicConfig(), images, "red") == expected).mean()
+    assert report.label_accuracy > 0.9 and agreement >= 0.9, (report, agreement)

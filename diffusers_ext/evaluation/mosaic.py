@@ -490,10 +490,14 @@ def train_feature_net(
 
 
 @torch.no_grad()
+def feature_net_input(images) -> torch.Tensor:
+    """[`MosaicFeatureNet`]'s input `(N, 3, H, W)` in [-1, 1] from `(N, H, W, 3)` images in [0, 1] (an array) or a
+    list of PIL images."""
+    if isinstance(images, np.ndarray):
+        return torch.from_numpy(np.asarray(images, dtype=np.float32)).permute(0, 3, 1, 2) * 2 - 1
+    return images_to_tensor(images)
+
+
 def image_features(net: MosaicFeatureNet, images) -> torch.Tensor:
     """`(N, feature_dim)` features of `(N, H, W, 3)` images in [0, 1] (arrays) or PIL images."""
-    if isinstance(images, np.ndarray):
-        tensor = torch.from_numpy(np.asarray(images, dtype=np.float32)).permute(0, 3, 1, 2) * 2 - 1
-    else:
-        tensor = images_to_tensor(images)
-    return net.features(tensor)
+    return net.features(feature_net_input(images))

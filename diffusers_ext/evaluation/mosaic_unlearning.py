@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..data.mosaic import PALETTE, SHAPES, MosaicConfig, mosaic_records
+from .mosaic import feature_net_input
 
 
 def concept_kind(concept: str) -> str:
@@ -116,6 +117,20 @@ def concept_presence(judge, images, concept: str) -> np.ndarray:
     """`(N,)` bool: whether the judge detects an object of the colour (or shape) `concept` in each image."""
     key = concept_kind(concept)
     return np.array([any(getattr(d, key) == concept for d in judge.detect(image)) for image in images], dtype=bool)
+
+
+@torch.no_grad()
+def classifier_concept_presence(net, config: MosaicConfig, images, concept: str) -> np.ndarray:
+    """`(N,)` bool: whether a trained [`MosaicFeatureNet`] (`train_feature_net`, multi-label colour x shape) names
+    any pair with the colour (or shape) `concept` in each image (`(N, H, W, 3)` arrays in [0, 1] or PIL images): a
+    second concept judge, learned from real renders, beside the exact judge's rule-based detections
+    ([`concept_presence`])."""
+    key = concept_kind(concept)
+    pairs = [(c, s) for c in config.colours for s in config.shapes]
+    columns = [i for i, pair in enumerate(pairs) if pair[0 if key == "colour" else 1] == concept]
+    if not columns:
+        raise ValueError(f"`concept` {concept!r} is not among the {key}s of `config`.")
+    return (net(feature_net_input(images))[:, columns] > 0).any(dim=1).numpy()
 
 
 def judge_accuracy(judge, images, prompts: list[dict]) -> dict[str, np.ndarray]:
