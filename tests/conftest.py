@@ -20,3 +20,15 @@ def tiny_sd_pipeline_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_sd")
     StableDiffusionPipeline(**get_tiny_sd_components(seed=0)).save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_pipeline_folder(tmp_path_factory):
+    """A saved `StableDiffusion3Pipeline` of the pack's tiny components (seed 0), for scripts that read a folder."""
+    from diffusers import StableDiffusion3Pipeline
+
+    from diffusers_ext.testing import get_tiny_sd3_components
+
+    folder = tmp_path_factory.mktemp("tiny_sd3")
+    StableDiffusion3Pipeline(**get_tiny_sd3_components(seed=0)).save_pretrained(folder)
+    return folder

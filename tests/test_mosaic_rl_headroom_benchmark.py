@@ -6,9 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from diffusers import StableDiffusion3Pipeline
-
-from diffusers_ext.testing import get_tiny_sd3_components
 
 
 _SPEC = importlib.util.spec_from_file_location(
@@ -18,15 +15,9 @@ bench = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(bench)
 
 
-@pytest.fixture(scope="module")
-def tiny_pipeline_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_sd3")
-    StableDiffusion3Pipeline(**get_tiny_sd3_components(seed=0)).save_pretrained(folder)
-    return folder
-
-
-def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_pipeline_folder, tmp_path):
-    argv = ["--model_path", str(tiny_pipeline_folder), "--capability_prompts", "8", "--guidance_grid", "1.0", "3.0"]
+def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_sd3_pipeline_folder, tmp_path):
+    argv = ["--model_path", str(tiny_sd3_pipeline_folder), "--capability_prompts", "8"]
+    argv += ["--guidance_grid", "1.0", "3.0"]
     argv += ["--num_inference_steps", "1", "--rl_prompts", "3", "--grpo_steps", "3", "--prompts_per_step", "1"]
     argv += ["--num_generations", "2", "--rollout_steps", "2", "--output_dir", str(tmp_path)]
     results = bench.main(argv)
@@ -58,9 +49,9 @@ def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_pipeline_folder, tmp_p
         (["--saturated_accuracy", "0"], "--saturated_accuracy must be in"),
     ],
 )
-def test_bad_arguments_are_refused_before_loading(tiny_pipeline_folder, argv, message, capsys):
+def test_bad_arguments_are_refused_before_loading(tiny_sd3_pipeline_folder, argv, message, capsys):
     with pytest.raises(SystemExit):
-        bench.parse_args(["--model_path", str(tiny_pipeline_folder), *argv])
+        bench.parse_args(["--model_path", str(tiny_sd3_pipeline_folder), *argv])
     assert message in capsys.readouterr().err
 
 
