@@ -4,8 +4,8 @@ model at 50 CTMC steps before and after GRPO with the validity reward.
 
     python benchmarks/graph_grpo.py                      # tree-16
     python benchmarks/graph_grpo.py --datasets tree planar
-    python benchmarks/graph_grpo.py --datasets planar --output_dir /tmp/planar        # one dataset on its own, then
-    python benchmarks/graph_grpo.py --merge_from benchmarks/results/graph_grpo.json /tmp/planar/graph_grpo.json
+    python benchmarks/graph_grpo.py --datasets planar --output_dir planar-run        # one dataset on its own, then
+    python benchmarks/graph_grpo.py --merge_from benchmarks/results/graph_grpo.json planar-run/graph_grpo.json
 
 Writes `benchmarks/results/graph_grpo.json`, `.md` and `.png`. `--merge_from` measures nothing: it joins the dataset
 sections of results files of this script run with the same settings (each dataset measured once, by one of them) and

@@ -120,8 +120,10 @@ def parse_args(argv=None):
     unknown = [u for u in args.utilities if u not in UTILITIES]
     if unknown:
         parser.error(f"--utilities {unknown} are not D&D utilities; expected a subset of {list(UTILITIES)}.")
+    from diffusers_ext.evaluation.divide_and_denoise.mosaic_composition import parse_oracle_config
+
     try:
-        args.oracle_configs = [_oracle_config(text) for text in args.oracle_configs]
+        args.oracle_configs = [parse_oracle_config(text) for text in args.oracle_configs]
     except ValueError as error:
         parser.error(f"--oracle_configs: {error}")
     if args.from_results is None:
@@ -130,18 +132,6 @@ def parse_args(argv=None):
         if not os.path.isfile(os.path.join(args.model_path, "model_index.json")):
             parser.error(f"--model_path {args.model_path!r} is not a pipeline folder (no model_index.json).")
     return args
-
-
-def _oracle_config(text: str) -> dict:
-    """`"window,margin,bootstrap,resampling"` -> the oracle sampler's settings."""
-    parts = text.split(",")
-    if len(parts) != 4:
-        raise ValueError(f"expected `window,margin,bootstrap,resampling`, got {text!r}.")
-    config = {"window": int(parts[0]), "margin": int(parts[1]), "bootstrap": float(parts[2])}
-    config["resampling"] = int(parts[3])
-    if config["window"] < 1 or config["margin"] < 0 or not 0 <= config["bootstrap"] <= 1 or config["resampling"] < 1:
-        raise ValueError(f"expected window >= 1, margin >= 0, bootstrap in [0, 1], resampling >= 1, got {text!r}.")
-    return config
 
 
 def method_grids(args) -> dict[str, list[dict]]:

@@ -86,8 +86,10 @@ def parse_args(argv=None):
         check_positive_int(name, getattr(args, name))
     if not 0 < args.validation_fraction <= 1:
         parser.error(f"--validation_fraction must be in (0, 1], got {args.validation_fraction}.")
+    from diffusers_ext.evaluation.divide_and_denoise.mosaic_composition import parse_oracle_config
+
     try:
-        args.oracle_configs = [_oracle_config(text) for text in args.oracle_configs]
+        args.oracle_configs = [parse_oracle_config(text) for text in args.oracle_configs]
     except ValueError as error:
         parser.error(f"--oracle_configs: {error}")
     check_positive_int("concept_prompts", args.concept_prompts)
@@ -99,19 +101,6 @@ def parse_args(argv=None):
         if not os.path.isfile(os.path.join(args.model_path, "model_index.json")):
             parser.error(f"--model_path {args.model_path!r} is not a pipeline folder (no model_index.json).")
     return args
-
-
-def _oracle_config(text: str) -> list:
-    """`"window,margin,bootstrap[,resampling]"` -> `[window, margin, bootstrap, resampling]` (an int, an int, a
-    fraction in [0, 1], an int; resampling 1 when not given)."""
-    parts = text.split(",")
-    if len(parts) not in (3, 4):
-        raise ValueError(f"expected `window,margin,bootstrap[,resampling]`, got {text!r}.")
-    window, margin, bootstrap = int(parts[0]), int(parts[1]), float(parts[2])
-    resampling = int(parts[3]) if len(parts) == 4 else 1
-    if window < 1 or margin < 0 or not 0 <= bootstrap <= 1 or resampling < 1:
-        raise ValueError(f"expected window >= 1, margin >= 0, bootstrap in [0, 1], resampling >= 1, got {text!r}.")
-    return [window, margin, bootstrap, resampling]
 
 
 def _num_prompts(args, total: int, split: str) -> int:
@@ -166,9 +155,9 @@ def measure_composition(pipe, config, args) -> dict:
         grids = {
             "single_prompt": [{"guidance": g} for g in args.guidance_grid],
             "oracle_layout": [
-                {"guidance": g, "window": w, "margin": m, "bootstrap": b, "resampling": r}
-                for w, m, b, r in args.oracle_configs
-                if w <= sampler.latent_size
+                {"guidance": g, **config}
+                for config in args.oracle_configs
+                if config["window"] <= sampler.latent_size
                 for g in args.guidance_grid
             ],
         }

@@ -63,7 +63,8 @@ def test_grids_keep_the_tuning_budget_in_order_and_the_oracle_its_own_grid(tiny_
         ["--bootstrap_grid", "1.5"],
         ["--resampling_grid", "0"],
         ["--guidance_grid", "0.5"],
-        ["--oracle_configs", "16,2,1.0"],
+        ["--oracle_configs", "16,2"],
+        ["--oracle_configs", "16,2,1.5,4"],
         ["--tuning_budget", "0"],
     ],
 )

@@ -62,6 +62,20 @@ def oracle_regions(prompt: dict, seed: int, latent_size: int, resolution: int) -
     return regions
 
 
+def parse_oracle_config(text: str) -> dict:
+    """`"window,margin,bootstrap[,resampling]"` -> the oracle sampler's settings `{"window", "margin", "bootstrap",
+    "resampling"}` (an int, an int, a fraction in [0, 1], an int; resampling 1 when not given), for the benchmarks'
+    command lines."""
+    parts = text.split(",")
+    if len(parts) not in (3, 4):
+        raise ValueError(f"expected `window,margin,bootstrap[,resampling]`, got {text!r}.")
+    config = {"window": int(parts[0]), "margin": int(parts[1]), "bootstrap": float(parts[2])}
+    config["resampling"] = int(parts[3]) if len(parts) == 4 else 1
+    if config["window"] < 1 or config["margin"] < 0 or not 0 <= config["bootstrap"] <= 1 or config["resampling"] < 1:
+        raise ValueError(f"expected window >= 1, margin >= 0, bootstrap in [0, 1], resampling >= 1, got {text!r}.")
+    return config
+
+
 def strip_regions(num_objects: int, latent_size: int) -> torch.Tensor:
     """Equal vertical strips `(K, latent_size, latent_size)`, left to right in object order: MultiDiffusion's layout
     when no one says where the objects go (the same strips as [`RegionAllocator`]'s default)."""
