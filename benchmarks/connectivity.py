@@ -24,8 +24,9 @@ reference: a second network drawn from the ground truth.
 
 Validation, then test once. Before any test seed is touched, each method's training length is chosen on the
 `--validation_seeds` (every ground truth, the same choice for all of them), with the same number of candidates for
-ours and for each point estimate: ours' `--flow_steps_grid` by the mean fraction of resampled networks reproducing
-the attractor (ties to fewer steps), each trained lrRNN's `--lrrnn_steps_grid` by its mean MMD^2 to the ground truth.
+ours and for each point estimate: ours' training steps x Euler steps (`--flow_steps_grid` x `--inference_steps_grid`)
+by the mean fraction of resampled networks reproducing the attractor (ties to fewer steps), each trained lrRNN's
+`--lrrnn_steps_grid` by its mean MMD^2 to the ground truth.
 The frozen choices then run once on the test `--seeds`; the validation measurements are recorded beside them.
 Seeds 0-2 were also the development seeds on which two judge settings (the added 0.25x-median MMD bandwidth and the
 ring's 60-step summary) were settled. Writes `benchmarks/results/connectivity.json`, `.md` and `.png`.
@@ -74,8 +75,17 @@ def parse_args(argv=None):
         "--flow_steps_grid",
         type=int,
         nargs="+",
-        default=[1000, 3000, 10000],
-        help="Candidate training steps of each flow (one value: used without validation).",
+        default=[1000, 3000],
+        help="Candidate training steps of each flow (with one value here and in --inference_steps_grid: used "
+        "without validation).",
+    )
+    parser.add_argument(
+        "--inference_steps_grid",
+        type=int,
+        nargs="+",
+        default=[20, 100],
+        help="Candidate Euler steps of each flow, for sampling and for the ridge read-outs (chosen jointly with "
+        "--flow_steps_grid).",
     )
     parser.add_argument("--batch_size", type=int, default=256, help="Training batch of the flows.")
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="Peak learning rate of the flows.")
@@ -86,13 +96,13 @@ def parse_args(argv=None):
         "--lrrnn_steps_grid",
         type=int,
         nargs="+",
-        default=[250, 500, 2000],
-        help="Candidate Adam steps of each trained lrRNN fit (one value: used without validation).",
+        default=[250, 500, 2000, 4000],
+        help="Candidate Adam steps of each trained lrRNN fit (one value: used without validation); as many as ours' "
+        "candidates, the same tuning budget.",
     )
     parser.add_argument(
         "--lrrnn_free_transitions", type=int, default=1000, help="Transitions of the all-fitted lrRNN (CPU time)."
     )
-    parser.add_argument("--num_inference_steps", type=int, default=20, help="Euler steps of each flow.")
     parser.add_argument("--num_eval_neurons", type=int, default=1000, help="Neurons compared per method and seed.")
     parser.add_argument("--num_resamples", type=int, default=10, help="Resampled networks per seed.")
     parser.add_argument("--output", type=str, default=os.path.join(RESULTS, "connectivity.json"))
@@ -101,7 +111,7 @@ def parse_args(argv=None):
     overlap = sorted(set(args.seeds) & set(args.validation_seeds))
     if overlap and not args.from_results:
         parser.error(f"--validation_seeds must be disjoint from the test --seeds, both hold {overlap}.")
-    for name in ("flow_steps_grid", "lrrnn_steps_grid"):
+    for name in ("flow_steps_grid", "inference_steps_grid", "lrrnn_steps_grid"):
         if min(getattr(args, name)) < 1:
             parser.error(f"--{name} must hold positive step counts, got {getattr(args, name)}.")
     return args
@@ -137,8 +147,9 @@ def train_flow(model, input_loadings, output_loadings, args, seed, steps):
     return sum(losses[-100:]) / len(losses[-100:])
 
 
-def fit_connectivity_distribution(m, states, next_states, args, seed, flow_steps):
-    """Ours: both flows, `flow_steps` training steps each; returns `(pipeline, info)`."""
+def fit_connectivity_distribution(m, states, next_states, args, seed, flow_steps, inference_steps):
+    """Ours: both flows, `flow_steps` training steps each, the ridge read-outs from networks sampled with
+    `inference_steps` Euler steps; returns `(pipeline, info)`."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     from diffusers_ext import ConnectivityFlowModel, ConnectivityPipeline, ridge_readout_targets
@@ -156,7 +167,7 @@ def fit_connectivity_distribution(m, states, next_states, args, seed, flow_steps
         args.readout_networks,
         args.readout_neurons,
         generator=generator,
-        num_inference_steps=args.num_inference_steps,
+        num_inference_steps=inference_steps,
     )
     model.register_to_config(output_scale=float(outputs.std()))
     loss_b = train_flow(model, inputs, outputs, args, seed + 1, flow_steps)
@@ -206,21 +217,22 @@ def reference_draws(truth, args, seed):
     return reference, median_bandwidth(reference)
 
 
-def sample_ours(pipe, args, seed):
-    """`num_eval_neurons` neurons `(num_eval_neurons, 4)` (float64) of one network sampled from our distribution."""
+def sample_ours(pipe, args, seed, inference_steps):
+    """`num_eval_neurons` neurons `(num_eval_neurons, 4)` (float64) of one network sampled from our distribution
+    with `inference_steps` Euler steps per flow."""
     generator = torch.Generator().manual_seed(20_000 + seed)
     out = pipe(
         num_neurons=args.num_eval_neurons,
-        num_inference_steps=args.num_inference_steps,
+        num_inference_steps=inference_steps,
         generator=generator,
         num_dynamics_steps=0,
     )
     return out.loadings[0].double()
 
 
-def resampled_reproduction(pipe, truth, net, args, seed):
-    """Whether each of `num_resamples` networks sampled from `pipe` reproduces `net`'s attractor:
-    `(reproduced, target, last_summary)`."""
+def resampled_reproduction(pipe, truth, net, args, seed, inference_steps):
+    """Whether each of `num_resamples` networks sampled from `pipe` (`inference_steps` Euler steps per flow)
+    reproduces `net`'s attractor: `(reproduced, target, last_summary)`."""
     from diffusers_ext.data.lrrnn import LowRankRNN
     from diffusers_ext.evaluation.connectivity import attractor_summary, reproduces_attractor
 
@@ -229,7 +241,7 @@ def resampled_reproduction(pipe, truth, net, args, seed):
     resampled = pipe(
         num_neurons=args.num_neurons,
         num_networks=args.num_resamples,
-        num_inference_steps=args.num_inference_steps,
+        num_inference_steps=inference_steps,
         generator=torch.Generator().manual_seed(60_000 + seed),
         num_dynamics_steps=0,
     ).loadings.double()
@@ -259,9 +271,23 @@ def fit_baselines(net, states, next_states, args, seed, steps):
 # ---------------------------------------------------------------------------------------------------- validation
 
 
-def validate_flow_steps(flow_steps, args, log):
-    """Ours with `flow_steps` on every ground truth and validation seed: per ground truth the fraction of resampled
-    networks reproducing the attractor and the mean MMD^2; `mean_reproduced_rate` over ground truths (the score)."""
+def ours_candidates(args) -> list[dict]:
+    """Ours' validation grid: `{"flow_steps", "inference_steps"}` for every pair, cheapest first (ties go to it)."""
+    return [
+        {"flow_steps": steps, "inference_steps": euler}
+        for steps in sorted(args.flow_steps_grid)
+        for euler in sorted(args.inference_steps_grid)
+    ]
+
+
+def describe_ours(candidate: dict) -> str:
+    return f"{candidate['flow_steps']} steps, {candidate['inference_steps']} Euler steps"
+
+
+def validate_ours(candidate, args, log):
+    """Ours with `candidate` (`{"flow_steps", "inference_steps"}`) on every ground truth and validation seed: per
+    ground truth the fraction of resampled networks reproducing the attractor and the mean MMD^2;
+    `mean_reproduced_rate` over ground truths (the score)."""
     from diffusers_ext.evaluation.connectivity import loading_distances
 
     per_truth = {}
@@ -269,12 +295,15 @@ def validate_flow_steps(flow_steps, args, log):
         reproduced, mmd2 = [], []
         for seed in args.validation_seeds:
             truth, net, states, next_states = observe(name, seed, args)
-            pipe, _ = fit_connectivity_distribution(net.input_loadings, states, next_states, args, seed, flow_steps)
+            flow_steps, euler = candidate["flow_steps"], candidate["inference_steps"]
+            pipe, _ = fit_connectivity_distribution(
+                net.input_loadings, states, next_states, args, seed, flow_steps, euler
+            )
             reference, bandwidth = reference_draws(truth, args, seed)
-            mmd2.append(loading_distances(sample_ours(pipe, args, seed), reference, bandwidth, seed)["mmd2"])
-            reproduced += resampled_reproduction(pipe, truth, net, args, seed)[0]
+            mmd2.append(loading_distances(sample_ours(pipe, args, seed, euler), reference, bandwidth, seed)["mmd2"])
+            reproduced += resampled_reproduction(pipe, truth, net, args, seed, euler)[0]
         per_truth[name] = {"reproduced_rate": sum(reproduced) / len(reproduced), "mmd2": sum(mmd2) / len(mmd2)}
-        log(f"validation: ours, {flow_steps} flow steps, {name}: {per_truth[name]}")
+        log(f"validation: ours, {describe_ours(candidate)}, {name}: {per_truth[name]}")
     rates = [entry["reproduced_rate"] for entry in per_truth.values()]
     return {"per_ground_truth": per_truth, "mean_reproduced_rate": sum(rates) / len(rates)}
 
@@ -300,22 +329,25 @@ def validate_lrrnn_steps(lrrnn_steps, args, log):
 
 
 def choose_training_lengths(args, log) -> dict:
-    """Each method's training length chosen on the validation seeds (`reporting.choose_on_validation`, test
-    measured later by `run_one`): `{"ours": record, "lrrnn_m_given": record, "lrrnn_all_fitted": record}`. A grid of
-    one candidate is used as given (its record has no validation measurements)."""
+    """Each method's training length (and ours' Euler steps) chosen on the validation seeds
+    (`reporting.choose_on_validation`, test measured later by `run_one`): `{"ours": record, "lrrnn_m_given": record,
+    "lrrnn_all_fitted": record}`, ours' candidates `{"flow_steps", "inference_steps"}`. A grid of one candidate is
+    used as given (its record has no validation measurements)."""
     from diffusers_ext.evaluation.reporting import choose_on_validation
 
-    def given(value):
-        return {"validation": [], "chosen": {"name": str(value), "candidate": value, "score": None}, "test": None}
+    def given(value, name=str):
+        return {"validation": [], "chosen": {"name": name(value), "candidate": value, "score": None}, "test": None}
 
     choices = {}
-    if len(args.flow_steps_grid) == 1:
-        choices["ours"] = given(args.flow_steps_grid[0])
+    candidates = ours_candidates(args)
+    if len(candidates) == 1:
+        choices["ours"] = given(candidates[0], describe_ours)
     else:
         choices["ours"] = choose_on_validation(
-            args.flow_steps_grid,
-            lambda steps, split: validate_flow_steps(steps, args, log),
+            candidates,
+            lambda candidate, split: validate_ours(candidate, args, log),
             lambda measurement: measurement["mean_reproduced_rate"],
+            names=describe_ours,
             test=False,
         )
     measured = {}
@@ -336,7 +368,7 @@ def choose_training_lengths(args, log) -> dict:
                 maximize=False,
                 test=False,
             )
-    log("chosen on validation: " + ", ".join(f"{k} {v['chosen']['candidate']} steps" for k, v in choices.items()))
+    log("chosen on validation: " + ", ".join(f"{k}: {v['chosen']['name']}" for k, v in choices.items()))
     return choices
 
 
@@ -344,15 +376,16 @@ def choose_training_lengths(args, log) -> dict:
 
 
 def run_one(name, seed, args, steps, log):
-    """One test run of every method on ground truth `name` and `seed`, with the training lengths `steps`
-    (`{"ours": flow steps, "lrrnn_m_given": Adam steps, "lrrnn_all_fitted": Adam steps}`)."""
+    """One test run of every method on ground truth `name` and `seed`, with the chosen `steps`
+    (`{"ours": {"flow_steps", "inference_steps"}, "lrrnn_m_given": Adam steps, "lrrnn_all_fitted": Adam steps}`)."""
     from diffusers_ext.data.lrrnn import LowRankRNN
     from diffusers_ext.evaluation.connectivity import attractor_summary, loading_distances, reproduces_attractor
 
     start = time.process_time()
     truth, net, states, next_states = observe(name, seed, args)
-    pipe, info = fit_connectivity_distribution(net.input_loadings, states, next_states, args, seed, steps["ours"])
-    ours = sample_ours(pipe, args, seed)
+    flow_steps, euler = steps["ours"]["flow_steps"], steps["ours"]["inference_steps"]
+    pipe, info = fit_connectivity_distribution(net.input_loadings, states, next_states, args, seed, flow_steps, euler)
+    ours = sample_ours(pipe, args, seed, euler)
     fits = fit_baselines(net, states, next_states, args, seed, steps)
     samples = {"ours": ours, **{method: fit[0] for method, fit in fits.items()}}
     reference, bandwidth = reference_draws(truth, args, seed)
@@ -363,7 +396,7 @@ def run_one(name, seed, args, steps, log):
     )
 
     kind = truth.attractor
-    reproduced, target, summary = resampled_reproduction(pipe, truth, net, args, seed)
+    reproduced, target, summary = resampled_reproduction(pipe, truth, net, args, seed, euler)
     shuffle = torch.randperm(net.num_neurons, generator=torch.Generator().manual_seed(70_000 + seed))
     control = LowRankRNN(net.input_loadings, net.output_loadings[shuffle], net.alpha)
     given_net = LowRankRNN(net.input_loadings, fits["lrrnn_m_given"][1], net.alpha)
@@ -500,9 +533,12 @@ def validation_section(results: dict) -> list[str]:
     if ours["validation"]:
         names = list(ours["validation"][0]["measurement"]["per_ground_truth"])
         lines += [
-            "Ours: steps of each flow, chosen by the mean reproduced fraction over ground truths (ties to fewer steps).",
+            "Ours: training steps and Euler steps of each flow, chosen by the mean reproduced fraction over ground "
+            "truths (ties to fewer steps).",
             "",
-            "| flow steps | " + " | ".join(f"{n}: reproduced / MMD^2" for n in names) + " | mean reproduced |",
+            "| flow steps, Euler steps | "
+            + " | ".join(f"{n}: reproduced / MMD^2" for n in names)
+            + " | mean reproduced |",
             "| --- | " + " | ".join("---" for _ in names) + " | --- |",
         ]
         for row in ours["validation"]:
@@ -522,7 +558,9 @@ def validation_section(results: dict) -> list[str]:
             cells = [f"{choices[m]['validation'][i]['measurement']['mean_mmd2'][m]:.4f}" for m in BASELINES]
             lines.append(f"| {row['name']} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines.append("Chosen: " + ", ".join(f"{k} {v['chosen']['candidate']} steps" for k, v in choices.items()) + ".")
+    chosen = [f"ours {choices['ours']['chosen']['name']}"]
+    chosen += [f"{method} {choices[method]['chosen']['name']} Adam steps" for method in BASELINES]
+    lines.append("Chosen: " + ", ".join(chosen) + ".")
     return lines
 
 
@@ -616,7 +654,7 @@ def main(argv=None):
     }
     settings_line = (
         f"Settings: {len(args.seeds)} seeds, {args.num_neurons} neurons, {args.num_transitions} transitions, "
-        f"{steps['ours']} steps per flow (chosen on validation seeds {args.validation_seeds}), "
+        f"{describe_ours(steps['ours'])} per flow (chosen on validation seeds {args.validation_seeds}), "
         f"{args.num_resamples} resampled networks per seed, one CPU thread."
     )
     write_results(

@@ -28,7 +28,10 @@ def test_validation_seeds_must_differ_from_test_seeds():
         bench.parse_args(["--flow_steps_grid", "0", "10"])
     args = bench.parse_args([])
     assert not set(args.seeds) & set(args.validation_seeds)
-    assert len(args.flow_steps_grid) == len(args.lrrnn_steps_grid)  # the same tuning budget
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--inference_steps_grid", "20", "0"])
+    # the same tuning budget: ours' training steps x Euler steps against each lrRNN's Adam steps
+    assert len(bench.ours_candidates(args)) == len(args.lrrnn_steps_grid) >= 2
 
 
 def test_tiny_run_chooses_on_validation_then_tests_once(tmp_path):
@@ -38,7 +41,7 @@ def test_tiny_run_chooses_on_validation_then_tests_once(tmp_path):
         "--flow_steps_grid", "3", "6", "--lrrnn_steps_grid", "2", "4", "--num_neurons", "60",
         "--num_transitions", "200", "--num_dynamics_steps", "10", "--batch_size", "16", "--hidden_size", "8",
         "--readout_networks", "2", "--readout_neurons", "30", "--lrrnn_free_transitions", "100",
-        "--num_inference_steps", "2", "--num_eval_neurons", "60", "--num_resamples", "2",
+        "--inference_steps_grid", "2", "--num_eval_neurons", "60", "--num_resamples", "2",
     ]  # fmt: skip
     results = bench.main([*tiny, "--output", str(tmp_path / "connectivity.json")])
     for suffix in (".json", ".md", ".png"):
@@ -46,9 +49,10 @@ def test_tiny_run_chooses_on_validation_then_tests_once(tmp_path):
     choices = results["validation"]["choices"]
     assert results["validation"]["seeds"] == [0]
     ours = choices["ours"]
-    assert [row["candidate"] for row in ours["validation"]] == [3, 6]
+    grid = [{"flow_steps": 3, "inference_steps": 2}, {"flow_steps": 6, "inference_steps": 2}]
+    assert [row["candidate"] for row in ours["validation"]] == grid
     scores = [row["measurement"]["mean_reproduced_rate"] for row in ours["validation"]]
-    assert ours["chosen"]["candidate"] == [3, 6][scores.index(max(scores))]  # the best, ties to fewer steps
+    assert ours["chosen"]["candidate"] == grid[scores.index(max(scores))]  # the best, ties to fewer steps
     for method in bench.BASELINES:
         mmd2 = [row["measurement"]["mean_mmd2"][method] for row in choices[method]["validation"]]
         assert choices[method]["chosen"]["candidate"] == [2, 4][mmd2.index(min(mmd2))]
@@ -58,6 +62,7 @@ def test_tiny_run_chooses_on_validation_then_tests_once(tmp_path):
     assert len(results["summary"]["targets"]) == 6
     markdown = (tmp_path / "connectivity.md").read_text()
     assert "## Validation (seeds [0]" in markdown and "fresh ground-truth networks" in markdown
+    assert f"Chosen: ours {bench.describe_ours(ours['chosen']['candidate'])}" in markdown
     rebuilt = bench.main(
         ["--from_results", str(tmp_path / "connectivity.json"), "--output", str(tmp_path / "re.json")]
     )
@@ -72,5 +77,6 @@ def test_committed_results_were_chosen_on_validation_and_recompute():
     assert len(settings["seeds"]) >= 3 and not set(settings["seeds"]) & set(settings["validation_seeds"])
     choices = results["validation"]["choices"]
     assert results["training_steps"]["ours"] == choices["ours"]["chosen"]["candidate"]
-    assert len(choices["ours"]["validation"]) == len(settings["flow_steps_grid"]) >= 2
+    grid = len(settings["flow_steps_grid"]) * len(settings.get("inference_steps_grid", [None]))
+    assert len(choices["ours"]["validation"]) == grid >= 2
     assert bench.targets_from_results(results) == results["summary"]["targets"]
