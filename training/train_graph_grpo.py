@@ -11,6 +11,8 @@ step's metrics to `output_dir/trainer_state.json` (`log_history`, as TRL keeps t
 
     accelerate launch training/train_graph_grpo.py --pretrained_model_name_or_path graph-flow-tree16 \
         --dataset_name tree --reward_funcs tree_validity --num_nodes 16 --output_dir graph-grpo-tree16
+    accelerate launch training/train_graph_grpo.py --pretrained_model_name_or_path graph-flow-planar16 \
+        --dataset_name planar --reward_funcs planar_shaped --num_nodes 16 --output_dir graph-grpo-planar16
 """
 
 import json
