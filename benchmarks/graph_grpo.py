@@ -1,21 +1,25 @@
 #!/usr/bin/env python
 """Graph-GRPO on the CPU proxies of the SPECTRE benchmark (tree-16, planar-16): a pretrained discrete graph flow
-model at 50 CTMC steps before and after GRPO with the validity reward.
+model at 50 CTMC steps before and after GRPO with the reference's reward of each dataset (tree: validity; planar: the
+shaped planar reward, validity times degree / clustering / orbit likeness to the training graphs).
 
     python benchmarks/graph_grpo.py                      # tree-16
     python benchmarks/graph_grpo.py --datasets tree planar
     python benchmarks/graph_grpo.py --datasets planar --output_dir planar-run        # one dataset on its own, then
-    python benchmarks/graph_grpo.py --merge_from benchmarks/results/graph_grpo.json planar-run/graph_grpo.json
+    python benchmarks/graph_grpo.py --merge_from tree-run/graph_grpo.json planar-run/graph_grpo.json
+    python benchmarks/graph_grpo.py --merge_from both-run/graph_grpo.json:tree planar-run/graph_grpo.json
 
 Writes `benchmarks/results/graph_grpo.json`, `.md` and `.png`. `--merge_from` measures nothing: it joins the dataset
 sections of results files of this script run with the same settings (each dataset measured once, by one of them) and
 rebuilds the report, each dataset keeping the command, code hash and seconds of the run that measured it, so a
-dataset can be added without running (and judging) the others' test split again. Per dataset:
+dataset can be added or re-measured without running (and judging) the others' test split again (`PATH:tree` takes
+only the named datasets of a file). Per dataset:
 
 1. Pretraining: `training/train_graph_flow.py` on the 128 regenerated training graphs (the command is recorded; the
    folder is cached under `benchmarks/.cache/graph_grpo/`, keyed by its settings).
 2. Headroom: V.U.N. of the pretrained model at 50 steps and at `--headroom_steps` steps, on the test seeds.
-3. Validation: GRPO (`training/train_graph_grpo.py`, validity reward) with each learning rate of `--learning_rates`,
+3. Validation: GRPO (`training/train_graph_grpo.py`; reward `tree_validity` for tree, `--planar_reward` for planar,
+   by default `planar_shaped`, Graph-GRPO's planar reward) with each learning rate of `--learning_rates`,
    trained with a validation seed and scored by V.U.N. of samples from validation generator seeds; the best is
    frozen.
 4. Test, once: GRPO with the frozen learning rate for every seed of `--seeds` (training seed = the seed), and each
@@ -56,8 +60,16 @@ CODE = [
     "diffusers_ext/pipelines/graph_flow/pipeline_graph_flow.py",
     "diffusers_ext/data/graphs.py",
     "diffusers_ext/metrics/graphs.py",
+    "diffusers_ext/metrics/graph_orbits.py",
     "diffusers_ext/rewards/graphs.py",
 ]
+PLANAR_REWARDS = ("planar_shaped", "planar_validity")
+REWARD_DESCRIPTIONS = {
+    "tree_validity": "1 for a tree, else 0",
+    "planar_validity": "1 for a connected planar graph, else 0",
+    "planar_shaped": "Graph-GRPO's planar reward: connected and planar x (1 + 0.2 (s_deg + s_clus + s_orb)) / 1.6, "
+    "the similarities of the degree, clustering and orbit statistics to the training graphs'",
+}
 
 
 def parse_args(argv=None):
@@ -86,6 +98,12 @@ def parse_args(argv=None):
         "--learning_rates", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3], help="Validation grid of GRPO's lr."
     )
     parser.add_argument("--validation_samples", type=int, default=40, help="Samples per validation seed.")
+    parser.add_argument(
+        "--planar_reward",
+        default="planar_shaped",
+        choices=PLANAR_REWARDS,
+        help="GRPO's reward on planar: Graph-GRPO's shaped planar reward (the reference's) or validity alone.",
+    )
     parser.add_argument("--output_dir", default=RESULTS, help="Where graph_grpo.json/.md/.png go.")
     parser.add_argument("--no_cache", action="store_true", help="Recompute every run (the cache is still written).")
     parser.add_argument(
@@ -94,7 +112,8 @@ def parse_args(argv=None):
         default=None,
         metavar="PATH",
         help="Measure nothing: join the dataset sections of these results files of this script (the same settings "
-        "but --datasets; each dataset in one file) and write them, with targets rebuilt and checked, to --output_dir.",
+        "but --datasets and the datasets' rewards; each dataset from one file; PATH:tree,planar takes only those "
+        "datasets of a file) and write them, with targets rebuilt and checked, to --output_dir.",
     )
     add_from_results_argument(parser)
     args = parser.parse_args(argv)
@@ -161,11 +180,22 @@ def pretrain(args, dataset: str) -> tuple[str, dict]:
     }
 
 
+def reward_name(args, dataset: str) -> str:
+    """The `training/train_graph_grpo.py` reward GRPO uses on `dataset`."""
+    return args.planar_reward if dataset == "planar" else f"{dataset}_validity"
+
+
+def section_reward(part: dict, dataset: str) -> str:
+    """The reward a results section was measured with (sections written before the shaped planar reward existed
+    name none: they used the validity reward, the only one then)."""
+    return part.get("reward", f"{dataset}_validity")
+
+
 def grpo_argv(args, dataset: str, pretrained: str, output_dir: str, seed: int, learning_rate: float) -> list[str]:
     batch = args.num_generations * args.groups_per_step
     return [
         "--pretrained_model_name_or_path", pretrained, "--output_dir", output_dir, "--dataset_name", dataset,
-        "--reward_funcs", f"{dataset}_validity", "--num_nodes", str(args.num_nodes),
+        "--reward_funcs", reward_name(args, dataset), "--num_nodes", str(args.num_nodes),
         "--max_train_steps", str(args.grpo_steps), "--num_generations", str(args.num_generations),
         "--train_batch_size", str(batch // args.updates_per_step), "--gradient_accumulation_steps", "1",
         "--generation_batch_size", str(batch),
@@ -243,10 +273,14 @@ def run_dataset(args, dataset: str) -> dict:
     with open(os.path.join(pretrained, "validation_metrics.json"), encoding="utf-8") as f:
         pretrain_record["validation_metrics"] = json.load(f)
     # seeds are not in the key (each entry names its seeds), so a run with fewer seeds reuses the finished ones
-    skip = ("output_dir", "no_cache", "from_results", "merge_from", "datasets", "seeds")
+    skip = ("output_dir", "no_cache", "from_results", "merge_from", "datasets", "seeds", "planar_reward")
     settings = {k: v for k, v in vars(args).items() if k not in skip}
+    reward = reward_name(args, dataset)
     cache = ResultCache(
-        CACHE, {**settings, "dataset": dataset}, [os.path.join(REPO, p) for p in CODE], enabled=not args.no_cache
+        CACHE,
+        {**settings, "dataset": dataset, "reward": reward},
+        [os.path.join(REPO, p) for p in CODE],
+        enabled=not args.no_cache,
     )
 
     # 2. headroom, on the test seeds
@@ -303,6 +337,7 @@ def run_dataset(args, dataset: str) -> dict:
     }
     summary["targets"] = dataset_targets(summary, dataset, args.headroom_steps)
     return {
+        "reward": reward,
         "pretraining": pretrain_record,
         "headroom_per_seed": {str(k): v for k, v in headroom.items()},
         "validation": choice,
@@ -355,29 +390,45 @@ def measured_by(results: dict, name: str) -> dict:
     return {key: results[key] for key in ("command", "code_hash", "seconds")}
 
 
-def merge_results(paths: list[str]) -> dict:
-    """One results dict from results files of this script run with the same settings but `datasets`.
+def split_merge_source(source: str) -> tuple[str, list[str] | None]:
+    """`(path, datasets)` of a `--merge_from` entry: `PATH` (every dataset of the file, `datasets` None) or
+    `PATH:NAME[,NAME...]` with names among `DATASETS` (only those)."""
+    path, _, names = source.rpartition(":")
+    if path and names and all(name in DATASETS for name in names.split(",")):
+        return path, names.split(",")
+    return source, None
 
-    Each file's targets are first rebuilt from its measurements and must equal its recorded rows
-    (`reporting.rebuild_results`); a dataset may come from one file only. Each dataset section keeps the `measured_by`
-    record (`command`, `code_hash`, `seconds`) of the run that measured it; the merged results name the files
-    (`merged_from`: path, sha256, datasets), join the distinct commands with "; ", and rebuild the targets.
+
+def merge_results(sources: list[str]) -> dict:
+    """One results dict from results files of this script run with the same settings but `datasets` (and the
+    datasets' rewards, `planar_reward`, which each section records).
+
+    Each entry is a path, or `path:tree` (`path:tree,planar`) to take only those datasets of the file. Each file's
+    targets are first rebuilt from its measurements and must equal its recorded rows (`reporting.rebuild_results`); a
+    dataset may come from one file only. Each dataset section keeps the `measured_by` record (`command`, `code_hash`,
+    `seconds`) of the run that measured it; the merged results name the files (`merged_from`: path, sha256, the
+    datasets taken), join the distinct commands with "; ", and rebuild the targets.
     """
     from diffusers_ext.evaluation.reporting import rebuild_results
 
-    datasets, sources, settings = {}, [], None
-    for path in paths:
+    datasets, files, settings, first = {}, [], None, None
+    for source in sources:
+        path, names = split_merge_source(source)
         results = rebuild_results(path, all_targets, rel_to=REPO)
         sha256 = results.pop("rebuilt_from_results")["sha256"]
-        same = {k: v for k, v in results["settings"].items() if k != "datasets"}
+        absent = [name for name in names or () if name not in results["datasets"]]
+        if absent:
+            raise ValueError(f"{path}: has no dataset {absent} (it has {list(results['datasets'])}).")
+        same = {k: v for k, v in results["settings"].items() if k not in ("datasets", "planar_reward")}
         if settings is None:
-            settings = same
+            settings, first = same, path
         elif same != settings:
             differ = sorted(k for k in set(same) | set(settings) if same.get(k) != settings.get(k))
             raise ValueError(
-                f"{path}: settings {differ} differ from those of {paths[0]}; only runs of the same settings merge."
+                f"{path}: settings {differ} differ from those of {first}; only runs of the same settings merge."
             )
-        for name in results["datasets"]:
+        taken = names or list(results["datasets"])
+        for name in taken:
             if name in datasets:
                 raise ValueError(
                     f"{path}: dataset {name!r} is in an earlier file too; each dataset must come from one run."
@@ -386,12 +437,12 @@ def merge_results(paths: list[str]) -> dict:
         inside = os.path.abspath(path).startswith(REPO + os.sep)
         # a file outside the repository is named by its folder and name only (no folder of one machine)
         file = os.path.relpath(path, REPO) if inside else os.path.join(*os.path.abspath(path).split(os.sep)[-2:])
-        sources.append({"file": file, "sha256": sha256, "datasets": list(results["datasets"])})
+        files.append({"file": file, "sha256": sha256, "datasets": taken, **({"only": names} if names else {})})
     runs = {json.dumps(part["measured_by"], sort_keys=True): part["measured_by"] for part in datasets.values()}
     merged = {
         "command": "; ".join(dict.fromkeys(run["command"] for run in runs.values())),
         "settings": {"datasets": list(datasets), **settings},
-        "merged_from": sources,
+        "merged_from": files,
         "datasets": datasets,
         "seconds": sum(run["seconds"] for run in runs.values()),
     }
@@ -412,7 +463,10 @@ def report_sections(results: dict) -> list[str]:
     headroom_steps = results["settings"]["headroom_steps"]
     lines = []
     if "merged_from" in results:
-        files = " ".join(source["file"] for source in results["merged_from"])
+        files = " ".join(
+            source["file"] + (":" + ",".join(source["only"]) if "only" in source else "")
+            for source in results["merged_from"]
+        )
         lines += [
             f"Merged with `python benchmarks/graph_grpo.py --merge_from {files}` (measuring nothing): each dataset "
             "below was measured by the command it names.",
@@ -429,7 +483,8 @@ def report_sections(results: dict) -> list[str]:
                 "",
             ]
         lines += [
-            f"Pretraining: `{part['pretraining']['command']}`. GRPO learning rate frozen on validation: "
+            f"Pretraining: `{part['pretraining']['command']}`. GRPO reward: `{section_reward(part, name)}` "
+            f"({REWARD_DESCRIPTIONS[section_reward(part, name)]}). GRPO learning rate frozen on validation: "
             f"{s['learning_rate']:g} ({grid}).",
             "",
             "Mean ± standard error over seeds (each 40 samples at the stated CTMC steps; novelty against the 128 "
@@ -465,7 +520,7 @@ def report_sections(results: dict) -> list[str]:
             m = s[key]
             cells = [f"{m[f'mmd_{stat}']['mean']:.2e} ± {m[f'mmd_{stat}']['sem']:.1e}" for stat in STATISTICS]
             lines.append(f"| {label} | {steps} | {' | '.join(cells)} | {_ms(m['edges_mean'])} |")
-        lines += ["", "GRPO runs (reward = mean validity of the step's rollouts):", ""]
+        lines += ["", f"GRPO runs (reward = mean `{section_reward(part, name)}` of the step's rollouts):", ""]
         lines += [
             "| seed | train s | reward, first step | reward, last step | test V.U.N. |",
             "| --- | --- | --- | --- | --- |",
@@ -493,7 +548,7 @@ def draw(results: dict, path: str) -> None:
                 range(1, len(run["reward_curve"]) + 1), run["reward_curve"], alpha=0.7, label=f"seed {run['seed']}"
             )
         ax.set_xlabel("GRPO step")
-        ax.set_ylabel("mean rollout reward (validity)")
+        ax.set_ylabel(f"mean rollout reward ({section_reward(results['datasets'][name], name)})")
         ax.set_title(f"{name}-{results['settings']['num_nodes']}")
         ax.legend(fontsize=7)
     fig.tight_layout()

@@ -2,6 +2,7 @@
 measuring anything, each dataset keeping the command of the run that measured it; files that do not fit together (other
 settings, a dataset twice, recorded targets that do not rebuild) are refused."""
 
+import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -25,8 +26,8 @@ def measurements(base: float) -> dict:
     return {key: mean_spread([base + 0.01 * i for i in range(5)]) for key in KEYS}
 
 
-def write_run(folder: Path, dataset: str, command: str, grpo: float = 0.7, **changed) -> Path:
-    """A results file as a run of `--datasets <dataset>` writes it (made-up measurements, computed targets)."""
+def section(dataset: str, grpo: float) -> dict:
+    """One dataset's section of a results file (made-up measurements, computed targets)."""
     part = {
         "pretraining": {"command": f"python training/train_graph_flow.py --dataset_name {dataset}", "cached": False},
         "validation": {"validation": [{"name": "lr=0.0001", "candidate": 1e-4, "score": 0.6}]},
@@ -40,17 +41,32 @@ def write_run(folder: Path, dataset: str, command: str, grpo: float = 0.7, **cha
             "learning_rate": 1e-4,
         },
     }
+    part["summary"]["targets"] = bench.dataset_targets(part["summary"], dataset, 500)
+    return part
+
+
+def write_run(
+    folder: Path, dataset: str, command: str, grpo: float = 0.7, datasets=None, reward=True, **changed
+) -> Path:
+    """A results file as a run of `--datasets <dataset>` (or of each of `datasets`) writes it. `reward=False` writes
+    it as runs did before the shaped planar reward (no `planar_reward` setting, no `reward` in the sections)."""
+    datasets = datasets or [dataset]
     skip = ("output_dir", "no_cache", "from_results", "merge_from")
     settings = {k: v for k, v in vars(bench.parse_args([])).items() if k not in skip}  # the defaults, as a run records
-    settings.update(datasets=[dataset], **changed)
+    settings.update(datasets=datasets, **changed)
+    parts = {name: section(name, grpo) for name in datasets}
+    if reward:
+        for name, part in parts.items():
+            part["reward"] = bench.reward_name(argparse.Namespace(**settings), name)
+    else:
+        settings.pop("planar_reward")
     results = {
         "command": command,
         "settings": settings,
         "code_hash": f"{dataset}-hash-0123456789",
-        "datasets": {dataset: part},
+        "datasets": parts,
         "seconds": 100.0 if dataset == "tree" else 200.0,
     }
-    part["summary"]["targets"] = bench.dataset_targets(part["summary"], dataset, 500)
     results["summary"] = {"targets": bench.all_targets(results)}
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "graph_grpo.json"
@@ -115,3 +131,53 @@ def test_merge_refuses_files_that_do_not_fit(tmp_path):
         bench.merge_results([str(tree), str(planar)])
     with pytest.raises(SystemExit):
         bench.parse_args(["--merge_from", str(tree), "--from_results", str(tree)])
+
+
+def test_a_dataset_is_re_measured_with_another_reward_and_merged_with_the_others_untouched(tmp_path):
+    # an earlier merged-style file (tree and planar, validity rewards, written before rewards were recorded) and a
+    # new planar run with the shaped reward
+    earlier = write_run(
+        tmp_path / "earlier", "tree", "python benchmarks/graph_grpo.py", datasets=["tree", "planar"], reward=False
+    )
+    shaped = write_run(
+        tmp_path / "shaped",
+        "planar",
+        "python benchmarks/graph_grpo.py --datasets planar --planar_reward planar_shaped",
+        grpo=0.5,
+        planar_reward="planar_shaped",
+    )
+    assert json.loads(shaped.read_text())["datasets"]["planar"]["reward"] == "planar_shaped"
+    with pytest.raises(ValueError, match="'planar' is in an earlier file"):
+        bench.merge_results([str(earlier), str(shaped)])
+    with pytest.raises(ValueError, match=r"has no dataset \['tree'\]"):
+        bench.merge_results([f"{shaped}:tree"])
+    out = tmp_path / "out"
+    merged = bench.main(["--merge_from", f"{earlier}:tree", str(shaped), "--output_dir", str(out)])
+    before = json.loads(earlier.read_text())
+    tree = dict(merged["datasets"]["tree"])
+    assert tree.pop("measured_by")["command"] == "python benchmarks/graph_grpo.py"
+    assert tree == before["datasets"]["tree"]  # untouched, and naming no reward
+    assert merged["datasets"]["planar"]["reward"] == "planar_shaped"
+    assert [(f["datasets"], f.get("only")) for f in merged["merged_from"]] == [
+        (["tree"], ["tree"]),
+        (["planar"], None),
+    ]
+    report = (out / "graph_grpo.md").read_text()
+    assert f"--merge_from {earlier}:tree".replace(str(tmp_path) + "/", "") in report
+    assert "GRPO reward: `tree_validity`" in report and "GRPO reward: `planar_shaped`" in report
+    rebuilt = bench.main(["--from_results", str(out / "graph_grpo.json"), "--output_dir", str(tmp_path / "re")])
+    assert rebuilt["summary"]["targets"] == merged["summary"]["targets"]
+
+
+def test_each_dataset_trains_with_its_reward():
+    args = bench.parse_args([])
+    assert bench.reward_name(args, "tree") == "tree_validity"
+    assert bench.reward_name(args, "planar") == "planar_shaped"  # the reference's planar reward, by default
+    argv = bench.grpo_argv(args, "planar", "pre", "out", 0, 1e-4)
+    assert argv[argv.index("--reward_funcs") + 1] == "planar_shaped"
+    validity = bench.parse_args(["--planar_reward", "planar_validity"])
+    argv = bench.grpo_argv(validity, "planar", "pre", "out", 0, 1e-4)
+    assert argv[argv.index("--reward_funcs") + 1] == "planar_validity"
+    assert bench.section_reward({}, "planar") == "planar_validity"  # sections from before rewards were recorded
+    assert bench.split_merge_source("a/b.json:tree,planar") == ("a/b.json", ["tree", "planar"])
+    assert bench.split_merge_source("a/b.json") == ("a/b.json", None)

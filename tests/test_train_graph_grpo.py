@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -80,6 +81,27 @@ def test_tiny_run_saves_a_loadable_pipeline_and_resume_is_exact(tmp_path, pretra
     assert "train_graph_grpo.py" in (resumed / "README.md").read_text()
 
 
+def test_planar_shaped_reward_takes_its_statistics_from_the_planar_training_split(tmp_path, pretrained):
+    from diffusers_ext.data.graphs import spectre_splits
+    from diffusers_ext.rewards import PlanarShapedReward
+
+    torch.set_num_threads(1)
+    history = _run(
+        pretrained, tmp_path / "shaped", 1, "--dataset_name", "planar", "--reward_funcs", "planar_shaped",
+        "--num_eval_graphs", "0",
+    )  # fmt: skip
+    mean = history[0]["rewards/planar_shaped_reward/mean"]
+    assert history[0]["reward"] == pytest.approx(mean) and 0.0 <= mean <= 1.0
+    spec = importlib.util.spec_from_file_location("train_graph_grpo", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    reward = module.build_reward("planar_shaped", [6], 0)
+    expected = PlanarShapedReward(spectre_splits("planar", 6, 0)["train"])
+    assert isinstance(reward, PlanarShapedReward)
+    np.testing.assert_array_equal(reward.reference_orbits, expected.reference_orbits)
+    np.testing.assert_array_equal(reward.reference_degree, expected.reference_degree)
+
+
 def test_two_cpu_processes(tmp_path, pretrained):
     out = tmp_path / "ddp"
     command = [
@@ -98,7 +120,7 @@ def test_bad_arguments_fail_with_one_line_errors(tmp_path, pretrained):
     cases = [
         ([], "--pretrained_model_name_or_path is required"),
         (["--pretrained_model_name_or_path", str(tmp_path)], "is not a pipeline folder"),
-        (["--pretrained_model_name_or_path", pretrained, "--reward_funcs", "qed"], "--reward_funcs"),
+        (["--pretrained_model_name_or_path", pretrained, "--reward_funcs", "qed"], "--reward_funcs 'qed' unknown"),
         (["--pretrained_model_name_or_path", pretrained, "--dataset_name", "sbm"], "--dataset_name"),
         (["--pretrained_model_name_or_path", pretrained, "--num_generations", "1"], "num_generations"),
         (["--pretrained_model_name_or_path", pretrained, "--num_eval_graphs", "-1"], "--num_eval_graphs"),

@@ -11,6 +11,8 @@ step's metrics to `output_dir/trainer_state.json` (`log_history`, as TRL keeps t
 
     accelerate launch training/train_graph_grpo.py --pretrained_model_name_or_path graph-flow-tree16 \
         --dataset_name tree --reward_funcs tree_validity --num_nodes 16 --output_dir graph-grpo-tree16
+    accelerate launch training/train_graph_grpo.py --pretrained_model_name_or_path graph-flow-planar16 \
+        --dataset_name planar --reward_funcs planar_shaped --num_nodes 16 --output_dir graph-grpo-planar16
 """
 
 import json
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 
 logger = logging.getLogger("train_graph_grpo")
 
-REWARDS = ("tree_validity", "planar_validity")
+REWARDS = ("tree_validity", "planar_validity", "planar_shaped")
 
 
 @dataclass
@@ -39,7 +41,10 @@ class ScriptArguments:
     data_seed: int = field(default=0, metadata={"help": "Seed of the regenerated split (as in pretraining)."})
     reward_funcs: list[str] = field(
         default_factory=lambda: ["tree_validity"],
-        metadata={"help": f"Reward functions by name: {', '.join(REWARDS)}."},
+        metadata={
+            "help": f"Reward functions by name: {', '.join(REWARDS)} (planar_shaped: Graph-GRPO's planar reward, its "
+            "reference statistics from the regenerated planar training split at the --num_nodes node counts)."
+        },
     )
     num_eval_graphs: int = field(default=40, metadata={"help": "Samples for the final V.U.N. (0: none)."})
     eval_inference_steps: int | None = field(
@@ -47,13 +52,20 @@ class ScriptArguments:
     )
 
 
-def build_reward(name: str):
+def build_reward(name: str, num_nodes: list[int], data_seed: int):
+    """The reward function called `name`; `planar_shaped` takes its reference statistics from the regenerated planar
+    training splits (seed `data_seed`) of the node counts `num_nodes`."""
     from diffusers_ext.rewards import graphs
 
     if name == "tree_validity":
         return graphs.tree_validity_reward
     if name == "planar_validity":
         return graphs.planar_validity_reward
+    if name == "planar_shaped":
+        from diffusers_ext.data.graphs import spectre_splits
+
+        reference = [g for n in num_nodes for g in spectre_splits("planar", n, data_seed)["train"]]
+        return graphs.PlanarShapedReward(reference)
     raise ValueError(f"--reward_funcs {name!r} unknown; expected some of {REWARDS}.")
 
 
@@ -73,6 +85,11 @@ def parse_args(argv=None):
         raise ValueError("--pretrained_model_name_or_path is required (a GraphFlowPipeline folder).")
     if script_args.dataset_name not in ("tree", "planar"):
         raise ValueError(f"--dataset_name must be 'tree' or 'planar', got {script_args.dataset_name!r}.")
+    if not script_args.reward_funcs:
+        raise ValueError(f"--reward_funcs needs at least one reward, some of {REWARDS}.")
+    unknown = [name for name in script_args.reward_funcs if name not in REWARDS]
+    if unknown:
+        raise ValueError(f"--reward_funcs {' '.join(unknown)!r} unknown; expected some of {REWARDS}.")
     if script_args.num_eval_graphs < 0:
         raise ValueError(f"--num_eval_graphs must be >= 0, got {script_args.num_eval_graphs}.")
     if script_args.eval_inference_steps is not None and script_args.eval_inference_steps < 1:
@@ -119,14 +136,12 @@ def main(argv=None):
     script_args, config, lora_args = parse_args(argv)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     from diffusers_ext import GraphGRPOTrainer
-
-    reward_funcs = [build_reward(name) for name in script_args.reward_funcs]
-    if not reward_funcs:
-        raise ValueError("--reward_funcs needs at least one reward.")
     from diffusers_ext.data.graphs import require_networkx
 
     require_networkx("train_graph_grpo.py")
     pipeline = load_pipeline(script_args.pretrained_model_name_or_path)
+    node_counts = config.num_nodes or [int(pipeline.scheduler.node_count_probs.argmax())]
+    reward_funcs = [build_reward(name, node_counts, script_args.data_seed) for name in script_args.reward_funcs]
     trainer = GraphGRPOTrainer(pipeline, reward_funcs, config, peft_config=lora_args.to_peft_config())
     accelerator = trainer.accelerator
     logger.info(accelerator.state)
@@ -143,9 +158,8 @@ def main(argv=None):
         )
     metrics = {}
     if accelerator.is_main_process and script_args.num_eval_graphs:
-        counts = config.num_nodes or [int(pipeline.scheduler.node_count_probs.argmax())]
         trainer.unwrapped_model.eval()
-        metrics = evaluate(pipeline, script_args, config, counts[0], config.seed)
+        metrics = evaluate(pipeline, script_args, config, node_counts[0], config.seed)
         logger.info(f"validation: {metrics}")
     trainer.save_model(base_model=script_args.pretrained_model_name_or_path, metrics=metrics)
     if accelerator.is_main_process:

@@ -11,7 +11,7 @@ from .classifier import ClassifierReward, digit_accuracy
 from .clip_score import CLIPScoreReward
 from .color import BrightnessReward, ColorReward
 from .compressibility import jpeg_compressibility, jpeg_incompressibility
-from .graphs import planar_validity_reward, tree_validity_reward
+from .graphs import PlanarShapedReward, planar_validity_reward, tree_validity_reward
 from .images import images_to_tensor
 from .mosaic import MosaicJudgeReward, mosaic_reward_rows
 
@@ -27,6 +27,7 @@ __all__ = [
     "jpeg_incompressibility",
     "MosaicJudgeReward",
     "mosaic_reward_rows",
+    "PlanarShapedReward",
     "planar_validity_reward",
     "tree_validity_reward",
 ]
