@@ -253,24 +253,32 @@ def molecules_to_dense(smiles: list[str], max_num_nodes: int | None = None):
     return graphs_to_dense([smiles_to_graph(s) for s in smiles], max_num_nodes)
 
 
-def molecule_metrics(graphs: list, train_smiles) -> dict[str, float]:
-    """Validity, uniqueness and novelty of generated molecular graphs (the usual definitions, as fractions):
+def smiles_metrics(smiles: list, train_smiles) -> dict[str, float]:
+    """Validity, uniqueness and novelty of generated molecules given as canonical SMILES (`None` = invalid), as
+    fractions (the usual definitions):
 
-    - `valid`: valid graphs / all graphs;
-    - `unique`: distinct canonical SMILES among the valid ones / valid ones;
+    - `valid`: valid / all;
+    - `unique`: distinct SMILES among the valid ones / valid ones;
     - `novel`: distinct valid SMILES not in `train_smiles` (canonical) / distinct valid ones;
-    - `vun`: distinct, novel, valid molecules / all graphs.
+    - `vun`: distinct, novel, valid molecules / all.
     """
-    if not isinstance(graphs, (list, tuple)) or not graphs:
-        raise ValueError(f"`graphs` must be a non-empty list of networkx graphs, got {type(graphs).__name__}.")
+    if not isinstance(smiles, (list, tuple)) or not smiles:
+        raise ValueError(f"`smiles` must be a non-empty list of SMILES strings or None, got {type(smiles).__name__}.")
     train = set(train_smiles)
-    smiles = [graph_to_smiles(g) for g in graphs]
     valid = [s for s in smiles if s is not None]
     distinct = set(valid)
     novel = distinct - train
     return {
-        "valid": len(valid) / len(graphs),
+        "valid": len(valid) / len(smiles),
         "unique": len(distinct) / len(valid) if valid else 0.0,
         "novel": len(novel) / len(distinct) if distinct else 0.0,
-        "vun": len(novel) / len(graphs),
+        "vun": len(novel) / len(smiles),
     }
+
+
+def molecule_metrics(graphs: list, train_smiles) -> dict[str, float]:
+    """[`smiles_metrics`] of generated molecular graphs (invalid graphs, see [`graph_to_molecule`], count as
+    invalid): `valid`, `unique`, `novel` and `vun` fractions."""
+    if not isinstance(graphs, (list, tuple)) or not graphs:
+        raise ValueError(f"`graphs` must be a non-empty list of networkx graphs, got {type(graphs).__name__}.")
+    return smiles_metrics([graph_to_smiles(g) for g in graphs], train_smiles)
