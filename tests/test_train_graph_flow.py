@@ -63,3 +63,25 @@ def test_bad_arguments_fail_with_one_line_error(tmp_path, capsys, args, message)
         _run(tmp_path, 1, *args)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("rdkit") is None or importlib.util.find_spec("moses") is None,
+    reason="needs RDKit and the molsets wheel (pip install --no-deps molsets)",
+)
+def test_tiny_moses_run_has_the_molecule_vocabulary_and_node_counts(tmp_path):
+    from diffusers_ext import GraphFlowPipeline
+    from diffusers_ext.data.molecules import NUM_EDGE_CLASSES, NUM_NODE_CLASSES
+
+    torch.set_num_threads(1)
+    _run(tmp_path, 2, "--dataset_name", "moses", "--max_heavy_atoms", "12", "--num_train_molecules", "50")
+    pipe = GraphFlowPipeline.from_pretrained(str(tmp_path))
+    config = pipe.scheduler.config
+    assert (config.num_node_classes, config.num_edge_classes) == (NUM_NODE_CLASSES, NUM_EDGE_CLASSES)
+    assert pipe.model.config.num_node_classes == NUM_NODE_CLASSES
+    counts = pipe.scheduler.node_count_probs
+    assert len(counts) == 13 and float(counts[:8].sum()) < 0.5  # node counts up to 12, most near the top
+    assert float(pipe.scheduler.node_marginals[0]) > 0.5  # carbon is most of the atoms
+    metrics = json.loads((tmp_path / "validation_metrics.json").read_text())
+    assert set(metrics) == {f"{k} (3 steps)" for k in ("valid", "unique", "novel", "vun", "qed")}
+    assert "MOSES molecules" in (tmp_path / "README.md").read_text()

@@ -1,13 +1,19 @@
-"""Pretrain a discrete graph flow model (DeFoG) on SPECTRE-style planar or tree graphs.
+"""Pretrain a discrete graph flow model (DeFoG) on SPECTRE-style planar or tree graphs, or on small molecules.
 
     accelerate launch training/train_graph_flow.py --output_dir graph-flow-tree16 --dataset_name tree --num_nodes 16 \
         --max_train_steps 3000
+    accelerate launch training/train_graph_flow.py --output_dir graph-flow-moses16 --dataset_name moses \
+        --max_heavy_atoms 16 --num_train_molecules 4000
 
-The graphs are regenerated with the benchmark's generators (`diffusers_ext.data.graphs.spectre_splits`, split
-128 / 32 / 40). The result is a `GraphFlowPipeline` folder (`GraphTransformerModel` + `GraphDiscreteFlowScheduler`
+The planar / tree graphs are regenerated with the benchmark's generators (`diffusers_ext.data.graphs.spectre_splits`,
+split 128 / 32 / 40). `moses` trains on `--num_train_molecules` random MOSES training molecules with at most
+`--max_heavy_atoms` heavy atoms (`diffusers_ext.data.molecules.moses_splits`; RDKit and the `molsets` wheel):
+7 atom types (C, N, O, F, S, Cl, Br) and 4 edge classes (none and the kekulized single, double, triple bonds); node
+counts are drawn from the training molecules' (`--num_nodes` is not used). The result is a `GraphFlowPipeline` folder (`GraphTransformerModel` + `GraphDiscreteFlowScheduler`
 with the training marginals); checkpoints are `output_dir/checkpoint-<step>` and `--resume_from_checkpoint latest`
 continues where the last one stopped. At the end, V.U.N. of `--num_eval_graphs` samples against the training split
-is written to `output_dir/validation_metrics.json` (against the validation split's validity rule; not a benchmark).
+is written to `output_dir/validation_metrics.json` (against the validation split's validity rule; not a benchmark); for
+`moses`, validity (RDKit sanitization, one fragment), uniqueness, novelty against the training molecules and mean QED.
 """
 
 import argparse
@@ -33,8 +39,14 @@ logger = get_logger(__name__, log_level="INFO")
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset_name", type=str, default="tree", choices=["tree", "planar"], help="Graph family.")
-    data.add_argument("--num_nodes", type=int, default=16, help="Nodes per graph.")
+    data.add_argument(
+        "--dataset_name", type=str, default="tree", choices=["tree", "planar", "moses"], help="Graph family."
+    )
+    data.add_argument("--num_nodes", type=int, default=16, help="Nodes per graph (tree, planar).")
+    data.add_argument("--max_heavy_atoms", type=int, default=16, help="moses: keep molecules up to this size.")
+    data.add_argument(
+        "--num_train_molecules", type=int, default=4000, help="moses: random training molecules (0: all, ~20k)."
+    )
     data.add_argument("--data_seed", type=int, default=0, help="Seed of the regenerated graphs.")
     model = parser.add_argument_group("model")
     model.add_argument("--node_dim", type=int, default=64, help="Node stream width.")
@@ -65,6 +77,11 @@ def parse_args(argv=None):
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+    if args.num_train_molecules < 0 or args.max_heavy_atoms < 2:
+        parser.error(
+            f"--num_train_molecules must be >= 0 and --max_heavy_atoms >= 2, got {args.num_train_molecules} and "
+            f"{args.max_heavy_atoms}."
+        )
     if args.num_nodes < 3:
         parser.error(f"--num_nodes must be >= 3, got {args.num_nodes}.")
     if args.num_eval_graphs < 0:
@@ -93,20 +110,36 @@ def main(argv=None):
     )
 
     accelerator = start_run(args, logger)
-    splits = spectre_splits(args.dataset_name, args.num_nodes, args.data_seed)
-    X, E, mask = graphs_to_dense(splits["train"])
-    node_p0, edge_p0 = GraphDiscreteFlowScheduler.marginals_from_dense(X, E, mask, 1, 2)
-    counts = torch.bincount(mask.sum(1), minlength=args.num_nodes + 1).double()
+    molecules = args.dataset_name == "moses"
+    if molecules:
+        from diffusers_ext.data import molecules as mol_data
+
+        splits = mol_data.moses_splits(
+            args.max_heavy_atoms,
+            num_train=args.num_train_molecules or None,
+            num_val=0,
+            num_test=1,
+            seed=args.data_seed,
+        )
+        X, E, mask = mol_data.molecules_to_dense(splits["train"], args.max_heavy_atoms)
+        num_node_classes, num_edge_classes = mol_data.NUM_NODE_CLASSES, mol_data.NUM_EDGE_CLASSES
+        max_nodes = args.max_heavy_atoms
+    else:
+        splits = spectre_splits(args.dataset_name, args.num_nodes, args.data_seed)
+        X, E, mask = graphs_to_dense(splits["train"])
+        num_node_classes, num_edge_classes, max_nodes = 1, 2, args.num_nodes
+    node_p0, edge_p0 = GraphDiscreteFlowScheduler.marginals_from_dense(X, E, mask, num_node_classes, num_edge_classes)
+    counts = torch.bincount(mask.sum(1), minlength=max_nodes + 1).double()
     scheduler = GraphDiscreteFlowScheduler(
-        num_node_classes=1,
-        num_edge_classes=2,
+        num_node_classes=num_node_classes,
+        num_edge_classes=num_edge_classes,
         node_marginals=node_p0,
         edge_marginals=edge_p0,
         node_count_probs=(counts / counts.sum()).tolist(),
     )
     model = GraphTransformerModel(
-        num_node_classes=1,
-        num_edge_classes=2,
+        num_node_classes=num_node_classes,
+        num_edge_classes=num_edge_classes,
         node_dim=args.node_dim,
         edge_dim=args.edge_dim,
         num_layers=args.num_layers,
@@ -165,20 +198,31 @@ def main(argv=None):
             pipeline.set_progress_bar_config(disable=True)
             graphs = pipeline(
                 num_graphs=args.num_eval_graphs,
-                num_nodes=args.num_nodes,
+                num_nodes=None if molecules else args.num_nodes,
                 num_inference_steps=args.eval_inference_steps,
                 generator=torch.Generator(accelerator.device).manual_seed(args.seed),
             ).graphs
-            scores = vun(graphs, splits["train"], args.dataset_name)
+            if molecules:
+                from diffusers_ext.rewards.molecules import qed_reward
+
+                scores = mol_data.molecule_metrics(graphs, splits["train"])
+                scores["qed"] = sum(qed_reward(graphs)) / len(graphs)
+            else:
+                scores = vun(graphs, splits["train"], args.dataset_name)
             metrics = {f"{k} ({args.eval_inference_steps} steps)": v for k, v in scores.items()}
         with open(os.path.join(args.output_dir, "validation_metrics.json"), "w", encoding="utf-8") as f:
             json.dump(metrics, f, indent=2)
+        data_text = (
+            f"{len(splits['train'])} MOSES molecules of at most {args.max_heavy_atoms} heavy atoms"
+            if molecules
+            else f"128 regenerated {args.dataset_name} graphs of {args.num_nodes} nodes"
+        )
         write_model_card(
             args.output_dir,
-            title=f"Discrete graph flow (DeFoG) on {args.dataset_name}-{args.num_nodes}",
+            title=f"Discrete graph flow (DeFoG) on {args.dataset_name}-{max_nodes}",
             description=(
                 f"A `GraphTransformerModel` ({sum(p.numel() for p in final.parameters()):,} parameters) trained with "
-                f"`training/train_graph_flow.py` on 128 regenerated {args.dataset_name} graphs of {args.num_nodes} nodes: "
+                f"`training/train_graph_flow.py` on {data_text}: "
                 f"{args.max_train_steps} steps. Sample with `GraphFlowPipeline.from_pretrained(folder)`."
             ),
             command=command_line(),
@@ -191,6 +235,6 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main()
-    except ValueError as error:
+    except (ValueError, ImportError) as error:
         print(f"train_graph_flow.py: error: {error}", file=sys.stderr)
         sys.exit(2)
