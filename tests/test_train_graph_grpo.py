@@ -35,22 +35,8 @@ TINY = [
 TINY_MOLECULES = [arg for i, arg in enumerate(TINY) if "--num_nodes" not in TINY[max(i - 1, 0) : i + 1]]
 # the novelty reference of the tiny molecule run (its moses_data_dir's train.csv.gz) and its pretraining molecules
 SMALL_MOLECULES = [
-    "CC",
-    "CO",
-    "CN",
-    "CF",
-    "CS",
-    "CCl",
-    "CBr",
-    "C=C",
-    "C=O",
-    "C#N",
-    "CCC",
-    "CCO",
-    "OCO",
-    "CC=O",
-    "CC#N",
-]
+    "CC", "CO", "CN", "CF", "CS", "CCl", "CBr", "C=C", "C=O", "C#N", "CCC", "CCO", "OCO", "CC=O", "CC#N",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
