@@ -32,7 +32,7 @@ TINY = [
     "--num_eval_graphs", "4", "--disable_tqdm", "true", "--seed", "1",
 ]  # fmt: skip
 # the molecule runs draw node counts from the pipeline's distribution: no --num_nodes
-TINY_MOLECULES = [arg for i, arg in enumerate(TINY) if "--num_nodes" not in TINY[max(i - 1, 0) : i + 1]]
+TINY_MOLECULES = TINY[: TINY.index("--num_nodes")] + TINY[TINY.index("--num_nodes") + 2 :]
 # the novelty reference of the tiny molecule run (its moses_data_dir's train.csv.gz) and its pretraining molecules
 SMALL_MOLECULES = [
     "CC", "CO", "CN", "CF", "CS", "CCl", "CBr", "C=C", "C=O", "C#N", "CCC", "CCO", "OCO", "CC=O", "CC#N",
