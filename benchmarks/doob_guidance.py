@@ -39,10 +39,19 @@ def parse_args(argv=None):
     parser.add_argument("--num_rollouts", type=int, default=16, help="Doob MC / path-integral rollouts.")
     parser.add_argument("--reference_rollouts", type=int, default=128, help="Rollouts of the bound's reference.")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Sampling seeds of the test split.")
-    parser.add_argument("--output_dir", default=RESULTS, help="Where doob_guidance.json/.md/.png go.")
+    parser.add_argument("--output_dir", default=RESULTS, help="Where the results' .json/.md/.png go.")
+    parser.add_argument(
+        "--results_name",
+        default="doob_guidance",
+        help="Stem of the results files (another map setting, another name).",
+    )
     args = parser.parse_args(argv)
     if len(args.seeds) < 3:
         parser.error(f"--seeds needs >= 3 seeds (the protocol), got {args.seeds}.")
+    if not args.results_name.replace("_", "").replace("-", "").isalnum():
+        parser.error(
+            f"--results_name must be a plain file stem (letters, digits, _ and -), got {args.results_name!r}."
+        )
     return args
 
 
@@ -359,7 +368,7 @@ def main(argv=None):
     results["summary"] = summarise(args, results)
     results["seconds"] = time.perf_counter() - started
     write_results(
-        os.path.join(args.output_dir, "doob_guidance"),
+        os.path.join(args.output_dir, args.results_name),
         results,
         "Doob h-transform guidance on Navigation2D (reconstructed), each method tuned on validation maps",
         report_sections(results),
