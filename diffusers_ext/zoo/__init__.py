@@ -125,6 +125,13 @@ ENTRIES = {
             "the test bed of Doob h-transform guidance.",
             "DoobGuidedPlannerPipeline",
         ),
+        ZooEntry(
+            "graph-flow-tree16",
+            "Discrete graph flow model (DeFoG-style GraphTransformerModel, 4 layers, + GraphDiscreteFlowScheduler) "
+            "pretrained on SPECTRE random trees of 16 nodes; the pretrained model of the Graph-GRPO tree-16 benchmark "
+            "(sample with num_nodes=16, num_inference_steps=50).",
+            "GraphFlowPipeline",
+        ),
     )
 }
 
