@@ -15,7 +15,8 @@ the molecular rewards `qed` (RDKit's QED) or `similarity` (Morgan-fingerprint Ta
 check is molecule validity, uniqueness and novelty against the MOSES training molecules (RDKit, the `molecules`
 extra, and the `molsets` wheel or `--moses_data_dir`).
 
-    accelerate launch training/train_graph_grpo.py --pretrained_model_name_or_path graph-flow-tree16 \
+    accelerate launch training/train_graph_grpo.py \
+        --pretrained_model_name_or_path diffusers_ext/zoo/graph-flow-tree16 \
         --dataset_name tree --reward_funcs tree_validity --num_nodes 16 --output_dir graph-grpo-tree16
     accelerate launch training/train_graph_grpo.py --pretrained_model_name_or_path graph-flow-planar16 \
         --dataset_name planar --reward_funcs planar_shaped --num_nodes 16 --output_dir graph-grpo-planar16
