@@ -53,7 +53,24 @@ def parse_args(argv=None):
     )
     parser.add_argument("--num_inference_steps", type=int, default=10, help="DDIM steps.")
     parser.add_argument("--eval_stride", type=int, default=3, help="Steps between evaluated forecast origins.")
-    parser.add_argument("--guidance_scales", type=float, nargs="+", default=[0.1, 1.0, 10.0], help="Validation grid.")
+    parser.add_argument(
+        "--guidance_scales",
+        type=float,
+        nargs="+",
+        default=[0.1, 1.0, 10.0],
+        help="Validation grid of guidance_scale, the same for both steered methods (the committed full run used the "
+        "default; at 0.1 a point with sigma <= 0.55 is already pulled all the way to the mechanistic mean in the "
+        "first DDIM steps, so 0.001-0.03 give weaker steering).",
+    )
+    parser.add_argument(
+        "--reporting_shares",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        help="Validation grid of the reported share of infections for the SIR variant: its population is "
+        "`share * N` (reports of a share rho of the infections of N people follow an SIR on rho * N in report "
+        "units). The committed full run used 1 only.",
+    )
     parser.add_argument("--sigma_min", type=float, default=0.1, help="Smallest sigma (standardised units).")
     parser.add_argument("--sigma_max", type=float, default=1.0, help="Largest sigma.")
     parser.add_argument("--sim_nodes", type=int, default=10, help="Regions of the simulator.")
@@ -145,17 +162,35 @@ def run_task(task: str, args) -> dict:
 
     # the mechanistic baseline's own choice on validation (by CRPS of its gamma predictive)
     # variant x fit length x R0 box (the prior is centred on the box: (0.7, 1.4) centres it on R0 = 1, no growth)
-    candidates = [(v, f, b) for v in ("si", "sir") for f in (None, 6, 4) for b in ((0.5, 4.0), (0.7, 1.4))]
+    # x, for the SIR variant (the SI one never reads the population), the reported share of infections
+    candidates = [
+        (v, f, b, r)
+        for v in ("si", "sir")
+        for f in (None, 6, 4)
+        for b in ((0.5, 4.0), (0.7, 1.4))
+        for r in (args.reporting_shares if v == "sir" else [1.0])
+    ]
     mech_validation = []
-    for variant, fit_length, r0_bounds in candidates:
-        config = MechanisticConfig(variant=variant, fit_length=fit_length, population=population, r0_bounds=r0_bounds)
+    for variant, fit_length, r0_bounds, share in candidates:
+        config = MechanisticConfig(
+            variant=variant, fit_length=fit_length, population=population * share, r0_bounds=r0_bounds
+        )
         mean, var = mechanistic_on(evaluated["validation"], horizon, config)
         draws = gamma_draws(mean, var, args.num_samples, seed=0)
         summary = summary_of(scores_of(draws, evaluated["validation"].future), points)
-        mech_validation.append({"variant": variant, "fit_length": fit_length, "r0_bounds": list(r0_bounds), **summary})
+        row = {"variant": variant, "fit_length": fit_length, "r0_bounds": list(r0_bounds), "reporting_share": share}
+        mech_validation.append({**row, **summary})
     best = min(range(len(candidates)), key=lambda i: mech_validation[i]["crps"])
-    variant, fit_length, r0_bounds = candidates[best]
-    mech_config = MechanisticConfig(variant=variant, fit_length=fit_length, population=population, r0_bounds=r0_bounds)
+    variant, fit_length, r0_bounds, share = candidates[best]
+    mech_config = MechanisticConfig(
+        variant=variant, fit_length=fit_length, population=population * share, r0_bounds=r0_bounds
+    )
+    mech_choice = {
+        "variant": variant,
+        "fit_length": fit_length,
+        "r0_bounds": list(r0_bounds),
+        "reporting_share": share,
+    }
     mech = {s: mechanistic_on(evaluated[s], horizon, mech_config) for s in ("validation", "test")}
     train_mean, train_var = mechanistic_on(splits["train"], horizon, mech_config)
     bounds = fit_sigma_bounds(train_var)  # training windows only
@@ -285,7 +320,7 @@ def run_task(task: str, args) -> dict:
         "windows": {k: int(len(v.origins)) for k, v in splits.items()},
         "evaluated_windows": {k: int(len(v.origins)) for k, v in evaluated.items()},
         "mechanistic_validation": mech_validation,
-        "mechanistic_choice": {"variant": variant, "fit_length": fit_length, "r0_bounds": list(r0_bounds)},
+        "mechanistic_choice": mech_choice,
         "sigma_bounds_from_train": list(bounds),
         "guidance_validation": validation_rows,
         "chosen_guidance_scale": chosen,

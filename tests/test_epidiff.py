@@ -150,6 +150,19 @@ def test_sir_variant_depletes_susceptibles():
     assert mu.argmax() not in (0, 79)  # an epidemic curve that rises and falls
 
 
+def test_sir_variant_on_the_reported_share_of_the_population_gives_the_reports():
+    # reports = share * infections of an SIR on N are the SIR on share * N in report units (the benchmark's
+    # `--reporting_shares` grid rests on this); the share changes how fast reports deplete the susceptibles
+    eta = np.log([[[1.8, 2.0], [2.5, 3.0]]])
+    infections = expected_incidence(eta, np.array([40.0]), 30, MechanisticConfig(variant="sir", population=1e5))
+    reports = expected_incidence(eta, np.array([12.0]), 30, MechanisticConfig(variant="sir", population=0.3e5))
+    np.testing.assert_allclose(reports, 0.3 * infections, rtol=1e-9)
+    growing = np.log([[[2.5, 3.0]]])
+    share = expected_incidence(growing, np.array([120.0]), 40, MechanisticConfig(variant="sir", population=0.3e5))
+    whole = expected_incidence(growing, np.array([120.0]), 40, MechanisticConfig(variant="sir", population=1e5))
+    assert share[0, 0].argmax() + 10 < whole[0, 0].argmax()  # the reported share's epidemic peaks much earlier
+
+
 def test_mechanistic_forecast_is_causal_and_reads_only_the_history():
     series = simulate_metapopulation_sir(num_nodes=4, num_steps=60, seed=2)
     windows = chronological_windows(series.values, history=10, horizon=6)["test"]
