@@ -57,19 +57,19 @@ def parse_args(argv=None):
         "--guidance_scales",
         type=float,
         nargs="+",
-        default=[0.1, 1.0, 10.0],
-        help="Validation grid of guidance_scale, the same for both steered methods (the committed full run used the "
-        "default; at 0.1 a point with sigma <= 0.55 is already pulled all the way to the mechanistic mean in the "
+        default=[0.001, 0.003, 0.01, 0.03, 0.1, 1.0, 10.0],
+        help="Validation grid of guidance_scale, the same for both steered methods (the first committed run used "
+        "0.1, 1 and 10; at 0.1 a point with sigma <= 0.55 is already pulled all the way to the mechanistic mean in the "
         "first DDIM steps, so 0.001-0.03 give weaker steering).",
     )
     parser.add_argument(
         "--reporting_shares",
         type=float,
         nargs="+",
-        default=[1.0],
+        default=[1.0, 0.5, 0.25, 0.1],
         help="Validation grid of the reported share of infections for the SIR variant: its population is "
         "`share * N` (reports of a share rho of the infections of N people follow an SIR on rho * N in report "
-        "units). The committed full run used 1 only.",
+        "units). The first committed run used 1 only.",
     )
     parser.add_argument("--sigma_min", type=float, default=0.1, help="Smallest sigma (standardised units).")
     parser.add_argument("--sigma_max", type=float, default=1.0, help="Largest sigma.")
