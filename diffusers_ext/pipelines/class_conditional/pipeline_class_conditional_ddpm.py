@@ -3,7 +3,7 @@
 from collections.abc import Callable
 
 import torch
-from diffusers import DiffusionPipeline, ImagePipelineOutput, UNet2DModel
+from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline, ImagePipelineOutput, UNet2DModel
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
@@ -144,6 +144,11 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
                 raise TypeError(
                     "`guidance` must be None or an object with `reset()` and `guide(model_fn, scheduler, timestep, "
                     f"sample, generator=...)` (e.g. a `DoobGuidance`), got {type(guidance).__name__}."
+                )
+            if not isinstance(self.scheduler, (DDPMScheduler, DDIMScheduler)):
+                raise ValueError(
+                    f"`guidance` needs a DDPMScheduler or DDIMScheduler (unscaled model input, `alphas_cumprod`), but "
+                    f"this pipeline's scheduler is {type(self.scheduler).__name__}."
                 )
             if isinstance(generator, list):
                 raise ValueError(
