@@ -29,6 +29,7 @@ _import_structure = {
     ],
     "pipelines.class_conditional.pipeline_class_conditional_ddpm": ["ClassConditionalDDPMPipeline"],
     "pipelines.dirp.pipeline_dirp": ["DIRPPipeline", "DIRPPipelineOutput"],
+    "pipelines.doob_guidance.classifier_constraint": ["ClassifierConstraint"],
     "pipelines.doob_guidance.guidance": ["DoobGuidance", "guided_sample"],
     "pipelines.doob_guidance.pipeline_doob_planner": [
         "DoobGuidedPlannerOutput",
@@ -148,6 +149,7 @@ if TYPE_CHECKING:
         DivideAndDenoisePipeline,
         DivideAndDenoisePipelineOutput,
     )
+    from .pipelines.doob_guidance.classifier_constraint import ClassifierConstraint
     from .pipelines.doob_guidance.guidance import DoobGuidance, guided_sample
     from .pipelines.doob_guidance.pipeline_doob_planner import (
         DoobGuidedPlannerOutput,

@@ -32,6 +32,7 @@ _import_structure = {
     ],
     "epidiff": ["QUANTILE_LEVELS", "gamma_draws", "quantile_loss", "summarize_scores", "window_scores"],
     "doob_guidance": ["plan_with_budget", "project_out_of_discs", "projection_guidance"],
+    "doob_guidance_digits": ["PixelDigitJudge", "PixelPCAFeatures"],
     "dirp.latent_mimicry": ["mimic_frechet", "sample_mimic"],
     "dirp.latent_protections": ["inversion_amplification", "protect_for_prompt"],
     "dirp.mimicry": ["MimicryReport", "evaluate_mimicry"],
@@ -204,6 +205,7 @@ if TYPE_CHECKING:
         window_corners,
     )
     from .doob_guidance import plan_with_budget, project_out_of_discs, projection_guidance
+    from .doob_guidance_digits import PixelDigitJudge, PixelPCAFeatures
     from .epidiff import QUANTILE_LEVELS, gamma_draws, quantile_loss, summarize_scores, window_scores
     from .lomdm import (
         markov_checksum_entropy_rate,

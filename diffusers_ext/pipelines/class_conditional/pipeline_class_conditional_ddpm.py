@@ -3,7 +3,7 @@
 from collections.abc import Callable
 
 import torch
-from diffusers import DiffusionPipeline, ImagePipelineOutput, UNet2DModel
+from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline, ImagePipelineOutput, UNet2DModel
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
@@ -90,6 +90,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
         callback_on_step_end_tensor_inputs,
         num_images_per_prompt=1,
         eta=0.0,
+        guidance=None,
     ) -> torch.Tensor | None:
         """Validate the call's arguments before any model work; return the labels as a `(batch,)` LongTensor."""
         check_positive_int("num_inference_steps", num_inference_steps)
@@ -138,12 +139,55 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
             )
 
         check_positive_int("num_images_per_prompt", num_images_per_prompt)
+        if guidance is not None:
+            if not callable(getattr(guidance, "guide", None)) or not callable(getattr(guidance, "reset", None)):
+                raise TypeError(
+                    "`guidance` must be None or an object with `reset()` and `guide(model_fn, scheduler, timestep, "
+                    f"sample, generator=...)` (e.g. a `DoobGuidance`), got {type(guidance).__name__}."
+                )
+            if not isinstance(self.scheduler, (DDPMScheduler, DDIMScheduler)):
+                raise ValueError(
+                    f"`guidance` needs a DDPMScheduler or DDIMScheduler (unscaled model input, `alphas_cumprod`), but "
+                    f"this pipeline's scheduler is {type(self.scheduler).__name__}."
+                )
+            if isinstance(generator, list):
+                raise ValueError(
+                    f"`generator` must be one torch.Generator (or None) when `guidance` is given, got a list of "
+                    f"{len(generator)}: the guidance's rollouts draw from one stream."
+                )
+            if generator is not None and torch.device(generator.device).type != "cpu":
+                raise ValueError(
+                    f"`generator` must be a CPU generator when `guidance` is given (the rollouts' noise is drawn on "
+                    f"the CPU), got one on {generator.device}."
+                )
         n = (labels.numel() if labels is not None else (batch_size or 1)) * num_images_per_prompt
         if isinstance(generator, list) and len(generator) != n:
             raise ValueError(f"`generator` is a list of {len(generator)} generators, but the batch has {n} images.")
         if latents is not None and tuple(latents.shape) != self._sample_shape(n):
             raise ValueError(f"`latents` has shape {tuple(latents.shape)}; expected {self._sample_shape(n)}.")
         return labels
+
+    def _guided_model_fn(self, labels: torch.Tensor | None, batch_size: int):
+        """The model as a `guidance` evaluates it: `(x (M, C, H, W), t (M,)) -> noise prediction (M, C, H, W)`,
+        with `M` a multiple of `batch_size` (rollouts repeat each image's rows, so its labels are repeated alike) and
+        classifier-free guidance applied when it is on. `labels` are the call's `(batch_size,)` labels, or
+        `(2 * batch_size,)` null-then-conditional ones under classifier-free guidance."""
+
+        def model_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            repeats = x.shape[0] // batch_size
+            class_labels = None
+            if labels is not None:
+                halves = labels.view(-1, batch_size)  # (1 or 2, batch_size)
+                class_labels = halves.repeat_interleave(repeats, dim=1).reshape(-1)
+            model_input = torch.cat([x] * 2) if self.do_classifier_free_guidance else x
+            timesteps = torch.cat([t] * 2) if self.do_classifier_free_guidance else t
+            noise_pred = self.unet(model_input.to(self.unet.dtype), timesteps, class_labels=class_labels).sample
+            if self.do_classifier_free_guidance:
+                noise_uncond, noise_cond = noise_pred.chunk(2)
+                noise_pred = noise_uncond + self.guidance_scale * (noise_cond - noise_uncond)
+            return noise_pred.to(x.dtype)
+
+        return model_fn
 
     @torch.no_grad()
     def __call__(
@@ -160,6 +204,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
         return_dict: bool = True,
         callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
         callback_on_step_end_tensor_inputs: list[str] = ["latents"],
+        guidance=None,
     ) -> ImagePipelineOutput | tuple:
         r"""
         Generate images, one per class label (or `batch_size` unconditional images).
@@ -187,6 +232,16 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
                 dict that replaces them.
             callback_on_step_end_tensor_inputs (`list[str]`, defaults to `["latents"]`): a subset of
                 `self._callback_tensor_inputs` (`"latents"`, `"noise_pred"`).
+            guidance (`DoobGuidance`, *optional*): training-free guidance applied around every `scheduler.step`
+                (any object with `reset()` and `guide(model_fn, scheduler, timestep, sample, generator=...)`, e.g.
+                a [`DoobGuidance`] built on a [`ClassifierConstraint`]). At each step it evaluates the model itself
+                as `model_fn(x (M, C, H, W), t (M,)) -> noise prediction (M, C, H, W)`, where `M` is the batch or a
+                multiple of it (its rollouts repeat each image's rows, and its labels with them; classifier-free
+                guidance, if on, is part of `model_fn`), and returns the output that `scheduler.step` takes.
+                Gradients are enabled locally where its estimator needs them. The scheduler must be one it supports
+                (`DDPMScheduler`, `DDIMScheduler`); `generator` must then be one CPU generator. After the call,
+                `guidance.num_model_evaluations`, `guidance.kl_estimate` and `guidance.satisfaction_lower_bound()`
+                describe the run.
 
         Examples:
 
@@ -214,6 +269,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
             callback_on_step_end_tensor_inputs,
             num_images_per_prompt,
             eta,
+            guidance,
         )
         self._guidance_scale = float(guidance_scale)
         self._interrupt = False
@@ -237,16 +293,22 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
         latents, timesteps = prepare_initial_noise(self.scheduler, num_inference_steps, latents, device)
         self._num_timesteps = len(timesteps)
         extra_step_kwargs = prepare_extra_step_kwargs(self.scheduler, generator, eta)
+        if guidance is not None:
+            guidance.reset()
+            model_fn = self._guided_model_fn(labels, n)
 
         for i, t in enumerate(self.progress_bar(timesteps)):
             if self.interrupt:
                 continue
-            model_input = torch.cat([latents] * 2) if self.do_classifier_free_guidance else latents
-            model_input = self.scheduler.scale_model_input(model_input, t)
-            noise_pred = self.unet(model_input, t, class_labels=labels).sample
-            if self.do_classifier_free_guidance:
-                noise_uncond, noise_cond = noise_pred.chunk(2)
-                noise_pred = noise_uncond + self.guidance_scale * (noise_cond - noise_uncond)
+            if guidance is not None:
+                noise_pred = guidance.guide(model_fn, self.scheduler, t, latents, generator=generator)
+            else:
+                model_input = torch.cat([latents] * 2) if self.do_classifier_free_guidance else latents
+                model_input = self.scheduler.scale_model_input(model_input, t)
+                noise_pred = self.unet(model_input, t, class_labels=labels).sample
+                if self.do_classifier_free_guidance:
+                    noise_uncond, noise_cond = noise_pred.chunk(2)
+                    noise_pred = noise_uncond + self.guidance_scale * (noise_cond - noise_uncond)
 
             latents = self.scheduler.step(noise_pred, t, latents, **extra_step_kwargs).prev_sample
 

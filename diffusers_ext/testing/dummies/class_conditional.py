@@ -9,6 +9,7 @@ from diffusers import DDIMScheduler
 
 from ...models.tiny_components import get_tiny_pixel_unet
 from ...pipelines.class_conditional.pipeline_class_conditional_ddpm import ClassConditionalDDPMPipeline
+from ...pipelines.doob_guidance.guidance import DoobGuidance
 from ..registry import BadInput, register_dummy_pipeline
 
 
@@ -49,6 +50,14 @@ BAD_INPUTS = [
     BadInput({"latents": torch.zeros(2, 1, SAMPLE_SIZE, SAMPLE_SIZE)}, "latents"),
     BadInput({"generator": [torch.Generator("cpu"), torch.Generator("cpu")]}, "generator"),
     BadInput({"callback_on_step_end_tensor_inputs": ["unet"]}, "callback_on_step_end_tensor_inputs"),
+    BadInput({"guidance": "doob"}, "guidance"),
+    BadInput(
+        {
+            "guidance": DoobGuidance(cost=lambda x0: x0.flatten(1).mean(1), estimator="mc"),
+            "generator": [torch.Generator("cpu").manual_seed(0)],
+        },
+        "generator",
+    ),
 ]
 
 register_dummy_pipeline(
