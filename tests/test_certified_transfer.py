@@ -128,6 +128,53 @@ def test_vectorizer_standardization_and_errors():
         vectorizer.fit(torch.zeros(1, 4))
 
 
+def test_canonical_lora_factors_keep_the_function_and_forget_the_factorisation():
+    from peft import get_peft_model_state_dict
+
+    model = _tiny_peft_model()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.normal_()
+    vectorizer = AdapterVectorizer.from_peft_model(model)
+    pairs = vectorizer.lora_pairs()
+    assert pairs and all("lora_A" in vectorizer.parameter_names[a] for a, _ in pairs)
+    vector = vectorizer.vectorize(get_peft_model_state_dict(model))
+    # another factorisation of the same products: (B G^-1, G A) for a random invertible G per pair
+    generator = torch.Generator().manual_seed(0)
+    chunks = list(torch.split(vector.double(), vectorizer.sizes))
+    for a, b in pairs:
+        rank = vectorizer.parameter_shapes[a][0]
+        g = torch.randn(rank, rank, generator=generator, dtype=torch.float64) + 2 * torch.eye(rank)
+        lora_a, lora_b = chunks[a].reshape(rank, -1), chunks[b].reshape(-1, rank)
+        chunks[a], chunks[b] = (g @ lora_a).reshape(-1), (lora_b @ torch.linalg.inv(g)).reshape(-1)
+    other = torch.cat(chunks).float()
+    assert (other - vector).abs().max() > 0.1
+    canonical = vectorizer.canonicalize_lora(torch.stack([vector, other]))
+    assert canonical.shape == (2, vectorizer.dim)
+    assert torch.allclose(canonical[0], canonical[1], atol=1e-4)  # the factorisation is forgotten
+    assert torch.allclose(vectorizer.canonicalize_lora(canonical), canonical, atol=1e-5)  # idempotent
+    # the adapted model computes the same function
+    x = torch.randn(3, 1, 8, 8)
+    expected = model(x)
+    vectorizer.load_into(model, canonical[1])
+    assert torch.allclose(model(x), expected, atol=1e-4)
+    # the factors are balanced (equal column / row norms) and sign-fixed
+    for a, b in pairs:
+        rank = vectorizer.parameter_shapes[a][0]
+        parts = torch.split(canonical[0], vectorizer.sizes)
+        lora_a, lora_b = parts[a].reshape(rank, -1), parts[b].reshape(-1, rank)
+        assert torch.allclose(lora_a.norm(dim=1), lora_b.norm(dim=0), rtol=1e-4)
+        peak = lora_b.abs().argmax(dim=0)
+        assert (lora_b[peak, torch.arange(rank)] > 0).all()
+    with pytest.raises(ValueError, match="no `lora_A`"):
+        AdapterVectorizer(["a"], [(2,)]).canonicalize_lora(torch.zeros(1, 2))
+    with pytest.raises(ValueError, match="partner"):
+        AdapterVectorizer(["x.lora_A.w"], [(2, 3)]).canonicalize_lora(torch.zeros(1, 6))
+    with pytest.raises(ValueError, match="vectors"):
+        vectorizer.canonicalize_lora(vector)
+
+
 # model and pipeline -------------------------------------------------------------------------------------------
 
 

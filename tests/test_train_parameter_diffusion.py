@@ -83,7 +83,24 @@ def test_tiny_run_resumes_and_saves_a_loadable_pipeline(tmp_path):
         assert set(state) == set(proxy.vectorizer.parameter_names)
     metrics = json.loads((resumed / "training_metrics.json").read_text())
     assert metrics["num_upstream_adapters"] == 3 and metrics["vector_dim"] == proxy.dim
+    assert metrics["canonical_lora"] is False
     assert "train_parameter_diffusion.py" in (resumed / "README.md").read_text()
+
+
+def test_canonical_lora_trains_on_the_canonical_factors_and_keeps_the_raw_adapters(tmp_path):
+    torch.set_num_threads(1)
+    _run(tmp_path, 1, "--canonical_lora")
+    from diffusers_ext import SampleThenEvaluatePipeline
+    from diffusers_ext.evaluation.certified_transfer import load_proxy
+
+    proxy = load_proxy(CLASSIFIER)
+    raw = load_file(tmp_path / "upstream_adapters.safetensors")["vectors"]
+    canonical = proxy.vectorizer.canonicalize_lora(raw)
+    assert (canonical - raw).abs().max() > 1e-3  # the saved upstream adapters are the raw fitted factors
+    pipe = SampleThenEvaluatePipeline.from_pretrained(str(tmp_path))
+    torch.testing.assert_close(pipe.model.vector_mean, canonical.mean(0))
+    torch.testing.assert_close(pipe.model.vector_std, canonical.std(0).clamp_min(1e-6))
+    assert json.loads((tmp_path / "training_metrics.json").read_text())["canonical_lora"] is True
 
 
 def _weights_at(checkpoint):

@@ -3,7 +3,8 @@
 Stage 1 fits one peft LoRA adapter (rank 2, on the zoo digit classifier's last convolution and feature layer) per
 upstream task, a 5-way digit subset under an upstream domain shift (`diffusers_ext.evaluation.certified_transfer`);
 the adapters are saved as `output_dir/upstream_adapters.safetensors` (reused on resume). Stage 2 trains a
-`ParameterDiffusionModel` on the standardised adapter vectors with diffusers' `DDPMScheduler` (`--prediction_type`:
+`ParameterDiffusionModel` on the standardised adapter vectors (with `--canonical_lora`, on their canonical LoRA
+factors) with diffusers' `DDPMScheduler` (`--prediction_type`:
 the noise, the clean vector or the velocity).
 
     accelerate launch training/train_parameter_diffusion.py --output_dir parameter-diffusion-digits
@@ -45,6 +46,13 @@ def parse_args(argv=None):
     upstream.add_argument("--adapter_learning_rate", type=float, default=0.05, help="Their learning rate.")
     upstream.add_argument("--adapter_batch_size", type=int, default=64, help="Examples per task per step.")
     model = parser.add_argument_group("model")
+    model.add_argument(
+        "--canonical_lora",
+        action="store_true",
+        help="Train on each adapter's canonical LoRA factors (`AdapterVectorizer.canonicalize_lora`: the balanced "
+        "SVD factors of every B A, the same adapted model) instead of the raw fitted factors; the saved upstream "
+        "adapters stay raw.",
+    )
     model.add_argument("--hidden_size", type=int, default=512, help="Width of the denoiser MLP.")
     model.add_argument("--num_layers", type=int, default=3, help="Residual blocks.")
     model.add_argument("--num_train_timesteps", type=int, default=1000, help="DDPM training timesteps.")
@@ -175,6 +183,8 @@ def main(argv=None):
     accelerator = start_run(args, logger)
     proxy = load_proxy(args.classifier_path)
     vectors = upstream_adapters(args, accelerator, proxy)
+    if args.canonical_lora:
+        vectors = proxy.vectorizer.canonicalize_lora(vectors)
     vectorizer = proxy.vectorizer.fit(vectors)
     data = vectorizer.standardize(vectors)
 
@@ -250,6 +260,7 @@ def main(argv=None):
             "final_loss": loss_sum,
             "num_upstream_adapters": len(vectors),
             "vector_dim": vectorizer.dim,
+            "canonical_lora": args.canonical_lora,
             "command": command_line(),
         }
         with open(os.path.join(args.output_dir, "training_metrics.json"), "w", encoding="utf-8") as f:
@@ -260,8 +271,8 @@ def main(argv=None):
             description=(
                 f"A `ParameterDiffusionModel` ({sum(p.numel() for p in final.parameters()):,} parameters) trained "
                 f"with `training/train_parameter_diffusion.py` on {len(vectors)} rank-2 LoRA adapters "
-                f"({vectorizer.dim} numbers each) of the zoo digit classifier, one per upstream 5-way domain-shifted "
-                "task. Draw and certify adapters with `SampleThenEvaluatePipeline.from_pretrained(folder)`."
+                f"({vectorizer.dim} numbers each{', canonical factors' if args.canonical_lora else ''}) of the zoo "
+                "digit classifier, one per upstream 5-way domain-shifted task. Draw and certify adapters with `SampleThenEvaluatePipeline.from_pretrained(folder)`."
             ),
             command=command_line(),
             metrics=metrics,

@@ -123,3 +123,57 @@ class AdapterVectorizer:
     def destandardize(self, vectors: torch.Tensor) -> torch.Tensor:
         """`vectors * std + mean`, shape `(..., dim)`."""
         return vectors * self.std.to(vectors) + self.mean.to(vectors)
+
+    def lora_pairs(self) -> list[tuple[int, int]]:
+        """Indices `(a, b)` into the layout of each LoRA factor pair: a `...lora_A...` tensor of shape `(r, ...)` and
+        the `...lora_B...` tensor of the same name, shape `(out, r, 1, ...)`."""
+        pairs = []
+        for a, name in enumerate(self.parameter_names):
+            if "lora_A" not in name:
+                continue
+            partner = name.replace("lora_A", "lora_B")
+            if partner not in self.parameter_names:
+                raise ValueError(f"`{name}` has no `lora_B` partner `{partner}` in the layout.")
+            b = self.parameter_names.index(partner)
+            shape_a, shape_b = self.parameter_shapes[a], self.parameter_shapes[b]
+            if len(shape_b) < 2 or shape_b[1] != shape_a[0] or any(s != 1 for s in shape_b[2:]):
+                raise ValueError(f"`{partner}` of shape {shape_b} is not a LoRA up-projection of rank {shape_a[0]}.")
+            pairs.append((a, b))
+        return pairs
+
+    def canonicalize_lora(self, vectors: torch.Tensor) -> torch.Tensor:
+        r"""
+        The canonical factorisation of every LoRA pair of raw vectors `(num, dim)`, returned in the same layout.
+
+        A LoRA update `B A` is unchanged by `(B, A) -> (B G^{-1}, G A)` for any invertible `G` (`r x r`), so the raw
+        factors of one update are far from unique (peft starts `A` at random and `B` at zero, and `A` keeps much of
+        its random start). This maps each pair to the factors of the product's SVD `B A = U S V^T` with the singular
+        values split evenly: `B' = U S^{1/2}`, `A' = S^{1/2} V^T`, each singular direction's sign fixed so that the
+        largest-magnitude entry of its column of `U` is positive. The product, and so the adapted model, is unchanged
+        (up to rounding); every factorisation of one product maps to the same vector (for distinct nonzero singular
+        values). Coordinates outside LoRA pairs are copied.
+        """
+        if not isinstance(vectors, torch.Tensor) or vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise ValueError(
+                f"`vectors` must have shape (num_adapters, {self.dim}), got {getattr(vectors, 'shape', vectors)}."
+            )
+        pairs = self.lora_pairs()
+        if not pairs:
+            raise ValueError("the layout holds no `lora_A` / `lora_B` pair.")
+        dtype = vectors.dtype
+        chunks = list(torch.split(vectors.detach().to(torch.float64), self.sizes, dim=1))
+        for a, b in pairs:
+            rank, num = self.parameter_shapes[a][0], vectors.shape[0]
+            lora_a = chunks[a].reshape(num, rank, -1)  # (N, r, in)
+            lora_b = chunks[b].reshape(num, -1, rank)  # (N, out, r)
+            q_b, r_b = torch.linalg.qr(lora_b)  # B = Qb Rb
+            q_a, r_a = torch.linalg.qr(lora_a.transpose(1, 2))  # A^T = Qa Ra
+            u, s, vh = torch.linalg.svd(r_b @ r_a.transpose(1, 2))  # B A = (Qb u) diag(s) (Qa vh^T)^T
+            left, right = q_b @ u, q_a @ vh.transpose(1, 2)  # (N, out, r), (N, in, r)
+            peak = left.abs().argmax(dim=1, keepdim=True)
+            sign = torch.sign(torch.gather(left, 1, peak))
+            sign[sign == 0] = 1
+            root = s.sqrt()[:, None, :]
+            chunks[b] = (left * sign * root).reshape(num, -1)
+            chunks[a] = (right * sign * root).transpose(1, 2).reshape(num, -1)
+        return torch.cat(chunks, dim=1).to(dtype)
