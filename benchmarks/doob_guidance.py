@@ -119,7 +119,12 @@ def run_method(pipe, args, method: str, setting: dict, world: dict, seed: int, c
     """One map, one seed: `samples_per_map` plans of `method` at the budget; the judge's verdicts."""
     from diffusers_ext import DoobGuidance
     from diffusers_ext.data import navigation2d as nav
-    from diffusers_ext.evaluation.doob_guidance import judge, plan_with_budget, projection_guidance
+    from diffusers_ext.evaluation.doob_guidance import (
+        judge,
+        model_evaluations_per_candidate,
+        plan_with_budget,
+        projection_guidance,
+    )
     from diffusers_ext.pipelines.doob_guidance.guidance import guided_sample
 
     n, steps = args.samples_per_map, args.num_inference_steps
@@ -153,14 +158,7 @@ def run_method(pipe, args, method: str, setting: dict, world: dict, seed: int, c
             reference_rollouts=args.reference_rollouts,
             **prior,
         )
-    # model evaluations per candidate plan: a forward per step, plus a backward per step where the estimator
-    # differentiates through the network (one-jump rollouts need no extra forward)
-    cost = {"unguided": steps, "rejection": steps, "projection": steps, "dps": 2 * steps}.get(method)
-    if method == "doob":
-        backward = setting["estimator"] == "tweedie" or (
-            setting["estimator"] == "path_integral" and setting.get("jacobian", "identity") == "model"
-        )
-        cost = steps * (2 if backward else 1)
+    cost = model_evaluations_per_candidate(method, setting, steps)
     generator = torch.Generator().manual_seed(1000 * seed + 17)
     first = {}
 

@@ -92,19 +92,6 @@ def grids() -> dict:
     }
 
 
-def cost_per_candidate(method: str, setting: dict, steps: int) -> int:
-    """Model evaluations per candidate image: a forward per step, plus a backward per step where the estimator
-    differentiates through the network (one-jump rollouts need no extra forward)."""
-    if method == "dps":
-        return 2 * steps
-    if method == "doob":
-        backward = setting["estimator"] == "tweedie" or (
-            setting["estimator"] == "path_integral" and setting.get("jacobian", "identity") == "model"
-        )
-        return steps * (2 if backward else 1)
-    return steps
-
-
 def make_guidance(method: str, setting: dict, constraint, compute_bound: bool, reference_rollouts: int):
     from diffusers_ext import DoobGuidance
 
@@ -147,9 +134,11 @@ def select_candidates(candidates: list[torch.Tensor], log_probs: list[torch.Tens
 
 def run_method(pipe, constraint, judge, args, method, setting, seed, batch, compute_bound=False) -> dict:
     """One seed and batch: `batch_size` images of `method` at the budget; the guide's and the judge's verdicts."""
+    from diffusers_ext.evaluation.doob_guidance import model_evaluations_per_candidate
+
     steps = args.num_inference_steps
     budget = args.budget_factor * steps
-    cost = cost_per_candidate(method, setting, steps)
+    cost = model_evaluations_per_candidate(method, setting, steps)
     calls = 1 if method == "unguided" else max(1, int(budget // cost))
     generator = torch.Generator().manual_seed(1000 * seed + 17 + batch)
     threshold = math.log(MIN_PROBABILITY)

@@ -11,6 +11,7 @@ from diffusers import EulerDiscreteScheduler
 
 from diffusers_ext import ClassConditionalDDPMPipeline, ClassifierConstraint, DoobGuidance, zoo
 from diffusers_ext.data.digits import load_digits_images
+from diffusers_ext.evaluation.doob_guidance import model_evaluations_per_candidate
 from diffusers_ext.evaluation.doob_guidance_digits import PixelDigitJudge, PixelPCAFeatures
 from diffusers_ext.testing import count_module_forwards, get_dummy_components
 
@@ -163,9 +164,9 @@ def test_benchmark_selection_costs_and_report():
     assert first[:, 0, 0, 0].tolist() == [1.0, 0.0, 0.0]  # image 2: none accepted, keeps the first candidate
     best = bench.select_candidates([a, b], scores, math.log(0.9), "best_of")
     assert best[:, 0, 0, 0].tolist() == [1.0, 0.0, 0.0]
-    assert bench.cost_per_candidate("dps", {}, 20) == 40
-    assert bench.cost_per_candidate("doob", {"estimator": "mc"}, 20) == 20
-    assert bench.cost_per_candidate("doob", {"estimator": "path_integral", "jacobian": "model"}, 20) == 40
+    assert model_evaluations_per_candidate("dps", {}, 20) == 40
+    assert model_evaluations_per_candidate("doob", {"estimator": "mc"}, 20) == 20
+    assert model_evaluations_per_candidate("doob", {"estimator": "path_integral", "jacobian": "model"}, 20) == 40
     with pytest.raises(SystemExit):
         bench.parse_args(["--seeds", "0", "1"])
 

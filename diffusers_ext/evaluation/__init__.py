@@ -31,7 +31,12 @@ _import_structure = {
         "train_spade",
     ],
     "epidiff": ["QUANTILE_LEVELS", "gamma_draws", "quantile_loss", "summarize_scores", "window_scores"],
-    "doob_guidance": ["plan_with_budget", "project_out_of_discs", "projection_guidance"],
+    "doob_guidance": [
+        "model_evaluations_per_candidate",
+        "plan_with_budget",
+        "project_out_of_discs",
+        "projection_guidance",
+    ],
     "doob_guidance_digits": ["PixelDigitJudge", "PixelPCAFeatures"],
     "dirp.latent_mimicry": ["mimic_frechet", "sample_mimic"],
     "dirp.latent_protections": ["inversion_amplification", "protect_for_prompt"],
@@ -204,7 +209,12 @@ if TYPE_CHECKING:
         partition_masks,
         window_corners,
     )
-    from .doob_guidance import plan_with_budget, project_out_of_discs, projection_guidance
+    from .doob_guidance import (
+        model_evaluations_per_candidate,
+        plan_with_budget,
+        project_out_of_discs,
+        projection_guidance,
+    )
     from .doob_guidance_digits import PixelDigitJudge, PixelPCAFeatures
     from .epidiff import QUANTILE_LEVELS, gamma_draws, quantile_loss, summarize_scores, window_scores
     from .lomdm import (

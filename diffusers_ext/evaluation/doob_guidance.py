@@ -3,6 +3,8 @@
 - [`judge`]: exact segment-circle collisions, map bounds, goal distance, path-length ratio to the shortest feasible
   path (grid A* + line-of-sight shortcutting), jerk.
 - [`projection_guidance`]: the per-step projection baseline (each step's `x0` prediction pushed out of the discs).
+- [`model_evaluations_per_candidate`]: what one candidate of each compared method costs in network evaluations
+  (shared by the planner and the digits benchmarks, so their budgets are counted alike).
 - [`plan_with_budget`]: a method given a budget of model evaluations per plan draws as many candidate plans as the
   budget pays for and keeps the first that satisfies the constraint (rejection sampling on top of any sampler).
 """
@@ -55,6 +57,21 @@ def projection_guidance(pipe, obstacles: torch.Tensor, margin: float):
         return levels.merge(eps, x0, a, b)
 
     return model_fn
+
+
+def model_evaluations_per_candidate(method: str, setting: dict, steps: int) -> int:
+    """Network evaluations one candidate of `method` costs over `steps` sampling steps: a forward per step, plus a
+    backward per step where the guidance differentiates through the network (`"dps"`, Doob's `"tweedie"` and its
+    `"path_integral"` with `jacobian="model"`); one-jump rollouts need no extra forward. `setting` holds Doob's
+    `"estimator"` (and `"jacobian"`); any other method (unguided, rejection, projection) costs `steps`."""
+    if method == "dps":
+        return 2 * steps
+    if method == "doob":
+        backward = setting["estimator"] == "tweedie" or (
+            setting["estimator"] == "path_integral" and setting.get("jacobian", "identity") == "model"
+        )
+        return steps * (2 if backward else 1)
+    return steps
 
 
 def plan_with_budget(plan_once, cost: float, budget: float, satisfied) -> tuple[torch.Tensor, torch.Tensor, list]:
