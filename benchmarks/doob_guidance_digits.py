@@ -120,30 +120,18 @@ def make_guidance(method: str, setting: dict, constraint, compute_bound: bool, r
     return None
 
 
-def select_candidates(candidates: list[torch.Tensor], log_probs: list[torch.Tensor], threshold: float, rule: str):
-    """Per image, the first candidate whose guide log-probability reaches `threshold` (`"accept_first"`; else the
-    first candidate) or the one with the highest (`"best_of"`). Candidates `(B, 1, H, W)` each; returns `(B, 1, H, W)`."""
-    stacked, scores = torch.stack(candidates), torch.stack(log_probs)  # (K, B, ...), (K, B)
-    if rule == "best_of":
-        index = scores.argmax(dim=0)
-    else:
-        accepted = scores >= threshold
-        index = torch.where(accepted.any(dim=0), accepted.float().argmax(dim=0), torch.zeros_like(accepted[0]).long())
-    return stacked[index, torch.arange(stacked.shape[1])]
-
-
 def run_method(pipe, constraint, judge, args, method, setting, seed, batch, compute_bound=False) -> dict:
     """One seed and batch: `batch_size` images of `method` at the budget; the guide's and the judge's verdicts."""
-    from diffusers_ext.evaluation.doob_guidance import model_evaluations_per_candidate
+    from diffusers_ext.evaluation.doob_guidance import model_evaluations_per_candidate, plan_with_budget
 
     steps = args.num_inference_steps
     budget = args.budget_factor * steps
     cost = model_evaluations_per_candidate(method, setting, steps)
-    calls = 1 if method == "unguided" else max(1, int(budget // cost))
     generator = torch.Generator().manual_seed(1000 * seed + 17 + batch)
     threshold = math.log(MIN_PROBABILITY)
-    candidates, log_probs, record = [], [], {"bound": None, "kl": None}
-    for i in range(calls):
+    record = {"bound": None, "kl": None}
+
+    def draw(i):
         guidance = make_guidance(method, setting, constraint, compute_bound and i == 0, args.reference_rollouts)
         images = pipe(
             batch_size=args.batch_size,
@@ -152,24 +140,30 @@ def run_method(pipe, constraint, judge, args, method, setting, seed, batch, comp
             output_type="pt",
             guidance=guidance,
         ).images
-        images = images * 2 - 1
-        with torch.no_grad():
-            scores = constraint.log_probability(images)
-        candidates.append(images)
-        log_probs.append(scores)
         if i == 0 and guidance is not None:
             record["evaluations"] = guidance.num_model_evaluations / args.batch_size
             record["bound"], record["kl"] = guidance.satisfaction_lower_bound(), guidance.kl_estimate
-        if setting.get("selection") != "best_of" and bool((torch.stack(log_probs) >= threshold).any(0).all()):
-            break
-    chosen = select_candidates(candidates, log_probs, threshold, setting.get("selection", "accept_first"))
+        return images * 2 - 1
+
+    @torch.no_grad()
+    def log_probability(images):
+        return constraint.log_probability(images)
+
+    # the unguided method gets one candidate; the others as many as the budget pays for
+    chosen, _, candidates = plan_with_budget(
+        draw,
+        budget if method == "unguided" else cost,
+        budget,
+        lambda images: log_probability(images) >= threshold,
+        score=log_probability if setting.get("selection") == "best_of" else None,
+    )
     with torch.no_grad():
         guide = (constraint.log_probability(chosen) >= threshold).tolist()
     record.update(
         {
             "guide_satisfied": guide,
             "judge_satisfied": (judge.predict(chosen) == TARGET_CLASS).tolist(),
-            "single_guide_satisfied": (log_probs[0] >= threshold).tolist(),
+            "single_guide_satisfied": (log_probability(candidates[0]) >= threshold).tolist(),
             "single_judge_satisfied": (judge.predict(candidates[0]) == TARGET_CLASS).tolist(),
             "candidates_drawn": len(candidates),
             "cost_per_candidate": cost,

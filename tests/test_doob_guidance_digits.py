@@ -11,7 +11,7 @@ from diffusers import EulerDiscreteScheduler
 
 from diffusers_ext import ClassConditionalDDPMPipeline, ClassifierConstraint, DoobGuidance, zoo
 from diffusers_ext.data.digits import load_digits_images
-from diffusers_ext.evaluation.doob_guidance import model_evaluations_per_candidate
+from diffusers_ext.evaluation.doob_guidance import model_evaluations_per_candidate, plan_with_budget
 from diffusers_ext.evaluation.doob_guidance_digits import PixelDigitJudge, PixelPCAFeatures
 from diffusers_ext.testing import count_module_forwards, get_dummy_components
 
@@ -160,10 +160,28 @@ def test_benchmark_selection_costs_and_report():
     bench = benchmark()
     a, b = torch.zeros(3, 1, 8, 8), torch.ones(3, 1, 8, 8)
     scores = [torch.tensor([-1.0, 0.0, -0.5]), torch.tensor([0.0, -0.01, -2.0])]
-    first = bench.select_candidates([a, b], scores, math.log(0.9), "accept_first")
+    draws = []
+
+    def draw(i):
+        draws.append(i)
+        return [a, b][i]
+
+    def score(images):  # candidate a (zeros) has the first scores, b (ones) the second
+        return scores[int(images[0, 0, 0, 0])]
+
+    def accepts(images):
+        return score(images) >= math.log(0.9)
+
+    first, accepted, outputs = plan_with_budget(draw, 20, 40, accepts)
     assert first[:, 0, 0, 0].tolist() == [1.0, 0.0, 0.0]  # image 2: none accepted, keeps the first candidate
-    best = bench.select_candidates([a, b], scores, math.log(0.9), "best_of")
-    assert best[:, 0, 0, 0].tolist() == [1.0, 0.0, 0.0]
+    assert accepted.tolist() == [True, True, False] and len(outputs) == 2
+    draws.clear()
+    best, accepted, outputs = plan_with_budget(draw, 20, 40, accepts, score=score)
+    assert best[:, 0, 0, 0].tolist() == [1.0, 0.0, 0.0] and accepted.tolist() == [True, True, False]
+    assert draws == [0, 1]
+    draws.clear()
+    only_a, _, _ = plan_with_budget(draw, 40, 40, accepts, score=score)  # the budget pays for one candidate
+    assert only_a[:, 0, 0, 0].tolist() == [0.0, 0.0, 0.0] and draws == [0]
     assert model_evaluations_per_candidate("dps", {}, 20) == 40
     assert model_evaluations_per_candidate("doob", {"estimator": "mc"}, 20) == 20
     assert model_evaluations_per_candidate("doob", {"estimator": "path_integral", "jacobian": "model"}, 20) == 40

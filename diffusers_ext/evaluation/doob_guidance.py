@@ -74,18 +74,31 @@ def model_evaluations_per_candidate(method: str, setting: dict, steps: int) -> i
     return steps
 
 
-def plan_with_budget(plan_once, cost: float, budget: float, satisfied) -> tuple[torch.Tensor, torch.Tensor, list]:
-    """Rejection on top of a sampler: `k = max(1, budget // cost)` calls of `plan_once(i) -> (B, H, 2)`; each plan
-    keeps its first candidate that `satisfied((B, H, 2)) -> (B,)` accepts (else its first candidate).
+def plan_with_budget(
+    plan_once, cost: float, budget: float, satisfied, score=None
+) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """Rejection on top of a sampler: `k = max(1, budget // cost)` calls of `plan_once(i) -> (B, ...)` candidates.
 
-    Returns `(plans (B, H, 2), accepted (B,), [per-call outputs])`.
+    Without `score`, each item keeps its first candidate that `satisfied((B, ...)) -> (B,)` accepts (else its first
+    candidate), and the calls stop once every item has one. With `score((B, ...)) -> (B,)`, all `k` calls are made and
+    each item keeps its highest-scoring candidate (the first on ties).
+
+    Returns `(chosen (B, ...), accepted (B,) of the chosen, [per-call outputs])`.
     """
     calls = max(1, int(budget // cost))
-    outputs, chosen, accepted = [], None, None
+    outputs, chosen, accepted, best = [], None, None, None
     for i in range(calls):
         plans = plan_once(i)
         outputs.append(plans)
         ok = satisfied(plans)
+        if score is not None:
+            values = score(plans)
+            if chosen is None:
+                chosen, accepted, best = plans.clone(), ok.clone(), values.clone()
+            else:
+                take = values > best
+                chosen[take], accepted[take], best[take] = plans[take], ok[take], values[take]
+            continue
         if chosen is None:
             chosen, accepted = plans.clone(), ok.clone()
         else:
