@@ -2,7 +2,6 @@
 peft, ParameterDiffusionModel and SampleThenEvaluatePipeline (sampling strictly before evaluation, save/load)."""
 
 import math
-import os
 
 import pytest
 import torch
@@ -392,21 +391,3 @@ def test_sgd_pac_bayes_bound_pays_for_the_prior_grid_and_the_monte_carlo_estimat
     assert (out["bound"] > 1).all()
     with pytest.raises(ValueError, match="mc_delta_fraction"):
         sgd_pac_bayes_bound(proxy, init, init, hidden, targets, classes, generator, mc_delta_fraction=1.0)
-
-
-def test_shared_init_starts_every_upstream_adapter_from_one_initialisation():
-    from diffusers_ext.evaluation.certified_transfer import fit_upstream_adapters, load_proxy
-
-    torch.set_num_threads(1)
-    proxy = load_proxy(
-        os.path.join(
-            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "diffusers_ext/zoo/digits-classifier"
-        )
-    )
-    settings = {"steps": 0, "examples_per_task": 20, "group_size": 2}  # no step: the adapters are their starts
-    shared, tasks = fit_upstream_adapters(proxy, 3, seed=5, shared_init=True, **settings)
-    apart, _ = fit_upstream_adapters(proxy, 3, seed=5, **settings)
-    assert len(tasks) == 3 and shared.shape == apart.shape == (3, proxy.dim)
-    assert torch.equal(shared, shared[:1].expand(3, -1))  # across the groups too
-    torch.testing.assert_close(shared[0], proxy.init_vectors(1, torch.Generator().manual_seed(6))[0])
-    assert (apart[0] - apart[1]).abs().max() > 1e-3

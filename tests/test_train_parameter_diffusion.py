@@ -114,13 +114,6 @@ def test_changed_upstream_settings_in_the_same_folder_fail_with_one_line_error(t
     assert exit_info.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "use a new --output_dir" in last and "'adapter_steps': 2" in last
-    # a set fitted from one shared initialisation is not reused for a run without it, and the other way round
-    shared = tmp_path / "shared"
-    _run(shared, 1, "--shared_adapter_init")
-    assert json.loads((shared / "upstream_tasks.json").read_text())["settings"]["shared_adapter_init"] is True
-    with pytest.raises(SystemExit):
-        _run(shared, 2)
-    assert "'shared_adapter_init': True" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 BAD_ARGUMENTS = [

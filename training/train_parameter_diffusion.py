@@ -45,11 +45,6 @@ def parse_args(argv=None):
     upstream.add_argument("--adapter_steps", type=int, default=100, help="Adam steps per upstream adapter.")
     upstream.add_argument("--adapter_learning_rate", type=float, default=0.05, help="Their learning rate.")
     upstream.add_argument("--adapter_batch_size", type=int, default=64, help="Examples per task per step.")
-    upstream.add_argument(
-        "--shared_adapter_init",
-        action="store_true",
-        help="Start every upstream adapter from one initialisation, so that adapters of similar tasks lie close.",
-    )
     model = parser.add_argument_group("model")
     model.add_argument(
         "--canonical_lora",
@@ -133,8 +128,6 @@ def upstream_settings(args) -> dict:
         "adapter_learning_rate": args.adapter_learning_rate,
         "adapter_batch_size": args.adapter_batch_size,
         "seed": args.seed,
-        # only when set, so that sets saved before the option existed are still reused
-        **({"shared_adapter_init": True} if args.shared_adapter_init else {}),
     }
 
 
@@ -155,7 +148,6 @@ def upstream_adapters(args, accelerator, proxy):
             steps=args.adapter_steps,
             lr=args.adapter_learning_rate,
             batch_size=args.adapter_batch_size,
-            shared_init=args.shared_adapter_init,
         )
         os.makedirs(args.output_dir, exist_ok=True)
         save_file({"vectors": vectors.contiguous()}, path + ".tmp", metadata={k: str(v) for k, v in settings.items()})

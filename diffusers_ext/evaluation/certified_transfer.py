@@ -421,24 +421,16 @@ def fit_upstream_adapters(
     batch_size: int = 64,
     examples_per_task: int = 300,
     group_size: int = 25,
-    shared_init: bool = False,
 ) -> tuple[torch.Tensor, list[dict]]:
     """Fit one adapter per upstream task (a 5-way upstream class combination under an upstream domain, on the
     digits' train split): returns `(vectors (num_tasks, dim), tasks)` with each task's classes, domain and train
-    accuracy.
-
-    With `shared_init` every task starts from one initialisation (drawn from its own generator, seeded
-    `seed + 1`). Started apart, two adapters of near-identical tasks end up in different, functionally equivalent
-    places (the random `lora_A` and the factor symmetries of `B A`), and the adapter set's variance is mostly that
-    arbitrary part; started together, they end up near each other, and the set varies with the tasks, which is
-    what a model over adapters can learn."""
+    accuracy."""
     from ..data.digit_domains import sample_domain
     from ..data.digits import load_digits_images
 
     images, labels = load_digits_images("train", resolution=proxy.classifier.config.sample_size)
     upstream_combinations, _ = split_class_combinations(episode_classes(), 0.3, torch.Generator().manual_seed(1234))
     generator = torch.Generator().manual_seed(seed)
-    init = proxy.init_vectors(1, torch.Generator().manual_seed(seed + 1)) if shared_init else None
     vectors, tasks = [], []
     for start in range(0, num_tasks, group_size):
         hidden, targets, classes = [], [], []
@@ -454,8 +446,7 @@ def fit_upstream_adapters(
             classes.append(torch.tensor(combination))
             tasks.append({"classes": list(combination), "domain": domain.to_dict()})
         hidden, targets, classes = torch.stack(hidden), torch.stack(targets), torch.stack(classes)
-        group_init = None if init is None else init.expand(len(targets), -1)
-        fitted = proxy.fit(hidden, targets, classes, steps, lr, generator, batch_size=batch_size, init=group_init)
+        fitted = proxy.fit(hidden, targets, classes, steps, lr, generator, batch_size=batch_size)
         with torch.no_grad():
             accuracy = (proxy.logits(fitted, hidden, classes).argmax(-1) == targets).float().mean(1)
         for offset, value in enumerate(accuracy.tolist()):
