@@ -8,8 +8,10 @@ picked by support risk (what the benchmark's STEEL row measures), the mean query
 the draws sit from the folder's upstream adapters (standardised nearest-neighbour distance and norm: memorisation and
 over-dispersion checks). The frozen backbone is measured on the same episodes, and for every distinct set of upstream
 adapters among the folders (folders may differ in how many upstream tasks they were trained on) the upstream class and
-the Gaussian-fit class of that set: the references a model trained on that set must beat. The benchmark's test
-episodes are never built.
+the Gaussian-fit class of that set: the references a model trained on that set must beat. With `--class_sizes`
+it also measures how the picked query accuracy grows with `|Theta|`: each model's class, the first `|Theta|` of
+the upstream adapters (the tasks are drawn independently, so a prefix is a random subset) and a Gaussian-fit class,
+at every size. The benchmark's test episodes are never built.
 """
 
 import argparse
@@ -38,9 +40,20 @@ def parse_args(argv=None):
     parser.add_argument("--num_inference_steps", type=int, default=25, help="DDIM steps of the sampler.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the class draws.")
     parser.add_argument(
+        "--class_sizes",
+        type=int,
+        nargs="*",
+        default=[],
+        help="Also report the picked query accuracy at these |Theta| (one draw of the largest, read by prefix).",
+    )
+    parser.add_argument(
         "--output", default="benchmarks/results/certified_transfer_model_selection", help="Results stem."
     )
     args = parser.parse_args(argv)
+    for size in args.class_sizes:
+        if size < 1:
+            parser.error(f"--class_sizes holds {size}; expected class sizes >= 1.")
+    args.class_sizes = sorted(set(args.class_sizes))
     for folder in args.model_dirs:
         if not os.path.isfile(os.path.join(folder, "upstream_adapters.safetensors")):
             parser.error(f"--model_dirs {folder!r} holds no upstream_adapters.safetensors.")
@@ -58,9 +71,27 @@ def main(argv=None):
         risks = [proxy.risks(vectors, *e["splits"][k][1], e["classes"]) for e in episodes]
         return 1 - torch.stack(risks).mean(0)
 
-    def picked_query_accuracy(vectors):
-        index = class_risks(proxy, vectors, episodes, k).argmin(1)
-        return float(1 - query_errors(proxy, vectors[index], episodes, k).mean())
+    def picked_query_accuracy(vectors, sizes=()):
+        """The picked query accuracy of the class `vectors`, or `{size: that of the first size members}`."""
+        risks = class_risks(proxy, vectors, episodes, k)
+        if not sizes:
+            index = risks.argmin(1)
+            return float(1 - query_errors(proxy, vectors[index], episodes, k).mean())
+        return {
+            size: float(1 - query_errors(proxy, vectors[risks[:, :size].argmin(1)], episodes, k).mean())
+            for size in sizes
+        }
+
+    def draw(pipe, num):
+        return pipe(
+            num_hypotheses=num,
+            evaluate_fn=lambda h: torch.zeros(h.shape[0]),  # the draw only; risks are measured apart
+            num_support=5 * k,
+            generator=torch.Generator().manual_seed(args.seed),
+            num_inference_steps=args.num_inference_steps,
+        ).hypotheses
+
+    largest = max(args.class_sizes, default=0)
 
     name_of = {folder: os.path.basename(os.path.normpath(folder)) for folder in args.model_dirs}
     upstream_sets = []  # [(name, vectors)]: each distinct upstream set, named by the first folder trained on it
@@ -83,6 +114,14 @@ def main(argv=None):
             "gaussian_class_pick": picked_query_accuracy(gaussian),
             "gaussian_single_mean": float(mean_query_accuracy(gaussian[:100]).mean()),
         }
+        if args.class_sizes:
+            generator = torch.Generator().manual_seed(args.seed)
+            upstream_references[name]["by_class_size"] = {
+                "upstream_prefix": picked_query_accuracy(
+                    upstream, [s for s in args.class_sizes if s <= len(upstream)]
+                ),
+                "gaussian": picked_query_accuracy(gaussian_fit_sample(upstream, largest, generator), args.class_sizes),
+            }
         print(json.dumps({name: upstream_references[name]}), file=sys.stderr)
     upstream_of = dict(upstream_sets)
     models = {}
@@ -91,14 +130,7 @@ def main(argv=None):
         pipe = SampleThenEvaluatePipeline.from_pretrained(folder)
         pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
         pipe.set_progress_bar_config(disable=True)
-        out = pipe(
-            num_hypotheses=args.num_hypotheses,
-            evaluate_fn=lambda h: torch.zeros(h.shape[0]),  # the draw only; risks are measured below
-            num_support=5 * k,
-            generator=torch.Generator().manual_seed(args.seed),
-            num_inference_steps=args.num_inference_steps,
-        )
-        draws = out.hypotheses
+        draws = draw(pipe, args.num_hypotheses)
         with open(os.path.join(folder, "training_metrics.json"), encoding="utf-8") as f:
             training = json.load(f)
         canonical = training.get("canonical_lora", False)
@@ -120,6 +152,8 @@ def main(argv=None):
             "draw_norm_median": float(z.norm(dim=1).median()),
             "upstream_norm_median": float(z_upstream.norm(dim=1).median()),
         }
+        if args.class_sizes:
+            models[name_of[folder]]["by_class_size"] = picked_query_accuracy(draw(pipe, largest), args.class_sizes)
         print(json.dumps({folder: models[name_of[folder]]}), file=sys.stderr)
     chosen = max(models, key=lambda m: models[m]["picked_query_accuracy"])
     targets = [
@@ -172,6 +206,26 @@ def main(argv=None):
             f"{r['gaussian_class_pick']:.3f} | {r['gaussian_single_mean']:.3f} | "
             f"{first['upstream_nearest_neighbour_distance_median']:.1f} | {first['upstream_norm_median']:.1f} |"
         )
+    if args.class_sizes:
+        sizes = args.class_sizes
+        lines += [
+            "",
+            f"Picked query accuracy by class size |Theta| (one draw of {largest} per class, read by prefix; the "
+            "upstream prefix is the first |Theta| upstream adapters, empty where the set is smaller):",
+            "",
+            "| class | " + " | ".join(str(size) for size in sizes) + " |",
+            "| --- | " + " | ".join("---" for _ in sizes) + " |",
+        ]
+
+        def row(label, by_size):
+            cells = [f"{by_size[size]:.3f}" if size in by_size else "" for size in sizes]
+            return f"| {label} | " + " | ".join(cells) + " |"
+
+        for name, m in models.items():
+            lines.append(row(f"{name} (diffusion)", m["by_class_size"]))
+        for name, r in upstream_references.items():
+            lines.append(row(f"upstream prefix of {name}", r["by_class_size"]["upstream_prefix"]))
+            lines.append(row(f"Gaussian fit to {name}", r["by_class_size"]["gaussian"]))
     write_results(
         args.output,
         results,
