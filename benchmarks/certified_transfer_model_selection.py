@@ -71,10 +71,10 @@ def main(argv=None):
         risks = [proxy.risks(vectors, *e["splits"][k][1], e["classes"]) for e in episodes]
         return 1 - torch.stack(risks).mean(0)
 
-    def picked_query_accuracy(vectors, sizes=()):
+    def picked_query_accuracy(vectors, sizes=None):
         """The picked query accuracy of the class `vectors`, or `{size: that of the first size members}`."""
         risks = class_risks(proxy, vectors, episodes, k)
-        if not sizes:
+        if sizes is None:
             index = risks.argmin(1)
             return float(1 - query_errors(proxy, vectors[index], episodes, k).mean())
         return {
