@@ -72,15 +72,14 @@ def main(argv=None):
         return 1 - torch.stack(risks).mean(0)
 
     def picked_query_accuracy(vectors, sizes=None):
-        """The picked query accuracy of the class `vectors`, or `{size: that of the first size members}`."""
+        """The picked query accuracy of the class `vectors`; with `sizes`, `{size: that of its first size members}`
+        (one set of support risks for all of them)."""
         risks = class_risks(proxy, vectors, episodes, k)
-        if sizes is None:
-            index = risks.argmin(1)
-            return float(1 - query_errors(proxy, vectors[index], episodes, k).mean())
-        return {
-            size: float(1 - query_errors(proxy, vectors[risks[:, :size].argmin(1)], episodes, k).mean())
-            for size in sizes
-        }
+
+        def at(size):
+            return float(1 - query_errors(proxy, vectors[risks[:, :size].argmin(1)], episodes, k).mean())
+
+        return at(len(vectors)) if sizes is None else {size: at(size) for size in sizes}
 
     def draw(pipe, num):
         return pipe(
@@ -107,9 +106,12 @@ def main(argv=None):
     upstream_references = {}
     for name, upstream in upstream_sets:
         gaussian = gaussian_fit_sample(upstream, args.num_hypotheses, torch.Generator().manual_seed(args.seed))
+        # the whole class and its prefixes from one set of support risks
+        prefixes = [size for size in args.class_sizes if size < len(upstream)]
+        upstream_picks = picked_query_accuracy(upstream, prefixes + [len(upstream)])
         upstream_references[name] = {
             "num_adapters": len(upstream),
-            "upstream_class_pick": picked_query_accuracy(upstream),
+            "upstream_class_pick": upstream_picks[len(upstream)],
             "upstream_single_mean": float(mean_query_accuracy(upstream).mean()),
             "gaussian_class_pick": picked_query_accuracy(gaussian),
             "gaussian_single_mean": float(mean_query_accuracy(gaussian[:100]).mean()),
@@ -117,9 +119,7 @@ def main(argv=None):
         if args.class_sizes:
             generator = torch.Generator().manual_seed(args.seed)
             upstream_references[name]["by_class_size"] = {
-                "upstream_prefix": picked_query_accuracy(
-                    upstream, [s for s in args.class_sizes if s <= len(upstream)]
-                ),
+                "upstream_prefix": {size: upstream_picks[size] for size in args.class_sizes if size <= len(upstream)},
                 "gaussian": picked_query_accuracy(gaussian_fit_sample(upstream, largest, generator), args.class_sizes),
             }
         print(json.dumps({name: upstream_references[name]}), file=sys.stderr)

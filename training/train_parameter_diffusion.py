@@ -4,8 +4,7 @@ Stage 1 fits one peft LoRA adapter (rank 2, on the zoo digit classifier's last c
 upstream task, a 5-way digit subset under an upstream domain shift (`diffusers_ext.evaluation.certified_transfer`);
 the adapters are saved as `output_dir/upstream_adapters.safetensors` (reused on resume). Stage 2 trains a
 `ParameterDiffusionModel` on the standardised adapter vectors (with `--canonical_lora`, on their canonical LoRA
-factors) with diffusers' `DDPMScheduler` (`--prediction_type`:
-the noise, the clean vector or the velocity).
+factors) with diffusers' `DDPMScheduler` (`--prediction_type`: the noise, the clean vector or the velocity).
 
     accelerate launch training/train_parameter_diffusion.py --output_dir parameter-diffusion-digits
 
@@ -272,7 +271,8 @@ def main(argv=None):
                 f"A `ParameterDiffusionModel` ({sum(p.numel() for p in final.parameters()):,} parameters) trained "
                 f"with `training/train_parameter_diffusion.py` on {len(vectors)} rank-2 LoRA adapters "
                 f"({vectorizer.dim} numbers each{', canonical factors' if args.canonical_lora else ''}) of the zoo "
-                "digit classifier, one per upstream 5-way domain-shifted task. Draw and certify adapters with `SampleThenEvaluatePipeline.from_pretrained(folder)`."
+                "digit classifier, one per upstream 5-way domain-shifted task. Draw and certify adapters with "
+                "`SampleThenEvaluatePipeline.from_pretrained(folder)`."
             ),
             command=command_line(),
             metrics=metrics,
