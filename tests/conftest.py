@@ -10,6 +10,17 @@ if "OMP_NUM_THREADS" not in os.environ:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _two_process_marker(request):
+    """Tell `script_launch` whether this test is marked `two_process` (a multi-process launch from an unmarked test
+    fails there)."""
+    import script_launch
+
+    script_launch.current_test_is_marked_two_process = request.node.get_closest_marker("two_process") is not None
+    yield
+    script_launch.current_test_is_marked_two_process = None
+
+
 @pytest.fixture(scope="session")
 def tiny_sd_pipeline_folder(tmp_path_factory):
     """A saved `StableDiffusionPipeline` of the pack's tiny components (seed 0), for scripts that read a folder."""

@@ -7,7 +7,9 @@ join a gloo process group (`DistributedType.MULTI_CPU`). Run as a script, this f
 
     python tests/script_launch.py --nproc_per_node 2 training/train_ddpm.py --output_dir out ...
 
-is `ACCELERATE_USE_CPU=true torchrun --standalone --nproc_per_node 2 ...` (the command the README documents) with a free port picked for each run, so tests can run side by side.
+is `ACCELERATE_USE_CPU=true torchrun --standalone --nproc_per_node 2 ...` (the command the README documents): a port
+the OS assigns for each job's rendezvous, and one job at a time on the machine (`one_launch_at_a_time`), so tests can
+run side by side.
 """
 
 import contextlib
@@ -19,10 +21,20 @@ from pathlib import Path
 # What the documented command sets (mixed precision and dynamo keep accelerate's defaults, "no").
 CPU_LAUNCH_ENV = {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
 
+# Whether the running pytest test carries `@pytest.mark.two_process` (set by an autouse fixture in conftest.py; None
+# outside pytest). A multi-process launch from an unmarked test fails, so the marker, the CI step that selects it and
+# the docs' list of two-process tests (checked by tests/test_repository.py) cannot miss one.
+current_test_is_marked_two_process: bool | None = None
+
 
 def accelerate_cpu_launch(num_processes: int = 2) -> list[str]:
     """The command prefix that runs a training script as `num_processes` data-parallel CPU processes (gloo); the
     script and its arguments follow it. Assert the world size with [`assert_world_size`]."""
+    if num_processes > 1 and current_test_is_marked_two_process is False:
+        raise AssertionError(
+            f"a test that starts {num_processes} processes must be marked `@pytest.mark.two_process` (and listed in "
+            "docs/testing.md, 'Tests with two real processes')."
+        )
     return [sys.executable, os.path.abspath(__file__), "--nproc_per_node", str(num_processes)]
 
 
@@ -103,8 +115,26 @@ def assert_one_line_argument_error(run: tuple, message: str) -> None:
     assert "Traceback" not in stderr
 
 
+@contextlib.contextmanager
+def one_launch_at_a_time():
+    """Hold a machine-wide lock (a `flock` on a file in the temporary folder) while a multi-process job runs, so the
+    two-process tests of parallel pytest-xdist workers run one job after the other. Two jobs side by side put four
+    gloo processes on a 2-core machine, and a job that timed out at 300 s beside another passed in 11 s alone."""
+    import fcntl
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), "diffusers-ext-multi-process-launch.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 if __name__ == "__main__":
     from torch.distributed.run import main
 
     os.environ.update(CPU_LAUNCH_ENV)
-    main(["--standalone", *sys.argv[1:]])
+    # `--standalone`: a c10d rendezvous on a port the OS assigns (localhost:0), so parallel jobs never share one.
+    with one_launch_at_a_time():
+        main(["--standalone", *sys.argv[1:]])

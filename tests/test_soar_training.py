@@ -107,6 +107,7 @@ def _launch(output_dir, steps, *extra):
     return result.stdout + result.stderr
 
 
+@pytest.mark.two_process
 @pytest.mark.slow
 def test_two_process_resume_equals_uninterrupted_run(tmp_path):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"

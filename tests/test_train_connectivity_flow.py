@@ -87,6 +87,7 @@ def test_run_resume_and_load(tmp_path):
     assert "train_connectivity_flow.py" in (straight / "README.md").read_text()
 
 
+@pytest.mark.two_process
 @pytest.mark.slow
 def test_two_process_launch(tmp_path):
     cmd = [*accelerate_cpu_launch(), SCRIPT, "--output_dir", str(tmp_path), "--max_train_steps", "4", *TINY]

@@ -67,6 +67,7 @@ def _launch(output_dir, steps, *extra):
     return result.stdout + result.stderr
 
 
+@pytest.mark.two_process
 def test_two_process_mfd_resume_equals_uninterrupted_run_and_samples_with_diffusers(tmp_path):
     features = _feature_network(tmp_path / "features")
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"

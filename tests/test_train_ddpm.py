@@ -68,6 +68,7 @@ def _unet_weights(folder):
 
 # 70-95 s (three interpreters per launch): in the slow run. The default run keeps a real two-process resume in
 # tests/test_train_consistency.py, so every launch path through tests/script_launch.py is still exercised.
+@pytest.mark.two_process
 @pytest.mark.slow
 def test_two_process_resume_equals_uninterrupted_run(tmp_path):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"

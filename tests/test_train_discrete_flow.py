@@ -99,6 +99,7 @@ def test_tiny_run_saves_a_loadable_pipeline_and_model_card(tmp_path):
     assert (tmp_path / "checkpoint-2").is_dir()
 
 
+@pytest.mark.two_process
 @pytest.mark.slow
 def test_two_process_resume_equals_uninterrupted_run(tmp_path):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"

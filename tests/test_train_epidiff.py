@@ -90,6 +90,7 @@ def test_trains_on_a_user_csv(tmp_path):
     assert np.isfinite(pipe.denoiser.config.data_mean) and pipe.denoiser.config.data_std > 0
 
 
+@pytest.mark.two_process
 @pytest.mark.slow
 def test_two_process_launch(tmp_path):
     cmd = [*accelerate_cpu_launch(), SCRIPT, "--output_dir", str(tmp_path), "--max_train_steps", "2", *TINY]

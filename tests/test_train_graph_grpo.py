@@ -173,6 +173,7 @@ def test_tiny_molecule_run_with_qed_and_similarity_writes_molecule_metrics(tmp_p
     assert "train_graph_grpo.py" in (out / "README.md").read_text()
 
 
+@pytest.mark.two_process
 def test_two_cpu_processes(tmp_path, pretrained):
     out = tmp_path / "ddp"
     command = [

@@ -87,6 +87,7 @@ def _launch(model, output_dir, steps, *extra):
     return result.stdout + result.stderr
 
 
+@pytest.mark.two_process
 @pytest.mark.slow
 def test_two_process_e2po_resume_equals_uninterrupted_run_and_lora_loads(tmp_path, tiny_sd3):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
@@ -118,6 +119,7 @@ def test_two_process_e2po_resume_equals_uninterrupted_run_and_lora_loads(tmp_pat
 FLAT_DRIVER = os.path.join(REPO, "tests", "grpo_flat_rank_driver.py")
 
 
+@pytest.mark.two_process
 @pytest.mark.slow
 def test_two_process_grpo_where_one_process_drops_every_image_stays_in_step(tmp_path, tiny_sd3):
     """DDP with `drop_zero_advantage`: at every step one process's only group has zero reward spread, so all its

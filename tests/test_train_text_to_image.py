@@ -67,6 +67,7 @@ def _run(output_dir, vae_steps, unet_steps, *extra, processes=1):
     return result.stdout + result.stderr
 
 
+@pytest.mark.two_process
 def test_trains_saves_and_loads_as_a_stable_diffusion_pipeline(tmp_path):
     out = tmp_path / "out"
     validation = ["--validation_prompt", "a red circle", "--num_validation_images", "2", "--validation_steps", "3"]
@@ -158,6 +159,7 @@ def test_warm_start_names_a_folder_that_is_not_a_pipeline(tmp_path, capsys):
     assert "--pretrained_model_name_or_path" in err and "missing ['vae', 'unet', 'text_encoder']" in err
 
 
+@pytest.mark.two_process
 @pytest.mark.slow
 def test_two_process_resume_across_phases_equals_an_uninterrupted_run(tmp_path):
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
