@@ -215,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help=demo_help,
-        description=demo_help[0].upper() + demo_help[1:] + ". Timings measured by `python benchmarks/demo_timing.py`. "
+        description=demo_help[0].upper()
+        + demo_help[1:]
+        + ". Timings measured by `python benchmarks/scale/demo_timing.py`. "
         "A section that fails is marked in the report with its error; the others still run, and the exit status is 1.",
     )
     demo.add_argument("--output_dir", default="demo_output", help="report folder (default: demo_output)")

@@ -1,14 +1,14 @@
-"""benchmarks/certified_transfer_model_selection.py on a tiny trained folder: the validation report, and with
+"""benchmarks/certified_transfer/certified_transfer_model_selection.py on a tiny trained folder: the validation report, and with
 `--class_sizes` the picked query accuracy by class size, where the upstream prefix as long as the whole set is the
 upstream class itself."""
 
-import importlib.util
 import json
 import os
 import sys
 
 import pytest
 import torch
+from benchmark_scripts import benchmark_script, load_benchmark
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,12 +17,9 @@ from test_train_parameter_diffusion import _run  # noqa: E402
 
 
 def selection():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # the script imports the benchmark's episode helpers
-    path = os.path.join(ROOT, "benchmarks", "certified_transfer_model_selection.py")
-    spec = importlib.util.spec_from_file_location("certified_transfer_model_selection", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    # the script imports the episode helpers of certified_transfer.py, its neighbour
+    sys.path.insert(0, str(benchmark_script("certified_transfer").parent))
+    return load_benchmark("certified_transfer_model_selection")
 
 
 def test_class_sizes_report_reads_one_draw_by_prefix(tmp_path):

@@ -83,7 +83,7 @@ def test_demo_help_and_readme_state_the_measured_times():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    timing = json.loads((root / "benchmarks" / "results" / "demo_timing.json").read_text(encoding="utf-8"))
+    timing = json.loads((root / "benchmarks" / "scale" / "results" / "demo_timing.json").read_text(encoding="utf-8"))
     default, quick = round(timing["summary"]["default_seconds"]), round(timing["summary"]["quick_seconds"])
     readme = (root / "README.md").read_text(encoding="utf-8")
     assert f"({default} s; `--quick` {quick} s;" in readme

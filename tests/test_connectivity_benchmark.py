@@ -1,23 +1,19 @@
-"""The connectivity benchmark (`benchmarks/connectivity.py`): training lengths chosen on validation seeds disjoint
+"""The connectivity benchmark (`benchmarks/connectivity/connectivity.py`): training lengths chosen on validation seeds disjoint
 from the test seeds, a tiny run writing every output, the `--from_results` rebuild, and the committed results."""
 
-import importlib.util
 import json
 import os
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results", "connectivity.json")
+RESULTS = os.path.join(ROOT, "benchmarks", "connectivity", "results", "connectivity.json")
 
 
 def benchmark():
-    path = os.path.join(ROOT, "benchmarks", "connectivity.py")
-    spec = importlib.util.spec_from_file_location("connectivity_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("connectivity", "connectivity_benchmark")
 
 
 def test_validation_seeds_must_differ_from_test_seeds():

@@ -6,6 +6,7 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
 from diffusers_ext import DIRPPipeline, zoo
 from diffusers_ext.data.digits import load_digits_images
@@ -457,12 +458,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _benchmark_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("dirp_benchmark", os.path.join(REPO, "benchmarks", "dirp.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("dirp", "dirp_benchmark")
 
 
 def test_benchmark_runs_on_a_pipeline_folder_with_a_vae(tmp_path):
@@ -514,10 +510,10 @@ def test_results_file_follows_the_measurement_protocol():
 
     from diffusers_ext.evaluation.protocol import targets_met
 
-    with open(os.path.join(REPO, "benchmarks", "results", "dirp.json"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "benchmarks", "dirp", "results", "dirp.json"), encoding="utf-8") as f:
         results = json.load(f)
     summary, validation = results["summary"], results["validation"]
-    assert results["command"].startswith("python benchmarks/dirp.py")
+    assert results["command"].startswith("python benchmarks/dirp/dirp.py")
     settings = results["settings"]
     assert settings["validation_class"] != settings["target_class"]
     # every purifier was tuned with the same number of settings and its frozen choice is one of them

@@ -1,11 +1,11 @@
-"""benchmarks/divide_and_denoise.py end to end on a tiny setting: calibrated thresholds, both splits, the oracle
-reference, the sweep and a computed targets list whose status phrase the markdown carries (docs/benchmarks.md)."""
+"""benchmarks/divide_and_denoise/divide_and_denoise.py end to end on a tiny setting: calibrated thresholds, both splits, the oracle
+reference, the sweep and a computed targets list whose status phrase the markdown carries (benchmarks/README.md)."""
 
-import importlib.util
 import json
 import os
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 from diffusers_ext.evaluation.protocol import targets_status
 
@@ -15,11 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.slow
 def test_tiny_run_writes_a_protocol_results_file(tmp_path):
-    spec = importlib.util.spec_from_file_location(
-        "dnd_bench", os.path.join(REPO, "benchmarks", "divide_and_denoise.py")
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("divide_and_denoise", "dnd_bench")
     bench.main(
         [
             "--experts",
@@ -61,11 +57,7 @@ def test_tiny_run_writes_a_protocol_results_file(tmp_path):
 
 
 def test_bad_arguments_are_refused():
-    spec = importlib.util.spec_from_file_location(
-        "dnd_bench", os.path.join(REPO, "benchmarks", "divide_and_denoise.py")
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("divide_and_denoise", "dnd_bench")
     for argv in (["--experts", "4"], ["--test_layouts", "0"], ["--detect_fraction", "0"]):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)

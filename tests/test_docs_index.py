@@ -22,8 +22,8 @@ def test_the_index_lists_every_page():
 
 def test_linked_results_files_exist_and_target_counts_agree():
     for row in index_rows():
-        for name in re.findall(r"\(\.\./benchmarks/results/([\w-]+)\.md\)", row):
-            results = ROOT / "benchmarks" / "results" / f"{name}.json"
+        for method, name in re.findall(r"\(\.\./benchmarks/(\w+)/results/([\w-]+)\.md\)", row):
+            results = ROOT / "benchmarks" / method / "results" / f"{name}.json"
             assert results.is_file(), f"docs/index.md links {name}.md but {results} is missing"
             stated = re.search(r"(\d+) of (\d+) targets met", row)
             targets = json.loads(results.read_text(encoding="utf-8")).get("summary", {}).get("targets")

@@ -1,12 +1,12 @@
 """Doob guidance on an image model: the class-conditional pipeline's `guidance=` argument, `ClassifierConstraint`,
-the independent digits judge, and the report of `benchmarks/doob_guidance_digits.py`."""
+the independent digits judge, and the report of `benchmarks/doob_guidance/doob_guidance_digits.py`."""
 
-import importlib.util
 import math
 import os
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from diffusers import EulerDiscreteScheduler
 
 from diffusers_ext import ClassConditionalDDPMPipeline, ClassifierConstraint, DoobGuidance, zoo
@@ -20,11 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def benchmark():
-    path = os.path.join(ROOT, "benchmarks", "doob_guidance_digits.py")
-    spec = importlib.util.spec_from_file_location("doob_guidance_digits_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("doob_guidance_digits", "doob_guidance_digits_benchmark")
 
 
 def tiny_pipeline() -> ClassConditionalDDPMPipeline:

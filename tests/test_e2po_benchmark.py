@@ -10,7 +10,7 @@ import pytest
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results", "e2po.json")
+RESULTS = os.path.join(ROOT, "benchmarks", "e2po", "results", "e2po.json")
 KEYS = (
     "grpo_eval_gain_per_seed",
     "eval_standard_error",
@@ -57,7 +57,7 @@ def test_committed_summary_recomputes_from_the_runs():
 def test_a_tiny_run_of_the_benchmark_writes_every_output(tmp_path):
     command = [
         sys.executable,
-        "benchmarks/e2po.py",
+        "benchmarks/e2po/e2po.py",
         "--seeds",
         "0",
         "--learn_steps",

@@ -1,22 +1,18 @@
-"""benchmarks/graph_grpo.py `--merge_from`: results files of separate dataset runs join into one report without
+"""benchmarks/graph_grpo/graph_grpo.py `--merge_from`: results files of separate dataset runs join into one report without
 measuring anything, each dataset keeping the command of the run that measured it; files that do not fit together (other
 settings, a dataset twice, recorded targets that do not rebuild) are refused."""
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 from diffusers_ext.evaluation.protocol import mean_spread, targets_met
 
 
-_SPEC = importlib.util.spec_from_file_location(
-    "graph_grpo_benchmark", Path(__file__).parents[1] / "benchmarks" / "graph_grpo.py"
-)
-bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench)
+bench = load_benchmark("graph_grpo", "graph_grpo_benchmark")
 
 KEYS = ("valid", "unique", "novel", "vun", "mmd_degree", "mmd_clustering", "mmd_spectral", "edges_mean")
 KEYS += ("ratio_degree", "ratio_spectral", "ratio_ratio")
@@ -75,8 +71,10 @@ def write_run(
 
 
 def test_merge_keeps_each_dataset_and_its_command(tmp_path):
-    tree = write_run(tmp_path / "tree", "tree", "python benchmarks/graph_grpo.py")
-    planar = write_run(tmp_path / "planar", "planar", "python benchmarks/graph_grpo.py --datasets planar", grpo=0.5)
+    tree = write_run(tmp_path / "tree", "tree", "python benchmarks/graph_grpo/graph_grpo.py")
+    planar = write_run(
+        tmp_path / "planar", "planar", "python benchmarks/graph_grpo/graph_grpo.py --datasets planar", grpo=0.5
+    )
     before = {name: json.loads(path.read_text()) for name, path in (("tree", tree), ("planar", planar))}
     out = tmp_path / "out"
     merged = bench.main(["--merge_from", str(tree), str(planar), "--output_dir", str(out)])
@@ -96,7 +94,10 @@ def test_merge_keeps_each_dataset_and_its_command(tmp_path):
     assert (
         written["summary"]["targets"] == before["tree"]["summary"]["targets"] + before["planar"]["summary"]["targets"]
     )
-    assert written["command"] == "python benchmarks/graph_grpo.py; python benchmarks/graph_grpo.py --datasets planar"
+    assert (
+        written["command"]
+        == "python benchmarks/graph_grpo/graph_grpo.py; python benchmarks/graph_grpo/graph_grpo.py --datasets planar"
+    )
     assert [source["datasets"] for source in written["merged_from"]] == [["tree"], ["planar"]]
     assert written["seconds"] == 300.0
     met, total = targets_met(written["summary"]["targets"])
@@ -104,7 +105,10 @@ def test_merge_keeps_each_dataset_and_its_command(tmp_path):
     report = (out / "graph_grpo.md").read_text()
     assert f"## Targets: {met} of {total} targets met" in report
     assert "## tree-16" in report and "## planar-16" in report and (out / "graph_grpo.png").is_file()
-    assert "Measured by `python benchmarks/graph_grpo.py --datasets planar` (code hash `planar-hash-`" in report
+    assert (
+        "Measured by `python benchmarks/graph_grpo/graph_grpo.py --datasets planar` (code hash `planar-hash-`"
+        in report
+    )
 
     # a merged file merges (and rebuilds) again with the same per-dataset records, not its own joined command
     again = bench.main(["--merge_from", str(out / "graph_grpo.json"), "--output_dir", str(tmp_path / "again")])
@@ -114,16 +118,19 @@ def test_merge_keeps_each_dataset_and_its_command(tmp_path):
 
 
 def test_merge_refuses_files_that_do_not_fit(tmp_path):
-    tree = write_run(tmp_path / "tree", "tree", "python benchmarks/graph_grpo.py")
+    tree = write_run(tmp_path / "tree", "tree", "python benchmarks/graph_grpo/graph_grpo.py")
     other = write_run(
-        tmp_path / "other", "planar", "python benchmarks/graph_grpo.py --pretrain_steps 3000", pretrain_steps=3000
+        tmp_path / "other",
+        "planar",
+        "python benchmarks/graph_grpo/graph_grpo.py --pretrain_steps 3000",
+        pretrain_steps=3000,
     )
     with pytest.raises(ValueError, match="pretrain_steps"):
         bench.merge_results([str(tree), str(other)])
-    twice = write_run(tmp_path / "twice", "tree", "python benchmarks/graph_grpo.py --datasets tree")
+    twice = write_run(tmp_path / "twice", "tree", "python benchmarks/graph_grpo/graph_grpo.py --datasets tree")
     with pytest.raises(ValueError, match="'tree' is in an earlier file"):
         bench.merge_results([str(tree), str(twice)])
-    planar = write_run(tmp_path / "planar", "planar", "python benchmarks/graph_grpo.py --datasets planar")
+    planar = write_run(tmp_path / "planar", "planar", "python benchmarks/graph_grpo/graph_grpo.py --datasets planar")
     tampered = json.loads(planar.read_text())
     tampered["datasets"]["planar"]["summary"]["grpo"]["vun"]["mean"] = 0.9  # the recorded targets no longer rebuild
     planar.write_text(json.dumps(tampered))
@@ -137,12 +144,16 @@ def test_a_dataset_is_re_measured_with_another_reward_and_merged_with_the_others
     # an earlier merged-style file (tree and planar, validity rewards, written before rewards were recorded) and a
     # new planar run with the shaped reward
     earlier = write_run(
-        tmp_path / "earlier", "tree", "python benchmarks/graph_grpo.py", datasets=["tree", "planar"], reward=False
+        tmp_path / "earlier",
+        "tree",
+        "python benchmarks/graph_grpo/graph_grpo.py",
+        datasets=["tree", "planar"],
+        reward=False,
     )
     shaped = write_run(
         tmp_path / "shaped",
         "planar",
-        "python benchmarks/graph_grpo.py --datasets planar --planar_reward planar_shaped",
+        "python benchmarks/graph_grpo/graph_grpo.py --datasets planar --planar_reward planar_shaped",
         grpo=0.5,
         planar_reward="planar_shaped",
     )
@@ -155,7 +166,7 @@ def test_a_dataset_is_re_measured_with_another_reward_and_merged_with_the_others
     merged = bench.main(["--merge_from", f"{earlier}:tree", str(shaped), "--output_dir", str(out)])
     before = json.loads(earlier.read_text())
     tree = dict(merged["datasets"]["tree"])
-    assert tree.pop("measured_by")["command"] == "python benchmarks/graph_grpo.py"
+    assert tree.pop("measured_by")["command"] == "python benchmarks/graph_grpo/graph_grpo.py"
     assert tree == before["datasets"]["tree"]  # untouched, and naming no reward
     assert merged["datasets"]["planar"]["reward"] == "planar_shaped"
     assert [(f["datasets"], f.get("only")) for f in merged["merged_from"]] == [

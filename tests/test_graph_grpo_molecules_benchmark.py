@@ -1,21 +1,17 @@
-"""benchmarks/graph_grpo_molecules.py: the top-k AUC on a hand example, the oracle's bookkeeping, the GA's re-noise
+"""benchmarks/graph_grpo/graph_grpo_molecules.py: the top-k AUC on a hand example, the oracle's bookkeeping, the GA's re-noise
 and regenerate step, and a tiny end-to-end run (pretraining, validation, three methods, targets, report files)."""
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 
 pytest.importorskip("rdkit")
 pytest.importorskip("networkx")
 
-_SPEC = importlib.util.spec_from_file_location(
-    "graph_grpo_molecules_benchmark", Path(__file__).parents[1] / "benchmarks" / "graph_grpo_molecules.py"
-)
-bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench)
+bench = load_benchmark("graph_grpo_molecules", "graph_grpo_molecules_benchmark")
 
 
 def test_top_k_curve_and_auc_hand_example():
@@ -90,7 +86,7 @@ def test_tiny_end_to_end_run_writes_the_results(tmp_path):
     names = [row["name"] for row in results["summary"]["targets"]]
     assert len(names) == 3 and names[0].startswith("headroom")
     written = json.loads((tmp_path / "results" / "graph_grpo_molecules.json").read_text())
-    assert written["command"].startswith("python benchmarks/graph_grpo_molecules.py --budget 24")
+    assert written["command"].startswith("python benchmarks/graph_grpo/graph_grpo_molecules.py --budget 24")
     assert "--output_dir" not in written["command"] and "--cache_dir" not in written["command"]
     report = (tmp_path / "results" / "graph_grpo_molecules.md").read_text()
     assert "targets met" in report and "PMO" in report

@@ -1,10 +1,10 @@
-"""benchmarks/latent_world.py: one results file over the three latent-world parts, with every part's targets."""
+"""benchmarks/mosaic/latent_world.py: one results file over the three latent-world parts, with every part's targets."""
 
-import importlib.util
 import json
 import os
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -12,10 +12,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def latent_world():
-    spec = importlib.util.spec_from_file_location("latent_world", os.path.join(REPO, "benchmarks", "latent_world.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("latent_world", "latent_world")
 
 
 def test_every_part_defines_its_options_without_clashing(latent_world):
@@ -36,6 +33,6 @@ def test_assembled_file_carries_each_part_summary_and_all_targets(latent_world, 
     assert [t["met"] for t in written["summary"]["targets"]] == [t["met"] for t in part_targets]
     assert "assembled" in results["how"] and (tmp_path / "latent_world.md").exists()
     # The committed file is the assembly of the committed parts.
-    with open(os.path.join(REPO, "benchmarks", "results", "latent_world.json")) as f:
+    with open(os.path.join(REPO, "benchmarks", "mosaic", "results", "latent_world.json")) as f:
         committed = json.load(f)
     assert committed["summary"]["targets"] == written["summary"]["targets"]

@@ -1,12 +1,12 @@
-"""benchmarks/latent_world_divide_and_denoise.py: its prompts need every expert, the oracle layout covers each
+"""benchmarks/divide_and_denoise/latent_world_divide_and_denoise.py: its prompts need every expert, the oracle layout covers each
 expert's object, every method gets a validation grid, and a tiny `run()` (slow) returns a computed targets list."""
 
 import argparse
-import importlib.util
 import os
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
 from diffusers_ext.data.mosaic import MosaicConfig
 from diffusers_ext.evaluation.protocol import targets_status
@@ -16,11 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _bench():
-    path = os.path.join(REPO, "benchmarks", "latent_world_divide_and_denoise.py")
-    spec = importlib.util.spec_from_file_location("latent_dnd_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_benchmark("latent_world_divide_and_denoise", "latent_dnd_bench")
 
 
 def _args(bench, argv=()):

@@ -1,11 +1,11 @@
-"""benchmarks/latent_world_unlearning.py: the validation choice rule, the grid, and a tiny end-to-end run (slow)."""
+"""benchmarks/unlearning/latent_world_unlearning.py: the validation choice rule, the grid, and a tiny end-to-end run (slow)."""
 
 import argparse
-import importlib.util
 import json
 import os
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 from diffusers_ext.evaluation.protocol import targets_status
 
@@ -14,12 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "latent_unlearn_bench", os.path.join(REPO, "benchmarks", "latent_world_unlearning.py")
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_benchmark("latent_world_unlearning", "latent_unlearn_bench")
 
 
 def _run(name, method, rate, fd):

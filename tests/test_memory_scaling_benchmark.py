@@ -1,17 +1,12 @@
-"""benchmarks/memory_scaling.py: the line fit, and a tiny run that writes a results file the docs can cite."""
+"""benchmarks/scale/memory_scaling.py: the line fit, and a tiny run that writes a results file the docs can cite."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 
-_SPEC = importlib.util.spec_from_file_location(
-    "memory_scaling_benchmark", Path(__file__).parents[1] / "benchmarks" / "memory_scaling.py"
-)
-memory_scaling = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(memory_scaling)
+memory_scaling = load_benchmark("memory_scaling", "memory_scaling_benchmark")
 
 
 def test_fit_line_recovers_a_line_and_scores_a_curve_lower():
@@ -28,7 +23,7 @@ def test_sizes_must_differ():
 def test_a_tiny_grpo_run_writes_results_with_targets_and_extrapolations(tmp_path):
     results = memory_scaling.main(["--parts", "grpo", "--grpo_sizes", "16", "24", "32", "--output_dir", str(tmp_path)])
     written = json.loads((tmp_path / "memory_scaling.json").read_text())
-    assert written["command"] == "python benchmarks/memory_scaling.py --parts grpo --grpo_sizes 16 24 32"
+    assert written["command"] == "python benchmarks/scale/memory_scaling.py --parts grpo --grpo_sizes 16 24 32"
     grpo = written["summary"]["grpo"]
     assert grpo["x"] == [16, 36, 64] and all(p > 0 for p in grpo["peak_bytes"])  # image tokens, (side / 4)^2
     assert set(grpo["extrapolated"]) == set(memory_scaling.REAL_SIZES["grpo"])

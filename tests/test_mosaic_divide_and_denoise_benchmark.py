@@ -1,21 +1,17 @@
-"""benchmarks/mosaic_divide_and_denoise.py and the shared composition sampler on a tiny untrained
+"""benchmarks/divide_and_denoise/mosaic_divide_and_denoise.py and the shared composition sampler on a tiny untrained
 StableDiffusionPipeline: every method runs from paired latents, grids respect the tuning budget, targets are computed
 from what was measured."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
 
-_SPEC = importlib.util.spec_from_file_location(
-    "mosaic_divide_and_denoise_benchmark", Path(__file__).parents[1] / "benchmarks" / "mosaic_divide_and_denoise.py"
-)
-bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench)
+bench = load_benchmark("mosaic_divide_and_denoise", "mosaic_divide_and_denoise_benchmark")
 
 
 def test_strip_regions_partition_the_canvas_left_to_right():

@@ -1,19 +1,14 @@
-"""benchmarks/mosaic_e2po.py on a tiny untrained StableDiffusion3Pipeline: both methods are tuned on validation with
+"""benchmarks/e2po/mosaic_e2po.py on a tiny untrained StableDiffusion3Pipeline: both methods are tuned on validation with
 equal budgets, trained from the same start on test, and the targets are computed from the measured curves."""
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 
-_SPEC = importlib.util.spec_from_file_location(
-    "mosaic_e2po_benchmark", Path(__file__).parents[1] / "benchmarks" / "mosaic_e2po.py"
-)
-bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench)
+bench = load_benchmark("mosaic_e2po", "mosaic_e2po_benchmark")
 
 
 def _summary(grpo_curves, e2po_curves, grpo_zero, e2po_zero):

@@ -1,18 +1,13 @@
-"""benchmarks/mosaic_headroom.py on a tiny untrained StableDiffusionPipeline: every part runs and its targets are
+"""benchmarks/mosaic/mosaic_headroom.py on a tiny untrained StableDiffusionPipeline: every part runs and its targets are
 computed from what it measured (an untrained model meets none of the capability targets)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 
-_SPEC = importlib.util.spec_from_file_location(
-    "mosaic_headroom_benchmark", Path(__file__).parents[1] / "benchmarks" / "mosaic_headroom.py"
-)
-bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench)
+bench = load_benchmark("mosaic_headroom", "mosaic_headroom_benchmark")
 
 
 def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_sd_pipeline_folder, tmp_path):

@@ -1,18 +1,13 @@
-"""benchmarks/mosaic_mimicry_headroom.py on a tiny untrained StableDiffusionPipeline: the protections are chosen on
+"""benchmarks/mosaic/mosaic_mimicry_headroom.py on a tiny untrained StableDiffusionPipeline: the protections are chosen on
 the validation subject alone, the test subject is measured over seeds, and the targets are computed."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 
-_SPEC = importlib.util.spec_from_file_location(
-    "mosaic_mimicry_headroom_benchmark", Path(__file__).parents[1] / "benchmarks" / "mosaic_mimicry_headroom.py"
-)
-bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench)
+bench = load_benchmark("mosaic_mimicry_headroom", "mosaic_mimicry_headroom_benchmark")
 
 
 def test_a_tiny_run_chooses_on_validation_measures_test_over_seeds_and_rebuilds(tiny_sd_pipeline_folder, tmp_path):

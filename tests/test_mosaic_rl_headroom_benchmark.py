@@ -1,18 +1,13 @@
-"""benchmarks/mosaic_rl_headroom.py on a tiny untrained StableDiffusion3Pipeline: both parts run, the RL prompts are
+"""benchmarks/mosaic/mosaic_rl_headroom.py on a tiny untrained StableDiffusion3Pipeline: both parts run, the RL prompts are
 the tasks unsaturated on validation, and the targets are computed from what was measured."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 
-_SPEC = importlib.util.spec_from_file_location(
-    "mosaic_rl_headroom_benchmark", Path(__file__).parents[1] / "benchmarks" / "mosaic_rl_headroom.py"
-)
-bench = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench)
+bench = load_benchmark("mosaic_rl_headroom", "mosaic_rl_headroom_benchmark")
 
 
 def test_a_tiny_run_measures_both_parts_and_rebuilds(tiny_sd3_pipeline_folder, tmp_path):

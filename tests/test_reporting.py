@@ -19,7 +19,10 @@ from diffusers_ext.evaluation.reporting import (
 
 
 def test_command_is_one_spelling():
-    assert command("/x/benchmarks/soar.py", ["--seed", "1"]) == "python benchmarks/soar.py --seed 1"
+    assert command("/x/benchmarks/soar/soar.py", ["--seed", "1"]) == "python benchmarks/soar/soar.py --seed 1"
+    # the path below the nearest `benchmarks` folder: a script in its method's folder, or a flat one
+    assert command("/r/benchmarks/zoo/zoo.py", []) == "python benchmarks/zoo/zoo.py"
+    assert command("/r/benchmarks/scale/../zoo/zoo.py", []) == "python benchmarks/zoo/zoo.py"
     assert command("zoo.py", []) == "python benchmarks/zoo.py"
     omitted = command("x.py", ["--out", "results/a", "--seed", "1", "--out=results/b"], omit=("--out",))
     assert omitted == "python benchmarks/x.py --seed 1"

@@ -1,6 +1,6 @@
-"""Each README methods-table status line agrees with its results file (docs/benchmarks.md, rule 5).
+"""Each README methods-table status line agrees with its results file (benchmarks/README.md, rule 5).
 
-A row links its results as `benchmarks/results/<name>.md`; when `benchmarks/results/<name>.json` carries a
+A row links its results as `benchmarks/<method>/results/<name>.md`; when the `.json` beside it carries a
 computed `summary.targets` list, the row must say "N of M targets met" with the numbers that list gives, and must
 not claim "all targets met" otherwise. A benchmark adopts the check by writing such a list (with
 `diffusers_ext.evaluation.protocol.target`) and putting the phrase in its row: nothing here needs editing. Rows
@@ -31,7 +31,7 @@ ADOPTED = {
     "unlearning",
     "zoo",
 }
-RESULTS_LINK = re.compile(r"benchmarks/results/([A-Za-z0-9_\-]+)\.md")
+RESULTS_LINK = re.compile(r"benchmarks/(\w+)/results/([A-Za-z0-9_\-]+)\.md")
 STATUS = re.compile(r"(\d+) of (\d+) targets met")
 
 
@@ -66,7 +66,7 @@ def readme_results() -> list[tuple[str, str, str]]:
     for method, status in rows:
         link = RESULTS_LINK.search(status)
         if link:
-            found.append((method, status, link.group(1)))
+            found.append((method, status, f"{link.group(1)}/results/{link.group(2)}"))
     return found
 
 
@@ -84,25 +84,25 @@ def test_the_checker_catches_a_misstated_status():
 def test_the_table_parser_reads_status_cells():
     readme = (
         "# x\n\n## Methods\n\n| method | what | classes | status |\n| --- | --- | --- | --- |\n"
-        "| A | a | `A` | shipped; 1 of 1 targets met ([results](benchmarks/results/a.md)) |\n\n## Usage\n| n | o | t | e |\n"
+        "| A | a | `A` | shipped; 1 of 1 targets met ([results](benchmarks/a/results/a.md)) |\n\n## Usage\n| n | o | t | e |\n"
     )
-    assert methods_rows(readme) == [("A", "shipped; 1 of 1 targets met ([results](benchmarks/results/a.md))")]
+    assert methods_rows(readme) == [("A", "shipped; 1 of 1 targets met ([results](benchmarks/a/results/a.md))")]
 
 
 def test_the_readme_links_results_files():
-    names = {name for _, _, name in readme_results()}
+    names = {name.rsplit("/", 1)[1] for _, _, name in readme_results()}
     assert ADOPTED <= names, f"README rows should link the results of {sorted(ADOPTED - names)}"
 
 
 @pytest.mark.parametrize("method,status,name", readme_results(), ids=lambda v: v if isinstance(v, str) else None)
 def test_status_line_agrees_with_results_file(method, status, name):
-    path = os.path.join(ROOT, "benchmarks", "results", f"{name}.json")
+    path = os.path.join(ROOT, "benchmarks", f"{name}.json")
     assert os.path.isfile(path), f"{method}: the README links {name}.md but {path} is missing"
     with open(path, encoding="utf-8") as f:
         summary = json.load(f).get("summary", {})
     targets = summary.get("targets")
     if not isinstance(targets, list):
-        assert name not in ADOPTED, f"{name}.json lost its computed summary.targets list"
+        assert name.rsplit("/", 1)[1] not in ADOPTED, f"{name}.json lost its computed summary.targets list"
         pytest.skip(f"{name}.json has no computed summary.targets list yet (issue 13)")
     problem = status_disagreement(status, targets)
     assert problem is None, f"README status of {method} {problem}"

@@ -1,21 +1,20 @@
-"""Every committed results file's target rows are complete and computed (docs/benchmarks.md, rule 5).
+"""Every committed results file's target rows are complete and computed (benchmarks/README.md, rule 5).
 
-Each `summary.targets` row of every `benchmarks/results/*.json` (and every nested `targets` list, such as the parts
+Each `summary.targets` row of every `benchmarks/<method>/results/*.json` (and every nested `targets` list, such as the parts
 of `latent_world.json`) carries `name, value, comparison, threshold, met`, and `met` is what `value comparison
 threshold` gives, recomputed here by `protocol.target`.
 """
 
-import glob
 import json
 import os
 
 import pytest
+from benchmark_scripts import all_results_files
 
 from diffusers_ext.evaluation.protocol import target
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*.json")))
+RESULTS = [str(path) for path in all_results_files("*.json")]
 FIELDS = {"name", "value", "comparison", "threshold", "met"}
 
 

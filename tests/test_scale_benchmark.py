@@ -1,17 +1,12 @@
-"""benchmarks/scale.py: its plain LLaDA loop decodes what the package does; a tiny run writes a results file."""
+"""benchmarks/scale/scale.py: its plain LLaDA loop decodes what the package does; a tiny run writes a results file."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import torch
+from benchmark_scripts import load_benchmark
 
 
-_SPEC = importlib.util.spec_from_file_location(
-    "scale_benchmark", Path(__file__).parents[1] / "benchmarks" / "scale.py"
-)
-scale = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(scale)
+scale = load_benchmark("scale", "scale_benchmark")
 
 TINY = [
     "--parts",
@@ -63,7 +58,7 @@ def test_plain_llada_loop_matches_the_package_token_for_token():
 def test_a_tiny_run_writes_its_targets(tmp_path):
     results = scale.main([*TINY, "--output_dir", str(tmp_path)])
     written = json.loads((tmp_path / "scale.json").read_text())
-    assert written["command"].startswith("python benchmarks/scale.py --parts dlm")
+    assert written["command"].startswith("python benchmarks/scale/scale.py --parts dlm")
     assert "--output_dir" not in written["command"]
     names = [t["name"] for t in written["summary"]["targets"]]
     assert len(names) == 3 and all(n.startswith("dlm") for n in names)

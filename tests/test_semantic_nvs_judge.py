@@ -1,12 +1,12 @@
 """The SemanticNVS benchmark's independent judge (diffusers_ext/evaluation/semantic_nvs.py) and the benchmark's
 protocol pieces: labels from renders, the network's contract, training that learns, the scene bootstrap."""
 
-import importlib.util
 import math
 import os
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
 from diffusers_ext.evaluation.semantic_nvs import (
     EVALUATOR_HELDOUT_SEED,
@@ -25,11 +25,8 @@ from diffusers_ext.evaluation.semantic_nvs import (
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("nvs_bench", os.path.join(REPO, "benchmarks", "semantic_nvs.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+def semantic_nvs_benchmark():
+    return load_benchmark("semantic_nvs", "nvs_bench")
 
 
 def test_labels_count_classes_and_pool_log_depth():
@@ -67,7 +64,7 @@ def test_evaluator_shapes_and_bad_input():
 
 
 def test_seed_ranges_are_disjoint_from_training_and_old_heldout_scenes():
-    bench = load_benchmark()
+    bench = semantic_nvs_benchmark()
     old_heldout = 10**9
     ranges = [EVALUATOR_TRAIN_SEED, EVALUATOR_HELDOUT_SEED, bench.VALIDATION_SCENE_SEED, bench.TEST_SCENE_SEED]
     assert len(set(ranges)) == len(ranges) and all(r > old_heldout + 10**6 for r in ranges)
@@ -110,7 +107,7 @@ def test_bootstrap_frechet_is_zero_on_identical_sets_and_pairs_a_reference():
 
 
 def test_benchmark_refuses_bad_arguments():
-    bench = load_benchmark()
+    bench = semantic_nvs_benchmark()
     for argv in (["--test_scenes", "4"], ["--validation_scenes", "2"], ["--seeds", "0", "0"]):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
@@ -126,7 +123,7 @@ def test_tiny_benchmark_run_writes_a_protocol_results_file(tmp_path):
 
     from diffusers_ext.evaluation.protocol import targets_status
 
-    bench = load_benchmark()
+    bench = semantic_nvs_benchmark()
     bench.main(
         [
             "--validation_scenes",

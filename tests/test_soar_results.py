@@ -1,10 +1,10 @@
 """The committed SOAR benchmark results: the issue's summary keys, targets computed from the measurements."""
 
 import json
-import os
+
+from benchmark_scripts import results_file
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results")
 KEYS = (
     "task",
     "greedy_full_accuracy",
@@ -21,8 +21,7 @@ KEYS = (
 
 
 def test_summary_has_the_issue_keys_and_consistent_targets():
-    with open(os.path.join(RESULTS, "soar.json"), encoding="utf-8") as f:
-        results = json.load(f)
+    results = json.loads(results_file("soar.json").read_text(encoding="utf-8"))
     summary = results["summary"]
     assert all(key in summary for key in KEYS)
     assert {"name", "value", "threshold", "met"} <= set(summary["targets"][0])

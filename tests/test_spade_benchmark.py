@@ -1,13 +1,13 @@
-"""SPADE's benchmark: the baselines of `evaluation/spade.py`, a tiny run of `benchmarks/spade.py` (every output, the
+"""SPADE's benchmark: the baselines of `evaluation/spade.py`, a tiny run of `benchmarks/spade/spade.py` (every output, the
 `--from_results` rebuild) and the committed results recomputed from their recorded runs."""
 
-import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
 from diffusers_ext.data.offline_bbo import ContinuousTask, TFBindLikeTask
 from diffusers_ext.evaluation import spade as ev
@@ -15,14 +15,11 @@ from diffusers_ext.pipelines.spade.search import EAConfig
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results", "spade.json")
+RESULTS = os.path.join(ROOT, "benchmarks", "spade", "results", "spade.json")
 
 
 def benchmark():
-    spec = importlib.util.spec_from_file_location("spade_benchmark", os.path.join(ROOT, "benchmarks", "spade.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("spade", "spade_benchmark")
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,12 @@
-"""benchmarks/unlearning.py follows the protocol (docs/benchmarks.md): its run cache is keyed by every run setting and
+"""benchmarks/unlearning/unlearning.py follows the protocol (benchmarks/README.md): its run cache is keyed by every run setting and
 the code, levels are chosen on validation by one rule for every method, and its targets are a computed list."""
 
-import importlib.util
 import json
 import math
 import os
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -14,12 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        "unlearning_bench", os.path.join(REPO, "benchmarks", "unlearning.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("unlearning", "unlearning_bench")
 
 
 def test_cache_key_follows_run_settings_not_run_selection(bench, tmp_path):
@@ -66,7 +61,7 @@ def test_level_is_chosen_on_validation_at_matched_forgetting(bench):
 
 
 def test_targets_are_computed_from_the_summary(bench):
-    with open(os.path.join(REPO, "benchmarks", "results", "unlearning.json"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "benchmarks", "unlearning", "results", "unlearning.json"), encoding="utf-8") as f:
         results = json.load(f)
     summary = results["summary"]
     rows = bench.compute_targets(summary)

@@ -129,7 +129,7 @@ def test_graph_flow_tree16_samples_trees_as_its_card_says():
     pipe = zoo.load("graph-flow-tree16")
     assert isinstance(pipe, GraphFlowPipeline)
     pipe.set_progress_bar_config(disable=True)
-    generator = torch.Generator().manual_seed(1000)  # the first test generator of benchmarks/graph_grpo.py
+    generator = torch.Generator().manual_seed(1000)  # the first test generator of benchmarks/graph_grpo/graph_grpo.py
     graphs = pipe(num_graphs=40, num_nodes=16, num_inference_steps=50, generator=generator).graphs
     scores = vun(graphs, spectre_splits("tree", 16, 0)["train"], "tree")
     # the card measures V.U.N. 0.585 over 5 seeds (0.575 on this one)

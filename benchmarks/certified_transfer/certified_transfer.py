@@ -2,7 +2,7 @@
 of LoRA adapters (STEEL-style) against SGD-fitted LoRA, Gaussian-fit random adapters and the best upstream adapter.
 
     python training/train_parameter_diffusion.py --output_dir parameter-diffusion-digits --report_to none
-    python benchmarks/certified_transfer.py --model_dir parameter-diffusion-digits
+    python benchmarks/certified_transfer/certified_transfer.py --model_dir parameter-diffusion-digits
 
 Episodes: a held-out 5-way class combination under a held-out domain (odd parameter bins), images from the digits'
 held-out split; `k` support examples per class (k = 1, 4, 16), the query is the rest. The finite class (|Theta|
@@ -34,6 +34,9 @@ from diffusers_ext.evaluation.protocol import binomial_standard_error, mean_spre
 from diffusers_ext.evaluation.reporting import choose_on_validation, command, without_machine_paths, write_results
 
 
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -53,7 +56,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--pac_bayes_draws", type=int, default=500, help="Posterior draws of SGD-LoRA's PAC-Bayes Gibbs risk."
     )
-    parser.add_argument("--output", default="benchmarks/results/certified_transfer", help="Results stem.")
+    parser.add_argument("--output", default=os.path.join(RESULTS, "certified_transfer"), help="Results stem.")
     return parser.parse_args(argv)
 
 

@@ -1,6 +1,6 @@
 """Choose the parameter diffusion model of the certified-transfer benchmark on VALIDATION episodes only.
 
-    python benchmarks/certified_transfer_model_selection.py --model_dirs run-a run-b ...
+    python benchmarks/certified_transfer/certified_transfer_model_selection.py --model_dirs run-a run-b ...
 
 For each trained folder (`training/train_parameter_diffusion.py` outputs) it draws a class of `--num_hypotheses`
 adapters and measures, on the benchmark's validation episodes at `--shots` shots: the query accuracy of the adapter
@@ -30,6 +30,9 @@ from diffusers_ext.evaluation.protocol import target
 from diffusers_ext.evaluation.reporting import command, without_machine_paths, write_results
 
 
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model_dirs", nargs="+", required=True, help="Trained SampleThenEvaluatePipeline folders.")
@@ -47,7 +50,7 @@ def parse_args(argv=None):
         help="Also report the picked query accuracy at these |Theta| (one draw of the largest, read by prefix).",
     )
     parser.add_argument(
-        "--output", default="benchmarks/results/certified_transfer_model_selection", help="Results stem."
+        "--output", default=os.path.join(RESULTS, "certified_transfer_model_selection"), help="Results stem."
     )
     args = parser.parse_args(argv)
     for size in args.class_sizes:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Measure connectivity distributions of low-rank RNNs (two flows + ridge read-out) against point estimates.
 
-    python benchmarks/connectivity.py
+    python benchmarks/connectivity/connectivity.py
 
 For each ground truth (quadstable, limit cycle, ring, heavy-tailed limit cycle; `diffusers_ext.data.lrrnn`) and
 each seed: a network of `--num_neurons` neurons is drawn from the known loading distribution and its latent
@@ -29,7 +29,7 @@ by the mean fraction of resampled networks reproducing the attractor (ties to fe
 `--lrrnn_steps_grid` by its mean MMD^2 to the ground truth.
 The frozen choices then run once on the test `--seeds`; the validation measurements are recorded beside them.
 Seeds 0-2 were also the development seeds on which two judge settings (the added 0.25x-median MMD bandwidth and the
-ring's 60-step summary) were settled. Writes `benchmarks/results/connectivity.json`, `.md` and `.png`.
+ring's 60-step summary) were settled. Writes `benchmarks/connectivity/results/connectivity.json`, `.md` and `.png`.
 """
 
 import argparse
@@ -40,8 +40,9 @@ import time
 import torch
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 METHODS = ("ours", "lrrnn_m_given", "lrrnn_all_fitted")
 BASELINES = {"lrrnn_m_given": "trained lrRNN (m given)", "lrrnn_all_fitted": "trained lrRNN (all fitted)"}
 MIN_REPRODUCED = 0.9

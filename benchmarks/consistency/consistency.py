@@ -2,7 +2,7 @@
 """Measure consistency training with AYT's manifold feature distance (MFD) against pseudo-Huber, L2 and an
 LPIPS-like distance on scikit-learn's 8x8 digits: 1- and 2-step Fréchet distance against training steps.
 
-    python benchmarks/consistency.py
+    python benchmarks/consistency/consistency.py
 
 In one process, on the same data, seeds and budget:
 
@@ -21,7 +21,7 @@ In one process, on the same data, seeds and budget:
    validation, and steps to reach it are read on the test curves.
 4. Small-batch sensitivity: the same runs at batch `--small_batch` (1/8 of `--batch`) for pseudo-Huber and MFD.
 
-Writes `benchmarks/results/consistency.json`, `consistency.md` and `consistency.png`.
+Writes `benchmarks/consistency/results/consistency.json`, `consistency.md` and `consistency.png`.
 """
 
 import argparse
@@ -38,8 +38,9 @@ import numpy as np
 import torch
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 MAIN_ARMS = ("pseudo_huber", "l2", "mfd", "lpips_like")
 SMALL_BATCH_ARMS = ("pseudo_huber", "mfd")
 JUDGES = ("zoo_classifier", "judge2")
@@ -399,7 +400,7 @@ def recorded_command(results: dict) -> str:
         if cfg.get("from_denoiser_steps")
         else ""
     )
-    return "python benchmarks/consistency.py" + options
+    return "python benchmarks/consistency/consistency.py" + options
 
 
 def settings_line(results: dict) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """DIRP against five purification baselines, each tuned on a validation class, then tested once on another class.
 
-    python benchmarks/dirp.py
+    python benchmarks/dirp/dirp.py
 
 On the zoo digits DDPM (pixel space, 8x8), in one process:
 
@@ -22,7 +22,7 @@ Memory: the CPU peak of one purification (with and without gradient checkpointin
 forward+backward at the same batch. `--pretrained_model_name_or_path DIR --image_dir DIR` runs validation (the first
 half of the images) and test (the rest) on a real pipeline folder, without the digits-only downstream test.
 
-Writes `benchmarks/results/dirp.json`, `dirp.md` and `dirp.png` (or `<run_name>.*`).
+Writes `benchmarks/dirp/results/dirp.json`, `dirp.md` and `dirp.png` (or `<run_name>.*`).
 """
 
 import argparse

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """DIRP on the latent text-to-image zoo model: do protections hurt a DreamBooth-style mimic, and does DIRP repair it?
 
-    python benchmarks/latent_world_dirp.py
+    python benchmarks/dirp/latent_world_dirp.py
 
 On `mosaic-t2i` (VAE 32x32x3 -> 8x8x4, cross-attention UNet, CLIP text encoder). A concept the model has not seen
 is a mosaic "subject" (a fixed arrangement of shapes, drawn at random positions and sizes) captioned with a colour
@@ -10,7 +10,7 @@ concept, `rocket` ("a magenta triangle") the test concept. The mimic fine-tunes 
 of the subject with its caption and samples the caption; its samples are scored by the Fréchet distance (FD) to
 held-out renders of the subject in the features of the mosaic world's independent feature network
 (`diffusers_ext.evaluation.mosaic.MosaicFeatureNet`, trained here on ordinary mosaic renders with the same settings
-and seed as in `benchmarks/latent_world_unlearning.py`, so both benchmarks judge with the same network).
+and seed as in `benchmarks/unlearning/latent_world_unlearning.py`, so both benchmarks judge with the same network).
 
 Protocol:
 1. Validation concept: every protection at every budget (prompt-conditioned PGD); a mimic (seed 0) on the clean and
@@ -21,8 +21,8 @@ Protocol:
    amplification of every protection; mimics (every seed) on clean, protected (both budgets) and purified (largest
    budget) sets; the other protections' mimics at seed 0 (headroom of each).
 
-Writes `benchmarks/results/latent_world_dirp.json`, `.md` and `.png` (exposes `add_arguments` / `run` for
-`benchmarks/latent_world.py`).
+Writes `benchmarks/dirp/results/latent_world_dirp.json`, `.md` and `.png` (exposes `add_arguments` / `run` for
+`benchmarks/mosaic/latent_world.py`).
 """
 
 import argparse

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Measure discrete flow matching with minibatch OT couplings, Multimask sources and the perplexity bounds.
 
-    python benchmarks/discrete_flow.py
+    python benchmarks/discrete_flow/discrete_flow.py
 
 Four parts, in one process, with the same data, seeds and training budget for every configuration:
 
@@ -19,7 +19,7 @@ Four parts, in one process, with the same data, seeds and training budget for ev
    training split (its test NLL is reported).
 
 The NFE at which an OT coupling is taken to match the independent coupling is chosen on validation sample draws
-and then checked once on separate test draws. Writes `benchmarks/results/discrete_flow.json`, `.md` and `.png`.
+and then checked once on separate test draws. Writes `benchmarks/discrete_flow/results/discrete_flow.json`, `.md` and `.png`.
 """
 
 import argparse
@@ -31,8 +31,9 @@ import time
 import torch
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 
 # (name, source, num_mask_tokens, coupling)
 CONFIGS = (

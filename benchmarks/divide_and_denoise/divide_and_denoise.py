@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Divide-and-Denoise vs averaging and MultiDiffusion on random expert placements no method is told about.
 
-    python benchmarks/divide_and_denoise.py
+    python benchmarks/divide_and_denoise/divide_and_denoise.py
 
-Writes `benchmarks/results/divide_and_denoise.json`, `.md`, `.png` (test-split success) and `_sweep.png` (success
-against the detector threshold). Follows docs/benchmarks.md; every method runs in this one process on the same
+Writes `benchmarks/divide_and_denoise/results/divide_and_denoise.json`, `.md`, `.png` (test-split success) and `_sweep.png` (success
+against the detector threshold). Follows benchmarks/README.md; every method runs in this one process on the same
 experts, layouts and initial noise:
 
 - **discs**: 2 or 3 analytic experts (exact denoisers over 200 disc templates each: red, blue, green), each

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Divide-and-Denoise on the latent text-to-image model `mosaic-t2i`: LoRA experts on disjoint shapes, composed.
 
-    python benchmarks/latent_world_divide_and_denoise.py
+    python benchmarks/divide_and_denoise/latent_world_divide_and_denoise.py
 
-Writes `benchmarks/results/latent_world_divide_and_denoise.json`, `.md` and `.png`. The lead's
-`benchmarks/latent_world.py` calls `add_arguments` and `run` and puts the returned dict under
+Writes `benchmarks/divide_and_denoise/results/latent_world_divide_and_denoise.json`, `.md` and `.png`. The lead's
+`benchmarks/mosaic/latent_world.py` calls `add_arguments` and `run` and puts the returned dict under
 `summary.divide_and_denoise` of `latent_world.json`.
 
 - **Experts.** Each expert is a LoRA fine-tune (`diffusers_ext.evaluation.mosaic_finetune`, rank-`r` adapters on the
@@ -37,8 +37,9 @@ import torch
 from diffusers_ext.evaluation.divide_and_denoise.mosaic_composition import make_prompts, oracle_regions
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 NAME = "latent_world_divide_and_denoise"
 SHAPE_ORDER = ("circle", "square", "triangle")
 SETTINGS_EXPERTS = {"2_experts": ("circle", "square"), "3_experts": ("circle", "square", "triangle")}

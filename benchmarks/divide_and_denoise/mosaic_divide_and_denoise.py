@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Divide-and-Denoise on the 64x64 mosaic world: one model, one prompt per object, three objects in one image.
 
-    python benchmarks/mosaic_divide_and_denoise.py --model_path diffusers_ext/zoo/mosaic-t2i-64
+    python benchmarks/divide_and_denoise/mosaic_divide_and_denoise.py --model_path diffusers_ext/zoo/mosaic-t2i-64
 
-The composition condition the world's headroom met (`benchmarks/results/mosaic_headroom.md`): on prompts naming a
+The composition condition the world's headroom met (`benchmarks/mosaic/results/mosaic_headroom.md`): on prompts naming a
 circle, a square and a triangle in three colours, the model on the whole prompt draws 0 of 40 test images right. The
 agents are the same model with one sub-prompt per object ("a red circle", ...;
 `evaluation.divide_and_denoise.mosaic_composition.make_prompts`). Methods, all from the same initial latents
@@ -29,7 +29,7 @@ method. Standard errors are binomial over the test images. No training is involv
 beyond the paired latents).
 
 Targets (overall judge accuracy, test): D&D >= whole prompt + 0.2; D&D >= the best non-oracle baseline + 0.1. The
-gap to the oracle layout is reported. Writes `benchmarks/results/mosaic_divide_and_denoise.{json,md}`.
+gap to the oracle layout is reported. Writes `benchmarks/divide_and_denoise/results/mosaic_divide_and_denoise.{json,md}`.
 """
 
 import argparse
@@ -40,8 +40,9 @@ import numpy as np
 import torch
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 NAME = "mosaic_divide_and_denoise"
 SPLIT_SEEDS = {"validation": 1000, "test": 2000}
 SHAPES = ("circle", "square", "triangle")

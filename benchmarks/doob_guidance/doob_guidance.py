@@ -2,9 +2,9 @@
 """Doob h-transform guidance against unguided, DPS cost guidance, per-step projection and rejection sampling on
 Navigation2D test maps, at the same budget of model evaluations per plan.
 
-    python benchmarks/doob_guidance.py
+    python benchmarks/doob_guidance/doob_guidance.py
 
-Writes `benchmarks/results/doob_guidance.json`, `.md` and `.png`. Every method gets a budget of `--budget_factor`
+Writes `benchmarks/doob_guidance/results/doob_guidance.json`, `.md` and `.png`. Every method gets a budget of `--budget_factor`
 times `--num_inference_steps` model evaluations per plan (a backward pass counts like a forward); a method whose one
 plan costs less draws as many candidates as the budget pays for and keeps the first collision-free one (rejection on
 top). Every method's setting (the Doob estimator, its last-jump prior, scale and gradient clipping; DPS's temperature

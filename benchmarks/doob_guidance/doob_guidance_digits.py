@@ -3,9 +3,9 @@
 class 3 probability >= 0.9", against unguided sampling, DPS cost guidance and rejection sampling, at the same budget
 of model evaluations per image.
 
-    python benchmarks/doob_guidance_digits.py
+    python benchmarks/doob_guidance/doob_guidance_digits.py
 
-Writes `benchmarks/results/doob_guidance_digits.json`, `.md` and `.png`. The base is the zoo `digits-ddpm` sampled
+Writes `benchmarks/doob_guidance/results/doob_guidance_digits.json`, `.md` and `.png`. The base is the zoo `digits-ddpm` sampled
 unconditionally (its null label) with `--num_inference_steps` DDIM steps. Every method gets `--budget_factor` times
 that many model evaluations per image (a backward pass counts like a forward); a method whose one image costs less
 draws as many candidates as the budget pays for and keeps the first one the guide accepts (rejection on top).
@@ -18,7 +18,7 @@ The guide classifier (the zoo `digits-classifier`) defines the constraint, so it
 is reported as such. Success is judged by an independent model: an RBF support-vector classifier on raw pixels,
 trained here on the digits' train split, must say "3". Sample quality is the Fréchet distance to the held-out real 3s
 in a principal-component space of raw pixels (and, for reference, in the guide's own features, as
-`benchmarks/zoo.py` measures the zoo).
+`benchmarks/zoo/zoo.py` measures the zoo).
 """
 
 import argparse

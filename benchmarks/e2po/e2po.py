@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """GRPO learning, then GRPO vs E2PO where groups collapse, on the digits-sd3 zoo model.
 
-    python benchmarks/e2po.py
+    python benchmarks/e2po/e2po.py
 
 Two parts, one invocation, one results file:
 
@@ -19,7 +19,7 @@ Two parts, one invocation, one results file:
 
 The judge (the zoo `digits-classifier`, trained separately on real digits; its held-out accuracy is in its model
 card) is the reward of the regime part; the learn part's reward is an exact pixel statistic. Writes
-`benchmarks/results/e2po.json`, `e2po.md` and `e2po.png`.
+`benchmarks/e2po/results/e2po.json`, `e2po.md` and `e2po.png`.
 """
 
 import argparse

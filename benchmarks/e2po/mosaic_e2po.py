@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """GRPO vs E2PO on the SD3-format mosaic model, with the GenEval-style judge reward on held-out prompts.
 
-    python benchmarks/mosaic_e2po.py --model_path diffusers_ext/zoo/mosaic-sd3-64
+    python benchmarks/e2po/mosaic_e2po.py --model_path diffusers_ext/zoo/mosaic-sd3-64
 
-The condition the world's RL headroom met (`benchmarks/results/mosaic_rl_headroom.md`): on the tasks the model has
+The condition the world's RL headroom met (`benchmarks/mosaic/results/mosaic_rl_headroom.md`): on the tasks the model has
 not mastered on validation (count, pair, relation), its held-out reward is 0.685, room both ways. The reward is
 `MosaicJudgeReward` (1 when the exact mosaic judge passes every skill check of the prompt). Both methods train a LoRA
 (`DiffusionGRPOTrainer`, `E2POTrainer`) from the same start, on the same train-split prompts, with the same images
@@ -21,11 +21,10 @@ Targets: E2PO's `frac_reward_zero_std` over the run <= 0.5x GRPO's (mean over se
 final held-out reward <= 0.8x GRPO's steps (mean curves over seeds); E2PO's final held-out reward >= GRPO's within
 2 standard errors (a difference beyond +2 SE is a win, within 2 SE a tie, below -2 SE a loss; the SE combines the
 seeds' spread of both methods). Finished runs are cached under `benchmarks/.cache/mosaic_e2po/` (keyed by every
-setting and the code), so an interrupted invocation resumes. Writes `benchmarks/results/mosaic_e2po.{json,md}`.
+setting and the code), so an interrupted invocation resumes. Writes `benchmarks/e2po/results/mosaic_e2po.{json,md}`.
 """
 
 import argparse
-import importlib.util
 import math
 import os
 import tempfile
@@ -34,21 +33,19 @@ import time
 import torch
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 NAME = "mosaic_e2po"
 SPLIT_SEEDS = {"validation": 1000, "test": 2000}
 ALGORITHMS = ("grpo", "e2po")
 
 
 def _rl_headroom():
-    """`benchmarks/mosaic_rl_headroom.py` (benchmarks/ is not a package): its prompt records and held-out reward."""
-    spec = importlib.util.spec_from_file_location(
-        "mosaic_rl_headroom", os.path.join(ROOT, "benchmarks", "mosaic_rl_headroom.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """`benchmarks/mosaic/mosaic_rl_headroom.py` (benchmarks/ is not a package): its prompt records and held-out reward."""
+    from diffusers_ext.evaluation.reporting import load_script
+
+    return load_script(os.path.join(ROOT, "benchmarks", "mosaic", "mosaic_rl_headroom.py"))
 
 
 def parse_args(argv=None):
@@ -251,7 +248,7 @@ def cache_for(args):
     package = os.path.join(ROOT, "diffusers_ext")
     code = [
         os.path.abspath(__file__),
-        os.path.join(ROOT, "benchmarks", "mosaic_rl_headroom.py"),
+        os.path.join(ROOT, "benchmarks", "mosaic", "mosaic_rl_headroom.py"),
         os.path.join(package, "trainers"),
         os.path.join(package, "rewards"),
         os.path.join(package, "evaluation", "mosaic.py"),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Measure EpiDiff (uncertainty-steered diffusion forecasts) against its baselines on Boston ILI and a simulator.
 
-    python benchmarks/epidiff.py
+    python benchmarks/epidiff/epidiff.py
 
 Tasks: the Boston ED influenza-like-illness rates (14 neighbourhoods, 436 weeks; the `areafluforecast` wheel's data,
 `diffusers_ext.data.epidemics.load_boston_ili`) at horizons 7 and 14 weeks from 14 weeks of history, and a
@@ -20,7 +20,7 @@ Every choice (the mechanistic settings; each steered method's `guidance_scale` f
 validation windows by CRPS averaged over seeds; the test windows are measured once with the frozen choices. Targets
 compare methods on test MAE and CRPS by paired per-window differences (mean over seeds) and their standard error
 over windows. Sanity: the mechanistic forecast's test inputs end at each forecast origin (a scrambled future
-changes nothing). Writes `benchmarks/results/epidiff.json`, `.md` and `.png`.
+changes nothing). Writes `benchmarks/epidiff/results/epidiff.json`, `.md` and `.png`.
 """
 
 import argparse
@@ -32,8 +32,9 @@ import numpy as np
 import torch
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 METHODS = ("unguided", "mechanistic", "constant_sigma", "epidiff")
 TASKS = ("boston_h7", "boston_h14", "simulator_h7")
 MIN_Z = 2.0

@@ -3,13 +3,13 @@
 model at 50 CTMC steps before and after GRPO with the reference's reward of each dataset (tree: validity; planar: the
 shaped planar reward, validity times degree / clustering / orbit likeness to the training graphs).
 
-    python benchmarks/graph_grpo.py                      # tree-16
-    python benchmarks/graph_grpo.py --datasets tree planar
-    python benchmarks/graph_grpo.py --datasets planar --output_dir planar-run        # one dataset on its own, then
-    python benchmarks/graph_grpo.py --merge_from tree-run/graph_grpo.json planar-run/graph_grpo.json
-    python benchmarks/graph_grpo.py --merge_from both-run/graph_grpo.json:tree planar-run/graph_grpo.json
+    python benchmarks/graph_grpo/graph_grpo.py                      # tree-16
+    python benchmarks/graph_grpo/graph_grpo.py --datasets tree planar
+    python benchmarks/graph_grpo/graph_grpo.py --datasets planar --output_dir planar-run        # one dataset on its own, then
+    python benchmarks/graph_grpo/graph_grpo.py --merge_from tree-run/graph_grpo.json planar-run/graph_grpo.json
+    python benchmarks/graph_grpo/graph_grpo.py --merge_from both-run/graph_grpo.json:tree planar-run/graph_grpo.json
 
-Writes `benchmarks/results/graph_grpo.json`, `.md` and `.png`. `--merge_from` measures nothing: it joins the dataset
+Writes `benchmarks/graph_grpo/results/graph_grpo.json`, `.md` and `.png`. `--merge_from` measures nothing: it joins the dataset
 sections of results files of this script run with the same settings (each dataset measured once, by one of them) and
 rebuilds the report, each dataset keeping the command, code hash and seconds of the run that measured it, so a
 dataset can be added or re-measured without running (and judging) the others' test split again (`PATH:tree` takes
@@ -42,7 +42,7 @@ import torch
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
 CACHE = os.path.join(HERE, ".cache", "graph_grpo")
 DATASETS = ("tree", "planar")
@@ -468,7 +468,7 @@ def report_sections(results: dict) -> list[str]:
             for source in results["merged_from"]
         )
         lines += [
-            f"Merged with `python benchmarks/graph_grpo.py --merge_from {files}` (measuring nothing): each dataset "
+            f"Merged with `python benchmarks/graph_grpo/graph_grpo.py --merge_from {files}` (measuring nothing): each dataset "
             "below was measured by the command it names.",
             "",
         ]

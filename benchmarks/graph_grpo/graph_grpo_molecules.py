@@ -2,9 +2,9 @@
 """Graph-GRPO on molecules: QED maximisation with a fixed oracle-call budget, against best-of-N sampling and a graph
 GA (refinement alone), all from one discrete graph flow model pretrained on small MOSES molecules.
 
-    python benchmarks/graph_grpo_molecules.py
+    python benchmarks/graph_grpo/graph_grpo_molecules.py
 
-Writes `benchmarks/results/graph_grpo_molecules.json`, `.md` and `.png`. Needs RDKit and the `molsets` wheel
+Writes `benchmarks/graph_grpo/results/graph_grpo_molecules.json`, `.md` and `.png`. Needs RDKit and the `molsets` wheel
 (`pip install rdkit` and `pip install --no-deps molsets==0.3.1`).
 
 1. Pretraining: `training/train_graph_flow.py --dataset_name moses` on the MOSES training molecules with at most 16
@@ -46,7 +46,7 @@ import torch
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
 CACHE = os.path.join(HERE, ".cache", "graph_grpo_molecules")
 METHODS = ("best_of_n", "graph_ga", "graph_grpo")
@@ -54,7 +54,7 @@ LABELS = {"best_of_n": "best-of-N", "graph_ga": "graph GA (refinement alone)", "
 QED_MAX = 0.948  # QED's maximum (about 0.9484, Bickerton et al.'s desirability functions)
 CURVE_EVERY = 25  # the recorded top-10 curve keeps every 25th call
 CODE = [
-    "benchmarks/graph_grpo_molecules.py",
+    "benchmarks/graph_grpo/graph_grpo_molecules.py",
     "training/train_graph_flow.py",
     "diffusers_ext/trainers/graph_grpo_trainer.py",
     "diffusers_ext/trainers/graph_grpo_config.py",
@@ -521,7 +521,7 @@ def main(argv=None) -> dict:
     if args.from_results is not None:
         results = rebuild_results(args.from_results, all_targets, rel_to=REPO)
     else:
-        require_rdkit("benchmarks/graph_grpo_molecules.py")
+        require_rdkit("benchmarks/graph_grpo/graph_grpo_molecules.py")
         start = time.perf_counter()
         skip = ("output_dir", "cache_dir", "no_cache", "from_results")
         settings = {k: v for k, v in vars(args).items() if k not in skip}

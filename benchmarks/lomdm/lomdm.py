@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Measure LoMDM (learned per-position schedules) against MDLM at the same steps, size and seeds.
 
-    python benchmarks/lomdm.py
+    python benchmarks/lomdm/lomdm.py
 
 Two corpora, in one process, on the same data, initialisations and seeds:
 
@@ -17,7 +17,7 @@ RLOO pair; for MDLM it only halves the variance). The validation NELBO is logged
 corpus the trained models are also sampled with every decoder of the pack (learned order, OeMDM presets, greedy,
 threshold, SOAR) at temperature 1, and the learned order is plotted.
 
-Writes `benchmarks/results/lomdm.json`, `lomdm.md` and `lomdm.png`.
+Writes `benchmarks/lomdm/results/lomdm.json`, `lomdm.md` and `lomdm.png`.
 """
 
 import argparse
@@ -31,8 +31,9 @@ import time
 import torch
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 METHODS = {"mdlm": (1.0, 0.0), "lomdm": (0.7, 0.65)}
 
 

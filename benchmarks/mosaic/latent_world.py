@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """DIRP, Divide-and-Denoise and constrained unlearning on the latent text-to-image zoo model `mosaic-t2i`.
 
-    python benchmarks/latent_world.py                       # every part, one process
-    python benchmarks/latent_world.py --parts dirp unlearning
+    python benchmarks/mosaic/latent_world.py                       # every part, one process
+    python benchmarks/mosaic/latent_world.py --parts dirp unlearning
 
 Each part is its own script (`benchmarks/latent_world_<part>.py`, runnable alone, writing
 `results/latent_world_<part>.json`); this one runs the chosen parts' `run()` in one process, one after the other,
 with the options each part defines (all prefixed by the part's name, see `--help`), and writes
-`benchmarks/results/latent_world.json` (`summary.<part>`: the part's numbers and its computed `targets`;
+`benchmarks/mosaic/results/latent_world.json` (`summary.<part>`: the part's numbers and its computed `targets`;
 `summary.targets`: every part's targets, named by part) and `latent_world.md`.
 
 `--assemble` runs nothing: it gathers the parts' own committed results files (each from one complete invocation of
@@ -16,24 +16,27 @@ its script, whose command and code hash it keeps) into `latent_world.json`, sayi
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import os
 import time
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+BENCHMARKS = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 PARTS = ("dirp", "divide_and_denoise", "unlearning")
 
 
+def part_script(name: str) -> str:
+    """`benchmarks/<name>/latent_world_<name>.py`: each part is in its method's record."""
+    return os.path.join(BENCHMARKS, name, f"latent_world_{name}.py")
+
+
 def load_part(name: str):
-    """The module `benchmarks/latent_world_<name>.py` (benchmarks/ is not a package)."""
-    path = os.path.join(HERE, f"latent_world_{name}.py")
-    spec = importlib.util.spec_from_file_location(f"latent_world_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The part's script as a module (benchmarks/ is not a package)."""
+    from diffusers_ext.evaluation.reporting import load_script
+
+    return load_script(part_script(name))
 
 
 def parse_args(argv=None):
@@ -83,12 +86,12 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     for name in args.parts:
         if args.assemble:
-            path = os.path.join(RESULTS, f"latent_world_{name}.json")
+            path = os.path.join(BENCHMARKS, name, "results", f"latent_world_{name}.json")
             with open(path, "rb") as f:
                 raw = f.read()
             part = json.loads(raw)
             part["file_sha256"] = hashlib.sha256(raw).hexdigest()
-            part.setdefault("command", f"python benchmarks/latent_world_{name}.py")
+            part.setdefault("command", f"python benchmarks/{name}/latent_world_{name}.py")
         else:
             part_start = time.perf_counter()
             part = load_part(name).run(args)

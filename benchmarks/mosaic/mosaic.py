@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Measure the mosaic world: the exact judge, the zoo text-to-image model, and the paper's three findings.
 
-    python benchmarks/mosaic.py
+    python benchmarks/mosaic/mosaic.py
 
 Three parts, in one process:
 
@@ -15,7 +15,7 @@ Three parts, in one process:
    mosaic variants, all in the latent space of the zoo model's frozen VAE, one seed each): accuracy vs dataset size per skill; scene
    complexity vs concept imbalance; accuracy on held-out combinations vs the held-out fraction.
 
-Writes `benchmarks/results/mosaic.json`, `mosaic.md` and `mosaic.png`. The proxy sweeps are cached under
+Writes `benchmarks/mosaic/results/mosaic.json`, `mosaic.md` and `mosaic.png`. The proxy sweeps are cached under
 `--cache_dir`, keyed by their settings and the source of every module they run, so a rerun with unchanged code
 reuses them (`--no_cache` retrains).
 """
@@ -33,8 +33,9 @@ import numpy as np
 import torch
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 
 GUIDANCE_GRID = (2.0, 4.0, 7.0)
 PERTURBATIONS = ("noise 0.03", "dim x0.9", "shift 1px", "blur 0.5")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Headroom of a mosaic text-to-image world: can its model show the papers' effects at all?
 
-    python benchmarks/mosaic_headroom.py --model_path PIPELINE_FOLDER
+    python benchmarks/mosaic/mosaic_headroom.py --model_path PIPELINE_FOLDER
 
 Measures a `StableDiffusionPipeline`-format mosaic model (the 64x64 world of `training/train_text_to_image.py
 --resolution 64`) with the exact mosaic judge (`diffusers_ext.evaluation.mosaic.MosaicEvaluator`), before any
@@ -37,8 +37,9 @@ import numpy as np
 import torch
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 NAME = "mosaic_headroom"
 SPLIT_SEEDS = {"validation": 1000, "test": 2000}
 COMPOSITION_SHAPES = {"2_objects": ("circle", "square"), "3_objects": ("circle", "square", "triangle")}

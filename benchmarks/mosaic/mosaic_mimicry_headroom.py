@@ -2,7 +2,7 @@
 """Mimicry headroom of a mosaic text-to-image world: does a LoRA mimic learn an unseen subject, and do protections
 stop it?
 
-    python benchmarks/mosaic_mimicry_headroom.py --model_path PIPELINE_FOLDER
+    python benchmarks/mosaic/mosaic_mimicry_headroom.py --model_path PIPELINE_FOLDER
 
 What DIRP repairs must exist before DIRP is measured. On a `StableDiffusionPipeline`-format mosaic model (the 64x64
 world of `training/train_text_to_image.py --resolution 64`):
@@ -24,7 +24,7 @@ Targets (test subject, `--seeds` mimics, mean over seeds): clean mimic FD <= 0.5
 learns the subject), and the strongest protection's mimic FD >= 1.5x the clean mimic's (protections have an effect
 for a purifier to undo).
 
-Writes `benchmarks/results/mosaic_mimicry_headroom.{json,md}`.
+Writes `benchmarks/mosaic/results/mosaic_mimicry_headroom.{json,md}`.
 """
 
 import argparse
@@ -34,8 +34,9 @@ import time
 import torch
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 NAME = "mosaic_mimicry_headroom"
 LEARNS_MAX = 0.5  # clean mimic FD / untuned FD
 PROTECTS_MIN = 1.5  # protected mimic FD / clean mimic FD

@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """Headroom of the SD3-format mosaic model for RL: can GRPO / E2PO find anything to improve on it?
 
-    python benchmarks/mosaic_rl_headroom.py --model_path diffusers_ext/zoo/mosaic-sd3-64
+    python benchmarks/mosaic/mosaic_rl_headroom.py --model_path diffusers_ext/zoo/mosaic-sd3-64
 
 Measures a `StableDiffusion3Pipeline`-format mosaic model (`training/train_text_to_image_sd3.py --resolution 64`)
 with the exact mosaic judge (`diffusers_ext.evaluation.mosaic.MosaicEvaluator`), before any RL method is measured on
 it:
 
 - **Capability.** Test prompts of every mosaic task, judged per task, the guidance scale chosen on validation
-  prompts. Targets (as for the UNet twin, `benchmarks/mosaic_headroom.py`): single >= 0.9, count >= 0.6,
+  prompts. Targets (as for the UNet twin, `benchmarks/mosaic/mosaic_headroom.py`): single >= 0.9, count >= 0.6,
   relation >= 0.4.
 - **RL.** The reward is GenEval-style (`diffusers_ext.rewards.MosaicJudgeReward`: 1 when the judge passes every
   skill check of the prompt). Its prompts are those of the tasks the model has not mastered: the tasks whose
@@ -29,8 +29,9 @@ import os
 import torch
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 NAME = "mosaic_rl_headroom"
 SPLIT_SEEDS = {"validation": 1000, "test": 2000}
 CAPABILITY_TARGETS = {"single": 0.9, "count": 0.6, "relation": 0.4}

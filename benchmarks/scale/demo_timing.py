@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Time `diffusers-ext demo`: the default settings against `--quick`, section by section, in one process.
 
-    python benchmarks/demo_timing.py
+    python benchmarks/scale/demo_timing.py
 
-Writes `benchmarks/results/demo_timing.json` and `demo_timing.md`. Both modes run here one after the other on the
+Writes `benchmarks/scale/results/demo_timing.json` and `demo_timing.md`. Both modes run here one after the other on the
 same seed and device, so `ratio` (default / quick) holds even on a shared, noisy machine; `default_seconds` is the
 wall-clock a new user waits on this machine (the target: at most 3 minutes on 2 cores). The number of torch threads
 used is recorded beside it.
@@ -17,8 +17,9 @@ import tempfile
 import time
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 DEFAULT_SECONDS_TARGET = 180.0
 
 

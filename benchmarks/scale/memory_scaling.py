@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Peak memory against image size and sequence length, per method family, for the "running at scale" docs pages.
 
-    python benchmarks/memory_scaling.py                  # every part at its default sizes
-    python benchmarks/memory_scaling.py --parts dirp grpo
+    python benchmarks/scale/memory_scaling.py                  # every part at its default sizes
+    python benchmarks/scale/memory_scaling.py --parts dirp grpo
 
 Each part runs one unit of a method's work (one decode, one DIRP iteration, one training step, ...) at 3 sizes with
 models built from configs at reduced width and random weights, in float32 on the CPU, and measures its peak memory
@@ -29,7 +29,7 @@ Parts:
 - `unlearning`: one `ConstrainedUnlearningTrainer` step (reverse-KL constraint, batch 2 per part, LoRA rank 4) on an
   SD1.5-shaped UNet at a fifth of the width; x = latent positions (SD at 512 px has 64x64).
 
-Writes `benchmarks/results/memory_scaling.json` and `memory_scaling.md`.
+Writes `benchmarks/scale/results/memory_scaling.json` and `memory_scaling.md`.
 """
 
 import argparse
@@ -39,8 +39,9 @@ import time
 import types
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 PARTS = ("dlm", "pll", "dnd", "dirp", "nvs", "grpo", "unlearning")
 DEFAULT_SIZES = {
     "dlm": [32, 64, 128],  # generated tokens (after a 32-token prompt)
@@ -52,7 +53,7 @@ DEFAULT_SIZES = {
     "unlearning": [16, 24, 32],  # latent side
 }
 PROMPT_TOKENS = 32
-WIDTH_FRACTION = 0.2  # of SD1.5's UNet and VAE channels, as benchmarks/scale.py
+WIDTH_FRACTION = 0.2  # of SD1.5's UNet and VAE channels, as benchmarks/scale/scale.py
 # The sizes users run, in each part's unit, for the extrapolated rows (at the measured reduced width).
 REAL_SIZES = {
     "dlm": {"LLaDA gen 256 + prompt 128": 384, "1024 tokens": 1024},
@@ -100,13 +101,10 @@ def parse_args(argv=None):
 
 
 def _scale_module():
-    """benchmarks/scale.py, for its SD-shaped builders (one definition of those shapes)."""
-    import importlib.util
+    """benchmarks/scale/scale.py, for its SD-shaped builders (one definition of those shapes)."""
+    from diffusers_ext.evaluation.reporting import load_script
 
-    spec = importlib.util.spec_from_file_location("scale_benchmark", os.path.join(REPO, "benchmarks", "scale.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(os.path.join(HERE, "scale.py"), "scale_benchmark")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Cost at realistic shapes, random weights: the pack's decoders and pipelines against plain loops of the same work.
 
-    python benchmarks/scale.py                      # every part at the issue's shapes
-    python benchmarks/scale.py --parts dlm --gen_length 64 --steps 64 --repetitions 2   # a smaller run
+    python benchmarks/scale/scale.py                      # every part at the issue's shapes
+    python benchmarks/scale/scale.py --parts dlm --gen_length 64 --steps 64 --repetitions 2   # a smaller run
 
 Speed and memory do not need trained weights, so every model here is built from a config at the width its users run
 (or a stated fraction of it) and initialised at random. Each part runs the pack's code and a baseline doing the same
@@ -33,7 +33,7 @@ Parts:
   `JointAttnProcessor2_0`, peak memory and time of a forward (no targets: the issue measured the earlier explicit
   joint softmax at 5.5x the memory and 2.6x the time).
 
-Writes `benchmarks/results/scale.json` and `scale.md`.
+Writes `benchmarks/scale/results/scale.json` and `scale.md`.
 """
 
 import argparse
@@ -43,8 +43,9 @@ import sys
 import time
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 PARTS = ("dlm", "dnd", "dirp", "grpo", "sd3_attention")
 
 # Targets of the performance issue (issue 28).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """SemanticNVS against its same-budget baseline, judged by an independent evaluator: validation, then test once.
 
-    python benchmarks/semantic_nvs.py
+    python benchmarks/semantic_nvs/semantic_nvs.py
 
 In one process: the zoo SemanticNVS model (`procedural-nvs`, `semantic_mode="warped+iterative"`) and the zoo
 no-semantics baseline (`procedural-nvs-baseline`) generate two target views (azimuth +d and -d) from one input view
@@ -22,7 +22,7 @@ of procedural scenes, at the shortest and the longest camera distance d.
 4. **Targets** (computed): at the longest distance the Fréchet distance improves on the baseline's by >= 5% (mean
    over seeds); at the shortest distance PSNR does not drop; warping 4 x 256 x 64 x 64 features takes < 50 ms.
 
-Writes `benchmarks/results/semantic_nvs.{json,md,png}`.
+Writes `benchmarks/semantic_nvs/results/semantic_nvs.{json,md,png}`.
 """
 
 import argparse
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
 CACHE = os.path.join(HERE, ".cache", "semantic_nvs")
 # Scene seed ranges of this benchmark; training uses small step seeds and the old held-out scenes 10**9 + seed.

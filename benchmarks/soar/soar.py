@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Measure SOAR against the standard masked-diffusion-LM decoders, on a test bed with measured headroom.
 
-    python benchmarks/soar.py
+    python benchmarks/soar/soar.py
 
 One process, the same puzzles and seeds for every decoder:
 
@@ -17,7 +17,7 @@ One process, the same puzzles and seeds for every decoder:
 3. **Oracle Markov chains** (training-free; exact marginals) and **decoder overhead** (a ~10M bidirectional Llama),
    as before.
 
-Writes `benchmarks/results/soar.json`, `soar.md` and `soar.png`; `summary` holds the issue's keys and `targets`.
+Writes `benchmarks/soar/results/soar.json`, `soar.md` and `soar.png`; `summary` holds the issue's keys and `targets`.
 """
 
 import argparse
@@ -28,8 +28,9 @@ import time
 import torch
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 
 THRESHOLDS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
 SOAR_TAUS = (0.9, 0.95, 0.99)

@@ -2,9 +2,9 @@
 """SPADE against MLP gradient ascent, EA on an MLP, EA on a deep-ensemble LCB, the best offline designs, and its own
 ablations (no calibration, no support, neither), on offline black-box tasks with exact oracles.
 
-    python benchmarks/spade.py
+    python benchmarks/spade/spade.py
 
-Writes `benchmarks/results/spade.json`, `.md` and `.png`. Three task families (`diffusers_ext.data.offline_bbo`): a
+Writes `benchmarks/spade/results/spade.json`, `.md` and `.png`. Three task families (`diffusers_ext.data.offline_bbo`): a
 TF-Bind-like 8-mer task (every sequence scored exactly), an Ehrlich function (optimum 1.0) and 20-dimensional
 continuous functions. Every surrogate (the baselines' MLPs and SPADE's) trains for the same number of mini-batches
 (default: the reference's 100 epochs). Each method gets the same tuning budget: six settings of its own two main knobs

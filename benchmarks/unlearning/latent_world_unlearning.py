@@ -2,8 +2,8 @@
 """Prompt-level concept erasure on a latent text-to-image zoo model of the mosaic world: the constrained methods
 against ESD and SISS with the same retain term.
 
-    python benchmarks/latent_world_unlearning.py
-    python benchmarks/latent_world_unlearning.py --unlearn_model mosaic-t2i-64 --unlearn_concept blue \
+    python benchmarks/unlearning/latent_world_unlearning.py
+    python benchmarks/unlearning/latent_world_unlearning.py --unlearn_model mosaic-t2i-64 --unlearn_concept blue \
         --unlearn_methods reverse_kl esd siss --unlearn_results_name mosaic_unlearning
 
 The concept (default the colour "red") is erased from `--unlearn_model` (a zoo name or a `StableDiffusionPipeline`
@@ -24,7 +24,7 @@ Protocol: the pretrained model's concept rate is measured first (headroom). Each
 level factor, ESD's eta, SISS's forget-term weight) is chosen on validation prompts with seed `--seeds[0]`: among
 its settings whose validation forgetting meets `--forget_target`, the one with the lowest validation retained FD
 (else the one that forgets most). The chosen settings are trained with every seed and judged once on the test
-prompts. Writes `benchmarks/results/latent_world_unlearning.{json,md,png}`; finished runs are cached under
+prompts. Writes `benchmarks/unlearning/results/latent_world_unlearning.{json,md,png}`; finished runs are cached under
 `benchmarks/.cache/latent_world_unlearning/` keyed by every setting and the code.
 """
 

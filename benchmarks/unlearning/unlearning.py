@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Constrained unlearning on the digits zoo DDPM: primal-dual reverse KL against ESD with the same retain term.
 
-    python benchmarks/unlearning.py
+    python benchmarks/unlearning/unlearning.py
 
-The measurement protocol of docs/benchmarks.md, in one invocation:
+The measurement protocol of benchmarks/README.md, in one invocation:
 
 - Concept unlearning forgets one digit class at a time (`--forget_classes`, default 3 and 8). Reverse KL is tried
   at `--level_factors` times its calibrated level and ESD *with the same retain term* at as many negative-guidance
@@ -24,7 +24,7 @@ standard error of the mean (`sem`) and, for rates, the binomial standard error o
 Finished runs (weights and measurements) are cached under `--cache_dir`, keyed by a hash of every run setting and
 of the code and weights (`run_cache_key`), only so that an interrupted invocation can continue; the results file
 records how many runs came from the cache (`summary.resumed_runs`).
-Writes `benchmarks/results/unlearning.json`, `unlearning.md` and `unlearning.png`.
+Writes `benchmarks/unlearning/results/unlearning.json`, `unlearning.md` and `unlearning.png`.
 """
 
 import argparse
@@ -39,7 +39,8 @@ import torch
 
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 JUDGES = ("zoo", "mlp")
 JUDGE_NAMES = {"zoo": "zoo classifier", "mlp": "pixel-MLP judge"}
 

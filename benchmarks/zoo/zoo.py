@@ -1,22 +1,22 @@
 #!/usr/bin/env python
 """Measure the zoo: the digits classifier and DDPM, or the `graph-flow-tree16` discrete graph flow model.
 
-    python benchmarks/zoo.py                              # digits
-    python benchmarks/zoo.py --entry graph-flow-tree16    # the tree-16 graph model
+    python benchmarks/zoo/zoo.py                              # digits
+    python benchmarks/zoo/zoo.py --entry graph-flow-tree16    # the tree-16 graph model
 
-Digits (the default) writes `benchmarks/results/zoo.json`, `zoo.md` and `zoo.png`: classifier held-out accuracy,
+Digits (the default) writes `benchmarks/zoo/results/zoo.json`, `zoo.md` and `zoo.png`: classifier held-out accuracy,
 DDPM conditional accuracy and Fréchet distances. Every setting runs in this one process on the same seeds: the DDPM
 with and without classifier-free guidance, and the real-data references (two disjoint halves of the real digits;
 train vs held-out) that put its Fréchet distance in scale.
 
-`--entry graph-flow-tree16` writes `benchmarks/results/zoo_graph_flow_tree16.json` and `.md` (its own run, so the
+`--entry graph-flow-tree16` writes `benchmarks/zoo/results/zoo_graph_flow_tree16.json` and `.md` (its own run, so the
 digits measurements are not run again): validity, uniqueness, novelty (against the regenerated training split) and
 V.U.N. of `--graph_num_samples` samples at `--graph_num_inference_steps` CTMC steps for each of `--graph_seeds`
-(generator seed 1000 + seed, the test generators of `benchmarks/graph_grpo.py`), and the degree / clustering /
-spectral MMDs to the test split with their ratios to train-vs-test, all measured as `benchmarks/graph_grpo.py`
+(generator seed 1000 + seed, the test generators of `benchmarks/graph_grpo/graph_grpo.py`), and the degree / clustering /
+spectral MMDs to the test split with their ratios to train-vs-test, all measured as `benchmarks/graph_grpo/graph_grpo.py`
 measures its pretrained model. The entry is that benchmark's pretrained tree-16 model (the same training command, the
 same seed), so the one target is that it reproduces the pretrained V.U.N. recorded in
-`benchmarks/results/graph_grpo.json` (the difference within 2 standard errors); one CPU thread.
+`benchmarks/graph_grpo/results/graph_grpo.json` (the difference within 2 standard errors); one CPU thread.
 """
 
 import argparse
@@ -33,7 +33,7 @@ RESULTS = os.path.join(HERE, "results")
 ENTRIES = ("digits", "graph-flow-tree16")
 GRAPH_ENTRY = "graph-flow-tree16"
 GRAPH_STEM = "zoo_graph_flow_tree16"
-GRAPH_REFERENCE = os.path.join(RESULTS, "graph_grpo.json")
+GRAPH_REFERENCE = os.path.join(os.path.dirname(HERE), "graph_grpo", "results", "graph_grpo.json")
 
 
 def parse_args(argv=None):
@@ -145,17 +145,14 @@ def report_sections(results) -> list[str]:
 
 
 def _graph_grpo_benchmark():
-    """`benchmarks/graph_grpo.py` as a module: its sampling and metrics are the ones the entry is measured with."""
-    import importlib.util
+    """`benchmarks/graph_grpo/graph_grpo.py` as a module: its sampling and metrics are the ones the entry is measured with."""
+    from diffusers_ext.evaluation.reporting import load_script
 
-    spec = importlib.util.spec_from_file_location("graph_grpo_benchmark", os.path.join(HERE, "graph_grpo.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(os.path.join(os.path.dirname(HERE), "graph_grpo", "graph_grpo.py"), "graph_grpo_benchmark")
 
 
 def graph_reference(path: str = GRAPH_REFERENCE) -> dict | None:
-    """The pretrained tree-16 model's test measurements in `benchmarks/results/graph_grpo.json` (`None` if absent)."""
+    """The pretrained tree-16 model's test measurements in `benchmarks/graph_grpo/results/graph_grpo.json` (`None` if absent)."""
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:

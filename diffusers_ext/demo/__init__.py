@@ -27,8 +27,14 @@ SECTIONS: list[tuple[str, object, Callable[[str, str, int, str], Section], str |
     ("mosaic", mosaic, mosaic.mosaic_section, "mosaic"),
 ]
 
-# benchmarks/results of a source checkout (absent from an installed wheel: then no committed figures are shown)
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+# benchmarks/ of a source checkout, each method's record in benchmarks/<method>/ (absent from an installed wheel: then
+# no committed figures are shown). Every benchmark the demo names has its own folder, of its name.
+BENCHMARKS_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def committed_results_file(benchmark: str) -> Path:
+    """`benchmarks/<benchmark>/results/<benchmark>.json` of a source checkout (it may not exist)."""
+    return BENCHMARKS_DIR / benchmark / "results" / f"{benchmark}.json"
 
 
 def settings_note(module, mode: str) -> str:
@@ -40,17 +46,20 @@ def settings_note(module, mode: str) -> str:
 
 def committed_results_note(benchmark: str | None) -> str | None:
     """The committed benchmark's computed targets as one line, labelled as committed results (not run now)."""
-    path = RESULTS_DIR / f"{benchmark}.json" if benchmark else None
+    path = committed_results_file(benchmark) if benchmark else None
     if path is None or not path.is_file():
         return None
     targets = json.loads(path.read_text(encoding="utf-8")).get("summary", {}).get("targets")
     if not isinstance(targets, list) or not all(isinstance(t, dict) and {"name", "met"} <= t.keys() for t in targets):
-        return f"Committed benchmark results (not run now): benchmarks/results/{benchmark}.md, from `python benchmarks/{benchmark}.py`."
+        return (
+            f"Committed benchmark results (not run now): benchmarks/{benchmark}/results/{benchmark}.md, from "
+            f"`python benchmarks/{benchmark}/{benchmark}.py`."
+        )
     met = sum(bool(t["met"]) for t in targets)
     listed = "; ".join(f"{t['name']}: {'met' if t['met'] else 'missed'}" for t in targets)
     return (
-        f"Committed benchmark results (not run now; `python benchmarks/{benchmark}.py`, "
-        f"benchmarks/results/{benchmark}.md): {met} of {len(targets)} targets met — {listed}."
+        f"Committed benchmark results (not run now; `python benchmarks/{benchmark}/{benchmark}.py`, "
+        f"benchmarks/{benchmark}/results/{benchmark}.md): {met} of {len(targets)} targets met — {listed}."
     )
 
 
@@ -85,7 +94,7 @@ def run_demo(
     Args:
         output_dir (`str`): the report folder.
         mode (`str`, defaults to `"default"`): `"quick"`, `"default"` or `"full"` (the first releases' defaults).
-            `python benchmarks/demo_timing.py` measures the first two (81 s and 37 s on 2 CPU cores).
+            `python benchmarks/scale/demo_timing.py` measures the first two (81 s and 37 s on 2 CPU cores).
         seed (`int`): seed of every sample.
         device (`str`): torch device.
         progress (`bool`): show a progress bar over the sections.

@@ -63,6 +63,6 @@ def digits_section(output_dir: str, mode: str, seed: int, device: str) -> Sectio
         ],
         table=[{"class": c, "accuracy": a} for c, a in accuracy.items()],
         notes=[
-            f"seed {seed}; {n} samples per class; the benchmark with more samples: python benchmarks/zoo.py",
+            f"seed {seed}; {n} samples per class; the benchmark with more samples: python benchmarks/zoo/zoo.py",
         ],
     )

@@ -78,5 +78,7 @@ def dirp_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
             },
             {"images": "clean", "PSNR to clean (dB)": float("inf"), "reconstruction error": float(clean_error.mean())},
         ],
-        notes=["every protection and purifier at two budgets, with the downstream test: python benchmarks/dirp.py"],
+        notes=[
+            "every protection and purifier at two budgets, with the downstream test: python benchmarks/dirp/dirp.py"
+        ],
     )

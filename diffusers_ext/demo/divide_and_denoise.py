@@ -50,7 +50,7 @@ def method_kwargs(method: str, regions: torch.Tensor) -> dict:
 
 def calibrated_disc_threshold(experts, scheduler, settings, seed: int, device: str) -> float:
     """The detector threshold that finds 95% of the discs each expert paints when sampled alone (real objects,
-    no composition method involved), as in `benchmarks/divide_and_denoise.py`."""
+    no composition method involved), as in `benchmarks/divide_and_denoise/divide_and_denoise.py`."""
     from ..evaluation.divide_and_denoise.placements import solo_disc_scores
     from ..evaluation.protocol import calibrate_threshold
 
@@ -196,6 +196,6 @@ def divide_and_denoise_section(output_dir: str, mode: str, seed: int, device: st
         notes=[
             f"{settings.disc_images} disc images ({settings.disc_steps} DDIM steps), {settings.digit_prompts} digit "
             f"prompts x {settings.digit_images} images ({settings.digit_steps} steps). The full benchmark: "
-            "python benchmarks/divide_and_denoise.py",
+            "python benchmarks/divide_and_denoise/divide_and_denoise.py",
         ],
     )

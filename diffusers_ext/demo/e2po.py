@@ -38,7 +38,7 @@ def t5_window(tokenizer, prompt: str, max_sequence_length: int) -> str:
 def committed_regime_curves(results_path, path: str) -> str | None:
     """Plot the committed benchmark's GRPO and E2PO eval curves (regime part); the caption, or None without them.
 
-    `results_path` is benchmarks/results/e2po.json of a source checkout (absent from an installed wheel).
+    `results_path` is benchmarks/e2po/results/e2po.json of a source checkout (absent from an installed wheel).
     """
     import json
 
@@ -60,7 +60,7 @@ def committed_regime_curves(results_path, path: str) -> str | None:
     save_figure(fig, path)
     seeds = summary.get("num_seeds", len(results.get("settings", {}).get("seeds", [])))
     return (
-        "Committed benchmark (not run now; benchmarks/results/e2po.md, `python benchmarks/e2po.py`): GRPO and E2PO "
+        "Committed benchmark (not run now; benchmarks/e2po/results/e2po.md, `python benchmarks/e2po/e2po.py`): GRPO and E2PO "
         "on the hard digit prompts, eval reward (thresholded classifier confidence) on fixed test noises, mean over "
         f"{seeds} seeds; both rise from {curve['grpo'][0]:.2f} to {curve['grpo'][-1]:.2f} (GRPO) and "
         f"{curve['e2po'][-1]:.2f} (E2PO) in {curve['steps'][-1]} steps."
@@ -166,9 +166,9 @@ def e2po_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
         "accuracy",
     )
     scales = [log["e2po/scale"] for log in history]
-    from . import RESULTS_DIR
+    from . import committed_results_file
 
-    committed = committed_regime_curves(RESULTS_DIR / "e2po.json", f"{output_dir}/e2po_committed_curves.png")
+    committed = committed_regime_curves(committed_results_file("e2po"), f"{output_dir}/e2po_committed_curves.png")
     pixel_change = (after - before).abs().mean().item()
     if accuracy_after != accuracy_before:
         outcome = f"accuracy {accuracy_before:.1%} -> {accuracy_after:.1%}"
@@ -184,7 +184,7 @@ def e2po_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
         + (
             "the committed benchmark's curves below show the training runs the method's claims rest on."
             if committed
-            else "benchmarks/e2po.py measures GRPO and E2PO over seeds."
+            else "benchmarks/e2po/e2po.py measures GRPO and E2PO over seeds."
         )
     )
     figures = [

@@ -13,7 +13,7 @@ SETTINGS = {
     "default": {"num_prompts": 8, "num_inference_steps": 25},
     "full": {"num_prompts": 16, "num_inference_steps": 25},
 }
-GUIDANCE_SCALE = 4.0  # the scale benchmarks/mosaic.py chose on validation prompts
+GUIDANCE_SCALE = 4.0  # the scale benchmarks/mosaic/mosaic.py chose on validation prompts
 
 
 def _detected(detections) -> str:
@@ -74,5 +74,5 @@ def mosaic_section(output_dir: str, mode: str, seed: int, device: str) -> Sectio
         ),
         figures=[Figure("mosaic.png", "Top: the real render of each prompt. Bottom: what the model drew.")],
         table=table,
-        notes=["judge accuracy, zoo accuracy per skill and the paper's findings: python benchmarks/mosaic.py"],
+        notes=["judge accuracy, zoo accuracy per skill and the paper's findings: python benchmarks/mosaic/mosaic.py"],
     )

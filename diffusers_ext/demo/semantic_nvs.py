@@ -69,5 +69,5 @@ def semantic_nvs_section(output_dir: str, mode: str, seed: int, device: str) -> 
             "target pixels; the iterative features fill the rest from the model's own estimate."
         ),
         figures=[Figure("semantic_nvs.png", "Each group of three: input view, target +60°, target -60°.")],
-        notes=["the measured comparison over camera distances: python benchmarks/semantic_nvs.py"],
+        notes=["the measured comparison over camera distances: python benchmarks/semantic_nvs/semantic_nvs.py"],
     )

@@ -80,7 +80,7 @@ def soar_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
             f"{greedy['exact match']:.1%} exact match at {greedy['NFE per prompt']:.2f} forward calls per prompt. "
             f"SOAR (commit every position above 0.9 at once, else a beam of 2 over which position to commit): "
             f"{soar['exact match']:.1%} at {soar['NFE per prompt']:.2f} forward calls. {settings.num_problems} "
-            "problems are a small sample: benchmarks/results/soar.md compares the decoders on 5000."
+            "problems are a small sample: benchmarks/soar/results/soar.md compares the decoders on 5000."
         ),
         figures=[
             Figure("soar_accuracy.png", "Exact match of the decoded answers."),
@@ -89,6 +89,6 @@ def soar_section(output_dir: str, mode: str, seed: int, device: str) -> Section:
         table=rows,
         notes=[
             *examples,
-            f"seed {seed}; the full comparison (more decoders, oracle chains): python benchmarks/soar.py",
+            f"seed {seed}; the full comparison (more decoders, oracle chains): python benchmarks/soar/soar.py",
         ],
     )

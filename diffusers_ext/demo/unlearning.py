@@ -119,6 +119,6 @@ def unlearning_section(output_dir: str, mode: str, seed: int, device: str) -> Se
         ],
         table=table,
         notes=[
-            f"seed {seed}; {n} samples per class; benchmark over seeds and methods: python benchmarks/unlearning.py",
+            f"seed {seed}; {n} samples per class; benchmark over seeds and methods: python benchmarks/unlearning/unlearning.py",
         ],
     )

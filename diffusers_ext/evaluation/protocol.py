@@ -1,4 +1,4 @@
-"""The measurement protocol's small shared pieces (docs/benchmarks.md): computed targets, cache keys, error bars.
+"""The measurement protocol's small shared pieces (benchmarks/README.md): computed targets, cache keys, error bars.
 
 Every benchmark builds its `summary.targets` rows with [`target`], reports spreads with [`mean_spread`] and
 [`binomial_standard_error`], keys any cache with [`settings_code_hash`] and calibrates detectors on real data with

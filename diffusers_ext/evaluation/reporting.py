@@ -1,7 +1,7 @@
 """The benchmarks' shared reporting: command line, results files, cache, validation grid and worker pool.
 
 Every script in `benchmarks/` measures its method and hands the numbers to these helpers, so the parts that are the
-same everywhere are written once (docs/benchmarks.md, "The measurement protocol"):
+same everywhere are written once (benchmarks/README.md, "The measurement protocol"):
 
 - [`command`]: the `command` string a results file records (`python benchmarks/<script> <argv>`).
 - [`write_results`]: `<stem>.json` and `<stem>.md`, the Markdown with the standard header (title, command, date
@@ -36,10 +36,11 @@ _TARGET_FIELDS = ("name", "value", "comparison", "threshold", "met")
 
 
 def command(script: str, argv: Sequence[str] | None = None, omit: Sequence[str] = ()) -> str:
-    """The command a results file records: `"python benchmarks/<script> <argv...>"`.
+    """The command a results file records: `"python benchmarks/<method>/<script> <argv...>"`.
 
     Args:
-        script (`str`): the script's file name or path (`__file__` works); only its base name is kept.
+        script (`str`): the script's path (`__file__`): the part below its `benchmarks` folder is kept
+            (`/repo/benchmarks/soar/soar.py` -> `benchmarks/soar/soar.py`); a bare file name is kept as it is.
         argv (`Sequence[str]`, *optional*): the arguments the script was given; `None` reads `sys.argv[1:]`.
         omit (`Sequence[str]`, *optional*): options that only say where files go (e.g. `--output_dir`), left out with
             their value (`--opt VALUE` or `--opt=VALUE`), so the recorded command names no folder of one machine.
@@ -57,7 +58,29 @@ def command(script: str, argv: Sequence[str] | None = None, omit: Sequence[str] 
             skip = True
         elif not any(arg.startswith(f"{option}=") for option in omit):
             kept.append(arg)
-    return " ".join(["python", f"benchmarks/{os.path.basename(script)}", *kept])
+    return " ".join(["python", _benchmark_path(script), *kept])
+
+
+def _benchmark_path(script: str) -> str:
+    """`benchmarks/<...>/<script>.py`: the path of `script` from its nearest `benchmarks` folder, in `/` form."""
+    parts = os.path.abspath(script).split(os.sep)
+    if not os.path.dirname(script) or "benchmarks" not in parts:
+        return f"benchmarks/{parts[-1]}"
+    return "/".join(parts[len(parts) - 1 - parts[::-1].index("benchmarks") :])
+
+
+def load_script(path: str, name: str | None = None):
+    """The benchmark script at `path` as a module (benchmarks/ is not a package), for a script that reuses another's
+    measurements or helpers, and for the tests. `name` defaults to the file's base name."""
+    import importlib.util
+
+    if not os.path.isfile(path):
+        raise ValueError(f"`path` must be a benchmark script, got {path!r} (no such file).")
+    name = name or os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def without_machine_paths(text: str) -> str:
@@ -181,7 +204,7 @@ def write_results(
     script's own `sections` (Markdown lines), then the figures.
 
     Args:
-        stem (`str`): path without extension, e.g. `benchmarks/results/soar`; its folder is created.
+        stem (`str`): path without extension, e.g. `benchmarks/soar/results/soar`; its folder is created.
         results (`dict`): JSON-serialisable; `command` and `summary.targets` are required.
         title (`str`): the report's title.
         sections (`Iterable[str]`): the script's own Markdown lines, after the targets table.

@@ -5,7 +5,7 @@ continuous-time NELBO weight `-alpha'_t / (1 - alpha_t)` is `1 / t`: the loss is
 tokens, each weighted by one over its masking probability. Times are drawn on `[eps, 1]` so the weight stays bounded.
 
 These functions are the one implementation used by `training/train_masked_lm.py`, `training/train_lomdm.py` (whose
-LoMDM objective reduces to this one at `(c1, c2) = (1, 0)`) and `benchmarks/lomdm.py`.
+LoMDM objective reduces to this one at `(c1, c2) = (1, 0)`) and `benchmarks/lomdm/lomdm.py`.
 """
 
 import torch

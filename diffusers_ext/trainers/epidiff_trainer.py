@@ -2,7 +2,7 @@
 
 [`epidiff_denoising_loss`] is the loss of one batch, [`build_epidiff_denoiser`] a fresh denoiser normalised by the
 training windows and [`build_epidiff_schedulers`] the DDPM/DDIM pair of one schedule. `training/train_epidiff.py`
-and `benchmarks/epidiff.py` both train through the trainer. Batches and noise depend only on `(seed, step, rank)`,
+and `benchmarks/epidiff/epidiff.py` both train through the trainer. Batches and noise depend only on `(seed, step, rank)`,
 so a resumed run continues exactly.
 """
 

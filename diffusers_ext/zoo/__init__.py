@@ -1,7 +1,7 @@
 """Small trained checkpoints bundled with the package, in Hugging Face folder format.
 
 Each entry is a folder next to this file with a model card (`README.md`) that states the exact command that
-rebuilt it and its measured quality (see `benchmarks/results/zoo.json`).
+rebuilt it and its measured quality (see `benchmarks/zoo/results/zoo.json`).
 
     >>> from diffusers_ext import zoo
     >>> zoo.names()
