@@ -1,48 +1,36 @@
-"""Each README methods-table status line agrees with its results file (benchmarks/README.md, rule 5).
+"""The status table of benchmarks/README.md agrees with the results files, and the README's status words are the
+ones it defines.
 
-A row links its results as `benchmarks/<method>/results/<name>.md`; when the `.json` beside it carries a
-computed `summary.targets` list, the row must say "N of M targets met" with the numbers that list gives, and must
-not claim "all targets met" otherwise. A benchmark adopts the check by writing such a list (with
-`diffusers_ext.evaluation.protocol.target`) and putting the phrase in its row: nothing here needs editing. Rows
-whose results file has no list yet are skipped, by name; those in `ADOPTED` must have one.
+Every committed `benchmarks/<method>/results/<name>.json` with a computed `summary.targets` list has one row in the
+table of `## Status`, linking `<method>/results/<name>.md` and saying "N of M targets met" with the numbers that list
+gives (rule 5 of benchmarks/README.md). The README's methods table gives each method one status word, defined on the
+page: "matched" (checked against the public reference; the row links docs/parity.md) or "tested".
 """
 
 import json
-import os
 import re
+from pathlib import Path
 
 import pytest
+from benchmark_scripts import BENCHMARKS, all_results_files
 
 from diffusers_ext.evaluation.protocol import targets_met
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ADOPTED = {
-    "consistency",
-    "dirp",
-    "discrete_flow",
-    "divide_and_denoise",
-    "e2po",
-    "latent_world",
-    "lomdm",
-    "mosaic",
-    "semantic_nvs",
-    "soar",
-    "unlearning",
-    "zoo",
-}
-RESULTS_LINK = re.compile(r"benchmarks/(\w+)/results/([A-Za-z0-9_\-]+)\.md")
+ROOT = Path(__file__).resolve().parents[1]
 STATUS = re.compile(r"(\d+) of (\d+) targets met")
+ROW = re.compile(r"^\| \[(\w+)\]\(\1/README\.md\) \| \[([\w-]+)\]\(\1/results/\2\.md\) \| (.*) \|$", re.M)
+STATUS_WORDS = ("matched", "tested")
 
 
-def methods_rows(readme: str) -> list[tuple[str, str]]:
-    """`(method, status)` of every row of the README's methods table (the table under `## Methods`)."""
-    section = readme.split("## Methods", 1)[1].split("\n## ", 1)[0]
-    rows = []
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 4 and cells[0] not in ("method", "---") and not set(cells[0]) <= {"-", " "}:
-            rows.append((cells[0], cells[-1]))
+def status_rows(page: str) -> dict[str, str]:
+    """`{"<method>/<name>": status}` of the `## Status` table of a benchmarks README."""
+    section = page.split("\n## Status\n", 1)[1]
+    rows = {}
+    for method, name, status in ROW.findall(section):
+        key = f"{method}/{name}"
+        assert key not in rows, f"two rows for {key}"
+        rows[key] = status
     return rows
 
 
@@ -59,14 +47,13 @@ def status_disagreement(status: str, targets: list[dict]) -> str | None:
     return None
 
 
-def readme_results() -> list[tuple[str, str, str]]:
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        rows = methods_rows(f.read())
-    found = []
-    for method, status in rows:
-        link = RESULTS_LINK.search(status)
-        if link:
-            found.append((method, status, f"{link.group(1)}/results/{link.group(2)}"))
+def computed_targets() -> dict[str, list[dict]]:
+    """`{"<method>/<name>": summary.targets}` of every results file that computes a target list."""
+    found = {}
+    for path in all_results_files("*.json"):
+        targets = json.loads(path.read_text(encoding="utf-8")).get("summary", {}).get("targets")
+        if isinstance(targets, list):
+            found[f"{path.parents[1].name}/{path.stem}"] = targets
     return found
 
 
@@ -75,34 +62,55 @@ def test_the_checker_catches_a_misstated_status():
         {"name": "a", "value": 1.0, "threshold": 0.5, "met": True},
         {"name": "b", "value": 0.1, "threshold": 0.5, "met": False},
     ]
-    assert status_disagreement("shipped; 1 of 2 targets met ([results](x))", rows) is None
-    assert "computes 1 of 2" in status_disagreement("shipped; 2 of 2 targets met", rows)
-    assert "no 'N of M" in status_disagreement("shipped, all targets met", rows)
+    assert status_disagreement("1 of 2 targets met", rows) is None
+    assert "computes 1 of 2" in status_disagreement("2 of 2 targets met", rows)
+    assert "no 'N of M" in status_disagreement("all targets met", rows)
     assert "all targets met" in status_disagreement("1 of 2 targets met; all targets met", rows)
 
 
-def test_the_table_parser_reads_status_cells():
-    readme = (
-        "# x\n\n## Methods\n\n| method | what | classes | status |\n| --- | --- | --- | --- |\n"
-        "| A | a | `A` | shipped; 1 of 1 targets met ([results](benchmarks/a/results/a.md)) |\n\n## Usage\n| n | o | t | e |\n"
-    )
-    assert methods_rows(readme) == [("A", "shipped; 1 of 1 targets met ([results](benchmarks/a/results/a.md))")]
+def test_the_table_parser_reads_rows():
+    page = "# x\n\n## Status\n\n| method | results | status |\n| --- | --- | --- |\n| [a](a/README.md) | [b](a/results/b.md) | 1 of 1 targets met |\n"
+    assert status_rows(page) == {"a/b": "1 of 1 targets met"}
 
 
-def test_the_readme_links_results_files():
-    names = {name.rsplit("/", 1)[1] for _, _, name in readme_results()}
-    assert ADOPTED <= names, f"README rows should link the results of {sorted(ADOPTED - names)}"
+def test_every_results_file_has_one_row_and_every_row_a_file():
+    rows = status_rows((BENCHMARKS / "README.md").read_text(encoding="utf-8"))
+    files = computed_targets()
+    assert len(files) >= 40
+    assert set(rows) == set(files), (sorted(set(files) - set(rows)), sorted(set(rows) - set(files)))
 
 
-@pytest.mark.parametrize("method,status,name", readme_results(), ids=lambda v: v if isinstance(v, str) else None)
-def test_status_line_agrees_with_results_file(method, status, name):
-    path = os.path.join(ROOT, "benchmarks", f"{name}.json")
-    assert os.path.isfile(path), f"{method}: the README links {name}.md but {path} is missing"
-    with open(path, encoding="utf-8") as f:
-        summary = json.load(f).get("summary", {})
-    targets = summary.get("targets")
-    if not isinstance(targets, list):
-        assert name.rsplit("/", 1)[1] not in ADOPTED, f"{name}.json lost its computed summary.targets list"
-        pytest.skip(f"{name}.json has no computed summary.targets list yet (issue 13)")
-    problem = status_disagreement(status, targets)
-    assert problem is None, f"README status of {method} {problem}"
+@pytest.mark.parametrize("key", sorted(computed_targets()))
+def test_status_row_agrees_with_results_file(key):
+    status = status_rows((BENCHMARKS / "README.md").read_text(encoding="utf-8"))[key]
+    problem = status_disagreement(status, computed_targets()[key])
+    assert problem is None, f"benchmarks/README.md, {key}: {problem}"
+
+
+def test_every_linked_record_exists():
+    for key in status_rows((BENCHMARKS / "README.md").read_text(encoding="utf-8")):
+        method = key.split("/")[0]
+        assert (BENCHMARKS / method / "README.md").is_file(), f"benchmarks/{method}/README.md is missing"
+
+
+def readme_methods() -> list[list[str]]:
+    """The cells of each row of the README's methods table (the table under `## Methods`)."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Methods\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith(("| method ", "| --- ")):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_the_readme_gives_each_method_one_defined_status_word():
+    rows = readme_methods()
+    assert len(rows) >= 15
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Methods\n", 1)[1]
+    for word in STATUS_WORDS:
+        assert f"- **{word}**: " in section, f"the README does not define the status {word!r}"
+    for cells in rows:
+        assert cells[-1] in STATUS_WORDS, f"{cells[0]}: status {cells[-1]!r} is not one of {STATUS_WORDS}"
+        assert ("docs/parity.md" in cells[-2]) == (cells[-1] == "matched"), cells[0]
+        page = re.match(r"\[[^\]]+\]\((docs/[\w]+\.md)\)", cells[0])
+        assert page and (ROOT / page.group(1)).is_file(), f"{cells[0]} links no docs page"
