@@ -2,7 +2,7 @@
 ones it defines.
 
 Every committed `benchmarks/<method>/results/<name>.json` with a computed `summary.targets` list has one row in the
-table of `## Status`, linking `<method>/results/<name>.md` and saying "N of M targets met" with the numbers that list
+table of `## Status`, linking `<method>/results/<name>.md` (or the `.json` where no report was written) and saying "N of M targets met" with the numbers that list
 gives (rule 5 of benchmarks/README.md). The README's methods table gives each method one status word, defined on the
 page: "matched" (checked against the public reference; the row links docs/parity.md) or "tested".
 """
@@ -19,7 +19,7 @@ from diffusers_ext.evaluation.protocol import targets_met
 
 ROOT = Path(__file__).resolve().parents[1]
 STATUS = re.compile(r"(\d+) of (\d+) targets met")
-ROW = re.compile(r"^\| \[(\w+)\]\(\1/README\.md\) \| \[([\w-]+)\]\(\1/results/\2\.md\) \| (.*) \|$", re.M)
+ROW = re.compile(r"^\| \[(\w+)\]\(\1/README\.md\) \| \[([\w-]+)\]\(\1/results/\2\.(?:md|json)\) \| (.*) \|$", re.M)
 STATUS_WORDS = ("matched", "tested")
 
 

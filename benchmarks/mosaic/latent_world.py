@@ -69,7 +69,8 @@ def report_sections(results: dict) -> list[str]:
         lines += [
             f"## {part}: {targets_status(part_summary['targets'])}",
             "",
-            f"Part results: [latent_world_{part}.md](latent_world_{part}.md) (`{results['parts'][part]['command']}`)",
+            f"Part results: [latent_world_{part}.md](../../{part}/results/latent_world_{part}.md) "
+            f"(`{results['parts'][part]['command']}`)",
             "",
             *targets_table(part_summary["targets"]),
             "",
