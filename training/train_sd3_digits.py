@@ -231,8 +231,8 @@ def main(argv=None):
     from diffusers_ext import zoo
     from diffusers_ext.data.digits import load_digits_images
     from diffusers_ext.models.tiny_components import get_tiny_sd3_components
+    from diffusers_ext.models.training_modules import AutoencoderStep
     from diffusers_ext.training_utils import (
-        AutoencoderStep,
         GeneratorState,
         maybe_push_to_hub,
         maybe_resume,

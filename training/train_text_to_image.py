@@ -195,10 +195,9 @@ def main(argv=None):
         load_stable_diffusion_components,
         stable_diffusion_schedulers,
     )
+    from diffusers_ext.models.training_modules import AutoencoderStep, TextConditionedDenoiser
     from diffusers_ext.training_utils import (
-        AutoencoderStep,
         ResumableBatchSampler,
-        TextConditionedDenoiser,
         command_line,
         cosine_with_warmup,
         encode_posteriors,

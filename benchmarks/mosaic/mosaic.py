@@ -265,7 +265,8 @@ def train_proxy(vae, config, num_samples: int, steps: int, seed: int = 0):
         build_stable_diffusion_components,
         stable_diffusion_schedulers,
     )
-    from diffusers_ext.training_utils import TextConditionedDenoiser, cosine_with_warmup, encode_posteriors
+    from diffusers_ext.models.training_modules import TextConditionedDenoiser
+    from diffusers_ext.training_utils import cosine_with_warmup, encode_posteriors
 
     rows = list(mosaic_records(config, num_samples, seed=seed, split="train"))
     images = torch.from_numpy(np.stack([np.asarray(r["image"]) for r in rows])).permute(0, 3, 1, 2)
@@ -319,11 +320,12 @@ def _source_key(settings: dict) -> str:
     from diffusers_ext.data import mosaic as data_module
     from diffusers_ext.evaluation import mosaic as evaluation_module
     from diffusers_ext.models import stable_diffusion_components as components
+    from diffusers_ext.models import training_modules
 
     parts = [json.dumps(settings, sort_keys=True), json.dumps(PROXY, sort_keys=True)]
     used = (
         components,
-        training_utils.TextConditionedDenoiser,
+        training_modules.TextConditionedDenoiser,
         training_utils.cosine_with_warmup,
         training_utils.encode_posteriors,
     )
