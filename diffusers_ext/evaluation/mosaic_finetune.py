@@ -15,7 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from ..data.mosaic import images_to_tensor
-from ..pipelines.pipeline_utils import encode_text, encode_vae_latents
+from ..pipelines.pipeline_utils import (
+    encode_text,
+    encode_vae_latents,
+    epsilon_and_x0_to_prediction,
+    vp_coefficients,
+)
 from ..utils import check_positive_int, is_int
 
 
@@ -143,9 +148,9 @@ def finetune_unet(
         clean = latents[index]
         noise = torch.randn(clean.shape, generator=generator).to(device=device, dtype=dtype)
         timesteps = torch.randint(num_train_timesteps, (batch_size,), generator=generator).to(device)
-        a = alphas_cumprod[timesteps].view(-1, 1, 1, 1)
-        noisy = a.sqrt() * clean + (1 - a).sqrt() * noise
-        target = noise if prediction_type == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * clean
+        signal, sigma = vp_coefficients(alphas_cumprod[timesteps].view(-1, 1, 1, 1))
+        noisy = signal * clean + sigma * noise
+        target = epsilon_and_x0_to_prediction(noise, clean, signal, sigma, prediction_type)
         condition = caption_embeds[index]
         if caption_dropout > 0:
             drop = (torch.rand(batch_size, generator=generator) < caption_dropout).to(device).view(-1, 1, 1)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 from ...metrics._validation import check_positive_int
+from ...pipelines.pipeline_utils import vp_coefficients
 
 
 PROTECTIONS = ("advdm", "mist", "sds+", "sds-", "photoguard", "aspl", "glaze")
@@ -63,7 +64,8 @@ def denoising_loss(
     t = torch.randint(0, len(alphas_cumprod), (b,), generator=generator).to(latents.device)
     noise = torch.randn(latents.shape, generator=generator, dtype=latents.dtype).to(latents.device)
     alpha = alphas_cumprod.to(latents.device, latents.dtype)[t].view(-1, *[1] * (latents.ndim - 1))
-    noisy = alpha.sqrt() * latents + (1 - alpha).sqrt() * noise
+    signal, sigma = vp_coefficients(alpha)
+    noisy = signal * latents + sigma * noise
     residual = noise_fn(noisy, t) - noise
     return residual.pow(2).flatten(1).mean(1), residual
 
