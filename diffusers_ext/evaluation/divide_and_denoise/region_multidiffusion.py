@@ -24,6 +24,8 @@ around it, and positions no view owns follow the known empty canvas. [`window_co
 import numpy as np
 import torch
 
+from ...pipelines.pipeline_utils import decode_vae_latents, encode_vae_latents, vp_coefficients
+
 
 def partition_masks(boxes: torch.Tensor) -> torch.Tensor:
     """Split the canvas among `K` boxes.
@@ -84,10 +86,8 @@ class RegionMultiDiffusion:
         self.pipe = pipe
         self.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
         self.bootstrap_fraction = bootstrap_fraction
-        vae = pipe.vae
         with torch.no_grad():
-            image = background.unsqueeze(0).to(device=vae.device, dtype=vae.dtype)
-            self.background_latents = vae.encode(image).latent_dist.mean * vae.config.scaling_factor
+            self.background_latents = encode_vae_latents(pipe.vae, background.unsqueeze(0).to(pipe.vae.device))
 
     def _prompt_embeddings(self, prompts: list[str], guidance_scale: float) -> torch.Tensor:
         """The views' text embeddings `(2V or V, L, D)`: unconditional ones first when guiding."""
@@ -117,10 +117,11 @@ class RegionMultiDiffusion:
         timesteps, alphas = self.scheduler.timesteps, self.scheduler.alphas_cumprod
         ratio = (alphas[timesteps[index]] / alphas[timesteps[index + 1]]).to(latents.device, latents.dtype)
         noise = torch.randn(latents.shape, generator=generator, dtype=latents.dtype).to(latents.device)
-        return ratio.sqrt() * latents + (1.0 - ratio).sqrt() * noise
+        signal, sigma = vp_coefficients(ratio)
+        return signal * latents + sigma * noise
 
     def _decode(self, latents: torch.Tensor) -> np.ndarray:
-        image = self.pipe.vae.decode(latents / self.pipe.vae.config.scaling_factor).sample
+        image = decode_vae_latents(self.pipe.vae, latents)
         return self.pipe.image_processor.postprocess(image, output_type="np")
 
     @torch.no_grad()
