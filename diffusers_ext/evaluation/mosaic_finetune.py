@@ -21,7 +21,7 @@ from ..pipelines.pipeline_utils import (
     epsilon_and_x0_to_prediction,
     vp_coefficients,
 )
-from ..utils import check_positive_int, is_int
+from ..utils import check_positive_int
 
 
 LORA_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
@@ -102,8 +102,7 @@ def finetune_unet(
         raise ValueError(f"`images` ({len(images)}) and `captions` ({len(captions)}) must be equally long, not empty.")
     check_positive_int("num_steps", num_steps)
     check_positive_int("batch_size", batch_size)
-    if rank is not None and (not is_int(rank) or rank < 1):
-        raise ValueError(f"`rank` must be a positive int or None, got {rank!r}.")
+    check_positive_int("rank", rank, optional=True)
     if not learning_rate > 0:
         raise ValueError(f"`learning_rate` must be > 0, got {learning_rate!r}.")
     if not 0 <= caption_dropout < 1:

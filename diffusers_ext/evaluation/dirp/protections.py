@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import torch
 
-from ...metrics._validation import check_positive_int
 from ...pipelines.pipeline_utils import vp_coefficients
+from ...utils import check_positive_int
 
 
 PROTECTIONS = ("advdm", "mist", "sds+", "sds-", "photoguard", "aspl", "glaze")
@@ -99,7 +99,7 @@ def _check(images, eps, num_steps, step_size) -> float:
         raise ValueError(f"`images` must lie in [-1, 1], got [{float(images.min()):.3g}, {float(images.max()):.3g}].")
     if not isinstance(eps, (int, float)) or not 0 < eps <= 1:
         raise ValueError(f"`eps` must lie in (0, 1] (image units, e.g. 16 / 255), got {eps!r}.")
-    check_positive_int(num_steps, "num_steps")
+    check_positive_int("num_steps", num_steps)
     if step_size is None:
         return 2.5 * eps / num_steps  # Madry et al.'s rule: the walk can cross the ball
     if not isinstance(step_size, (int, float)) or step_size <= 0:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ...pipelines.pipeline_utils import decode_vae_latents, encode_vae_latents, vp_coefficients
+from ...utils import check_positive_int
 
 
 def partition_masks(boxes: torch.Tensor) -> torch.Tensor:
@@ -74,8 +75,7 @@ class RegionMultiDiffusion:
     def __init__(self, pipe, background: torch.Tensor, bootstrap_fraction: float = 0.4, resampling: int = 1):
         if not 0.0 <= bootstrap_fraction <= 1.0:
             raise ValueError(f"`bootstrap_fraction` must be in [0, 1], got {bootstrap_fraction!r}.")
-        if not isinstance(resampling, int) or resampling < 1:
-            raise ValueError(f"`resampling` must be a positive int, got {resampling!r}.")
+        check_positive_int("resampling", resampling)
         if resampling > 1 and not hasattr(pipe.scheduler, "alphas_cumprod"):
             raise ValueError(
                 f"`resampling` > 1 re-noises along `alphas_cumprod`, which {type(pipe.scheduler).__name__} lacks."
@@ -236,11 +236,9 @@ class WindowMultiDiffusion(RegionMultiDiffusion):
         resampling: int = 1,
     ):
         super().__init__(pipe, background, bootstrap_fraction, resampling)
-        if not isinstance(margin, int) or margin < 0:
-            raise ValueError(f"`margin` must be a non-negative int, got {margin!r}.")
+        check_positive_int("margin", margin, minimum=0)
         self.margin = margin
-        if not isinstance(window_size, int) or window_size < 1:
-            raise ValueError(f"`window_size` must be a positive int, got {window_size!r}.")
+        check_positive_int("window_size", window_size)
         if window_size > min(self.background_latents.shape[-2:]):
             raise ValueError(
                 f"`window_size` {window_size} is larger than the latent canvas {tuple(self.background_latents.shape[-2:])}."
