@@ -35,12 +35,34 @@ def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def check_positive_int(name: str, value, minimum: int = 1, error: type[Exception] = ValueError) -> None:
+def check_positive_int(
+    name: str,
+    value,
+    minimum: int = 1,
+    error: type[Exception] = ValueError,
+    optional: bool = False,
+    expected: str | None = None,
+) -> None:
     """Raise `error` (a `ValueError` by default) naming the argument `name` unless `value` is an int (not a bool)
-    of at least `minimum`: "`name` must be a positive int, got value." (or "an int >= minimum" for another
-    minimum)."""
+    of at least `minimum` (or `None`, when `optional`): "`name` must be a positive int, got value." ("an int >=
+    minimum" for another minimum, "... or None" when optional). The package's one check of a count, a size or an
+    index: `tests/test_formula_homes.py` fails on a hand-written copy.
+
+    Args:
+        name (`str`): the argument's name, as the caller's user writes it.
+        value: the value given.
+        minimum (`int`, defaults to 1): the smallest value accepted (0 for an index or a count that may be zero).
+        error (`type[Exception]`, defaults to `ValueError`): what to raise (`TypeError` where a wrong type is one).
+        optional (`bool`, defaults to `False`): whether `None` is accepted too (an option left unset).
+        expected (`str`, *optional*): the words for what was expected, where the caller's say more than the default
+            (`"a positive int (the support size n)"`).
+    """
+    if optional and value is None:
+        return
     if not is_int(value) or value < minimum:
-        expected = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        if expected is None:
+            expected = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+            expected += " or None" if optional else ""
         raise error(f"`{name}` must be {expected}, got {value!r}.")
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from diffusers_ext.cli import main
-from diffusers_ext.utils import is_number
+from diffusers_ext.utils import check_positive_int, is_number
 
 
 def test_diffusion_lm_refuses_more_positions_than_the_model_has():
@@ -32,6 +32,21 @@ def test_diffusion_lm_refuses_more_positions_than_the_model_has():
 
 def test_nan_is_not_a_number_for_range_checks():
     assert not is_number(float("nan")) and is_number(1.5) and is_number(float("inf")) and not is_number(True)
+
+
+def test_check_positive_int_names_the_argument_the_value_and_what_was_expected():
+    check_positive_int("steps", 3)
+    check_positive_int("index", 0, minimum=0)
+    check_positive_int("rank", None, optional=True)
+    for value in (0, 2.0, True, None, "3"):
+        with pytest.raises(ValueError, match=f"`steps` must be a positive int, got {value!r}\\."):
+            check_positive_int("steps", value)
+    with pytest.raises(ValueError, match="`index` must be an int >= 0, got -1"):
+        check_positive_int("index", -1, minimum=0)
+    with pytest.raises(ValueError, match="`rank` must be a positive int or None, got 0"):
+        check_positive_int("rank", 0, optional=True)
+    with pytest.raises(TypeError, match="`n` must be a positive int \\(the support size\\), got 0"):
+        check_positive_int("n", 0, error=TypeError, expected="a positive int (the support size)")
 
 
 def test_nan_guidance_scale_is_refused():

@@ -3,6 +3,8 @@
 import torch
 import torch.nn.functional as F
 
+from ..utils import check_positive_int
+
 
 SPLITS = ("train", "heldout", "all")
 NUM_CLASSES = 10
@@ -30,8 +32,7 @@ def load_digits_images(
     """
     if split not in SPLITS:
         raise ValueError(f"`split` must be one of {SPLITS}, got {split!r}.")
-    if not isinstance(resolution, int) or resolution < 4:
-        raise ValueError(f"`resolution` must be an int >= 4, got {resolution!r}.")
+    check_positive_int("resolution", resolution, minimum=4)
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"`heldout_fraction` must lie in (0, 1), got {heldout_fraction!r}.")
 

@@ -300,8 +300,7 @@ def simulate_metapopulation_sir(
     """
     check_positive_int("num_nodes", num_nodes, minimum=2)
     check_positive_int("num_steps", num_steps)
-    if not is_int(burn_in) or burn_in < 0:
-        raise ValueError(f"`burn_in` must be an int >= 0, got {burn_in!r}.")
+    check_positive_int("burn_in", burn_in, minimum=0)
     for name, value in (
         ("mean_population", mean_population),
         ("recovery_rate", recovery_rate),

@@ -113,8 +113,7 @@ def simulate_latents(
             f"`initial_states` must be a tensor of shape (num_states, {rank}), got "
             f"{tuple(getattr(initial_states, 'shape', ()))}."
         )
-    if not is_int(num_steps) or num_steps < 0:
-        raise ValueError(f"`num_steps` must be an int >= 0, got {num_steps!r}.")
+    check_positive_int("num_steps", num_steps, minimum=0)
     if not 0 < float(alpha) <= 1:
         raise ValueError(f"`alpha` must lie in (0, 1], got {alpha!r}.")
     states = initial_states.to(input_loadings)

@@ -31,6 +31,7 @@ import re
 
 import numpy as np
 
+from ..utils import check_positive_int
 from .graphs import graphs_to_dense, require_networkx
 
 
@@ -192,8 +193,7 @@ def load_moses_smiles(split: str = "train", max_heavy_atoms: int = 16, data_dir:
     Chem = require_rdkit("load_moses_smiles")
     if split not in MOSES_SPLITS:
         raise ValueError(f"`split` must be one of {tuple(MOSES_SPLITS)}, got {split!r}.")
-    if not isinstance(max_heavy_atoms, int) or isinstance(max_heavy_atoms, bool) or max_heavy_atoms < 1:
-        raise ValueError(f"`max_heavy_atoms` must be an int >= 1, got {max_heavy_atoms!r}.")
+    check_positive_int("max_heavy_atoms", max_heavy_atoms)
     folder = data_dir if data_dir is not None else moses_data_dir()
     path = os.path.join(folder, MOSES_SPLITS[split])
     if not os.path.isfile(path):

@@ -105,8 +105,7 @@ class MosaicConfig:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.task_weights is not None:
             object.__setattr__(self, "task_weights", tuple(float(w) for w in self.task_weights))
-        if not isinstance(self.resolution, int) or self.resolution < 16:
-            raise ValueError(f"`resolution` must be an int >= 16, got {self.resolution!r}.")
+        check_positive_int("resolution", self.resolution, minimum=16)
         for name, allowed in (
             ("shapes", SHAPES),
             ("colours", tuple(PALETTE)),
@@ -525,8 +524,7 @@ def mosaic_tokenizer(model_max_length: int = 16):
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    if not isinstance(model_max_length, int) or model_max_length < 3:
-        raise ValueError(f"`model_max_length` must be an int >= 3, got {model_max_length!r}.")
+    check_positive_int("model_max_length", model_max_length, minimum=3)
     vocab = {token: i for i, token in enumerate([*TOKENIZER_SPECIALS, *mosaic_vocabulary()])}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
     backend.normalizer = normalizers.Lowercase()

@@ -12,6 +12,8 @@ import math
 import numpy as np
 import torch
 
+from ..utils import check_positive_int
+
 
 HORIZON = 32
 BEND = 0.4  # lateral offset of the Bezier control points, as a fraction of the start-goal distance
@@ -100,8 +102,7 @@ def random_start_goal(count: int, generator: torch.Generator, min_distance: floa
 def make_demonstrations(num: int, horizon: int = HORIZON, seed: int = 0, max_obstacles: int = 2) -> torch.Tensor:
     """`num` smooth demonstrations `(num, horizon, 2)`: Bezier paths between random start/goal pairs, each in its own
     sparse map of 0..`max_obstacles` random discs it avoids (bends resampled until collision-free)."""
-    if not isinstance(num, int) or num < 1:
-        raise ValueError(f"`num` must be a positive int, got {num!r}.")
+    check_positive_int("num", num)
     generator = torch.Generator().manual_seed(seed)
     start, goal = random_start_goal(num, generator)
     out = torch.empty(num, horizon, 2)

@@ -15,6 +15,8 @@ import random
 
 import torch
 
+from ..utils import check_positive_int
+
 
 SIZE = 6
 BOX_ROWS, BOX_COLS = 2, 3
@@ -133,8 +135,7 @@ def random_grids(num_grids: int, split: str, seed: int) -> torch.LongTensor:
     """`num_grids` random solved grids of `split`, shape `(num_grids, 36)`, a function of `seed` alone."""
     if split not in SPLITS:
         raise ValueError(f"`split` must be one of {SPLITS}, got {split!r}.")
-    if not isinstance(num_grids, int) or num_grids < 0:
-        raise ValueError(f"`num_grids` must be a non-negative integer, got {num_grids!r}.")
+    check_positive_int("num_grids", num_grids, minimum=0)
     rng = random.Random(f"sudoku-{split}-{seed}")
     grids = []
     while len(grids) < num_grids:

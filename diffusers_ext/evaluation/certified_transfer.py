@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..models.conv_image_classifier import ConvImageClassifier
 from ..pipelines.certified_transfer.adapter_vectorizer import AdapterVectorizer
+from ..utils import check_positive_int
 
 
 TARGET_MODULES = ("blocks.10", "feature.0")
@@ -250,8 +251,7 @@ def pac_bayes_bound(gibbs_risk, num_samples: int, kl, delta: float = 0.05, kind:
     """
     from ..pipelines.certified_transfer.certificate import CERTIFICATE_KINDS, kl_inverse
 
-    if not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"`num_samples` must be a positive int, got {num_samples!r}.")
+    check_positive_int("num_samples", num_samples)
     if not 0 < delta < 1:
         raise ValueError(f"`delta` must be in (0, 1), got {delta!r}.")
     if kind not in CERTIFICATE_KINDS:
@@ -275,8 +275,7 @@ def monte_carlo_risk_bound(mean_risk, num_draws: int, delta: float):
     `r(Q) <= kl^-1(mean_risk, ln(1 / delta) / num_draws)`."""
     from ..pipelines.certified_transfer.certificate import kl_inverse
 
-    if not isinstance(num_draws, int) or num_draws < 1:
-        raise ValueError(f"`num_draws` must be a positive int, got {num_draws!r}.")
+    check_positive_int("num_draws", num_draws)
     if not 0 < delta < 1:
         raise ValueError(f"`delta` must be in (0, 1), got {delta!r}.")
     bound = kl_inverse(mean_risk, math.log(1 / delta) / num_draws)

@@ -13,6 +13,7 @@ import torch
 
 from ..data import navigation2d as nav
 from ..pipelines.doob_guidance.guidance import NoiseLevels
+from ..pipelines.pipeline_utils import PREDICTION_TYPES, prediction_to_epsilon
 
 
 def judge(trajectories: torch.Tensor, goal: torch.Tensor, obstacles: torch.Tensor, shortest: float) -> dict:
@@ -53,7 +54,8 @@ def projection_guidance(pipe, obstacles: torch.Tensor, margin: float):
         a, b = levels.coefficients(t[0], x.shape[0], x.device)
         _, x0 = levels.split(output, x, a, b)
         x0 = project_out_of_discs(x0, obstacles, margin)
-        eps = (x - a.view(-1, 1, 1).to(x) * x0) / b.view(-1, 1, 1).to(x).clamp_min(1e-6)
+        signal, noise = a.view(-1, 1, 1).to(x), b.view(-1, 1, 1).to(x).clamp_min(1e-6)
+        eps = prediction_to_epsilon(x0, x, signal, noise, "sample", PREDICTION_TYPES)
         return levels.merge(eps, x0, a, b)
 
     return model_fn

@@ -15,8 +15,13 @@ import torch
 import torch.nn.functional as F
 
 from ..data.mosaic import images_to_tensor
-from ..pipelines.pipeline_utils import encode_text, encode_vae_latents
-from ..utils import check_positive_int, is_int
+from ..pipelines.pipeline_utils import (
+    encode_text,
+    encode_vae_latents,
+    epsilon_and_x0_to_prediction,
+    vp_coefficients,
+)
+from ..utils import check_positive_int
 
 
 LORA_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
@@ -97,8 +102,7 @@ def finetune_unet(
         raise ValueError(f"`images` ({len(images)}) and `captions` ({len(captions)}) must be equally long, not empty.")
     check_positive_int("num_steps", num_steps)
     check_positive_int("batch_size", batch_size)
-    if rank is not None and (not is_int(rank) or rank < 1):
-        raise ValueError(f"`rank` must be a positive int or None, got {rank!r}.")
+    check_positive_int("rank", rank, optional=True)
     if not learning_rate > 0:
         raise ValueError(f"`learning_rate` must be > 0, got {learning_rate!r}.")
     if not 0 <= caption_dropout < 1:
@@ -143,9 +147,9 @@ def finetune_unet(
         clean = latents[index]
         noise = torch.randn(clean.shape, generator=generator).to(device=device, dtype=dtype)
         timesteps = torch.randint(num_train_timesteps, (batch_size,), generator=generator).to(device)
-        a = alphas_cumprod[timesteps].view(-1, 1, 1, 1)
-        noisy = a.sqrt() * clean + (1 - a).sqrt() * noise
-        target = noise if prediction_type == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * clean
+        signal, sigma = vp_coefficients(alphas_cumprod[timesteps].view(-1, 1, 1, 1))
+        noisy = signal * clean + sigma * noise
+        target = epsilon_and_x0_to_prediction(noise, clean, signal, sigma, prediction_type)
         condition = caption_embeds[index]
         if caption_dropout > 0:
             drop = (torch.rand(batch_size, generator=generator) < caption_dropout).to(device).view(-1, 1, 1)

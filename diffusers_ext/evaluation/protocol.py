@@ -11,6 +11,8 @@ import math
 import os
 from collections.abc import Iterable, Sequence
 
+from ..utils import check_positive_int
+
 
 COMPARISONS = (">=", "<=")
 
@@ -64,8 +66,7 @@ def mean_spread(values: Iterable[float]) -> dict:
 
 def binomial_standard_error(rate: float, count: int) -> float:
     """Standard error `sqrt(p (1 - p) / n)` of a success rate `p` measured on `n` independent trials."""
-    if not isinstance(count, int) or count < 1:
-        raise ValueError(f"`count` must be an int >= 1, got {count!r}.")
+    check_positive_int("count", count)
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"`rate` must lie in [0, 1], got {rate!r}.")
     return math.sqrt(rate * (1.0 - rate) / count)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.procedural_scenes import OBJECT_CLASSES, sample_scene_batch
+from ..utils import check_positive_int
 
 
 EVALUATOR_TRAIN_SEED = 2_300_000_000
@@ -128,8 +129,7 @@ def train_scene_evaluator(
 ) -> SceneEvaluator:
     """Train a [`SceneEvaluator`] on `num_views` renders from `EVALUATOR_TRAIN_SEED + seed` (init seeded by `seed`)."""
     for name, value in (("num_views", num_views), ("steps", steps), ("batch_size", batch_size)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be an int >= 1, got {value!r}.")
+        check_positive_int(name, value, expected="an int >= 1")
     data = render_single_views(EVALUATOR_TRAIN_SEED + seed, num_views, size)
     torch.manual_seed(seed)
     model = SceneEvaluator(size)

@@ -8,6 +8,7 @@ import torch
 
 from ..data.digits import NUM_CLASSES, load_digits_images
 from ..metrics import classifier_predictions, frechet_distance, per_class_accuracy
+from ..utils import check_positive_int
 from .digits import sample_digits
 
 
@@ -156,8 +157,7 @@ def train_pixel_mlp_judge(
         raise ValueError(
             f"`images` must be (N, C, H, W) with one label each; got {tuple(images.shape)} and {len(labels)} labels."
         )
-    if not isinstance(hidden_size, int) or hidden_size < 1:
-        raise ValueError(f"`hidden_size` must be an int >= 1, got {hidden_size!r}.")
+    check_positive_int("hidden_size", hidden_size)
     from sklearn.neural_network import MLPClassifier
 
     x = images.flatten(1).double().numpy()

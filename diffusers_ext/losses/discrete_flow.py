@@ -24,6 +24,7 @@ import time
 import torch
 
 from ..schedulers.scheduling_discrete_flow_matching import DiscreteFlowMatchingScheduler
+from ..utils import check_positive_int
 from .discrete_flow_couplings import couple
 
 
@@ -144,8 +145,7 @@ def estimate_nll_bounds(
     Returns:
         `{kind: {"mean": (B,), "stderr": (B,)}}`.
     """
-    if not isinstance(num_samples, int) or num_samples < 2:
-        raise ValueError(f"`num_samples` must be an int >= 2, got {num_samples!r}.")
+    check_positive_int("num_samples", num_samples, minimum=2)
     B, L = x1.shape
     device = x1.device
     values = {kind: [] for kind in kinds}

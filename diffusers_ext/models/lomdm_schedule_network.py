@@ -58,8 +58,7 @@ class LoMDMScheduleNetwork(ModelMixin, ConfigMixin):
         c2: float = 0.65,
     ):
         super().__init__()
-        if not isinstance(vocab_size, int) or vocab_size < 2:
-            raise ValueError(f"`vocab_size` must be an integer >= 2, got {vocab_size!r}.")
+        check_positive_int("vocab_size", vocab_size, minimum=2)
         check_positive_int("max_length", max_length)
         if hidden_size % num_heads:
             raise ValueError(f"`hidden_size` {hidden_size} must be divisible by `num_heads` {num_heads}.")

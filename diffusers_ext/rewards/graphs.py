@@ -12,6 +12,7 @@ import numpy as np
 
 from ..metrics.graph_orbits import orbit_counts
 from ..metrics.graphs import is_valid_planar, is_valid_tree
+from ..utils import check_positive_int
 
 
 def _check(graphs, name: str = "graphs") -> list:
@@ -113,8 +114,7 @@ class PlanarShapedReward:
         ):
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}.")
-        if not isinstance(clustering_bins, int) or isinstance(clustering_bins, bool) or clustering_bins < 1:
-            raise ValueError(f"`clustering_bins` must be an int >= 1, got {clustering_bins!r}.")
+        check_positive_int("clustering_bins", clustering_bins, expected="an int >= 1")
         self.weight = float(weight)
         self.degree_scale = float(degree_scale)
         self.clustering_scale = float(clustering_scale)

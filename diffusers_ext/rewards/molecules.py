@@ -10,6 +10,7 @@ arrive as keyword lists and are ignored.
 """
 
 from ..data.molecules import graph_to_molecule, require_rdkit
+from ..utils import check_positive_int
 
 
 def _molecules(graphs, what: str) -> list:
@@ -60,8 +61,7 @@ class SimilarityReward:
         if not isinstance(target, str) or Chem.MolFromSmiles(target) is None:
             raise ValueError(f"`target` must be a SMILES string RDKit can parse, got {target!r}.")
         for name, value in (("radius", radius), ("num_bits", num_bits)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"`{name}` must be an int >= 1, got {value!r}.")
+            check_positive_int(name, value)
         self.target = target
         self._generator = rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=num_bits)
         self._target_fp = self._generator.GetFingerprint(Chem.MolFromSmiles(target))

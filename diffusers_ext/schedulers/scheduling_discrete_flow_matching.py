@@ -23,7 +23,7 @@ from diffusers import ConfigMixin, SchedulerMixin
 from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 
-from ..utils import public
+from ..utils import check_positive_int, public
 from .compatibility import CompatiblesMixin
 from .scheduling_utils import draw_uniform, timestep_indices
 
@@ -113,8 +113,7 @@ class DiscreteFlowMatchingScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixi
         num_mask_tokens: int | None = None,
         kappa_exponent: float = 1.0,
     ):
-        if not isinstance(vocab_size, int) or vocab_size < 2:
-            raise ValueError(f"`vocab_size` must be an int >= 2, got {vocab_size!r}.")
+        check_positive_int("vocab_size", vocab_size, minimum=2)
         if source not in SOURCES:
             raise ValueError(f"`source` must be one of {SOURCES}, got {source!r}.")
         expected = {"mask": (1, 1), "uniform": (0, 0), "multimask": (2, None)}[source]
@@ -216,8 +215,7 @@ class DiscreteFlowMatchingScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixi
 
     def set_timesteps(self, num_inference_steps: int, device: str | torch.device | None = None):
         """Split [0, 1] into `num_inference_steps` equal steps; `timesteps` are their start times."""
-        if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
-            raise ValueError(f"`num_inference_steps` must be an int >= 1, got {num_inference_steps!r}.")
+        check_positive_int("num_inference_steps", num_inference_steps)
         self.num_inference_steps = num_inference_steps
         self.time_grid = torch.linspace(0.0, 1.0, num_inference_steps + 1, dtype=torch.float32, device=device)
         self.timesteps = self.time_grid[:-1].clone()

@@ -32,7 +32,7 @@ from diffusers import ConfigMixin, SchedulerMixin
 from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 
-from ..utils import is_int, public
+from ..utils import check_positive_int, public
 from .scheduling_discrete_flow_matching import _as_generators, _rand, sample_categorical
 from .scheduling_utils import timestep_indices
 
@@ -220,8 +220,7 @@ class GraphDiscreteFlowScheduler(SchedulerMixin, ConfigMixin):
         node_count_probs: list[float] | None = None,
     ):
         for name, value in (("num_node_classes", num_node_classes), ("num_edge_classes", num_edge_classes)):
-            if not is_int(value) or value < 1:
-                raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+            check_positive_int(name, value)
         if num_edge_classes < 2:
             raise ValueError(f"`num_edge_classes` must be >= 2 (class 0 is 'no edge'), got {num_edge_classes!r}.")
         for name, value in (("time_distortion", time_distortion), ("train_time_distortion", train_time_distortion)):
@@ -493,8 +492,7 @@ class GraphDiscreteFlowScheduler(SchedulerMixin, ConfigMixin):
 
     def set_timesteps(self, num_inference_steps: int, device: str | torch.device | None = None):
         """DeFoG's grid: `t_i = f(i / (T + 1))` for `i = 0 .. T`; `timesteps` are the `T` start times."""
-        if not is_int(num_inference_steps) or num_inference_steps < 1:
-            raise ValueError(f"`num_inference_steps` must be a positive int, got {num_inference_steps!r}.")
+        check_positive_int("num_inference_steps", num_inference_steps)
         self.num_inference_steps = num_inference_steps
         grid = torch.arange(num_inference_steps + 1, dtype=torch.float64) / (num_inference_steps + 1)
         self.time_grid = distort_time(grid, self.config.time_distortion).float().to(device)

@@ -85,10 +85,8 @@ class OeMDMScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMS
     def __init__(self, schedule: str = "mdm", order_block_length: int = 4, block_length: int = 1024):
         if schedule not in SCHEDULES:
             raise ValueError(f"`schedule` must be one of {SCHEDULES}, got {schedule!r}.")
-        if not isinstance(order_block_length, int) or order_block_length < 1:
-            raise ValueError(f"`order_block_length` must be a positive integer, got {order_block_length!r}.")
-        if not isinstance(block_length, int) or block_length < 1:
-            raise ValueError(f"`block_length` must be a positive integer, got {block_length!r}.")
+        check_positive_int("order_block_length", order_block_length)
+        check_positive_int("block_length", block_length)
         self.set_timesteps(1)
 
     @classmethod

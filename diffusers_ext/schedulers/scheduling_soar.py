@@ -283,8 +283,7 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
         step_budget: str = "per_block",
         temper_logits: bool = False,
     ):
-        if block_length is not None and (not isinstance(block_length, int) or block_length < 1):
-            raise ValueError(f"`block_length` must be a positive integer or None, got {block_length!r}.")
+        check_positive_int("block_length", block_length, optional=True)
         for name, value, allowed in (
             ("collapse_rule", collapse_rule, COLLAPSE_RULES),
             ("confidence_precision", confidence_precision, CONFIDENCE_PRECISIONS),
@@ -336,10 +335,8 @@ class SOARScheduler(CompatiblesMixin, SchedulerMixin, ConfigMixin, DiffusionLMSc
                         else "(a probability)."
                     )
                 )
-        if not isinstance(max_beam_size, int) or max_beam_size < 1:
-            raise ValueError(f"`max_beam_size` must be a positive integer, got {max_beam_size!r}.")
-        if not isinstance(min_parallel_tokens, int) or min_parallel_tokens < 1:
-            raise ValueError(f"`min_parallel_tokens` must be a positive integer, got {min_parallel_tokens!r}.")
+        check_positive_int("max_beam_size", max_beam_size)
+        check_positive_int("min_parallel_tokens", min_parallel_tokens)
         if max_parallel_tokens is not None and (
             not isinstance(max_parallel_tokens, int) or max_parallel_tokens < min_parallel_tokens
         ):

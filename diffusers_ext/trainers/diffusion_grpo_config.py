@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from ..utils import is_int, public
+from ..utils import check_positive_int, public
 from .base_config import DiffusionTrainerConfig
 
 
@@ -189,8 +189,7 @@ class DiffusionGRPOConfig(DiffusionTrainerConfig):
             )
         for name in ("generation_batch_size", "steps_per_generation", "vae_decode_batch_size"):
             value = getattr(self, name)
-            if value is not None and (not is_int(value) or value < 1):
-                raise ValueError(f"`{name}` must be None or a positive int, got {value!r}.")
+            check_positive_int(name, value, optional=True)
         if self.generation_batch_size is not None and self.generation_batch_size % self.num_generations:
             raise ValueError(
                 f"`generation_batch_size` ({self.generation_batch_size}) must be a multiple of `num_generations` "

@@ -14,7 +14,7 @@ from diffusers.utils import logging
 from ..data.graphs import dense_to_graphs
 from ..schedulers.scheduling_graph_discrete_flow import GraphDiscreteFlowScheduler
 from ..training_utils import ResumableBatchSampler, step_generator
-from ..utils import public
+from ..utils import check_positive_int, public
 from .base_config import with_default_targets
 from .base_trainer import DiffusionTrainer
 from .diffusion_grpo_trainer import check_reward_values, clipped_policy_loss, reward_functions
@@ -168,8 +168,7 @@ def _as_rows(train_dataset) -> list[dict] | None:
         if set(row) != keys:
             raise ValueError(f"`train_dataset` row {index} has columns {sorted(row)}, row 0 has {sorted(keys)}.")
         count = row.get("num_nodes")
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise ValueError(f"`train_dataset` row {index} needs a positive int 'num_nodes', got {count!r}.")
+        check_positive_int(f"train_dataset[{index}]['num_nodes']", count)
     return rows
 
 

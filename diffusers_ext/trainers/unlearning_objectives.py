@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..pipelines.pipeline_utils import PREDICTION_TYPES, prediction_to_epsilon, vp_coefficients
 from ..utils import public
 from .constrained_unlearning_config import ConstrainedUnlearningConfig
 
@@ -443,9 +444,10 @@ class SISSObjective(_PooledObjective):
 
     def add_targets(self, part, lambda_):
         alpha_bar = self.context.noise_scheduler.alphas_cumprod.to(part.t.device)[part.t].view(-1, 1, 1, 1)
-        gamma, sigma = alpha_bar.sqrt(), (1 - alpha_bar).sqrt()
-        part.target_x = (part.x_t - gamma * part.x) / sigma
-        part.target_a = (part.x_t - gamma * part.a) / sigma
+        gamma, sigma = vp_coefficients(alpha_bar)
+        # the noise that takes each clean sample to x_t
+        part.target_x = prediction_to_epsilon(part.x, part.x_t, gamma, sigma, "sample", PREDICTION_TYPES)
+        part.target_a = prediction_to_epsilon(part.a, part.x_t, gamma, sigma, "sample", PREDICTION_TYPES)
         # log q(m|a) - log q(m|x)
         log_ratio = ((part.target_x**2).flatten(1).sum(1) - (part.target_a**2).flatten(1).sum(1)) / 2
         s = self.args.siss_mixture_weight

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
+from ..utils import check_positive_int
+
 
 CHECKPOINT_PREFIX = "checkpoint-"
 
@@ -113,8 +115,7 @@ def save_checkpoint(accelerator, output_dir: str, step: int, total_limit: int | 
     The state is written to a temporary folder and renamed into place once complete; older checkpoints beyond
     `total_limit` are removed only after that. Call on every process.
     """
-    if total_limit is not None and (not isinstance(total_limit, int) or total_limit < 1):
-        raise ValueError(f"`total_limit` must be None (keep all) or an int >= 1, got {total_limit!r}.")
+    check_positive_int("total_limit", total_limit, optional=True, expected="None (keep all) or an int >= 1")
     final = os.path.join(output_dir, f"{CHECKPOINT_PREFIX}{step}")
     partial = final + ".partial"
     if accelerator.is_main_process and os.path.isdir(partial):

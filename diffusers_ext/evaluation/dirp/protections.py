@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 import torch
 
-from ...metrics._validation import check_positive_int
+from ...pipelines.pipeline_utils import vp_coefficients
+from ...utils import check_positive_int
 
 
 PROTECTIONS = ("advdm", "mist", "sds+", "sds-", "photoguard", "aspl", "glaze")
@@ -63,7 +64,8 @@ def denoising_loss(
     t = torch.randint(0, len(alphas_cumprod), (b,), generator=generator).to(latents.device)
     noise = torch.randn(latents.shape, generator=generator, dtype=latents.dtype).to(latents.device)
     alpha = alphas_cumprod.to(latents.device, latents.dtype)[t].view(-1, *[1] * (latents.ndim - 1))
-    noisy = alpha.sqrt() * latents + (1 - alpha).sqrt() * noise
+    signal, sigma = vp_coefficients(alpha)
+    noisy = signal * latents + sigma * noise
     residual = noise_fn(noisy, t) - noise
     return residual.pow(2).flatten(1).mean(1), residual
 
@@ -97,7 +99,7 @@ def _check(images, eps, num_steps, step_size) -> float:
         raise ValueError(f"`images` must lie in [-1, 1], got [{float(images.min()):.3g}, {float(images.max()):.3g}].")
     if not isinstance(eps, (int, float)) or not 0 < eps <= 1:
         raise ValueError(f"`eps` must lie in (0, 1] (image units, e.g. 16 / 255), got {eps!r}.")
-    check_positive_int(num_steps, "num_steps")
+    check_positive_int("num_steps", num_steps)
     if step_size is None:
         return 2.5 * eps / num_steps  # Madry et al.'s rule: the walk can cross the ball
     if not isinstance(step_size, (int, float)) or step_size <= 0:

@@ -25,6 +25,7 @@ import PIL.Image
 import torch
 
 from ...pipelines.dirp.ddim_inversion import ddim_reconstruct, noise_levels
+from ...pipelines.pipeline_utils import vp_coefficients
 from ...utils import check_positive_int
 
 
@@ -89,7 +90,8 @@ def diffpure(
     timesteps = torch.linspace(t_star / num_steps, t_star, num_steps).round().long()
     alphas = noise_levels(pipe.scheduler, timesteps)
     noise = torch.randn(latents.shape, generator=generator, dtype=latents.dtype).to(device)
-    noisy = float(alphas[-1]) ** 0.5 * latents + (1 - float(alphas[-1])) ** 0.5 * noise
+    signal, sigma = vp_coefficients(float(alphas[-1]))
+    noisy = signal * latents + sigma * noise
     noise_fn = pipe.noise_function(latents.shape[0], device)
     return pipe.decode_latents(ddim_reconstruct(noise_fn, noisy, timesteps, alphas)).clamp(-1, 1).to(images.device)
 

@@ -11,6 +11,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.unets.unet_2d import UNet2DOutput
 
 from ...pipelines.divide_and_denoise.denoisers import alpha_bar_at, as_pair, schedule_alphas_cumprod
+from ...pipelines.pipeline_utils import PREDICTION_TYPES, prediction_to_epsilon, vp_coefficients
 
 
 class EmpiricalOptimalDenoiser(ModelMixin, ConfigMixin):
@@ -82,7 +83,7 @@ class EmpiricalOptimalDenoiser(ModelMixin, ConfigMixin):
 
     def forward(self, sample: torch.Tensor, timestep, class_labels=None, return_dict: bool = True):
         batch = sample.shape[0]
-        alpha_bar = alpha_bar_at(self.alphas_cumprod, timestep, batch, sample)
+        signal, noise = vp_coefficients(alpha_bar_at(self.alphas_cumprod, timestep, batch, sample))
         x0 = self.posterior_mean(sample, timestep)
-        eps = (sample - alpha_bar.sqrt() * x0) / (1 - alpha_bar).sqrt()
+        eps = prediction_to_epsilon(x0, sample, signal, noise, "sample", PREDICTION_TYPES)
         return UNet2DOutput(sample=eps) if return_dict else (eps,)

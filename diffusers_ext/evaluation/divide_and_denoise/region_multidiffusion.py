@@ -24,6 +24,9 @@ around it, and positions no view owns follow the known empty canvas. [`window_co
 import numpy as np
 import torch
 
+from ...pipelines.pipeline_utils import decode_vae_latents, encode_vae_latents, vp_coefficients
+from ...utils import check_positive_int
+
 
 def partition_masks(boxes: torch.Tensor) -> torch.Tensor:
     """Split the canvas among `K` boxes.
@@ -72,8 +75,7 @@ class RegionMultiDiffusion:
     def __init__(self, pipe, background: torch.Tensor, bootstrap_fraction: float = 0.4, resampling: int = 1):
         if not 0.0 <= bootstrap_fraction <= 1.0:
             raise ValueError(f"`bootstrap_fraction` must be in [0, 1], got {bootstrap_fraction!r}.")
-        if not isinstance(resampling, int) or resampling < 1:
-            raise ValueError(f"`resampling` must be a positive int, got {resampling!r}.")
+        check_positive_int("resampling", resampling)
         if resampling > 1 and not hasattr(pipe.scheduler, "alphas_cumprod"):
             raise ValueError(
                 f"`resampling` > 1 re-noises along `alphas_cumprod`, which {type(pipe.scheduler).__name__} lacks."
@@ -84,10 +86,8 @@ class RegionMultiDiffusion:
         self.pipe = pipe
         self.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
         self.bootstrap_fraction = bootstrap_fraction
-        vae = pipe.vae
         with torch.no_grad():
-            image = background.unsqueeze(0).to(device=vae.device, dtype=vae.dtype)
-            self.background_latents = vae.encode(image).latent_dist.mean * vae.config.scaling_factor
+            self.background_latents = encode_vae_latents(pipe.vae, background.unsqueeze(0).to(pipe.vae.device))
 
     def _prompt_embeddings(self, prompts: list[str], guidance_scale: float) -> torch.Tensor:
         """The views' text embeddings `(2V or V, L, D)`: unconditional ones first when guiding."""
@@ -117,10 +117,11 @@ class RegionMultiDiffusion:
         timesteps, alphas = self.scheduler.timesteps, self.scheduler.alphas_cumprod
         ratio = (alphas[timesteps[index]] / alphas[timesteps[index + 1]]).to(latents.device, latents.dtype)
         noise = torch.randn(latents.shape, generator=generator, dtype=latents.dtype).to(latents.device)
-        return ratio.sqrt() * latents + (1.0 - ratio).sqrt() * noise
+        signal, sigma = vp_coefficients(ratio)
+        return signal * latents + sigma * noise
 
     def _decode(self, latents: torch.Tensor) -> np.ndarray:
-        image = self.pipe.vae.decode(latents / self.pipe.vae.config.scaling_factor).sample
+        image = decode_vae_latents(self.pipe.vae, latents)
         return self.pipe.image_processor.postprocess(image, output_type="np")
 
     @torch.no_grad()
@@ -235,11 +236,9 @@ class WindowMultiDiffusion(RegionMultiDiffusion):
         resampling: int = 1,
     ):
         super().__init__(pipe, background, bootstrap_fraction, resampling)
-        if not isinstance(margin, int) or margin < 0:
-            raise ValueError(f"`margin` must be a non-negative int, got {margin!r}.")
+        check_positive_int("margin", margin, minimum=0)
         self.margin = margin
-        if not isinstance(window_size, int) or window_size < 1:
-            raise ValueError(f"`window_size` must be a positive int, got {window_size!r}.")
+        check_positive_int("window_size", window_size)
         if window_size > min(self.background_latents.shape[-2:]):
             raise ValueError(
                 f"`window_size` {window_size} is larger than the latent canvas {tuple(self.background_latents.shape[-2:])}."

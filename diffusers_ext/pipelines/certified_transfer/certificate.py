@@ -20,17 +20,15 @@ import math
 
 import torch
 
-from ...utils import is_int, is_number
+from ...utils import check_positive_int, is_number
 
 
 CERTIFICATE_KINDS = ("hoeffding", "kl")
 
 
 def _check_certificate_arguments(num_samples, num_hypotheses, delta, kind) -> None:
-    if not is_int(num_samples) or num_samples < 1:
-        raise ValueError(f"`num_samples` must be a positive int (the support size n), got {num_samples!r}.")
-    if not is_int(num_hypotheses) or num_hypotheses < 1:
-        raise ValueError(f"`num_hypotheses` must be a positive int (the class size |Theta|), got {num_hypotheses!r}.")
+    check_positive_int("num_samples", num_samples, expected="a positive int (the support size n)")
+    check_positive_int("num_hypotheses", num_hypotheses, expected="a positive int (the class size |Theta|)")
     if not is_number(delta) or not 0 < delta < 1:
         raise ValueError(f"`delta` must be a number in (0, 1), got {delta!r}.")
     if kind not in CERTIFICATE_KINDS:

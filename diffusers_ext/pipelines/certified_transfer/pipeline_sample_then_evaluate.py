@@ -12,7 +12,7 @@ from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
 
 from ...models.parameter_diffusion import ParameterDiffusionModel
-from ...utils import check_positive_int, is_int, is_number, public
+from ...utils import check_positive_int, is_number, public
 from ..pipeline_utils import check_callback_tensor_inputs
 from .adapter_vectorizer import AdapterVectorizer
 from .certificate import CERTIFICATE_KINDS, finite_class_certificate
@@ -133,8 +133,7 @@ class SampleThenEvaluatePipeline(DiffusionPipeline):
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"`generator` must be one torch.Generator or None, got {type(generator).__name__}.")
         check_positive_int("num_inference_steps", num_inference_steps)
-        if sampling_batch_size is not None and (not is_int(sampling_batch_size) or sampling_batch_size < 1):
-            raise ValueError(f"`sampling_batch_size` must be a positive int or None, got {sampling_batch_size!r}.")
+        check_positive_int("sampling_batch_size", sampling_batch_size, optional=True)
         dim = self.model.config.vector_dim
         if latents is not None and (
             not isinstance(latents, torch.Tensor)

@@ -130,13 +130,13 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
                 raise ValueError(
                     f"`batch_size` {batch_size} does not match the {labels.numel()} `class_labels` given; pass one of them."
                 )
-        elif batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise ValueError(f"`batch_size` must be a positive int, got {batch_size!r}.")
-        elif self.num_class_embeds is not None and null_label is None:
-            raise ValueError(
-                "`class_labels` is None, but the UNet is class-conditional and has no `null_class_label` to sample "
-                "unconditionally; pass `class_labels`."
-            )
+        else:
+            check_positive_int("batch_size", batch_size, optional=True)
+            if self.num_class_embeds is not None and null_label is None:
+                raise ValueError(
+                    "`class_labels` is None, but the UNet is class-conditional and has no `null_class_label` to "
+                    "sample unconditionally; pass `class_labels`."
+                )
 
         check_positive_int("num_images_per_prompt", num_images_per_prompt)
         if guidance is not None:

@@ -12,7 +12,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from ...data.lrrnn import initial_state_grid, simulate_latents
 from ...models.connectivity_flow import ConnectivityFlowModel
-from ...utils import check_positive_int, is_int, public
+from ...utils import check_positive_int, public
 from ..pipeline_utils import check_callback_tensor_inputs
 
 
@@ -89,8 +89,7 @@ class ConnectivityPipeline(DiffusionPipeline):
         check_positive_int("num_neurons", num_neurons)
         check_positive_int("num_networks", num_networks)
         check_positive_int("num_inference_steps", num_inference_steps)
-        if not is_int(num_dynamics_steps) or num_dynamics_steps < 0:
-            raise ValueError(f"`num_dynamics_steps` must be an int >= 0, got {num_dynamics_steps!r}.")
+        check_positive_int("num_dynamics_steps", num_dynamics_steps, minimum=0)
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         check_callback_tensor_inputs(self, tensor_inputs)

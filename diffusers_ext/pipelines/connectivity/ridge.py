@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...utils import check_positive_int, is_int, is_number, public
+from ...utils import check_positive_int, is_number, public
 
 
 @public
@@ -72,8 +72,7 @@ def ridge_readout(
     for name, value in (("alpha", alpha), ("lam", lam), ("noise_std", noise_std)):
         if not is_number(value) or value <= 0:
             raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
-    if not is_int(num_samples) or num_samples < 0:
-        raise ValueError(f"`num_samples` must be an int >= 0, got {num_samples!r}.")
+    check_positive_int("num_samples", num_samples, minimum=0)
     if num_samples:
         check_positive_int("num_samples", num_samples)
     loadings = input_loadings.to(torch.float64)

@@ -1,6 +1,7 @@
 """Differentiable K-step DDIM inversion and reconstruction.
 
-Both directions use the same deterministic DDIM move between two noise levels `a_from -> a_to` (cumulative alphas):
+Both directions use the same deterministic DDIM move between two noise levels `a_from -> a_to` (cumulative alphas;
+`pipeline_utils.ddim_move`):
 
     x0_hat = (z - sqrt(1 - a_from) * eps) / sqrt(a_from)
     z'     = sqrt(a_to) * x0_hat + sqrt(1 - a_to) * eps
@@ -21,7 +22,7 @@ from diffusers.models.attention_processor import Attention
 from diffusers.models.resnet import Downsample2D, ResnetBlock2D, Upsample2D
 from torch.utils.checkpoint import checkpoint
 
-from ..pipeline_utils import EPSILON_PREDICTION_TYPES
+from ..pipeline_utils import EPSILON_PREDICTION_TYPES, ddim_move
 
 
 try:  # selective activation checkpointing, torch >= 2.4
@@ -66,12 +67,6 @@ def noise_levels(scheduler, timesteps: torch.Tensor) -> torch.Tensor:
     """
     alphas = scheduler.alphas_cumprod.double().cpu()[timesteps]
     return torch.cat([torch.ones(1, dtype=torch.float64), alphas])
-
-
-def ddim_move(z: torch.Tensor, eps: torch.Tensor, alpha_from: float, alpha_to: float) -> torch.Tensor:
-    """One deterministic DDIM move of `z` from cumulative alpha `alpha_from` to `alpha_to` with noise estimate `eps`."""
-    x0 = (z - (1 - alpha_from) ** 0.5 * eps) / alpha_from**0.5
-    return alpha_to**0.5 * x0 + (1 - alpha_to) ** 0.5 * eps
 
 
 # Fused attention kernels (each device's) whose outputs a checkpointed call keeps rather than recomputes.

@@ -24,6 +24,7 @@ from ..pipeline_utils import (
     encode_text,
     encode_vae_latents,
     prediction_to_epsilon,
+    vp_coefficients,
 )
 from .ddim_inversion import (
     SUPPORTED_PREDICTION_TYPES,
@@ -252,7 +253,8 @@ class DIRPPipeline(DiffusionPipeline):
             output = unet(z.to(unet.dtype), t, **condition).sample.to(z.dtype)
             alpha = self.scheduler.alphas_cumprod.to(z.device, z.dtype)[t]
             alpha = alpha.view(-1, *[1] * (z.ndim - 1)) if alpha.ndim else alpha
-            return prediction_to_epsilon(output, z, alpha**0.5, (1 - alpha) ** 0.5, prediction_type)
+            signal, noise = vp_coefficients(alpha)
+            return prediction_to_epsilon(output, z, signal, noise, prediction_type)
 
         return noise_fn
 

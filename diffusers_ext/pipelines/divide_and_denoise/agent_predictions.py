@@ -8,33 +8,26 @@ Denoisers are called the way their class expects: a `UNet2DModel`/`UNet2DConditi
 
 import torch
 
+from ..pipeline_utils import NoiseLevels, scheduler_prediction_type
+from ..pipeline_utils import is_flow_matching as is_flow_matching  # the pipeline's scheduler check reads it here
 from .denoisers import is_joint_transformer, uncompiled
 from .utilities import ConceptAttentionRecording, ConceptAttentionStore
 
 
-def is_flow_matching(scheduler) -> bool:
-    """Whether `scheduler` samples a flow-matching path `x_t = (1 - sigma) x_0 + sigma noise`: a diffusers
-    `FlowMatch*` scheduler (or a subclass) with `sigmas` and no `alphas_cumprod`."""
-    flow_class = any(cls.__name__.startswith("FlowMatch") for cls in type(scheduler).__mro__)
-    return flow_class and not hasattr(scheduler, "alphas_cumprod") and hasattr(scheduler, "sigmas")
-
-
 def noise_levels(scheduler, t, step_index: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(signal, noise)` scales of the model input at step `step_index` (timestep `t`): `x_t = signal x_0 + noise e`.
+    """`(signal, noise)` scales (0-d, in the device and dtype of `like`) of the model input at step `step_index`
+    (timestep `t`): `x_t = signal x_0 + noise e` ([`pipeline_utils.NoiseLevels.coefficients`]).
 
-    DDPM-family schedulers: `(sqrt(alpha_bar_t), sqrt(1 - alpha_bar_t))`; flow matching: `(1 - sigma, sigma)`.
+    DDPM-family schedulers: `(sqrt(alpha_bar_t), sqrt(1 - alpha_bar_t))`; flow matching: `(1 - sigma, sigma)` with
+    `sigma = scheduler.sigmas[step_index]`.
     """
-    if is_flow_matching(scheduler):
-        sigma = scheduler.sigmas[step_index].to(device=like.device, dtype=like.dtype)
-        return 1 - sigma, sigma
-    index = int(torch.as_tensor(t).float().round().clamp(0, len(scheduler.alphas_cumprod) - 1))
-    alpha_bar = scheduler.alphas_cumprod[index].to(device=like.device, dtype=like.dtype)
-    return alpha_bar.sqrt(), (1 - alpha_bar).sqrt()
+    levels = NoiseLevels(scheduler)
+    return levels.coefficients(t, device=like.device, dtype=like.dtype, step_index=step_index)
 
 
 def prediction_type(scheduler) -> str:
     """`"flow"` (velocity `noise - x_0`) for flow-matching schedulers, else the scheduler's `prediction_type`."""
-    return "flow" if is_flow_matching(scheduler) else scheduler.config.get("prediction_type", "epsilon")
+    return scheduler_prediction_type(scheduler)
 
 
 def _call_denoiser(denoisers, index: int, model, model_input, timestep, kwargs) -> torch.Tensor:

@@ -23,7 +23,8 @@ from diffusers.utils import logging
 
 from ...loading import resolve_model_class
 from ...utils import is_int, public
-from ..pipeline_utils import check_supported_denoiser
+from ..pipeline_utils import PREDICTION_TYPES, check_supported_denoiser, prediction_to_epsilon, vp_coefficients
+from ..pipeline_utils import alpha_bar_at as _alpha_bar_at
 
 
 logger = logging.get_logger(__name__)
@@ -52,10 +53,10 @@ def schedule_alphas_cumprod(
 
 
 def alpha_bar_at(alphas_cumprod: torch.Tensor, timestep, batch: int, sample: torch.Tensor) -> torch.Tensor:
-    """`alphas_cumprod` at `timestep` (a number, a 0-d or a `(batch,)` tensor), shaped `(batch, 1, 1, 1)`."""
-    t = torch.as_tensor(timestep, device=alphas_cumprod.device).float().round().long()
-    t = t.clamp(0, len(alphas_cumprod) - 1).expand(batch) if t.ndim == 0 else t.clamp(0, len(alphas_cumprod) - 1)
-    return alphas_cumprod[t].to(device=sample.device, dtype=sample.dtype).view(batch, 1, 1, 1)
+    """`alphas_cumprod` at `timestep` (a number, a 0-d or a `(batch,)` tensor), shaped `(batch, 1, 1, 1)` in the
+    device and dtype of `sample` ([`pipeline_utils.alpha_bar_at`])."""
+    alpha_bar = _alpha_bar_at(alphas_cumprod, timestep, device=sample.device, dtype=sample.dtype)
+    return (alpha_bar.expand(batch) if alpha_bar.ndim == 0 else alpha_bar).view(batch, 1, 1, 1)
 
 
 @public
@@ -212,8 +213,9 @@ class WindowedDenoiser(ModelMixin, ConfigMixin):
 
     def forward(self, sample: torch.Tensor, timestep, class_labels=None, return_dict: bool = True):
         batch = sample.shape[0]
-        alpha_bar = alpha_bar_at(self.alphas_cumprod, timestep, batch, sample)
-        eps = (sample - alpha_bar.sqrt() * self.config.background) / (1 - alpha_bar).sqrt()
+        signal, noise = vp_coefficients(alpha_bar_at(self.alphas_cumprod, timestep, batch, sample))
+        # outside the window the exact denoiser's clean sample is the background
+        eps = prediction_to_epsilon(self.config.background, sample, signal, noise, "sample", PREDICTION_TYPES)
         top, left, win_h, win_w = self.window
         crop = sample[:, :, top : top + win_h, left : left + win_w]
         inner = self.denoiser(crop, timestep, class_labels=class_labels).sample

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ...utils import is_int, is_number, public
+from ...utils import check_positive_int, is_number, public
 
 
 @public
@@ -25,8 +25,7 @@ class ClassifierConstraint:
     def __init__(self, classifier: torch.nn.Module, target_class: int, min_probability: float = 0.9):
         if not callable(classifier):
             raise TypeError(f"`classifier` must be a callable module, got {type(classifier).__name__}.")
-        if not is_int(target_class) or target_class < 0:
-            raise ValueError(f"`target_class` must be an int >= 0, got {target_class!r}.")
+        check_positive_int("target_class", target_class, minimum=0)
         if not is_number(min_probability) or not 0.0 < min_probability < 1.0:
             raise ValueError(f"`min_probability` must be a number in (0, 1), got {min_probability!r}.")
         self.classifier = classifier.eval() if isinstance(classifier, torch.nn.Module) else classifier

@@ -17,6 +17,8 @@ from collections.abc import Callable
 import torch
 
 from ...utils import check_positive_int, is_number, public
+from ..pipeline_utils import NoiseLevels as SharedNoiseLevels
+from ..pipeline_utils import timestep_index
 
 
 ESTIMATORS = ("tweedie", "mc", "path_integral")
@@ -30,77 +32,20 @@ def _expand(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.view(-1, *([1] * (like.ndim - 1))).to(like.dtype)
 
 
-class NoiseLevels:
-    """The noise levels of a diffusers scheduler as `x_t = a_t x_0 + b_t eps`, and the model-output conversions.
+class NoiseLevels(SharedNoiseLevels):
+    """The noise levels of a diffusers scheduler as `x_t = a_t x_0 + b_t eps`, and the model-output conversions: the
+    package's [`pipeline_utils.NoiseLevels`] with floors on the divisions at pure noise (`a_t >= MIN_SIGNAL`), and
+    the rollouts' level grid and step variance.
 
     Args:
         scheduler: a scheduler with `alphas_cumprod` (`DDPMScheduler`, `DDIMScheduler`, ...; `prediction_type` of
-            `"epsilon"`, `"sample"` or `"v_prediction"`) or a `FlowMatchEulerDiscreteScheduler` (velocity
-            `v = eps - x_0`, `sigma = timestep / num_train_timesteps`).
+            `"epsilon"`, `"sample"` or `"v_prediction"`) or a flow-matching one such as
+            `FlowMatchEulerDiscreteScheduler` (velocity `v = eps - x_0`; `sigma = timestep / num_train_timesteps`
+            between its timesteps).
     """
 
-    def __init__(self, scheduler):
-        if hasattr(scheduler, "alphas_cumprod"):
-            self.kind = "vp"
-            self.prediction_type = scheduler.config.prediction_type
-            if self.prediction_type not in ("epsilon", "sample", "v_prediction"):
-                raise ValueError(
-                    f"`scheduler.config.prediction_type` must be 'epsilon', 'sample' or 'v_prediction', got "
-                    f"{self.prediction_type!r}."
-                )
-            self.alphas_cumprod = scheduler.alphas_cumprod.double()
-        elif hasattr(scheduler, "sigmas") and "FlowMatch" in type(scheduler).__name__:
-            self.kind = "flow"
-            self.prediction_type = "flow"
-        else:
-            raise TypeError(
-                f"`scheduler` must have `alphas_cumprod` (DDPM/DDIM) or be a FlowMatch scheduler, got "
-                f"{type(scheduler).__name__}."
-            )
-        self.num_train_timesteps = scheduler.config.num_train_timesteps
-
-    def coefficients(self, timestep, batch_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(a_t, b_t)`, each `(batch_size,)` float64, of a timestep (a number, a 0-d or a `(batch_size,)` tensor);
-        `timestep=None` is the clean end (`a = 1, b = 0`)."""
-        if timestep is None:
-            ones = torch.ones(batch_size, dtype=torch.float64, device=device)
-            return ones, torch.zeros_like(ones)
-        t = torch.as_tensor(timestep, device="cpu").reshape(-1)
-        if self.kind == "vp":
-            alpha_bar = self.alphas_cumprod[t.long().clamp(0, len(self.alphas_cumprod) - 1)]
-            a, b = alpha_bar.sqrt(), (1 - alpha_bar).sqrt()
-        else:
-            sigma = (t.double() / self.num_train_timesteps).clamp(0, 1)
-            a, b = 1 - sigma, sigma
-        return a.expand(batch_size).to(device), b.expand(batch_size).to(device)
-
-    def split(self, model_output: torch.Tensor, sample: torch.Tensor, a, b) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(eps, x0)` predicted by `model_output` at `sample` (both the sample's shape)."""
-        a, b = _expand(a, sample), _expand(b, sample)
-        if self.prediction_type == "epsilon":
-            eps = model_output
-            x0 = (sample - b * eps) / a.clamp_min(MIN_SIGNAL)
-        elif self.prediction_type == "sample":
-            x0 = model_output
-            eps = (sample - a * x0) / b.clamp_min(1e-8)
-        elif self.prediction_type == "v_prediction":
-            x0 = a * sample - b * model_output
-            eps = b * sample + a * model_output
-        else:  # flow: v = eps - x0, x_t = (1 - sigma) x0 + sigma eps
-            x0 = sample - b * model_output
-            eps = sample + a * model_output
-        return eps, x0
-
-    def merge(self, eps: torch.Tensor, x0: torch.Tensor, a, b) -> torch.Tensor:
-        """The model output that predicts `(eps, x0)`: the inverse of [`split`]."""
-        a, b = _expand(a, eps), _expand(b, eps)
-        if self.prediction_type == "epsilon":
-            return eps
-        if self.prediction_type == "sample":
-            return x0
-        if self.prediction_type == "v_prediction":
-            return a * eps - b * x0
-        return eps - x0
+    min_signal = MIN_SIGNAL
+    min_noise = 1e-8
 
     def rollout_timesteps(self, timestep, steps: int) -> list:
         """`steps` timesteps from `timestep` down towards the clean end (exclusive), evenly spaced, first one
@@ -116,16 +61,19 @@ class NoiseLevels:
         current one, `b_t^2 - (a_t / a_s)^2 b_s^2` (`(N,)`)."""
         return (b**2 - (a / a_next) ** 2 * b_next**2).clamp_min(0)
 
+    def split(self, model_output: torch.Tensor, sample: torch.Tensor, a, b) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(eps, x0)` predicted by `model_output` at `sample` (both the sample's shape), for `(N,)` levels `a`, `b`."""
+        return super().split(model_output, sample, _expand(a, sample), _expand(b, sample))
+
+    def merge(self, eps: torch.Tensor, x0: torch.Tensor, a, b) -> torch.Tensor:
+        """The model output that predicts `(eps, x0)`: the inverse of [`split`]."""
+        return super().merge(eps, x0, _expand(a, eps), _expand(b, eps))
+
 
 def next_timestep(scheduler, timestep):
     """The inference timestep after `timestep` in `scheduler.timesteps`, or `None` after the last one."""
-    timesteps = scheduler.timesteps
-    t = float(torch.as_tensor(timestep).reshape(-1)[0])
-    matches = (timesteps.double() - t).abs() < 1e-6
-    if not bool(matches.any()):
-        raise ValueError(f"`timestep` {t} is not in `scheduler.timesteps`; call `set_timesteps` first.")
-    index = int(matches.nonzero()[0, 0])
-    return timesteps[index + 1] if index + 1 < len(timesteps) else None
+    index = timestep_index(scheduler, timestep)
+    return scheduler.timesteps[index + 1] if index + 1 < len(scheduler.timesteps) else None
 
 
 @public

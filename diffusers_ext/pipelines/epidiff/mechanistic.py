@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...utils import check_positive_int, is_int, is_number, public
+from ...utils import check_positive_int, is_number, public
 
 
 VARIANTS = ("si", "sir")
@@ -103,8 +103,7 @@ class MechanisticConfig:
             if not (is_number(low) and is_number(high) and 0 < low < high):
                 raise ValueError(f"`{name}` must be (low, high) with 0 < low < high, got {getattr(self, name)!r}.")
         check_positive_int("grid_size", self.grid_size, minimum=2)
-        if not is_int(self.newton_steps) or self.newton_steps < 0:
-            raise ValueError(f"`newton_steps` must be an int >= 0, got {self.newton_steps!r}.")
+        check_positive_int("newton_steps", self.newton_steps, minimum=0)
         check_positive_int("hessian_every", self.hessian_every)
         if self.fit_length is not None:
             check_positive_int("fit_length", self.fit_length, minimum=2)

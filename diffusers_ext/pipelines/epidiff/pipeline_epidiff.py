@@ -12,7 +12,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from ...models.spatiotemporal_denoiser import SpatioTemporalDenoiser
 from ...utils import check_positive_int, is_number, public
-from ..pipeline_utils import check_callback_tensor_inputs
+from ..pipeline_utils import check_callback_tensor_inputs, prediction_to_x0, vp_coefficients
 from .mechanistic import uncertainty_to_sigma
 
 
@@ -344,16 +344,15 @@ class EpiDiffForecastPipeline(DiffusionPipeline):
                     break
                 eps = self.denoiser(latents, t, condition, mask, adjacency).sample
                 if self.do_classifier_free_guidance:
-                    alpha = alphas[int(t)]
-                    root = float((1 - alpha).sqrt())
-                    x0 = (latents - root * eps) / float(alpha.sqrt())
+                    signal, noise = (float(c) for c in vp_coefficients(alphas[int(t)]))
+                    x0 = prediction_to_x0(eps, latents, signal, noise, "epsilon")
                     gap = target - x0[..., steps:]
                     g = (gap * precision).clamp(-GUIDANCE_CLAMP, GUIDANCE_CLAMP)
                     # the shift of x0 is guidance_scale (1 - a) / sqrt(a) g; it never carries x0 past mu_mech
-                    shift = self._guidance_scale * root**2 / float(alpha.sqrt()) * g
+                    shift = self._guidance_scale * noise**2 / signal * g
                     shift = torch.minimum(shift.abs(), gap.abs()) * gap.sign()
                     eps = eps.clone()
-                    eps[..., steps:] = eps[..., steps:] - shift * float(alpha.sqrt()) / root
+                    eps[..., steps:] = eps[..., steps:] - shift * signal / noise
                 latents = self.scheduler.step(eps, t, latents, eta=0.0, return_dict=False)[0]
                 if callback_on_step_end is not None:
                     local_vars = {"latents": latents}

@@ -7,17 +7,19 @@ call these functions.
 
 import torch
 
-from ..pipeline_utils import prediction_to_x0
+from ..pipeline_utils import NoiseLevels, prediction_to_x0
 from .semantic_features import semantic_feature_map
 
 
 SEMANTIC_MODES = ("none", "warped", "iterative", "warped+iterative")
+SUPPORTED_PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
 
 
 def x0_estimate(scheduler, model_output: torch.Tensor, sample: torch.Tensor, timesteps) -> torch.Tensor:
     r"""
     The model's estimate of the clean sample, for any DDPM/DDIM-family scheduler with `alphas_cumprod` and a
-    `prediction_type` of `"epsilon"`, `"v_prediction"` or `"sample"`.
+    `prediction_type` of `"epsilon"`, `"v_prediction"` or `"sample"` (`pipeline_utils.NoiseLevels`: the cumulative
+    alpha at the nearest training timestep).
 
     Args:
         scheduler: the noise scheduler (its `alphas_cumprod` and `config.prediction_type` are read).
@@ -32,21 +34,16 @@ def x0_estimate(scheduler, model_output: torch.Tensor, sample: torch.Tensor, tim
         raise ValueError(
             f"`model_output` has shape {tuple(model_output.shape)} but `sample` has {tuple(sample.shape)}."
         )
-    timesteps = torch.as_tensor(timesteps, device=sample.device).long()
+    timesteps = torch.as_tensor(timesteps, device=sample.device)
     if timesteps.ndim > 1 or (timesteps.ndim == 1 and timesteps.shape[0] != sample.shape[0]):
         raise ValueError(
             f"`timesteps` must be a number or of shape ({sample.shape[0]},), got {tuple(timesteps.shape)}."
         )
-    alpha_bar = scheduler.alphas_cumprod.to(sample.device)[timesteps].to(sample.dtype)
-    alpha_bar = alpha_bar.reshape(-1, *([1] * (sample.ndim - 1))) if timesteps.ndim else alpha_bar
-    return prediction_to_x0(
-        model_output,
-        sample,
-        alpha_bar.sqrt(),
-        (1 - alpha_bar).sqrt(),
-        scheduler.config.prediction_type,
-        supported=("epsilon", "v_prediction", "sample"),
-    )
+    levels = NoiseLevels(scheduler, supported=SUPPORTED_PREDICTION_TYPES)
+    signal, noise = levels.coefficients(timesteps, device=sample.device, dtype=sample.dtype)
+    if timesteps.ndim:
+        signal, noise = (c.reshape(-1, *([1] * (sample.ndim - 1))) for c in (signal, noise))
+    return prediction_to_x0(model_output, sample, signal, noise, levels.prediction_type, SUPPORTED_PREDICTION_TYPES)
 
 
 def estimate_to_images(x0: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,8 @@ pipeline and by the trainer's calibration term)."""
 import numpy as np
 import torch
 
+from ..pipeline_utils import ddim_move, prediction_to_x0, vp_coefficients
+
 
 def inference_timesteps(scheduler, num_inference_steps: int | None = None, timesteps=None) -> torch.Tensor:
     r"""
@@ -31,21 +33,21 @@ def ddim_step(model, alphas_cumprod: torch.Tensor, timesteps: torch.Tensor, i: i
     One deterministic DDIM update at `timesteps[i]` of samples `y` of shape `(S, N)`.
 
     `y0 = (y - sqrt(1 - abar_t) eps) / sqrt(abar_t)`, then `y <- sqrt(abar_t') y0 + sqrt(1 - abar_t') eps` with `t'`
-    the next entry of `timesteps`; the last step returns `y0`. (diffusers' `DDIMScheduler.step` takes the previous
-    timestep as `t - T // n`, which is not the next entry of a "linspace" schedule, so the update is written here
-    with the scheduler's `alphas_cumprod`.) `features` is `model.encode_x(x)` repeated `S` times, `(S N, H)`.
+    the next entry of `timesteps` (`pipeline_utils.ddim_move`); the last step returns `y0`. (diffusers'
+    `DDIMScheduler.step` takes the previous timestep as `t - T // n`, which is not the next entry of a "linspace"
+    schedule, so the move between the two entries is taken with the scheduler's `alphas_cumprod`.) `features` is
+    `model.encode_x(x)` repeated `S` times, `(S N, H)`.
     """
     num_samples, count = y.shape
     alphas_cumprod = alphas_cumprod.to(device=y.device, dtype=y.dtype)
     t = int(timesteps[i])
     flat = y.reshape(-1, 1)
     eps = model(flat, t, x_features=features).sample
-    abar = alphas_cumprod[t]
-    y0 = (flat - (1.0 - abar).sqrt() * eps) / abar.sqrt()
     if i + 1 == len(timesteps):
-        return y0.reshape(num_samples, count)
-    abar_prev = alphas_cumprod[int(timesteps[i + 1])]
-    return (abar_prev.sqrt() * y0 + (1.0 - abar_prev).sqrt() * eps).reshape(num_samples, count)
+        signal, noise = vp_coefficients(alphas_cumprod[t])
+        return prediction_to_x0(eps, flat, signal, noise, "epsilon").reshape(num_samples, count)
+    moved = ddim_move(flat, eps, alphas_cumprod[t], alphas_cumprod[int(timesteps[i + 1])])
+    return moved.reshape(num_samples, count)
 
 
 def predictive_samples(
