@@ -13,8 +13,8 @@ from diffusers_ext.evaluation.mosaic import MosaicEvaluator, summarize
 
 # name -> (image side, folder size limit in MiB, training script, extra call arguments)
 ENTRIES = {
-    "mosaic-t2i": (32, 3, "training/train_text_to_image.py", {}),
-    "mosaic-t2i-64": (64, 15, "training/train_text_to_image.py", {}),
+    "mosaic-t2i": (32, 3, "training/train_text_to_image_from_scratch.py", {}),
+    "mosaic-t2i-64": (64, 15, "training/train_text_to_image_from_scratch.py", {}),
     "mosaic-sd3-64": (64, 13, "training/train_text_to_image_sd3.py", {"max_sequence_length": 8}),
 }
 

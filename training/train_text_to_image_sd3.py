@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a small `StableDiffusion3Pipeline` (rectified flow) from scratch on mosaic scenes, with accelerate.
 
-The flow-matching twin of `training/train_text_to_image.py`: the same world and data options, and the autoencoder of
+The flow-matching twin of `training/train_text_to_image_from_scratch.py`: the same world and data options, and the autoencoder of
 a model that script trained (`--pretrained_vae_model_name_or_path`, a pipeline folder or an `AutoencoderKL` folder),
 so that both models share one latent space and one autoencoder is trained. Its latents get SD3's shift and scaling
 factors (their mean and 1 / std over the training images). The three text encoders of SD3 (two
@@ -12,7 +12,7 @@ themselves, so the encoders only have to give every word and position a distinct
 caption is encoded once before training. An `SD3Transformer2DModel` is trained with SD3's objective (the velocity
 `noise - x0` at a logit-normal `sigma`, timestep `1000 sigma`), `--prompt_dropout` empty prompts for guidance.
 
-    python training/train_text_to_image.py --output_dir mosaic-t2i-64 --resolution 64 ...
+    python training/train_text_to_image_from_scratch.py --output_dir mosaic-t2i-64 --resolution 64 ...
     accelerate launch training/train_text_to_image_sd3.py --output_dir mosaic-sd3-64 --resolution 64 \\
         --pretrained_vae_model_name_or_path mosaic-t2i-64
 

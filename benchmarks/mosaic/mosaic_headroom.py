@@ -3,7 +3,7 @@
 
     python benchmarks/mosaic/mosaic_headroom.py --model_path PIPELINE_FOLDER
 
-Measures a `StableDiffusionPipeline`-format mosaic model (the 64x64 world of `training/train_text_to_image.py
+Measures a `StableDiffusionPipeline`-format mosaic model (the 64x64 world of `training/train_text_to_image_from_scratch.py
 --resolution 64`) with the exact mosaic judge (`diffusers_ext.evaluation.mosaic.MosaicEvaluator`), before any
 method is measured on it:
 

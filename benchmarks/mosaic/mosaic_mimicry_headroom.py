@@ -5,7 +5,7 @@ stop it?
     python benchmarks/mosaic/mosaic_mimicry_headroom.py --model_path PIPELINE_FOLDER
 
 What DIRP repairs must exist before DIRP is measured. On a `StableDiffusionPipeline`-format mosaic model (the 64x64
-world of `training/train_text_to_image.py --resolution 64`):
+world of `training/train_text_to_image_from_scratch.py --resolution 64`):
 
 - **Subjects.** A mosaic "subject" (`diffusers_ext.data.mosaic_subjects`: a fixed arrangement of shapes, redrawn at
   random positions and sizes) captioned with a colour word the model never trained on. The validation subject makes

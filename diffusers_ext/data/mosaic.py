@@ -596,7 +596,7 @@ def main(argv=None):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Training scripts' data options: mosaic scenes drawn on the fly, or a `datasets.save_to_disk` folder (the data
-# options of `training/train_text_to_image.py` and `training/train_text_to_image_sd3.py`).
+# options of `training/train_text_to_image_from_scratch.py` and `training/train_text_to_image_sd3.py`).
 
 
 def add_mosaic_data_arguments(parser) -> None:

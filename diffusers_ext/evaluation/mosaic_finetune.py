@@ -6,7 +6,7 @@ DreamBooth-style) with the usual noise-prediction loss, the VAE and text encoder
 copy (adapters fused into the weights, so the result is a plain `UNet2DConditionModel`) together with the adapters'
 own weights. Benchmarks use it to make experts (models that saw only part of a world) and mimics (a model that learns
 one subject from a few images, the use anti-mimicry protections attack); it is an evaluation tool, not a training
-script (see `training/train_text_to_image.py` for the full `accelerate` script).
+script (see `training/train_text_to_image_from_scratch.py` for the full `accelerate` script).
 """
 
 import copy

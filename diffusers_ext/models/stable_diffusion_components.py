@@ -4,7 +4,7 @@ Small Stable-Diffusion-format components built from a handful of sizes: the real
 `StableDiffusionPipeline`), freshly initialised, so that a model trained from them loads anywhere a Stable Diffusion
 checkpoint does.
 
-`training/train_text_to_image.py` trains the mosaic zoo model from these, and the mosaic benchmark trains its proxy
+`training/train_text_to_image_from_scratch.py` trains the mosaic zoo model from these, and the mosaic benchmark trains its proxy
 models from the same builders (one definition of the architecture):
 
     >>> from diffusers_ext.data.mosaic import mosaic_tokenizer
@@ -120,7 +120,7 @@ def _forget_source(model):
 
 def load_stable_diffusion_components(path: str):
     """The `(vae, text_encoder, unet)` of a `StableDiffusionPipeline` folder in float32, to train further (a warm
-    start of `training/train_text_to_image.py`; folders stored in float16 are upcast)."""
+    start of `training/train_text_to_image_from_scratch.py`; folders stored in float16 are upcast)."""
     import torch
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextModel
