@@ -49,6 +49,7 @@ _import_structure = {
         "get_diffusion_lm_adapter",
     ],
     "pipelines.diffusion_lm.pipeline_diffusion_lm": ["DiffusionLMPipeline", "DiffusionLMPipelineOutput"],
+    "pipelines.diffusion_lm.remote_code": ["load_remote_code_model"],
     "schedulers.scheduling_soar": ["SOARScheduler", "SOARSchedulerOutput"],
     "pipelines.divide_and_denoise.baseline_allocators": ["AverageAllocator", "RegionAllocator"],
     "pipelines.divide_and_denoise.denoisers": ["MultiDenoiserModel", "WindowedDenoiser"],
@@ -140,6 +141,7 @@ if TYPE_CHECKING:
         get_diffusion_lm_adapter,
     )
     from .pipelines.diffusion_lm.pipeline_diffusion_lm import DiffusionLMPipeline, DiffusionLMPipelineOutput
+    from .pipelines.diffusion_lm.remote_code import load_remote_code_model
     from .pipelines.dirp.pipeline_dirp import DIRPPipeline, DIRPPipelineOutput
     from .pipelines.discrete_flow.pipeline_discrete_flow import DiscreteFlowPipeline, DiscreteFlowPipelineOutput
     from .pipelines.divide_and_denoise.baseline_allocators import AverageAllocator, RegionAllocator

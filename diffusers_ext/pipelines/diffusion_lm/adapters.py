@@ -28,8 +28,8 @@ def _parameters(function) -> tuple[str, ...]:
         return ()
 
 
-def _forward_takes_logits_to_keep(model_class: type) -> bool:
-    return "logits_to_keep" in _parameters(getattr(model_class, "forward", None))
+def _forward_takes(model_class: type, name: str) -> bool:
+    return name in _parameters(getattr(model_class, "forward", None))
 
 
 def can_keep_logits(model) -> bool:
@@ -37,7 +37,7 @@ def can_keep_logits(model) -> bool:
     `logits_to_keep` (an index tensor of positions), and no forward hook sits on it or on its output head (a hook may
     read or edit the logits by position, so it is given the full logits). Models without it get full logits, which
     are indexed after the forward."""
-    if not isinstance(model, torch.nn.Module) or not _forward_takes_logits_to_keep(type(model)):
+    if not isinstance(model, torch.nn.Module) or not _forward_takes(type(model), "logits_to_keep"):
         return False
     if torch.nn.modules.module._global_forward_hooks or model._forward_hooks:
         return False
@@ -48,7 +48,15 @@ def can_keep_logits(model) -> bool:
 def model_logits(model, input_ids: torch.LongTensor, positions: torch.LongTensor | None = None, **kwargs):
     """`model(input_ids, **kwargs).logits` `(N, L, V)`, or with `positions` `(K,)` the logits at those positions of
     the model's output only `(N, K, V)`: computed there alone through `logits_to_keep` when the model allows it
-    ([`can_keep_logits`]), otherwise indexed from the full logits (the same values either way)."""
+    ([`can_keep_logits`]), otherwise indexed from the full logits (the same values either way).
+
+    A model whose forward takes `use_cache` gets `use_cache=False` unless `kwargs` say otherwise: a denoising forward
+    reads the whole sequence each time and never reuses keys and values. It also matters to LLaDA's modeling file,
+    whose forward reads `config.use_cache` when the caller passes none: transformers 5 drops `use_cache` from that
+    config (generation parameters given to `PreTrainedConfig.__init__` are discarded), so the read would fail.
+    """
+    if "use_cache" not in kwargs and isinstance(model, torch.nn.Module) and _forward_takes(type(model), "use_cache"):
+        kwargs["use_cache"] = False
     if positions is None:
         return model(input_ids, **kwargs).logits
     if can_keep_logits(model):

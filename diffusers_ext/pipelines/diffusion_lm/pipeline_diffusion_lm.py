@@ -18,7 +18,7 @@ from .pll_rescoring import DEFAULT_PLL_CHUNK_SIZE, rescore_by_pll
 from .prompt_inputs import declared_options, prepare_input_ids
 from .remote_code import (
     is_remote_code_model,
-    load_remote_code_model,
+    load_saved_remote_code_model,
     record_remote_code_model,
     remote_code_auto_class,
     saved_remote_code_auto_class,
@@ -111,12 +111,13 @@ class DiffusionLMPipeline(DiffusionPipeline):
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> "DiffusionLMPipeline":
         """diffusers' `from_pretrained`. A saved model with its own modeling code runs only if the caller passes
         `trust_remote_code` (as in transformers; otherwise a `ValueError` names its modeling files); it is loaded
-        through the auto class its `auto_map` names for its architecture."""
+        through the auto class its `auto_map` names for its architecture, by [`load_remote_code_model`] (which also
+        runs LLaDA's and Dream's modeling files, written for transformers 4)."""
         folder = pretrained_model_name_or_path
         auto_class = saved_remote_code_auto_class(folder) if os.path.isdir(folder) else None
         if auto_class is not None and kwargs.get("model") is None:
             model_kwargs = {k: kwargs[k] for k in ("torch_dtype", "dtype") if k in kwargs}
-            kwargs["model"] = load_remote_code_model(
+            kwargs["model"] = load_saved_remote_code_model(
                 folder, auto_class, kwargs.get("trust_remote_code", False), **model_kwargs
             )
         return super().from_pretrained(folder, **kwargs)
