@@ -604,6 +604,19 @@ def test_stable_diffusion_composition_takes_prompt_embeds_from_encode_prompt():
         pipe(prompt=prompts, prompt_embeds=embeds, num_inference_steps=2)
 
 
+def test_prompt_embeds_run_with_the_utilities_that_need_no_token_indices():
+    pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = {"num_inference_steps": 2, "guidance_scale": 3.0, "output_type": "np", "utility": "x0_saliency"}
+    prompts = ["a red cat", "a blue dog"]
+    expected = pipe(prompt=prompts, generator=torch.Generator().manual_seed(0), **kwargs).images
+    embeds, negative = pipe.encode_prompt(prompts)
+    actual = pipe(
+        prompt_embeds=embeds, negative_prompt_embeds=negative, generator=torch.Generator().manual_seed(0), **kwargs
+    )
+    np.testing.assert_allclose(actual.images, expected, atol=1e-5)
+
+
 @pytest.mark.parametrize("safe_serialization", [True, False])
 def test_stable_diffusion_composition_saves_and_loads_a_variant(tmp_path, safe_serialization):
     pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())

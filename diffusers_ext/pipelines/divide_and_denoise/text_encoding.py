@@ -126,6 +126,7 @@ def agent_text_condition(
         )
         embeds = embeds if prompt_embeds is None else prompt_embeds.to(device)
         negative = negative if negative_prompt_embeds is None else negative_prompt_embeds.to(device)
+        lengths = lengths if prompt_embeds is None else None  # the tokens of precomputed embeddings are unknown
     cond["prompt_embeds"], cond["negative_embeds"] = embeds.to(dtype), negative.to(dtype)
     if token_indices is None and lengths is not None:  # (given ones are checked with the call's other arguments)
         if min(lengths) < 1:
