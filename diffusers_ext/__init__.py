@@ -66,7 +66,7 @@ _import_structure = {
     "trainers.graph_grpo_trainer": ["GraphGRPOTrainer"],
     "trainers.constrained_unlearning_config": ["ConstrainedUnlearningConfig"],
     "trainers.constrained_unlearning_trainer": ["ConstrainedUnlearningTrainer"],
-    "trainers.base_config": ["DiffusionTrainerConfig", "LoraArguments"],
+    "trainers.base_config": ["BaseGRPOConfig", "DiffusionTrainerConfig", "LoraArguments"],
     "trainers.base_trainer": ["DiffusionTrainer"],
     "models.lomdm_schedule_network": ["LoMDMScheduleNetwork", "LoMDMScheduleOutput"],
     "pipelines.lomdm.pipeline_lomdm": ["LoMDMPipeline"],
@@ -188,7 +188,7 @@ if TYPE_CHECKING:
     )
     from .schedulers.scheduling_oemdm import OeMDMScheduler, OeMDMSchedulerOutput
     from .schedulers.scheduling_soar import SOARScheduler, SOARSchedulerOutput
-    from .trainers.base_config import DiffusionTrainerConfig, LoraArguments
+    from .trainers.base_config import BaseGRPOConfig, DiffusionTrainerConfig, LoraArguments
     from .trainers.base_trainer import DiffusionTrainer
     from .trainers.constrained_unlearning_config import ConstrainedUnlearningConfig
     from .trainers.constrained_unlearning_trainer import ConstrainedUnlearningTrainer

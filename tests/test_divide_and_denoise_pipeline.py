@@ -604,6 +604,19 @@ def test_stable_diffusion_composition_takes_prompt_embeds_from_encode_prompt():
         pipe(prompt=prompts, prompt_embeds=embeds, num_inference_steps=2)
 
 
+def test_prompt_embeds_run_with_the_utilities_that_need_no_token_indices():
+    pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = {"num_inference_steps": 2, "guidance_scale": 3.0, "output_type": "np", "utility": "x0_saliency"}
+    prompts = ["a red cat", "a blue dog"]
+    expected = pipe(prompt=prompts, generator=torch.Generator().manual_seed(0), **kwargs).images
+    embeds, negative = pipe.encode_prompt(prompts)
+    actual = pipe(
+        prompt_embeds=embeds, negative_prompt_embeds=negative, generator=torch.Generator().manual_seed(0), **kwargs
+    )
+    np.testing.assert_allclose(actual.images, expected, atol=1e-5)
+
+
 @pytest.mark.parametrize("safe_serialization", [True, False])
 def test_stable_diffusion_composition_saves_and_loads_a_variant(tmp_path, safe_serialization):
     pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
@@ -641,6 +654,32 @@ def test_call_settings_are_resolved_once_from_the_call():
         pipe.check_inputs(
             None, [0, 1], None, None, 12, 2, [1.0], 1, None, None, "np", None, None, "auto", 0.5, None, 0.1, 10
         )
+
+
+def test_guidance_is_resolved_once_per_call_and_again_only_after_a_callback(monkeypatch):
+    import diffusers_ext.pipelines.divide_and_denoise.pipeline_divide_and_denoise as module
+
+    resolved = []
+    original = module.agent_guidance_scales
+    monkeypatch.setattr(module, "agent_guidance_scales", lambda *args: resolved.append(args) or original(*args))
+    pipe = _pixel_pipeline()
+    pipe(**dict(get_dummy_inputs(DivideAndDenoisePipeline, seed=0), num_inference_steps=4))
+    assert resolved == [(2.0, 2)]  # by check_inputs, not at every step
+    resolved.clear()
+    pipe(**get_dummy_inputs(DivideAndDenoisePipeline, seed=0), callback_on_step_end=lambda *args: {})
+    assert len(resolved) == 1 + 2  # and after each of the 2 steps' callback, which may change `pipe._guidance_scale`
+
+
+def test_prompt_embeds_are_checked_without_placeholder_prompts():
+    pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
+    embeds, negative = pipe.encode_prompt(["a red cat", "a blue dog"])
+    standard = (None, None, None, None, None, 2, 3.0, 1, None, None, "np", ["latents"])
+    settings = pipe.check_inputs(*standard, token_indices=[[1], [1]], prompt_embeds=embeds)
+    assert settings.num_agents == 2 and settings.prompts is None and settings.guidance_scales == [3.0, 3.0]
+    with pytest.raises(ValueError, match="`prompt_embeds` has 1 rows for 2 models"):
+        pipe.check_inputs(*standard, utility="x0_saliency", prompt_embeds=embeds[:1])
+    with pytest.raises(ValueError, match=r"`token_indices` \[\[1\], \[77\]\] name positions \[77\] outside the 77"):
+        pipe.check_inputs(*standard, token_indices=[[1], [77]], prompt_embeds=embeds)
 
 
 def test_denoisers_none_builds_a_prompt_encoder_only():

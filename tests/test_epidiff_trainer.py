@@ -15,12 +15,17 @@ def data():
     return chronological_windows(series.values, history=5, horizon=3)["train"].windows, series.adjacency
 
 
-def trainer(output_dir, **kwargs):
+def rows(windows):
+    return [{"window": window} for window in windows]
+
+
+def trainer(output_dir, train_dataset=None, **kwargs):
     windows, adjacency = data()
     settings = {"history": 5, "hidden_size": 8, "num_heads": 2, "num_layers": 1, "dropout": 0.0, "max_steps": 4}
     settings.update(num_train_timesteps=20, per_device_train_batch_size=8, disable_tqdm=True, save_strategy="no")
     args = EpiDiffConfig(output_dir=str(output_dir), **{**settings, **kwargs})
-    return EpiDiffTrainer(build_epidiff_denoiser(args, windows), args, windows, adjacency)
+    model = build_epidiff_denoiser(args, windows)
+    return EpiDiffTrainer(model, args, train_dataset=train_dataset or rows(windows), adjacency=adjacency)
 
 
 def test_training_lowers_the_denoising_loss_and_is_seeded(tmp_path):
@@ -92,15 +97,34 @@ def test_config_rejects_bad_values(tmp_path, kwargs, name):
         EpiDiffConfig(output_dir=str(tmp_path), **kwargs)
 
 
+def test_a_datasets_dataset_trains_as_its_rows(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    windows, _ = data()
+    from_rows = [row["loss"] for row in trainer(tmp_path / "rows").train()]
+    dataset = datasets.Dataset.from_dict({"window": windows})
+    assert [row["loss"] for row in trainer(tmp_path / "dataset", train_dataset=dataset).train()] == from_rows
+
+
 def test_trainer_rejects_bad_data(tmp_path):
     windows, adjacency = data()
     args = EpiDiffConfig(output_dir=str(tmp_path), history=5, hidden_size=8, num_heads=2, num_layers=1)
     model = build_epidiff_denoiser(args, windows)
-    with pytest.raises(ValueError, match="train_windows"):
-        EpiDiffTrainer(model, args, windows[..., :6], adjacency)
+    with pytest.raises(ValueError, match="`train_dataset` must hold windows of the model's length 8"):
+        EpiDiffTrainer(model, args, rows(windows[..., :6]), adjacency)
     with pytest.raises(ValueError, match="adjacency"):
-        EpiDiffTrainer(model, args, windows, adjacency[:3, :3])
+        EpiDiffTrainer(model, args, rows(windows), adjacency[:3, :3])
     with pytest.raises(ValueError, match="history"):
-        EpiDiffTrainer(model, EpiDiffConfig(output_dir=str(tmp_path), history=8), windows, adjacency)
+        EpiDiffTrainer(model, EpiDiffConfig(output_dir=str(tmp_path), history=8), rows(windows), adjacency)
     with pytest.raises(TypeError, match="SpatioTemporalDenoiser"):
-        EpiDiffTrainer(torch.nn.Linear(2, 2), args, windows, adjacency)
+        EpiDiffTrainer(torch.nn.Linear(2, 2), args, rows(windows), adjacency)
+    # the raw array of the previous shape, a missing column, ragged rows, no data: named before any work
+    with pytest.raises(TypeError, match="`train_dataset` must be a datasets.Dataset or a list of dicts.*ndarray"):
+        EpiDiffTrainer(model, args, windows, adjacency)
+    with pytest.raises(ValueError, match="`train_dataset` row 0 must be a dict with columns 'window'.*'past'"):
+        EpiDiffTrainer(model, args, [{"past": w} for w in windows], adjacency)
+    with pytest.raises(ValueError, match=r"row 1 has 'window' of shape \(4, 6\), row 0 of shape \(4, 8\)"):
+        EpiDiffTrainer(model, args, [{"window": windows[0]}, {"window": windows[1, :, :6]}], adjacency)
+    with pytest.raises(ValueError, match="`train_dataset` is required"):
+        EpiDiffTrainer(model, args, adjacency=adjacency)
+    with pytest.raises(ValueError, match="`train_dataset` is empty"):
+        EpiDiffTrainer(model, args, [], adjacency)

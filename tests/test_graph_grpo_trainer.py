@@ -171,6 +171,47 @@ def test_two_steps_change_weights_and_log_metrics(tmp_path):
     assert max((before[k] - after[k]).abs().max().item() for k in before) > 1e-5
 
 
+def test_steps_per_generation_has_trls_meaning_as_in_the_image_trainer(tmp_path):
+    # gradient_accumulation_steps=1 and steps_per_generation=2: each step generates two micro-batches of 4 graphs per
+    # process and makes one optimizer step on each, as DiffusionGRPOTrainer does
+    trainer = GraphGRPOTrainer(
+        make_pipe(),
+        edge_count_reward,
+        make_args(tmp_path, gradient_accumulation_steps=1, steps_per_generation=2, max_steps=1),
+    )
+    assert (trainer.generation_batch_size, trainer.steps_per_generation, trainer.graphs_per_process) == (8, 2, 8)
+    assert len(trainer.group_rows(0)) == 2  # two groups of num_generations=4
+    trainer.train()
+    assert {int(state["step"]) for state in trainer.optimizer.optimizer.state.values()} == {2}
+    with pytest.raises(ValueError, match="cannot both be set"):
+        make_args(tmp_path, generation_batch_size=8, steps_per_generation=2)
+    with pytest.raises(ValueError, match="must be a multiple of `gradient_accumulation_steps`"):
+        make_args(tmp_path, steps_per_generation=3)
+
+
+def test_both_grpo_configs_share_the_grpo_fields_and_resolve_one_generation_batch():
+    from dataclasses import fields
+
+    from diffusers_ext import BaseGRPOConfig, DiffusionGRPOConfig
+    from diffusers_ext.trainers.base_config import GenerationBatch
+
+    shared = {f.name for f in fields(BaseGRPOConfig)}
+    assert {"num_generations", "beta", "epsilon", "scale_rewards", "steps_per_generation"} <= shared
+    for config_class in (DiffusionGRPOConfig, GraphGRPOConfig):
+        assert issubclass(config_class, BaseGRPOConfig)
+        assert all(f.metadata.get("help") for f in fields(config_class)), config_class
+    settings = {"per_device_train_batch_size": 4, "num_generations": 4, "gradient_accumulation_steps": 2}
+    image = DiffusionGRPOConfig(**settings).resolve_generation_batch(2)
+    graph = GraphGRPOConfig(**settings).resolve_generation_batch(2)
+    assert type(image) is type(graph) is GenerationBatch and image == graph == (16, 2, 8)
+    image = DiffusionGRPOConfig(**settings, steps_per_generation=4).resolve_generation_batch(2)
+    assert GraphGRPOConfig(**settings, steps_per_generation=4).resolve_generation_batch(2) == image == (32, 4, 16)
+    with pytest.raises(ValueError, match="divisible by the global batch size"):
+        GraphGRPOConfig(
+            **{**settings, "gradient_accumulation_steps": 1}, generation_batch_size=12
+        ).resolve_generation_batch(2)
+
+
 def test_constant_reward_trains_nothing(tmp_path):
     pipe = make_pipe()
     before = {k: v.clone() for k, v in pipe.model.state_dict().items()}

@@ -24,8 +24,11 @@ def trainer(tmp_path, **kwargs):
     args = SpadeConfig(
         output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=8, disable_tqdm=True, support_k=3, **kwargs
     )
-    x, y = data()
-    return SpadeTrainer(model, args, train_x=x, train_y=y)
+    return SpadeTrainer(model, args, train_dataset=rows(*data()))
+
+
+def rows(x, y):
+    return [{"x": xi, "y": yi} for xi, yi in zip(x, y)]
 
 
 def test_trainer_logs_the_three_losses_and_stores_normalisation(tmp_path):
@@ -50,12 +53,33 @@ def test_trainer_resume_matches_uninterrupted_run(tmp_path):
         torch.testing.assert_close(a, b)
 
 
+def test_a_datasets_dataset_trains_as_its_rows(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    torch.manual_seed(0)
+    model = ScalarDiffusionSurrogate(x_dim=3, hidden_size=16, time_embed_dim=8)
+    args = SpadeConfig(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=8, disable_tqdm=True, support_k=3
+    )
+    x, y = data()
+    history = SpadeTrainer(model, args, train_dataset=datasets.Dataset.from_dict({"x": x, "y": y})).train()
+    assert [row["loss"] for row in history] == [row["loss"] for row in trainer(tmp_path / "rows").train()]
+
+
 def test_trainer_rejects_bad_data(tmp_path):
     model = ScalarDiffusionSurrogate(x_dim=3, hidden_size=8, time_embed_dim=8)
-    with pytest.raises(ValueError, match="train_x"):
-        SpadeTrainer(model, SpadeConfig(output_dir=str(tmp_path)), np.zeros((5, 2)), np.zeros(5))
+    args = SpadeConfig(output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"column 'x' must hold designs of shape \(3,\).*got \(2,\)"):
+        SpadeTrainer(model, args, rows(np.zeros((5, 2)), np.zeros(5)))
     with pytest.raises(ValueError, match="support_k"):
-        SpadeTrainer(model, SpadeConfig(output_dir=str(tmp_path)), np.zeros((5, 3)), np.arange(5.0))
+        SpadeTrainer(model, args, rows(np.zeros((5, 3)), np.arange(5.0)))
+    with pytest.raises(ValueError, match="column 'y' must hold one number per row"):
+        SpadeTrainer(model, args, rows(np.zeros((5, 3)), np.zeros((5, 2))))
+    with pytest.raises(TypeError, match="`train_dataset` must be a datasets.Dataset.*ndarray"):
+        SpadeTrainer(model, args, np.zeros((5, 3)))
+    with pytest.raises(ValueError, match="`train_dataset` row 0 must be a dict with columns 'x'.*'y'"):
+        SpadeTrainer(model, args, [{"x": np.zeros(3)}] * 5)
+    with pytest.raises(ValueError, match="row 1 has a non-numeric 'y'"):
+        SpadeTrainer(model, args, [{"x": np.zeros(3), "y": 1.0}, {"x": np.zeros(3), "y": "high"}])
 
 
 def test_offline_optimisation_returns_a_population_inside_the_bounds(tmp_path):
@@ -93,7 +117,7 @@ def test_offline_optimisation_on_discrete_designs_returns_valid_relaxed_tokens(t
     torch.manual_seed(0)
     model = ScalarDiffusionSurrogate(x_dim=24, hidden_size=16, time_embed_dim=8)
     args = SpadeConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=16, disable_tqdm=True)
-    t = SpadeTrainer(model, args, task.offline_x, task.offline_y)
+    t = SpadeTrainer(model, args, rows(task.offline_x, task.offline_y))
     t.train()
     pipe = OfflineOptimizationPipeline(model=t.surrogate(), scheduler=spade_schedulers()[1])
     ea = EAConfig(population_size=8, elite_size=4, num_generations=2)

@@ -134,6 +134,8 @@ def measure(pipe, validation, adjacency, script_args, seed: int) -> dict:
 
 def main(argv=None):
     script_args, config = parse_args(argv)
+    import datasets
+
     from diffusers_ext import EpiDiffTrainer, build_epidiff_denoiser
     from diffusers_ext.data.epidemics import chronological_windows
 
@@ -146,7 +148,8 @@ def main(argv=None):
     splits = chronological_windows(series.values, config.history, script_args.horizon)
     train = splits["train"].windows
     model = build_epidiff_denoiser(config, train)
-    trainer = EpiDiffTrainer(model, config, train, series.adjacency)
+    train_dataset = datasets.Dataset.from_dict({"window": train})
+    trainer = EpiDiffTrainer(model, config, train_dataset=train_dataset, adjacency=series.adjacency)
     accelerator = trainer.accelerator
     logger.info(accelerator.state, main_process_only=False)
     logger.info(

@@ -94,6 +94,7 @@ def load_data(script_args):
 def main(argv=None):
     script_args, config = parse_args(argv)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
+    import datasets
     import diffusers
     import torch
 
@@ -109,7 +110,7 @@ def main(argv=None):
         time_embed_dim=script_args.time_embed_dim,
         num_train_timesteps=script_args.num_train_timesteps,
     )
-    trainer = SpadeTrainer(model, config, train_x=x, train_y=y)
+    trainer = SpadeTrainer(model, config, train_dataset=datasets.Dataset.from_dict({"x": x, "y": y}))
     accelerator = trainer.accelerator
     logger.info(accelerator.state)
     logger.info(f"SPADE on {description}: {x.shape[0]} points of dimension {x.shape[1]}, {config.max_steps} steps")

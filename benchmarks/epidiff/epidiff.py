@@ -212,7 +212,8 @@ def run_task(task: str, args) -> dict:
             disable_tqdm=True,
         )
         model = build_epidiff_denoiser(config, splits["train"].windows)
-        trainer = EpiDiffTrainer(model, config, splits["train"].windows, series.adjacency)
+        rows = [{"window": window} for window in splits["train"].windows]
+        trainer = EpiDiffTrainer(model, config, train_dataset=rows, adjacency=series.adjacency)
         losses = [row["loss"] for row in trainer.train()]
         pipe = trainer.forecast_pipeline()
         pipe.set_progress_bar_config(disable=True)

@@ -210,7 +210,8 @@ def train_spade(
         disable_tqdm=True,
         **config,
     )
-    trainer = SpadeTrainer(model, args, train_x=task.offline_x, train_y=task.offline_y)
+    rows = [{"x": x, "y": y} for x, y in zip(task.offline_x, task.offline_y)]
+    trainer = SpadeTrainer(model, args, train_dataset=rows)
     history = trainer.train()
     return trainer.surrogate().eval(), history
 

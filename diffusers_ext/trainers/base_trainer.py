@@ -34,7 +34,9 @@ import abc
 import math
 import os
 from collections import defaultdict
+from collections.abc import Mapping
 
+import numpy as np
 import torch
 from diffusers.utils import logging
 
@@ -371,3 +373,59 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         f"`gradient_checkpointing=True`, but {type(model).__name__} supports no gradient checkpointing (it has "
         "neither diffusers' `enable_gradient_checkpointing` nor transformers' `gradient_checkpointing_enable`)."
     )
+
+
+def dataset_arrays(train_dataset, columns: dict[str, str], name: str = "train_dataset") -> dict[str, np.ndarray]:
+    """The numeric `columns` of a trainer's `train_dataset`, stacked in row order as float32 arrays.
+
+    `train_dataset` is a `datasets.Dataset` or a list of rows (dicts), as TRL's trainers take it; every row must have
+    every column, and a column's entries one shape. `columns` maps each column name to what it holds (`"an array of
+    shape (V, T)"`), for the errors, which name the argument, the row and what was expected; they are raised before
+    any training work.
+    """
+    expected = ", ".join(f"{column!r} ({what})" for column, what in columns.items())
+    if train_dataset is None:
+        raise ValueError(f"`{name}` is required: a datasets.Dataset or a list of dicts with columns {expected}.")
+    if hasattr(train_dataset, "column_names") and hasattr(train_dataset, "with_format"):  # a datasets.Dataset
+        missing = [column for column in columns if column not in train_dataset.column_names]
+        if missing:
+            raise ValueError(
+                f"`{name}` has columns {train_dataset.column_names}; expected {expected} (missing {missing})."
+            )
+        table = train_dataset.with_format("numpy")[:] if len(train_dataset) else {}
+        values = {column: table.get(column, []) for column in columns}
+    elif isinstance(train_dataset, (list, tuple)):
+        for index, row in enumerate(train_dataset):
+            if not isinstance(row, Mapping) or any(column not in row for column in columns):
+                got = f"columns {sorted(row)}" if isinstance(row, Mapping) else type(row).__name__
+                raise ValueError(f"`{name}` row {index} must be a dict with columns {expected}, got {got}.")
+        values = {column: [row[column] for row in train_dataset] for column in columns}
+    else:
+        raise TypeError(
+            f"`{name}` must be a datasets.Dataset or a list of dicts with columns {expected}, got "
+            f"{type(train_dataset).__name__}."
+        )
+    if not len(train_dataset):
+        raise ValueError(f"`{name}` is empty: give at least one row with columns {expected}.")
+    arrays = {}
+    for column, entries in values.items():
+        if isinstance(entries, np.ndarray) and entries.dtype.kind in "fiu":
+            arrays[column] = entries.astype(np.float32, copy=False)
+            continue
+        rows = []
+        for index, entry in enumerate(entries):
+            try:
+                row = np.asarray(entry, dtype=np.float32)
+            except (TypeError, ValueError) as error:
+                raise ValueError(
+                    f"`{name}` row {index} has a non-numeric {column!r}: {entry!r:.80}; expected {columns[column]}."
+                ) from error
+            rows.append(row)
+        for index, row in enumerate(rows):
+            if row.shape != rows[0].shape:
+                raise ValueError(
+                    f"`{name}` row {index} has {column!r} of shape {row.shape}, row 0 of shape {rows[0].shape}; "
+                    f"expected {columns[column]} for every row."
+                )
+        arrays[column] = np.stack(rows)
+    return arrays

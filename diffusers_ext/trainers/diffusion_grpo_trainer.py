@@ -213,10 +213,9 @@ class DiffusionGRPOTrainer(DiffusionTrainer):
         self.create_accelerator(
             gradient_accumulation_steps=args.gradient_accumulation_steps * self.num_train_timesteps
         )
-        self.generation_batch_size, self.steps_per_generation = args.resolve_generation_batch(
+        self.generation_batch_size, self.steps_per_generation, self.images_per_process = args.resolve_generation_batch(
             self.accelerator.num_processes
         )
-        self.images_per_process = args.per_device_train_batch_size * self.steps_per_generation
         device = self.accelerator.device
         pipeline.to(device)
         pipeline.set_progress_bar_config(disable=True)

@@ -13,7 +13,7 @@ from diffusers import DDIMScheduler, DDPMScheduler
 from ..models.spatiotemporal_denoiser import SpatioTemporalDenoiser
 from ..pipelines.epidiff.pipeline_epidiff import EpiDiffForecastPipeline
 from ..utils import public
-from .base_trainer import DiffusionTrainer
+from .base_trainer import DiffusionTrainer, dataset_arrays
 from .epidiff_config import EpiDiffConfig
 
 
@@ -39,12 +39,12 @@ def build_epidiff_schedulers(num_train_timesteps: int = 200, beta_end: float = 0
     return ddpm, ddim
 
 
-def _check_windows(train_windows, history: int) -> np.ndarray:
+def _check_windows(train_windows, history: int, name: str = "train_windows") -> np.ndarray:
     windows = np.asarray(train_windows, dtype=np.float32)
     if windows.ndim != 3 or windows.shape[0] < 1:
-        raise ValueError(f"`train_windows` must have shape (N >= 1, V, T), got {windows.shape}.")
+        raise ValueError(f"`{name}` must have shape (N >= 1, V, T), got {windows.shape}.")
     if not np.all(np.isfinite(windows)):
-        raise ValueError("`train_windows` must hold finite values.")
+        raise ValueError(f"`{name}` must hold finite values.")
     if not 0 < history < windows.shape[-1]:
         raise ValueError(f"`history` must lie in 1 .. {windows.shape[-1] - 1} (the window length - 1), got {history}.")
     return windows
@@ -110,7 +110,9 @@ class EpiDiffTrainer(DiffusionTrainer):
         model ([`SpatioTemporalDenoiser`]): the denoiser to train, e.g. from [`build_epidiff_denoiser`] (whose
             normalisation statistics come from the training windows); its `window_length` must be the windows'.
         args ([`EpiDiffConfig`], *optional*).
-        train_windows (`np.ndarray` of shape `(N, V, T)`): training windows in data units (history + horizon).
+        train_dataset (`datasets.Dataset` or `list[dict]`): the training windows, one row each with a `"window"`
+            of shape `(V, T)` in data units (history + horizon), e.g. `[{"window": w} for w in windows]` or
+            `Dataset.from_dict({"window": windows})`.
         adjacency (`np.ndarray` or `torch.Tensor` of shape `(V, V)`): the graph (nonzero = an edge).
         noise_scheduler (`DDPMScheduler`, *optional*): default [`build_epidiff_schedulers`]`(num_train_timesteps,
             beta_end)` of the config.
@@ -124,7 +126,7 @@ class EpiDiffTrainer(DiffusionTrainer):
         self,
         model: SpatioTemporalDenoiser,
         args: EpiDiffConfig | None = None,
-        train_windows=None,
+        train_dataset=None,
         adjacency=None,
         noise_scheduler: DDPMScheduler | None = None,
         accelerator=None,
@@ -132,13 +134,14 @@ class EpiDiffTrainer(DiffusionTrainer):
         super().__init__(args)
         if not isinstance(model, SpatioTemporalDenoiser):
             raise TypeError(f"`model` must be a SpatioTemporalDenoiser, got {type(model).__name__}.")
-        if train_windows is None:
-            raise ValueError("`train_windows` is required: an array of shape (N, V, T).")
-        windows = _check_windows(train_windows, self.args.history)
+        windows = dataset_arrays(train_dataset, {"window": "an array of shape (V, T)"})["window"]
+        if windows.ndim != 3:
+            raise ValueError(f"`train_dataset` must hold windows of shape (V, T), got shape {windows.shape[1:]}.")
+        windows = _check_windows(windows, self.args.history, "train_dataset")
         if windows.shape[-1] != model.config.window_length:
             raise ValueError(
-                f"`train_windows` must have windows of the model's length {model.config.window_length}, got "
-                f"shape {windows.shape}."
+                f"`train_dataset` must hold windows of the model's length {model.config.window_length}, got "
+                f"windows of shape {windows.shape[1:]}."
             )
         if adjacency is None:
             raise ValueError("`adjacency` is required: an array of shape (V, V).")
@@ -146,7 +149,7 @@ class EpiDiffTrainer(DiffusionTrainer):
         if graph.shape != (windows.shape[1], windows.shape[1]):
             raise ValueError(
                 f"`adjacency` must have shape ({windows.shape[1]}, {windows.shape[1]}) (one row per node of "
-                f"`train_windows`), got {tuple(graph.shape)}."
+                f"`train_dataset`'s windows), got {tuple(graph.shape)}."
             )
         ddpm, self.sampling_scheduler = build_epidiff_schedulers(self.args.num_train_timesteps, self.args.beta_end)
         self.noise_scheduler = noise_scheduler if noise_scheduler is not None else ddpm

@@ -2,37 +2,40 @@
 
 from dataclasses import dataclass, field
 
-from ..utils import is_int, public
-from .base_config import DiffusionTrainerConfig
+from ..utils import check_positive_int, is_int, public
+from .base_config import BaseGRPOConfig
 
 
-GRAPH_SCALE_REWARDS = ("per_size", "group", "batch", "none")
+GRAPH_SCALE_REWARDS = ("per_size", *BaseGRPOConfig.scale_rewards_choices)
 KL_TYPES = ("mse_logratio",)
 GRAPH_LORA_TARGETS = ["qkv", "node_out", "edge_mul", "edge_add", "edge_out"]
 
 
 @public
 @dataclass
-class GraphGRPOConfig(DiffusionTrainerConfig):
+class GraphGRPOConfig(BaseGRPOConfig):
     r"""
     Configuration of [`GraphGRPOTrainer`], Graph-GRPO (arXiv 2603.10395): GRPO on a discrete graph flow model whose
     CTMC steps have exact, differentiable log-probabilities (the analytic rate of [`GraphDiscreteFlowScheduler`]).
 
-    The GRPO options carry the names and meanings of [`DiffusionGRPOConfig`] (and TRL's `GRPOConfig`):
-    `num_generations`, `beta`, `epsilon`, `epsilon_high`, `scale_rewards`, `adv_clip_max`, `reward_weights`,
-    `reward_std_tolerance`, `num_iterations`, `generation_batch_size`; the shared options (`output_dir`, `max_steps`,
-    `per_device_train_batch_size`, `gradient_accumulation_steps`, `learning_rate`, ...) are
-    [`DiffusionTrainerConfig`]'s. The defaults are the reference's tree configuration where it has one (epsilon 0.2 /
-    0.28, beta 0.005, lr 1e-5, weight decay 1e-4, grad clip 5, advantages clipped at 5).
+    The GRPO options are [`BaseGRPOConfig`]'s, shared with [`DiffusionGRPOConfig`], with the names and meanings of
+    TRL's `GRPOConfig`: `num_generations`, `beta`, `epsilon`, `epsilon_high`, `scale_rewards`, `adv_clip_max`,
+    `reward_weights`, `reward_std_tolerance`, `num_iterations`, `generation_batch_size`, `steps_per_generation`; the
+    shared options (`output_dir`, `max_steps`, `per_device_train_batch_size`, `gradient_accumulation_steps`,
+    `learning_rate`, ...) are [`DiffusionTrainerConfig`]'s. The defaults are the reference's tree configuration where
+    it has one (epsilon 0.2 / 0.28, beta 0.005, lr 1e-5, weight decay 1e-4, grad clip 5, advantages clipped at 5).
 
     One training step generates `generation_batch_size` graphs over all processes (default
-    `per_device_train_batch_size * num_processes * gradient_accumulation_steps`) in groups of `num_generations`: each
-    group has one node count and, with `shared_start`, one initial noise graph, so its members differ only through
-    the CTMC draws. With `refine_top_k > 0`, the step's `refine_top_k` best graphs (per process) are each re-noised
-    to time `1 - refine_noise_fraction` and regenerated `num_generations` times: extra groups, sharing the re-noised
-    graph as their start, trained on the steps they took. Each pass over the step's graphs goes through micro-batches
-    of `per_device_train_batch_size` graphs, and every `gradient_accumulation_steps` micro-batches (their losses at
-    every trained step) make one optimizer step; `num_iterations` passes are made.
+    `per_device_train_batch_size * num_processes * steps_per_generation`, `steps_per_generation` defaulting to
+    `gradient_accumulation_steps`, as in TRL) in groups of `num_generations`: each group has one node count and, with
+    `shared_start`, one initial noise graph, so its members differ only through the CTMC draws. With
+    `refine_top_k > 0`, the step's `refine_top_k` best graphs (per process) are each re-noised to time
+    `1 - refine_noise_fraction` and regenerated `num_generations` times: extra groups, sharing the re-noised graph as
+    their start, trained on the steps they took (not counted in `generation_batch_size`). Each pass over the step's
+    graphs goes through micro-batches of `per_device_train_batch_size` graphs, and every
+    `gradient_accumulation_steps` micro-batches (their losses at every trained step) make one optimizer step, so a
+    pass over the generation batch makes `steps_per_generation / gradient_accumulation_steps` optimizer steps (as in
+    [`DiffusionGRPOTrainer`]); `num_iterations` passes are made.
 
     Every field has a `help` entry, so `transformers.HfArgumentParser((GraphGRPOConfig,))` builds a command line
     parser from it.
@@ -50,19 +53,9 @@ class GraphGRPOConfig(DiffusionTrainerConfig):
     gradient_accumulation_steps: int = field(
         default=1, metadata={"help": "Micro-batches whose losses (at every trained step) make one optimizer step."}
     )
-    generation_batch_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "Graphs generated per step over all processes (refinement groups not counted). None: "
-            "per_device_train_batch_size * num_processes * gradient_accumulation_steps."
-        },
-    )
 
-    # GRPO
-    num_generations: int = field(default=8, metadata={"help": "Graphs per group (the group size G), >= 2."})
-    num_iterations: int = field(
-        default=1, metadata={"help": "Passes over each generated batch (TRL's mu); >1 makes the ratio move."}
-    )
+    # GRPO: BaseGRPOConfig's fields, with this trainer's defaults where they differ, and its own
+    scale_rewards_choices = GRAPH_SCALE_REWARDS
     beta: float = field(
         default=0.005,
         metadata={
@@ -74,7 +67,6 @@ class GraphGRPOConfig(DiffusionTrainerConfig):
         default="mse_logratio",
         metadata={"help": "The KL estimate: 'mse_logratio' (the reference's squared step log-ratio)."},
     )
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range of the ratio."})
     epsilon_high: float | None = field(
         default=0.28, metadata={"help": "Upper clip range of the ratio (asymmetric clip); None: `epsilon`."}
     )
@@ -88,12 +80,6 @@ class GraphGRPOConfig(DiffusionTrainerConfig):
             "node count in the step, on every process), 'group' (per group, TRL), 'batch' (mean per group, std of "
             "the batch) or 'none' (mean per group only)."
         },
-    )
-    adv_clip_max: float = field(
-        default=5.0, metadata={"help": "Advantages are clipped to [-adv_clip_max, +adv_clip_max]."}
-    )
-    reward_weights: list[float] | None = field(
-        default=None, metadata={"help": "One weight per reward function; None: all 1."}
     )
     reward_std_tolerance: float = field(
         default=1e-4,
@@ -142,42 +128,10 @@ class GraphGRPOConfig(DiffusionTrainerConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if not is_int(self.num_generations) or self.num_generations < 2:
-            raise ValueError(
-                f"`num_generations` must be an int >= 2: group-relative advantages need at least two graphs per "
-                f"group, got {self.num_generations!r}."
-            )
-        for name in ("num_iterations", "num_inference_steps"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
-        if self.train_max_steps is not None and (not is_int(self.train_max_steps) or self.train_max_steps < 1):
-            raise ValueError(f"`train_max_steps` must be None or a positive int, got {self.train_max_steps!r}.")
-        if self.generation_batch_size is not None:
-            if not is_int(self.generation_batch_size) or self.generation_batch_size < 1:
-                raise ValueError(
-                    f"`generation_batch_size` must be None or a positive int, got {self.generation_batch_size!r}."
-                )
-            if self.generation_batch_size % self.num_generations:
-                raise ValueError(
-                    f"`generation_batch_size` ({self.generation_batch_size}) must be a multiple of `num_generations` "
-                    f"({self.num_generations})."
-                )
-        elif (self.per_device_train_batch_size * self.gradient_accumulation_steps) % self.num_generations:
-            raise ValueError(
-                f"per_device_train_batch_size * gradient_accumulation_steps = {self.per_device_train_batch_size} * "
-                f"{self.gradient_accumulation_steps} graphs per process must be a multiple of `num_generations` "
-                f"({self.num_generations}) (or set `generation_batch_size`)."
-            )
-        if self.scale_rewards not in GRAPH_SCALE_REWARDS:
-            raise ValueError(f"`scale_rewards` must be one of {GRAPH_SCALE_REWARDS}, got {self.scale_rewards!r}.")
+        check_positive_int("num_inference_steps", self.num_inference_steps)
+        check_positive_int("train_max_steps", self.train_max_steps, optional=True)
         if self.kl_type not in KL_TYPES:
             raise ValueError(f"`kl_type` must be one of {KL_TYPES}, got {self.kl_type!r}.")
-        if not self.epsilon > 0 or (self.epsilon_high is not None and not self.epsilon_high > 0):
-            raise ValueError(f"`epsilon` and `epsilon_high` must be > 0, got {self.epsilon}, {self.epsilon_high}.")
-        for name in ("beta", "adv_clip_max", "reward_std_tolerance"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)!r}.")
         if not self.log_ratio_clip > 0:
             raise ValueError(f"`log_ratio_clip` must be > 0, got {self.log_ratio_clip!r}.")
         if self.num_nodes is not None:
@@ -196,26 +150,6 @@ class GraphGRPOConfig(DiffusionTrainerConfig):
             raise ValueError(
                 f"`dynamic_prior_top_fraction` must lie in (0, 1], got {self.dynamic_prior_top_fraction!r}."
             )
-        if not is_int(self.refine_top_k) or self.refine_top_k < 0:
-            raise ValueError(f"`refine_top_k` must be an int >= 0, got {self.refine_top_k!r}.")
+        check_positive_int("refine_top_k", self.refine_top_k, minimum=0)
         if not 0 < self.refine_noise_fraction < 1:
             raise ValueError(f"`refine_noise_fraction` must lie in (0, 1), got {self.refine_noise_fraction!r}.")
-        if self.reward_weights is not None:
-            self.reward_weights = [float(w) for w in self.reward_weights]
-
-    def resolve_generation_batch(self, num_processes: int) -> int:
-        """The graphs each process generates per step (refinement groups aside), checked against the micro-batches."""
-        if self.generation_batch_size is None:
-            return self.per_device_train_batch_size * self.gradient_accumulation_steps
-        if self.generation_batch_size % num_processes:
-            raise ValueError(
-                f"`generation_batch_size` ({self.generation_batch_size}) must be divisible by the {num_processes} "
-                "processes."
-            )
-        per_process = self.generation_batch_size // num_processes
-        if per_process % self.num_generations:
-            raise ValueError(
-                f"{per_process} graphs per process (generation_batch_size / num_processes) must be a multiple of "
-                f"`num_generations` ({self.num_generations}): each group is generated on one process."
-            )
-        return per_process

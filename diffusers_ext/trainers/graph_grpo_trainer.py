@@ -207,6 +207,13 @@ class GraphGRPOTrainer(DiffusionTrainer):
         accelerator (`accelerate.Accelerator`, *optional*): an accelerator to use (gradient accumulation 1: the
             trainer accumulates itself, over micro-batches and trained steps).
 
+    Attributes:
+        generation_batch_size (`int`): graphs generated per step over all processes (TRL's meaning; refinement groups
+            aside).
+        steps_per_generation (`int`): micro-batches of `per_device_train_batch_size` graphs per process in it; a pass
+            over them makes `steps_per_generation / gradient_accumulation_steps` optimizer steps.
+        graphs_per_process (`int`): `per_device_train_batch_size * steps_per_generation`.
+
     Metrics (kept in `history`, logged every `logging_steps`): `reward`, `reward_std`, `frac_reward_zero_std`,
     `rewards/{name}/mean|std`, `loss`, `policy_loss`, `kl`, `log_ratio_abs`, `clip_ratio/low_mean|high_mean|
     region_mean`, `grad_norm`, `refine/reward` and `refine/parent_reward` (with refinement), `prior/edge_p1` (the
@@ -264,7 +271,9 @@ class GraphGRPOTrainer(DiffusionTrainer):
         self.peft_config = with_default_targets(peft_config, GRAPH_LORA_TARGETS)
 
         self.create_accelerator(accelerator, gradient_accumulation_steps=1)
-        self.graphs_per_process = args.resolve_generation_batch(self.accelerator.num_processes)
+        self.generation_batch_size, self.steps_per_generation, self.graphs_per_process = args.resolve_generation_batch(
+            self.accelerator.num_processes
+        )
         device = self.accelerator.device
         pipeline.to(device)
         pipeline.set_progress_bar_config(disable=True)
@@ -656,7 +665,7 @@ class GraphGRPOTrainer(DiffusionTrainer):
         what = f"A LoRA (rank {self.peft_config.r})" if self.peft_config is not None else "The full model"
         return (
             f"{what}, trained by `GraphGRPOTrainer` (diffusers-ext) for {self.global_step} steps of "
-            f"{self.graphs_per_process * self.accelerator.num_processes} graphs in groups of {args.num_generations} "
+            f"{self.generation_batch_size} graphs in groups of {args.num_generations} "
             f"({'shared' if args.shared_start else 'independent'} start graphs), {args.num_inference_steps} CTMC "
             f"steps, beta {args.beta}, epsilon {args.epsilon}/{args.epsilon_high}, learning rate "
             f"{args.learning_rate}, advantages `{args.scale_rewards}`. Rewards: {rewards}. Load it with "

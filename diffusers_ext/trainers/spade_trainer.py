@@ -11,7 +11,7 @@ from ..pipelines.spade.sampling import inference_timesteps, predictive_samples
 from ..pipelines.spade.support import KnnSupport
 from ..training_utils import step_generator
 from ..utils import public
-from .base_trainer import DiffusionTrainer
+from .base_trainer import DiffusionTrainer, dataset_arrays
 from .spade_config import SpadeConfig
 
 
@@ -34,7 +34,8 @@ class SpadeTrainer(DiffusionTrainer):
     Args:
         model ([`ScalarDiffusionSurrogate`]): the surrogate to train (`x_dim` = the designs' dimension).
         args ([`SpadeConfig`], *optional*).
-        train_x (`np.ndarray` of shape `(N, D)`), train_y (`np.ndarray` of shape `(N,)`): the offline data.
+        train_dataset (`datasets.Dataset` or `list[dict]`): the offline data, one row per point with its design
+            `"x"` (shape `(D,)`) and its score `"y"` (a number), e.g. `Dataset.from_dict({"x": x, "y": y})`.
         noise_scheduler ([`DDPMScheduler`], *optional*): default SPADE's (`spade_schedulers`).
         accelerator (`accelerate.Accelerator`, *optional*).
     """
@@ -46,20 +47,28 @@ class SpadeTrainer(DiffusionTrainer):
         self,
         model: ScalarDiffusionSurrogate,
         args: SpadeConfig | None = None,
-        train_x=None,
-        train_y=None,
+        train_dataset=None,
         noise_scheduler: DDPMScheduler | None = None,
         accelerator=None,
     ):
         super().__init__(args)
         if not isinstance(model, ScalarDiffusionSurrogate):
             raise TypeError(f"`model` must be a ScalarDiffusionSurrogate, got {type(model).__name__}.")
-        x = np.asarray(train_x, dtype=np.float32)
-        y = np.asarray(train_y, dtype=np.float32).reshape(-1)
-        if x.ndim != 2 or x.shape[1] != model.config.x_dim:
-            raise ValueError(f"`train_x` must have shape (N, {model.config.x_dim}), got {x.shape}.")
-        if y.shape[0] != x.shape[0] or x.shape[0] < 2:
-            raise ValueError(f"`train_y` must have one entry per row of `train_x` (N >= 2), got {y.shape[0]}.")
+        dim = model.config.x_dim
+        data = dataset_arrays(train_dataset, {"x": f"a design of shape ({dim},)", "y": "a number"})
+        x, y = data["x"], data["y"]
+        if x.ndim != 2 or x.shape[1] != dim:
+            raise ValueError(
+                f"`train_dataset` column 'x' must hold designs of shape ({dim},) (the model's `x_dim`), got "
+                f"{x.shape[1:]}."
+            )
+        if y.size != len(y):
+            raise ValueError(
+                f"`train_dataset` column 'y' must hold one number per row, got entries of shape {y.shape[1:]}."
+            )
+        y = y.reshape(-1)
+        if x.shape[0] < 2:
+            raise ValueError(f"`train_dataset` must have at least 2 rows, got {x.shape[0]}.")
         if self.args.support_weight > 0 and self.args.support_k > x.shape[0]:
             raise ValueError(f"`support_k` ({self.args.support_k}) must be <= the number of points ({x.shape[0]}).")
         x_std = x.std(0)

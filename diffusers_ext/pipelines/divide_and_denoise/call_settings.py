@@ -1,4 +1,9 @@
-"""The arguments of a [`DivideAndDenoisePipeline`] call, checked and resolved once into the settings the loop reads."""
+"""The arguments of a [`DivideAndDenoisePipeline`] call, checked and resolved once into the settings the loop reads.
+
+`DivideAndDenoisePipeline.check_inputs` builds a call's [`DivideAndDenoiseCallSettings`] from its arguments with the
+checks below; each raises a `ValueError`/`TypeError` naming the argument, what was given and what was expected,
+before any model work.
+"""
 
 from dataclasses import dataclass
 
@@ -17,7 +22,8 @@ def agent_guidance_scales(guidance_scale, num_agents: int) -> list[float]:
     """One classifier-free guidance scale per agent from `guidance_scale` (one number for all, or one per agent).
 
     Raises a `TypeError` for anything but a number or a list of numbers, a `ValueError` for a list of the wrong length.
-    The pipeline reads it at every step, so a callback may change `pipe._guidance_scale` mid-call.
+    The pipeline resolves it once per call, and again after a `callback_on_step_end` that changed
+    `pipe._guidance_scale` (diffusers' convention).
     """
     if is_number(guidance_scale):
         return [float(guidance_scale)] * num_agents
@@ -40,18 +46,7 @@ def resolve_utility(utility: str, conditioning: str) -> str:
     return utility
 
 
-def num_agents_of_call(conditioning: str, num_denoisers: int, prompt, class_labels) -> int:
-    """`K`: one agent per denoiser, or, with one shared denoiser, one per prompt (text) or class (class-conditional)."""
-    if num_denoisers > 1:
-        return num_denoisers
-    if conditioning == "text" and isinstance(prompt, (list, tuple)):
-        return len(prompt)
-    if conditioning == "class" and isinstance(class_labels, (list, tuple, torch.Tensor)):
-        return len(class_labels)
-    return 1
-
-
-def _check_scalars(
+def check_scalars(
     num_inference_steps,
     output_type,
     num_images_per_prompt,
@@ -60,6 +55,7 @@ def _check_scalars(
     alignment_scale,
     max_iter_to_align,
 ) -> None:
+    """Raise unless the call's numbers, output type and allocator are of the kinds and ranges the loop takes."""
     check_positive_int("num_inference_steps", num_inference_steps)
     if output_type not in OUTPUT_TYPES:
         raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
@@ -76,19 +72,6 @@ def _check_scalars(
     check_positive_int("max_iter_to_align", max_iter_to_align, minimum=0)
 
 
-def _text_prompts(prompt, class_labels, negative_prompt, num_agents: int) -> list[str]:
-    if class_labels is not None:
-        raise ValueError("`class_labels` were given, but the denoisers are text-conditioned; pass `prompt`.")
-    prompts = [prompt] if isinstance(prompt, str) else prompt
-    if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, str) for p in prompts):
-        raise ValueError(f"`prompt` must be a string or a list of strings (one per model), got {prompt!r}.")
-    if len(prompts) != num_agents:
-        raise ValueError(f"`prompt` has {len(prompts)} entries for {num_agents} models; pass one per model.")
-    if negative_prompt is not None and not isinstance(negative_prompt, str):
-        raise ValueError(f"`negative_prompt` must be a string or None, got {negative_prompt!r}.")
-    return list(prompts)
-
-
 def _class_labels(class_labels, num_agents: int, num_classes: int) -> torch.Tensor:
     if class_labels is None:
         raise ValueError("`class_labels` are required: the denoisers are class-conditional.")
@@ -102,7 +85,75 @@ def _class_labels(class_labels, num_agents: int, num_classes: int) -> torch.Tens
     return labels.long()
 
 
-def _check_token_indices(token_indices, utility: str, num_agents: int, prompt_from_embeds: bool) -> None:
+def agent_conditions(
+    conditioning: str,
+    num_denoisers: int,
+    num_classes: int | None,
+    prompt,
+    class_labels,
+    negative_prompt,
+    prompt_embeds,
+) -> tuple[int, list[str] | None, torch.Tensor | None]:
+    """`(K, prompts, class_labels)` of a call: `K` agents, one per denoiser or, with one shared denoiser, one per
+    prompt (or row of `prompt_embeds`, whose prompts are then None) or class; checked against the denoisers'
+    conditioning `"text"`, `"class"` or `"none"`."""
+    if conditioning == "text":
+        if class_labels is not None:
+            raise ValueError("`class_labels` were given, but the denoisers are text-conditioned; pass `prompt`.")
+        if prompt_embeds is not None:
+            num_agents = num_denoisers if num_denoisers > 1 else len(prompt_embeds)
+            if len(prompt_embeds) != num_agents:
+                raise ValueError(
+                    f"`prompt_embeds` has {len(prompt_embeds)} rows for {num_agents} models; pass one per model."
+                )
+            prompts = None
+        else:
+            prompts = [prompt] if isinstance(prompt, str) else prompt
+            if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, str) for p in prompts):
+                raise ValueError(f"`prompt` must be a string or a list of strings (one per model), got {prompt!r}.")
+            num_agents = num_denoisers if num_denoisers > 1 else len(prompts)
+            if len(prompts) != num_agents:
+                raise ValueError(f"`prompt` has {len(prompts)} entries for {num_agents} models; pass one per model.")
+            prompts = list(prompts)
+        if negative_prompt is not None and not isinstance(negative_prompt, str):
+            raise ValueError(f"`negative_prompt` must be a string or None, got {negative_prompt!r}.")
+        return num_agents, prompts, None
+    if prompt is not None or negative_prompt is not None:
+        raise ValueError(f"`prompt` was given, but the denoisers are not text-conditioned ({conditioning}).")
+    num_agents = num_denoisers
+    if num_denoisers == 1 and conditioning == "class" and isinstance(class_labels, (list, tuple, torch.Tensor)):
+        num_agents = len(class_labels)
+    if conditioning == "class":
+        return num_agents, None, _class_labels(class_labels, num_agents, num_classes)
+    if class_labels is not None:
+        raise ValueError("`class_labels` were given, but the denoisers are unconditional.")
+    return num_agents, None, None
+
+
+def needs_unconditional_branch(
+    conditioning: str, null_class_label: int | None, guidance_scale, guidance_scales: list[float], utility, fair
+) -> bool:
+    """Whether the unconditional branch runs: classifier-free guidance (a scale > 1) or the fair division's
+    guidance-delta utility; raises when the denoisers have no unconditional prediction to give."""
+    needed = any(g > 1 for g in guidance_scales) or (utility == "guidance_delta" and fair)
+    if needed and conditioning == "none":
+        raise ValueError(
+            f"`guidance_scale` {guidance_scale!r} > 1 or `utility` 'guidance_delta' need conditional models; "
+            "these denoisers are unconditional."
+        )
+    if needed and conditioning == "class" and null_class_label is None:
+        raise ValueError(
+            f"`guidance_scale` {guidance_scale!r} > 1 or `utility` 'guidance_delta' need a null class, but "
+            "`null_class_label` is None."
+        )
+    return needed
+
+
+def check_token_indices(
+    token_indices, utility: str, num_agents: int, prompt_from_embeds: bool, num_tokens: int | None = None
+) -> None:
+    """Raise unless `token_indices` fit the call: only with the cross-attention utility (which needs them with
+    `prompt_embeds`), one non-empty list of ints per agent, each a position among the `num_tokens` prompt tokens."""
     if token_indices is None:
         if prompt_from_embeds and utility == "cross_attention":
             raise ValueError(
@@ -118,9 +169,14 @@ def _check_token_indices(token_indices, utility: str, num_agents: int, prompt_fr
         or not all(isinstance(t, (list, tuple)) and t and all(isinstance(i, int) for i in t) for t in token_indices)
     ):
         raise ValueError(f"`token_indices` must be one non-empty list of ints per model, got {token_indices!r}.")
+    outside = [i for indices in token_indices for i in indices if num_tokens is not None and not 0 <= i < num_tokens]
+    if outside:
+        raise ValueError(
+            f"`token_indices` {token_indices!r} name positions {outside} outside the {num_tokens} prompt tokens."
+        )
 
 
-def _check_attn_res(attn_res, utility: str, fair: bool, latent_shape) -> tuple[int, int] | None:
+def check_attn_res(attn_res, utility: str, fair: bool, latent_shape) -> tuple[int, int] | None:
     """`attn_res` as a tuple, checked: two positive ints, a grid that tiles the latent (the same downsampling factor
     on both sides), and only with the fair division's cross-attention utility, the one that reads attention."""
     if attn_res is None:
@@ -150,13 +206,15 @@ def _check_attn_res(attn_res, utility: str, fair: bool, latent_shape) -> tuple[i
 class DivideAndDenoiseCallSettings:
     """The arguments of one [`DivideAndDenoisePipeline`] call once checked and resolved: what the sampling loop reads.
 
-    Build it with [`~DivideAndDenoiseCallSettings.from_call`], which raises on the first bad argument. The guidance
-    scale is not among them: the loop reads it from the pipeline at every step (a callback may change it).
+    `DivideAndDenoisePipeline.check_inputs` builds it from the call's arguments, once, and raises on the first bad
+    one.
 
     Args:
         num_agents (`int`): `K`, the number of agents (models, or prompts/classes of one shared model).
-        prompts (`list[str]`, *optional*): text denoisers: one prompt per agent.
+        prompts (`list[str]`, *optional*): text denoisers: one prompt per agent (None with `prompt_embeds`).
         class_labels (`torch.Tensor` of shape `(K,)`, *optional*): class-conditional denoisers: one class per agent.
+        guidance_scales (`list[float]`): one classifier-free guidance scale per agent; the loop resolves
+            `pipe._guidance_scale` again only after a callback changed it.
         utility (`str`): the utility map, `"auto"` resolved (see `utilities.UTILITIES`).
         needs_unconditional (`bool`): whether the unconditional branch runs (guidance, or guidance-delta utilities).
         latent_shape (`tuple[int, int, int, int]`): `(num_images, channels, latent_height, latent_width)`.
@@ -171,6 +229,7 @@ class DivideAndDenoiseCallSettings:
     num_agents: int
     prompts: list[str] | None
     class_labels: torch.Tensor | None
+    guidance_scales: list[float]
     utility: str
     needs_unconditional: bool
     latent_shape: tuple[int, int, int, int]
@@ -189,92 +248,3 @@ class DivideAndDenoiseCallSettings:
     def aligns(self) -> bool:
         """Whether the alignment step runs at all (the fair division with `alignment_scale > 0`)."""
         return self.fair and self.alignment_scale > 0
-
-    @classmethod
-    def from_call(
-        cls,
-        *,
-        conditioning: str,
-        num_denoisers: int,
-        num_classes: int | None,
-        null_class_label: int | None,
-        latent_shape: tuple[int, int, int, int],
-        default_allocator: FairDivisionAllocator,
-        prompt,
-        class_labels,
-        negative_prompt,
-        num_inference_steps,
-        guidance_scale,
-        num_images_per_prompt,
-        output_type,
-        allocator,
-        utility,
-        utility_momentum,
-        token_indices,
-        alignment_scale,
-        max_iter_to_align,
-        prompt_from_embeds: bool = False,
-        attn_res=None,
-    ) -> "DivideAndDenoiseCallSettings":
-        """Check the arguments of a call and resolve them; raise a `ValueError`/`TypeError` naming the first bad one.
-
-        Args:
-            conditioning (`str`): how the denoisers are conditioned, `"text"`, `"class"` or `"none"`.
-            num_denoisers (`int`): how many denoisers the pipeline holds (one is shared by every agent).
-            num_classes (`int`, *optional*): class-conditional denoisers: their classes, the null class included.
-            null_class_label (`int`, *optional*): the null class of class-conditional guidance.
-            latent_shape (`tuple[int, int, int, int]`): `(num_images, channels, latent_height, latent_width)`.
-            default_allocator ([`FairDivisionAllocator`]): the allocator when `allocator` is None.
-            prompt_from_embeds (`bool`): the prompts are placeholders for `prompt_embeds` (their tokens are unknown).
-            The other arguments are those of [`DivideAndDenoisePipeline.__call__`].
-        """
-        _check_scalars(
-            num_inference_steps,
-            output_type,
-            num_images_per_prompt,
-            allocator,
-            utility_momentum,
-            alignment_scale,
-            max_iter_to_align,
-        )
-        num_agents = num_agents_of_call(conditioning, num_denoisers, prompt, class_labels)
-        prompts = labels = None
-        if conditioning == "text":
-            prompts = _text_prompts(prompt, class_labels, negative_prompt, num_agents)
-        elif prompt is not None or negative_prompt is not None:
-            raise ValueError(f"`prompt` was given, but the denoisers are not text-conditioned ({conditioning}).")
-        elif conditioning == "class":
-            labels = _class_labels(class_labels, num_agents, num_classes)
-        elif class_labels is not None:
-            raise ValueError("`class_labels` were given, but the denoisers are unconditional.")
-
-        scales = agent_guidance_scales(guidance_scale, num_agents)
-        utility = resolve_utility(utility, conditioning)
-        allocator = default_allocator if allocator is None else allocator
-        fair = not isinstance(allocator, FixedAllocator)
-        needs_unconditional = any(g > 1 for g in scales) or (utility == "guidance_delta" and fair)
-        if needs_unconditional and conditioning == "none":
-            raise ValueError(
-                f"`guidance_scale` {guidance_scale!r} > 1 or `utility` 'guidance_delta' need conditional models; "
-                "these denoisers are unconditional."
-            )
-        if needs_unconditional and conditioning == "class" and null_class_label is None:
-            raise ValueError(
-                f"`guidance_scale` {guidance_scale!r} > 1 or `utility` 'guidance_delta' need a null class, but "
-                "`null_class_label` is None."
-            )
-        _check_token_indices(token_indices, utility, num_agents, prompt_from_embeds)
-        attn_res = _check_attn_res(attn_res, utility, fair, latent_shape)
-        return cls(
-            num_agents=num_agents,
-            prompts=prompts,
-            class_labels=labels,
-            utility=utility,
-            needs_unconditional=needs_unconditional,
-            latent_shape=tuple(latent_shape),
-            allocator=allocator,
-            utility_momentum=utility_momentum,
-            alignment_scale=alignment_scale,
-            max_iter_to_align=max_iter_to_align,
-            attn_res=attn_res,
-        )

@@ -35,7 +35,16 @@ from .agent_predictions import (
 )
 from .alignment import alignment_step
 from .baseline_allocators import FixedAllocator
-from .call_settings import DivideAndDenoiseCallSettings, agent_guidance_scales
+from .call_settings import (
+    DivideAndDenoiseCallSettings,
+    agent_conditions,
+    agent_guidance_scales,
+    check_attn_res,
+    check_scalars,
+    check_token_indices,
+    needs_unconditional_branch,
+    resolve_utility,
+)
 from .denoisers import (
     MultiDenoiserModel,
     check_pipelines_share_a_space,
@@ -317,70 +326,98 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         latents,
         output_type,
         callback_on_step_end_tensor_inputs,
-        allocator,
-        utility,
-        utility_momentum,
-        token_indices,
-        alignment_scale,
-        max_iter_to_align,
-        prompt_from_embeds: bool = False,
+        allocator=None,
+        utility="auto",
+        utility_momentum=0.5,
+        token_indices=None,
+        alignment_scale=0.1,
+        max_iter_to_align=10,
+        *,
         eta=0.0,
         attn_res=None,
+        prompt_embeds=None,
+        negative_prompt_embeds=None,
+        pooled_prompt_embeds=None,
+        negative_pooled_prompt_embeds=None,
     ) -> DivideAndDenoiseCallSettings:
-        """Check the arguments of a call and resolve them into the settings the loop reads: raise a
-        `ValueError`/`TypeError` naming the first bad argument, before any model work (see
-        [`DivideAndDenoiseCallSettings.from_call`])."""
+        """Check the arguments of a call (those of `__call__`) and resolve them, once, into the settings the loop
+        reads; raise a `ValueError`/`TypeError` naming the first bad argument, what was given and what was expected,
+        before any model work."""
+        kind = self.conditioning
+        joint = any(is_joint_transformer(m) for m in self.denoisers)
+        check_pooled_embeds(
+            joint, prompt_embeds, pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds
+        )
+        if prompt_embeds is not None:
+            check_prompt_embeds(kind, prompt, prompt_embeds, negative_prompt_embeds)
         check_callback_tensor_inputs(self, callback_on_step_end_tensor_inputs)
         check_eta(eta)
-        kind = self.conditioning
-        channels = denoiser_in_channels(self.denoisers[0])
-        settings = DivideAndDenoiseCallSettings.from_call(
-            conditioning=kind,
-            num_denoisers=len(self.denoisers),
-            num_classes=min(denoiser_num_class_embeds(m) for m in self.denoisers) if kind == "class" else None,
-            null_class_label=self.config.null_class_label,
-            latent_shape=(num_images_per_prompt, channels, *self._latent_size(height, width)),
-            default_allocator=self.default_allocator(),
-            prompt=prompt,
-            class_labels=class_labels,
-            negative_prompt=negative_prompt,
-            num_inference_steps=num_inference_steps,
-            guidance_scale=guidance_scale,
-            num_images_per_prompt=num_images_per_prompt,
-            output_type=output_type,
-            allocator=allocator,
-            utility=utility,
-            utility_momentum=utility_momentum,
-            token_indices=token_indices,
-            alignment_scale=alignment_scale,
-            max_iter_to_align=max_iter_to_align,
-            prompt_from_embeds=prompt_from_embeds,
-            attn_res=attn_res,
+        latent_size = self._latent_size(height, width)
+        check_scalars(
+            num_inference_steps,
+            output_type,
+            num_images_per_prompt,
+            allocator,
+            utility_momentum,
+            alignment_scale,
+            max_iter_to_align,
         )
+        num_classes = min(denoiser_num_class_embeds(m) for m in self.denoisers) if kind == "class" else None
+        num_agents, prompts, labels = agent_conditions(
+            kind, len(self.denoisers), num_classes, prompt, class_labels, negative_prompt, prompt_embeds
+        )
+        guidance_scales = agent_guidance_scales(guidance_scale, num_agents)
+        utility = resolve_utility(utility, kind)
+        allocator = self.default_allocator() if allocator is None else allocator
+        fair = not isinstance(allocator, FixedAllocator)
+        null_class_label = self.config.null_class_label
+        needs_unconditional = needs_unconditional_branch(
+            kind, null_class_label, guidance_scale, guidance_scales, utility, fair
+        )
+        num_tokens = None
+        if kind == "text":
+            num_tokens = self.tokenizer.model_max_length if prompt_embeds is None else prompt_embeds.shape[1]
+        check_token_indices(token_indices, utility, num_agents, prompt_embeds is not None, num_tokens)
+        latent_shape = (num_images_per_prompt, denoiser_in_channels(self.denoisers[0]), *latent_size)
+        attn_res = check_attn_res(attn_res, utility, fair, latent_shape)
         if isinstance(generator, list) and len(generator) != num_images_per_prompt:
             raise ValueError(
                 f"`generator` is a list of {len(generator)} generators, but `num_images_per_prompt` is "
                 f"{num_images_per_prompt}."
             )
-        if latents is not None and tuple(latents.shape) != settings.latent_shape:
-            raise ValueError(f"`latents` has shape {tuple(latents.shape)}; expected {settings.latent_shape}.")
+        if latents is not None and tuple(latents.shape) != latent_shape:
+            raise ValueError(f"`latents` has shape {tuple(latents.shape)}; expected {latent_shape}.")
         if output_type != "latent" and kind == "text" and self.vae is None:
             raise ValueError("text-conditioned denoisers need a `vae` to decode; use output_type='latent'.")
-        if not settings.fair:
-            settings.allocator.check(settings.num_agents, *settings.latent_shape[2:])
-        return settings
+        if not fair:
+            allocator.check(num_agents, *latent_size)
+        return DivideAndDenoiseCallSettings(
+            num_agents=num_agents,
+            prompts=prompts,
+            class_labels=labels,
+            guidance_scales=guidance_scales,
+            utility=utility,
+            needs_unconditional=needs_unconditional,
+            latent_shape=latent_shape,
+            allocator=allocator,
+            utility_momentum=utility_momentum,
+            alignment_scale=alignment_scale,
+            max_iter_to_align=max_iter_to_align,
+            attn_res=attn_res,
+        )
 
-    def _predict(self, sample: torch.Tensor, t, settings: DivideAndDenoiseCallSettings, cond: dict, recording=None):
+    def _predict(self, sample: torch.Tensor, t, settings, cond: dict, guidance_scales: list[float], recording=None):
         """Every agent's guided, conditional and unconditional predictions `(B, K, C, H, W)` and, with the
         cross-attention utility's `recording`, its concept attention maps `(B, K, H, W)` (see `agent_predictions`)."""
+        unconditional = settings.needs_unconditional or any(g > 1 for g in guidance_scales)
         return predict_agents(
             self.denoisers,
             self.conditioning,
             sample,
             t,
             cond,
-            self._agent_guidance_scales(),
-            branches=2 if settings.needs_unconditional or self.do_classifier_free_guidance else 1,
+            guidance_scales,
+            branches=2 if unconditional else 1,
             null_class_label=self.config.null_class_label,
             recording=recording,
             attn_res=settings.attn_res,
@@ -496,38 +533,35 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
             callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
 
-        # 1. Check inputs and resolve them into the call's settings. Raise error if not correct
-        joint = any(is_joint_transformer(m) for m in self.denoisers)
-        check_pooled_embeds(
-            joint, prompt_embeds, pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds
-        )
-        if prompt_embeds is not None:
-            check_prompt_embeds(self.conditioning, prompt, prompt_embeds, negative_prompt_embeds)
-            prompt = [""] * len(prompt_embeds)  # one placeholder per model for the checks; the embeddings are used
+        # 1. Check inputs and resolve them, once, into the call's settings. Raise error if not correct
         settings = self.check_inputs(
-            prompt,
-            class_labels,
-            negative_prompt,
-            height,
-            width,
-            num_inference_steps,
-            guidance_scale,
-            num_images_per_prompt,
-            generator,
-            latents,
-            output_type,
-            callback_on_step_end_tensor_inputs,
-            allocator,
-            utility,
-            utility_momentum,
-            token_indices,
-            alignment_scale,
-            max_iter_to_align,
-            prompt_from_embeds=prompt_embeds is not None,
+            prompt=prompt,
+            class_labels=class_labels,
+            negative_prompt=negative_prompt,
+            height=height,
+            width=width,
+            num_inference_steps=num_inference_steps,
+            guidance_scale=guidance_scale,
+            num_images_per_prompt=num_images_per_prompt,
+            generator=generator,
+            latents=latents,
+            output_type=output_type,
+            callback_on_step_end_tensor_inputs=callback_on_step_end_tensor_inputs,
+            allocator=allocator,
+            utility=utility,
+            utility_momentum=utility_momentum,
+            token_indices=token_indices,
+            alignment_scale=alignment_scale,
+            max_iter_to_align=max_iter_to_align,
             eta=eta,
             attn_res=attn_res,
+            prompt_embeds=prompt_embeds,
+            negative_prompt_embeds=negative_prompt_embeds,
+            pooled_prompt_embeds=pooled_prompt_embeds,
+            negative_pooled_prompt_embeds=negative_pooled_prompt_embeds,
         )
         self._guidance_scale, self._num_agents_running = guidance_scale, settings.num_agents
+        guidance = settings.guidance_scales  # resolved once; again only after a callback, which may change it
         self._interrupt = False
         timings = dict.fromkeys(TIMING_KEYS, 0.0)
         num_agents, allocator = settings.num_agents, settings.allocator
@@ -588,7 +622,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                     continue
                 scaled = scale_input(latents, t)
                 start = clock()
-                guided, cond_out, uncond_out, attention = self._predict(scaled, t, settings, cond, recording)
+                guided, cond_out, uncond_out, attention = self._predict(scaled, t, settings, cond, guidance, recording)
                 timings["model_forwards"] += clock() - start
 
                 if settings.fair:
@@ -624,6 +658,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                     callback_kwargs = {k: step_tensors[k] for k in callback_on_step_end_tensor_inputs}
                     callback_outputs = callback_on_step_end(self, i, t, callback_kwargs) or {}
                     latents = callback_outputs.pop("latents", latents)
+                    # diffusers' convention: a callback may set `pipe._guidance_scale` for the remaining steps
+                    guidance = agent_guidance_scales(self._guidance_scale, num_agents)
 
         # 8. Decode and post-process
         if output_type == "latent":

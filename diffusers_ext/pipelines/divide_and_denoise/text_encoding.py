@@ -38,7 +38,7 @@ def encode_prompt(
 def check_prompt_embeds(kind: str, prompt, prompt_embeds, negative_prompt_embeds) -> None:
     """Raise a `ValueError` naming the argument when precomputed embeddings cannot condition the denoisers: not
     text-conditioned, given with `prompt`, or not `(K, L, D)` / `(1, L, D)`. (The `token_indices` the cross-attention
-    utility then needs are checked with the other settings, `DivideAndDenoiseCallSettings.from_call`.)"""
+    utility then needs are checked with the call's other arguments, `DivideAndDenoisePipeline.check_inputs`.)"""
     if kind != "text":
         raise ValueError(f"`prompt_embeds` was given, but the denoisers are not text-conditioned ({kind}).")
     if prompt is not None:
@@ -126,17 +126,11 @@ def agent_text_condition(
         )
         embeds = embeds if prompt_embeds is None else prompt_embeds.to(device)
         negative = negative if negative_prompt_embeds is None else negative_prompt_embeds.to(device)
+        lengths = lengths if prompt_embeds is None else None  # the tokens of precomputed embeddings are unknown
     cond["prompt_embeds"], cond["negative_embeds"] = embeds.to(dtype), negative.to(dtype)
-    if token_indices is None and lengths is not None:
+    if token_indices is None and lengths is not None:  # (given ones are checked with the call's other arguments)
         if min(lengths) < 1:
             raise ValueError("every prompt needs at least one token for the cross-attention utility.")
         token_indices = [list(range(1, 1 + n)) for n in lengths]
-    if token_indices is not None:
-        length = cond["prompt_embeds"].shape[1]
-        outside = [i for indices in token_indices for i in indices if not 0 <= i < length]
-        if outside:
-            raise ValueError(
-                f"`token_indices` {token_indices!r} name positions {outside} outside the {length} prompt tokens."
-            )
     cond["token_indices"] = token_indices
     return cond
