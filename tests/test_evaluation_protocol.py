@@ -130,3 +130,18 @@ def test_solo_disc_scores_score_each_expert_alone():
     assert scores == solo_disc_scores(experts, scheduler, num_images=2, num_inference_steps=10, seeds=[1, 2])
     with pytest.raises(ValueError, match="one seed each"):
         solo_disc_scores(experts, scheduler, num_images=2, num_inference_steps=10, seeds=[1])
+def test_paired_and_unpaired_differences():
+    from diffusers_ext.evaluation.protocol import mean_spread, paired_difference, unpaired_difference
+
+    a, b = [0.65, 0.65, 0.65, 0.75, 0.625], [0.575, 0.55, 0.675, 0.525, 0.6]
+    paired = paired_difference(a, b)  # the shared per-seed part cancels
+    assert paired["pairing"] == "paired" and paired["n"] == 5
+    assert paired["difference"] == pytest.approx(0.08) and paired["sem"] == pytest.approx(0.0421307, rel=1e-5)
+    assert paired["values"] == pytest.approx([0.075, 0.1, -0.025, 0.225, 0.025])
+    unpaired = unpaired_difference(mean_spread(a), mean_spread(b))
+    assert unpaired["pairing"] == "unpaired" and unpaired["difference"] == pytest.approx(0.08)
+    assert unpaired["sem"] == pytest.approx((mean_spread(a)["sem"] ** 2 + mean_spread(b)["sem"] ** 2) ** 0.5)
+    same = paired_difference([1.0, 2.0], [0.0, 1.0])  # identical differences: zero SE, infinite z
+    assert same["sem"] == 0.0 and same["z"] == float("inf")
+    with pytest.raises(ValueError, match="one score per shared unit"):
+        paired_difference([1.0, 2.0], [1.0])

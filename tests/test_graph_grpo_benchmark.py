@@ -132,7 +132,8 @@ def test_merge_refuses_files_that_do_not_fit(tmp_path):
         bench.merge_results([str(tree), str(twice)])
     planar = write_run(tmp_path / "planar", "planar", "python benchmarks/graph_grpo/graph_grpo.py --datasets planar")
     tampered = json.loads(planar.read_text())
-    tampered["datasets"]["planar"]["summary"]["grpo"]["vun"]["mean"] = 0.9  # the recorded targets no longer rebuild
+    grpo_vun = tampered["datasets"]["planar"]["summary"]["grpo"]["vun"]
+    grpo_vun.update(mean=0.9, values=[0.9] * 5)  # the recorded targets no longer rebuild
     planar.write_text(json.dumps(tampered))
     with pytest.raises(ValueError, match="differs from the recorded"):
         bench.merge_results([str(tree), str(planar)])
@@ -192,3 +193,36 @@ def test_each_dataset_trains_with_its_reward():
     assert bench.section_reward({}, "planar") == "planar_validity"  # sections from before rewards were recorded
     assert bench.split_merge_source("a/b.json:tree,planar") == ("a/b.json", ["tree", "planar"])
     assert bench.split_merge_source("a/b.json") == ("a/b.json", None)
+
+
+def test_the_committed_tree_gain_is_judged_with_the_paired_standard_error():
+    """Run s of GRPO and the pretrained model's seed-s samples share their generator: the committed tree-16 per-seed
+    V.U.N. give paired differences 0.075, 0.100, -0.025, 0.225, 0.025 (mean 0.080, paired SE 0.042), so the gain
+    minus 2 SE is -0.004: not met (the unpaired SE made it met)."""
+    from benchmark_scripts import results_file
+
+    committed = json.loads(results_file("graph_grpo.json").read_text(encoding="utf-8"))
+    summary = committed["datasets"]["tree"]["summary"]
+    rows = {row["name"]: row for row in bench.dataset_targets(summary, "tree", 500)}
+    gain = rows["tree: GRPO V.U.N. gain minus 2 paired SE"]
+    assert gain["value"] == pytest.approx(0.080 - 2 * 0.04213, abs=1e-4) and not gain["met"]
+    unpaired = {row["name"]: row for row in bench.dataset_targets(summary, "tree", 500, pairing="unpaired")}
+    assert unpaired["tree: GRPO V.U.N. gain minus 2 SE"]["met"]  # what the file recorded before
+    assert committed["summary"]["difference_se"].startswith("paired")
+
+
+def test_a_file_with_unpaired_rows_is_checked_as_recorded_then_rebuilt_paired(tmp_path):
+    path = write_run(tmp_path / "old", "tree", "python benchmarks/graph_grpo/graph_grpo.py")
+    old = json.loads(path.read_text())
+    old["summary"]["targets"] = bench.all_targets(old, "unpaired")
+    path.write_text(json.dumps(old))
+    rebuilt = bench.rebuild(str(path))
+    names = [row["name"] for row in rebuilt["summary"]["targets"]]
+    assert "tree: GRPO V.U.N. gain minus 2 paired SE" in names and not any(n.endswith("minus 2 SE") for n in names)
+    assert rebuilt["rebuilt_from_results"]["replaced_rows"]["tree: GRPO V.U.N. gain minus 2 SE"] == [
+        "tree: GRPO V.U.N. gain minus 2 paired SE"
+    ]
+    old["datasets"]["tree"]["summary"]["grpo"]["vun"]["mean"] = 0.1  # a tampered legacy file is still caught
+    path.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="differs from the recorded"):
+        bench.rebuild(str(path))

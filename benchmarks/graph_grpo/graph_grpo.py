@@ -28,13 +28,12 @@ only the named datasets of a file). Per dataset:
    reported separately, and the degree / clustering / spectral MMD ratios to train-vs-test (test split).
 
 Targets (computed): the pretrained model leaves headroom (V.U.N. at 50 steps <= 0.9), GRPO raises V.U.N. by more
-than 2 standard errors (the SE of the difference of the two seed means), and no MMD ratio gets worse by more than
-2 SE. Everything runs on one CPU thread.
+than 2 standard errors, and no MMD ratio gets worse by more than 2 SE. The standard errors are paired: the GRPO run of
+seed s and the pretrained model's seed-s samples share their generator, so the SE is that of the per-seed differences. Everything runs on one CPU thread.
 """
 
 import argparse
 import json
-import math
 import os
 import time
 
@@ -346,39 +345,66 @@ def run_dataset(args, dataset: str) -> dict:
     }
 
 
-def _se_difference(a: dict, b: dict) -> float:
-    return math.sqrt(a["sem"] ** 2 + b["sem"] ** 2)
+# The GRPO run of seed s samples its test graphs with the generator seed the pretrained model's seed-s samples use,
+# so the two are scored on shared randomness and their differences are paired (`protocol.paired_difference`). Files
+# measured before this recorded the unpaired SE (rows "... minus 2 SE"): `rebuild` checks those rows as recorded,
+# then replaces them with the paired ones.
+DIFFERENCE_SE = (
+    "paired: the GRPO run of seed s and the pretrained model's seed-s samples share the generator seed, so each "
+    "gain's standard error is that of the per-seed differences (protocol.paired_difference)"
+)
+SE_LABEL = {"paired": "paired SE", "unpaired": "SE"}
 
 
-def dataset_targets(summary: dict, dataset: str, headroom_steps: int) -> list[dict]:
-    from diffusers_ext.evaluation.protocol import target
+def dataset_targets(summary: dict, dataset: str, headroom_steps: int, pairing: str = "paired") -> list[dict]:
+    """The dataset's target rows; `pairing="unpaired"` gives the rows files recorded before the paired SE, to check
+    them on a rebuild."""
+    from diffusers_ext.evaluation.protocol import paired_difference, target, unpaired_difference
+
+    def difference(after: dict, before: dict) -> dict:
+        if pairing == "paired":
+            return paired_difference(after["values"], before["values"])
+        return unpaired_difference(after, before)
 
     pre, post = summary["pretrained"], summary["grpo"]
+    se = SE_LABEL[pairing]
     rows = [target(f"{dataset}: headroom, pretrained V.U.N. at 50 steps", pre["vun"]["mean"], 0.9, "<=")]
-    gain = post["vun"]["mean"] - pre["vun"]["mean"]
-    rows.append(
-        target(f"{dataset}: GRPO V.U.N. gain minus 2 SE", gain - 2 * _se_difference(pre["vun"], post["vun"]), 0.0)
-    )
+    gain = difference(post["vun"], pre["vun"])
+    rows.append(target(f"{dataset}: GRPO V.U.N. gain minus 2 {se}", gain["difference"] - 2 * gain["sem"], 0.0))
     for stat in (*STATISTICS, "ratio"):
         key = f"ratio_{stat}"
         label = "mean MMD ratio" if stat == "ratio" else f"{stat} MMD ratio"
         if key not in pre:  # no ratio (train-vs-test MMD is 0): the squared MMD to the test split itself
             key, label = f"mmd_{stat}", f"{stat} MMD (no ratio: train-vs-test MMD is 0)"
-        increase = post[key]["mean"] - pre[key]["mean"]
+        increase = difference(post[key], pre[key])
         rows.append(
             target(
-                f"{dataset}: {label} increase minus 2 SE",
-                increase - 2 * _se_difference(pre[key], post[key]),
-                0.0,
-                "<=",
+                f"{dataset}: {label} increase minus 2 {se}", increase["difference"] - 2 * increase["sem"], 0.0, "<="
             )
         )
     return rows
 
 
-def all_targets(results: dict) -> list[dict]:
+def rebuild(path: str) -> dict:
+    """`reporting.rebuild_results` of a results file: its recorded rows are checked against its measurements (a file
+    from before the paired SE by the unpaired rows it recorded), and the targets are then the paired ones."""
+    from diffusers_ext.evaluation.reporting import rebuild_results
+
+    recorded = _read(path) if os.path.isfile(path) else {}
+    names = [row["name"] for row in recorded.get("summary", {}).get("targets", [])]
+    legacy = any(name.endswith("minus 2 SE") for name in names)
+    results = rebuild_results(path, lambda r: all_targets(r, "unpaired" if legacy else "paired"), rel_to=REPO)
+    if legacy:
+        results["summary"]["targets"] = all_targets(results)
+        results["rebuilt_from_results"]["replaced_rows"] = {
+            name: [name.replace("minus 2 SE", "minus 2 paired SE")] for name in names if name.endswith("minus 2 SE")
+        }
+    return results
+
+
+def all_targets(results: dict, pairing: str = "paired") -> list[dict]:
     return [row for name in results["datasets"] for row in dataset_targets(
-        results["datasets"][name]["summary"], name, results["settings"]["headroom_steps"]
+        results["datasets"][name]["summary"], name, results["settings"]["headroom_steps"], pairing
     )]  # fmt: skip
 
 
@@ -388,6 +414,11 @@ def measured_by(results: dict, name: str) -> dict:
     if "measured_by" in part:
         return part["measured_by"]
     return {key: results[key] for key in ("command", "code_hash", "seconds")}
+
+
+def _read(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def split_merge_source(source: str) -> tuple[str, list[str] | None]:
@@ -409,12 +440,10 @@ def merge_results(sources: list[str]) -> dict:
     `seconds`) of the run that measured it; the merged results name the files (`merged_from`: path, sha256, the
     datasets taken), join the distinct commands with "; ", and rebuild the targets.
     """
-    from diffusers_ext.evaluation.reporting import rebuild_results
-
     datasets, files, settings, first = {}, [], None, None
     for source in sources:
         path, names = split_merge_source(source)
-        results = rebuild_results(path, all_targets, rel_to=REPO)
+        results = rebuild(path)
         sha256 = results.pop("rebuilt_from_results")["sha256"]
         absent = [name for name in names or () if name not in results["datasets"]]
         if absent:
@@ -558,13 +587,13 @@ def draw(results: dict, path: str) -> None:
 
 def main(argv=None) -> dict:
     from diffusers_ext.evaluation.protocol import settings_code_hash
-    from diffusers_ext.evaluation.reporting import command, rebuild_results, write_results
+    from diffusers_ext.evaluation.reporting import command, write_results
 
     args = parse_args(argv)
     stem = os.path.join(args.output_dir, "graph_grpo")
     title = "Graph-GRPO on tree-16 / planar-16 (CPU proxies of SPECTRE tree / planar)"
     if args.from_results is not None:
-        results = rebuild_results(args.from_results, all_targets, rel_to=REPO)
+        results = rebuild(args.from_results)
     elif args.merge_from is not None:
         results = merge_results(args.merge_from)
     else:
@@ -579,6 +608,7 @@ def main(argv=None) -> dict:
         }
         results["seconds"] = time.perf_counter() - start
         results["summary"] = {"targets": all_targets(results)}
+    results["summary"]["difference_se"] = DIFFERENCE_SE
     write_results(
         stem,
         results,

@@ -16,7 +16,6 @@ the Design-Bench numbers are the normalised 100th and 50th percentile. Everythin
 
 import argparse
 import json
-import math
 import os
 import tempfile
 import time
@@ -230,15 +229,12 @@ def test_seed(args, family: str, seed: int, choices: dict, workdir: str) -> dict
 
 
 def paired(a: list[float], b: list[float]) -> dict:
-    """Mean paired difference `a - b` over seeds, its standard error, and the difference in SE units."""
-    from diffusers_ext.evaluation.protocol import mean_spread
+    """Mean paired difference `a - b` over seeds (the methods of seed s share its offline data and oracle), its
+    paired standard error, and the difference in SE units (`protocol.paired_difference`)."""
+    from diffusers_ext.evaluation.protocol import paired_difference
 
-    d = mean_spread([x - y for x, y in zip(a, b)])
-    if d["sem"] > 0:
-        z = d["mean"] / d["sem"]
-    else:
-        z = math.inf if d["mean"] > 0 else (-math.inf if d["mean"] < 0 else 0.0)
-    return {"difference": d["mean"], "sem": d["sem"], "z": z}
+    d = paired_difference(a, b)
+    return {"difference": d["difference"], "sem": d["sem"], "z": d["z"]}
 
 
 def summarise(results: dict) -> dict:
@@ -352,6 +348,10 @@ def write_plot(results: dict, path: str) -> None:
 def write(results: dict, output_dir: str) -> None:
     from diffusers_ext.evaluation.reporting import write_results
 
+    results["summary"]["difference_se"] = (
+        "paired: every method of seed s runs on that seed's offline data and oracle, so each difference's standard "
+        "error is that of the per-seed differences (protocol.paired_difference)"
+    )
     s = results["settings"]
     write_results(
         os.path.join(output_dir, "spade"),

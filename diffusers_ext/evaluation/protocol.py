@@ -64,6 +64,47 @@ def mean_spread(values: Iterable[float]) -> dict:
     return {"mean": mean, "std": std, "sem": std / math.sqrt(n), "n": n, "values": values}
 
 
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict:
+    """The mean difference `a - b` of two methods scored on the same units (seeds, prompts, maps), with the paired
+    standard error: the standard error of the per-unit differences, `std(a_i - b_i) / sqrt(n)`.
+
+    Use it whenever unit `i` of both methods shares its randomness (the same seed, generator or input): the shared
+    part cancels in `a_i - b_i`, which the unpaired SE ([`unpaired_difference`]) would count twice.
+
+    Returns:
+        `{"difference", "sem", "z", "n", "pairing": "paired", "values"}`: `z` is `difference / sem` (+-inf or 0 for a
+        zero `sem`), `values` the per-unit differences.
+    """
+    a, b = [float(v) for v in a], [float(v) for v in b]
+    if len(a) != len(b) or not a:
+        raise ValueError(f"`a` and `b` must hold one score per shared unit each, got {len(a)} and {len(b)} scores.")
+    spread = mean_spread([x - y for x, y in zip(a, b)])
+    return _difference(spread["mean"], spread["sem"], spread["n"], "paired", spread["values"])
+
+
+def unpaired_difference(a: dict, b: dict) -> dict:
+    """The difference of the means of two independent sets of repeats, `a["mean"] - b["mean"]` (each a
+    [`mean_spread`] dict), with the unpaired standard error `sqrt(sem_a^2 + sem_b^2)`. For methods whose repeats
+    share nothing; where they share seeds or inputs, use [`paired_difference`].
+
+    Returns:
+        `{"difference", "sem", "z", "n", "pairing": "unpaired"}` (`n`: the smaller repeat count).
+    """
+    sem = math.sqrt(a["sem"] ** 2 + b["sem"] ** 2)
+    return _difference(a["mean"] - b["mean"], sem, min(a["n"], b["n"]), "unpaired")
+
+
+def _difference(difference: float, sem: float, n: int, pairing: str, values: list[float] | None = None) -> dict:
+    if sem > 0:
+        z = difference / sem
+    else:
+        z = math.inf if difference > 0 else (-math.inf if difference < 0 else 0.0)
+    result = {"difference": difference, "sem": sem, "z": z, "n": n, "pairing": pairing}
+    if values is not None:
+        result["values"] = values
+    return result
+
+
 def binomial_standard_error(rate: float, count: int) -> float:
     """Standard error `sqrt(p (1 - p) / n)` of a success rate `p` measured on `n` independent trials."""
     check_positive_int("count", count)
