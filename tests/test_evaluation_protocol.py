@@ -130,6 +130,8 @@ def test_solo_disc_scores_score_each_expert_alone():
     assert scores == solo_disc_scores(experts, scheduler, num_images=2, num_inference_steps=10, seeds=[1, 2])
     with pytest.raises(ValueError, match="one seed each"):
         solo_disc_scores(experts, scheduler, num_images=2, num_inference_steps=10, seeds=[1])
+
+
 def test_paired_and_unpaired_differences():
     from diffusers_ext.evaluation.protocol import mean_spread, paired_difference, unpaired_difference
 

@@ -41,9 +41,10 @@ SCHEDULERS = {
     "KDPM2DiscreteScheduler": {},
     "KDPM2AncestralDiscreteScheduler": {},
     "DPMSolverMultistepScheduler": {},
-    # Singlestep ignores `timestep_spacing` and starts at t=999, where the zoo's cosine schedule has
-    # alpha_bar = 2e-9 (sigma = 2e4): clipping lambda = log(alpha / sigma) at -2 starts it near t=900 like the others.
-    "DPMSolverSinglestepScheduler": {"lambda_min_clipped": -2.0},
+    # A plain swap: the zoo's saved config carries DPM-Solver's `lambda_min_clipped` for its cosine schedule
+    # (`schedulers.compatibility.swap_ready_scheduler_config`), which Singlestep needs: it starts at t=999 whatever
+    # `timestep_spacing` says, where alpha_bar is 2e-9.
+    "DPMSolverSinglestepScheduler": {},
     "DPMSolverSDEScheduler": {},
     "DEISMultistepScheduler": {},
     "UniPCMultistepScheduler": {},
@@ -229,3 +230,20 @@ def test_dirp_inverts_with_the_schedule_of_every_scheduler(ddpm):
     flow = DIRPPipeline(pipe.unet, diffusers.FlowMatchEulerDiscreteScheduler(), null_class_label=10)
     with pytest.raises(TypeError, match="FlowMatchEulerDiscreteScheduler has none"):
         flow.reconstruction_error(images, num_inversion_steps=4)
+
+
+def test_the_zoo_configs_of_the_cosine_schedule_carry_dpm_solvers_clip():
+    from diffusers_ext.schedulers.compatibility import COSINE_LAMBDA_MIN_CLIPPED, swap_ready_scheduler_config
+
+    for name in ("digits-ddpm", "procedural-nvs", "procedural-nvs-baseline"):
+        config = zoo.load(name).scheduler.config
+        assert config["beta_schedule"] == "squaredcos_cap_v2"
+        assert config["lambda_min_clipped"] == COSINE_LAMBDA_MIN_CLIPPED, name
+        swapped = diffusers.DPMSolverSinglestepScheduler.from_config(config)  # what a user's plain swap gets
+        assert swapped.config.lambda_min_clipped == COSINE_LAMBDA_MIN_CLIPPED
+    linear = swap_ready_scheduler_config({"beta_schedule": "linear"})
+    assert "lambda_min_clipped" not in linear  # only the cosine schedule needs it
+    assert swap_ready_scheduler_config({"beta_schedule": "squaredcos_cap_v2", "lambda_min_clipped": -3.0}) == {
+        "beta_schedule": "squaredcos_cap_v2",
+        "lambda_min_clipped": -3.0,
+    }

@@ -283,8 +283,9 @@ def build_pipeline(unet, noise_scheduler, args, null_label):
     from diffusers import DDIMScheduler, DDPMPipeline
 
     from diffusers_ext import ClassConditionalDDPMPipeline
+    from diffusers_ext.schedulers.compatibility import swap_ready_scheduler_config
 
-    scheduler = DDIMScheduler.from_config(dict(noise_scheduler.config))
+    scheduler = DDIMScheduler.from_config(swap_ready_scheduler_config(noise_scheduler.config))
     if args.class_conditional:
         return ClassConditionalDDPMPipeline(unet, scheduler, null_class_label=null_label)
     return DDPMPipeline(unet, scheduler)

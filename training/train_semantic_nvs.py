@@ -282,6 +282,7 @@ def main(argv=None):
     from diffusers_ext.data.procedural_scenes import sample_scene_batch
     from diffusers_ext.geometry.camera import scene_plucker
     from diffusers_ext.pipelines.semantic_nvs.conditioning import iterative_semantics, x0_estimate
+    from diffusers_ext.schedulers.compatibility import swap_ready_scheduler_config
     from diffusers_ext.training_utils import (
         build_accelerator,
         command_line,
@@ -431,7 +432,9 @@ def main(argv=None):
             if ema is not None:  # the EMA weights, as the saved pipeline will hold them
                 ema.store(model.parameters())
                 ema.copy_to(model.parameters())
-            pipeline = SemanticNVSPipeline(model, DDIMScheduler.from_config(noise_scheduler.config), encoder)
+            pipeline = SemanticNVSPipeline(
+                model, DDIMScheduler.from_config(swap_ready_scheduler_config(noise_scheduler.config)), encoder
+            )
             run_validation(pipeline, captures, args, accelerator, global_step)
             if ema is not None:
                 ema.restore(model.parameters())
@@ -441,7 +444,9 @@ def main(argv=None):
         final = accelerator.unwrap_model(unet)
         if ema is not None:
             ema.copy_to(final.parameters())
-        pipeline = SemanticNVSPipeline(final, DDIMScheduler.from_config(noise_scheduler.config), encoder)
+        pipeline = SemanticNVSPipeline(
+            final, DDIMScheduler.from_config(swap_ready_scheduler_config(noise_scheduler.config)), encoder
+        )
         pipeline.save_pretrained(args.output_dir)
         if validation_due(args, global_step, final=True):
             run_validation(pipeline, captures, args, accelerator, global_step)

@@ -255,7 +255,9 @@ def main(argv=None):
     )
     batches = iter(sampler)
     if accelerator.is_main_process:
-        accelerator.init_trackers("train_text_to_image_from_scratch", config={k: str(v) for k, v in vars(args).items()})
+        accelerator.init_trackers(
+            "train_text_to_image_from_scratch", config={k: str(v) for k, v in vars(args).items()}
+        )
     logger.info(f"{len(images)} images, {args.vae_steps} VAE + {args.max_train_steps} UNet steps, from {global_step}")
 
     def latent_scaling(means: torch.Tensor) -> float:
