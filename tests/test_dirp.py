@@ -535,3 +535,13 @@ def test_results_file_follows_the_measurement_protocol():
     assert headroom["n"] >= 3 and len(settings["downstream_seeds"]) >= 3
     for d in results["downstream"].values():
         assert d["frechet"]["n"] == len(settings["downstream_seeds"]) and d["frechet"]["sem"] >= 0
+
+
+def test_reconstruct_and_call_share_one_checkpointing_default():
+    import inspect
+
+    defaults = {
+        name: inspect.signature(getattr(DIRPPipeline, name)).parameters["gradient_checkpointing"].default
+        for name in ("reconstruct", "__call__")
+    }
+    assert defaults == {"reconstruct": True, "__call__": True}
