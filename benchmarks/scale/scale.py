@@ -18,7 +18,8 @@ Parts:
   the forward per beam row per step.
 - `dnd`: Divide-and-Denoise with 3 experts (SD1.5's UNet block structure at a fifth of its width), 64x64 latents,
   against what a user would run instead: 3 plain `StableDiffusionPipeline` calls (one per expert and prompt, the same
-  steps, size and `output_type="latent"`), the two alternating in one process (the order swapped every repetition).
+  steps, size, guidance scale 7.5 and `output_type="latent"`), the two alternating in one process (the order swapped
+  every repetition).
 - `dirp`: one DIRP iteration (the differentiable DDIM round trip and its backward) against a plain inversion +
   reconstruction without gradients, at 64x64 latents with an SD-shaped UNet and a VAE of SD's block structure (4
   levels, 2 ResNet layers per block, a mid-block with attention) at reduced width: peak memory
@@ -447,7 +448,14 @@ def measure_dnd(args) -> dict:
     pipe.set_progress_bar_config(disable=True)
     size = args.latent_size * 8
     prompts = ["a red cube", "a blue ball", "a green tree"]
-    common = {"height": size, "width": size, "num_inference_steps": args.dnd_steps, "output_type": "latent"}
+    # the same call on both sides, with Stable Diffusion's default classifier-free guidance (D&D's own default is 1)
+    common = {
+        "height": size,
+        "width": size,
+        "num_inference_steps": args.dnd_steps,
+        "guidance_scale": 7.5,
+        "output_type": "latent",
+    }
 
     def ours(**kwargs):
         return pipe(prompt=prompts, generator=torch.Generator().manual_seed(args.seed), **common, **kwargs)
@@ -481,7 +489,8 @@ def measure_dnd(args) -> dict:
             "unet_parameters": sum(p.numel() for p in pipes[0].unet.parameters()),
             "num_inference_steps": args.dnd_steps,
         },
-        "baseline": "3 plain StableDiffusionPipeline calls, alternating with the D&D call in one process",
+        "baseline": "3 plain StableDiffusionPipeline calls (guidance scale 7.5 on both sides), alternating with the "
+        "D&D call in one process",
         "wall_seconds": {name: _spread(v) for name, v in wall.items()},
         "ratio": _spread(ratios),
         "attn_res": list(attn_res),
