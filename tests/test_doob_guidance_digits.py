@@ -194,6 +194,7 @@ def test_benchmark_selection_costs_and_report():
 
     judged = {"unguided": 1, "rejection": 2, "dps": 8, "doob": 9}
     results = {
+        "settings": vars(args),
         "test": {
             m: {str(s): [records(j, bound=0.7 if s == 0 else 0.0)] for s in args.seeds} for m, j in judged.items()
         },
@@ -207,7 +208,8 @@ def test_benchmark_selection_costs_and_report():
             for m in bench.METHODS
         },
     }
-    results["summary"] = summary = bench.summarise(args, results)
+    results["summary"] = summary = bench.summarise(results)
+    assert bench.targets_from_results(results) == summary["targets"]
     targets = {t["name"]: t for t in summary["targets"]}
     assert targets["doob judge satisfaction above unguided (difference / SE)"]["met"]
     assert not targets["doob judge satisfaction above dps (difference / SE)"][

@@ -31,16 +31,26 @@ from diffusers_ext.evaluation.certified_transfer import (
     split_class_combinations,
 )
 from diffusers_ext.evaluation.protocol import binomial_standard_error, mean_spread, target
-from diffusers_ext.evaluation.reporting import choose_on_validation, command, without_machine_paths, write_results
+from diffusers_ext.evaluation.reporting import (
+    add_from_results_argument,
+    choose_on_validation,
+    command,
+    rebuild_results,
+    without_machine_paths,
+    write_results,
+)
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
+TITLE = "Certified few-shot transfer (digits-episodes proxy)"
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--model_dir", required=True, help="A SampleThenEvaluatePipeline folder (the training output)."
+        "--model_dir", default=None, help="A SampleThenEvaluatePipeline folder (the training output; required)."
     )
     parser.add_argument("--classifier_path", default="diffusers_ext/zoo/digits-classifier", help="Frozen backbone.")
     parser.add_argument("--num_episodes", type=int, default=200, help="Test episodes.")
@@ -56,8 +66,22 @@ def parse_args(argv=None):
     parser.add_argument(
         "--pac_bayes_draws", type=int, default=500, help="Posterior draws of SGD-LoRA's PAC-Bayes Gibbs risk."
     )
-    parser.add_argument("--output", default=os.path.join(RESULTS, "certified_transfer"), help="Results stem.")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="Results stem (default: results/certified_transfer; with --from_results, that file's own stem).",
+    )
+    add_from_results_argument(parser)
+    args = parser.parse_args(argv)
+    if args.from_results is None and args.model_dir is None:
+        parser.error("--model_dir is required (unless --from_results).")
+    if args.output is None:
+        args.output = (
+            os.path.splitext(args.from_results)[0]
+            if args.from_results
+            else os.path.join(RESULTS, "certified_transfer")
+        )
+    return args
 
 
 def build_episodes(proxy, split: str, num: int, shots, seed: int):
@@ -215,8 +239,137 @@ def model_record(model_dir):
     return record
 
 
+def value(methods: dict, method: str, k, metric: str) -> float:
+    """`metric` of `method` at `k` shots: the mean over seeds where the method has seeds, else its one number."""
+    entry = methods[method][str(k)][metric]
+    return entry["mean"] if isinstance(entry, dict) else entry
+
+
+def targets_from_results(results: dict) -> list[dict]:
+    """The computed targets, from the recorded `methods` and settings (the measuring run and `--from_results`)."""
+    settings, methods = results["settings"], results["methods"]
+    shots, k_max = settings["shots"], max(settings["shots"])
+    steel = value(methods, "steel", k_max, "query_accuracy")
+    violation = max(value(methods, "steel", k, "violation_rate") for k in shots)
+    return [
+        target(
+            f"STEEL certificate violation rate (max over shots, {settings['num_episodes']} episodes)",
+            violation,
+            settings["delta"],
+            "<=",
+        ),
+        target(f"STEEL non-vacuous fraction at {k_max} shots", value(methods, "steel", k_max, "non_vacuous"), 0.9),
+        target(
+            f"SGD-LoRA non-vacuous fraction at {k_max} shots (PAC-Bayes bound, best prior scale)",
+            value(methods, "sgd_lora", k_max, "non_vacuous"),
+            0.0,
+            "<=",
+        ),
+        target(
+            f"STEEL query accuracy minus SGD-LoRA's at {k_max} shots",
+            steel - value(methods, "sgd_lora", k_max, "query_accuracy"),
+            -0.10,
+        ),
+        target(
+            f"STEEL minus Gaussian-fit random adapters, query accuracy at {k_max} shots",
+            steel - value(methods, "gaussian", k_max, "query_accuracy"),
+            1e-9,
+        ),
+        target(
+            f"STEEL minus best upstream adapter, query accuracy at {k_max} shots",
+            steel - value(methods, "best_upstream", k_max, "query_accuracy"),
+            1e-9,
+        ),
+    ]
+
+
+def report_sections(results: dict) -> list[str]:
+    """The Markdown sections after the standard header and targets table, from the results alone."""
+    settings, methods = results["settings"], results["methods"]
+    headroom, sgd_choice = results["summary"]["headroom"], results["sgd_validation"]
+    shots, k_max, oracle_episodes = settings["shots"], max(settings["shots"]), settings["oracle_episodes"]
+    lines = [
+        "## Headroom",
+        "",
+        "| shots | frozen backbone query accuracy |",
+        "| --- | --- |",
+    ]
+    for k in shots:
+        lines.append(f"| {k} | {headroom['frozen_backbone_query_accuracy'][str(k)]:.3f} |")
+    lines += [
+        "",
+        f"Oracle pick from the STEEL class (the member best on the query set, {k_max} shots, first "
+        f"{oracle_episodes} test episodes): query accuracy "
+        f"{headroom[f'oracle_pick_from_steel_class_{k_max}_shots_{oracle_episodes}_episodes']:.3f}.",
+    ]
+    lines += ["", "## Query accuracy, certificate, non-vacuous fraction, violation rate (test episodes)", ""]
+    lines += [
+        "| method | shots | query acc | emp. risk | certificate (Hoeffding form) | non-vacuous | violation rate "
+        "| kl certificate | kl below chance (0.8) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    names = {
+        "steel": "STEEL (diffusion class)",
+        "gaussian": "Gaussian-fit class",
+        "best_upstream": "best upstream adapter (class of the upstream adapters)",
+        "sgd_lora": "SGD-LoRA (PAC-Bayes, Gaussian posterior; Gibbs risks)",
+    }
+    for method, label in names.items():
+        for k in shots:
+            row = [
+                value(methods, method, k, m)
+                for m in (
+                    "query_accuracy",
+                    "empirical_risk",
+                    "certificate_mean",
+                    "non_vacuous",
+                    "violation_rate",
+                    "kl_certificate_mean",
+                    "kl_below_chance",
+                )
+            ]
+            lines.append(f"| {label} | {k} | " + " | ".join(f"{x:.3f}" for x in row) + " |")
+    lines += [
+        "",
+        "SGD-LoRA's query accuracy is its deterministic adapter's; its empirical risk, certificate and violation rate "
+        "are those of the Gaussian posterior the PAC-Bayes bound certifies. Its 32-bit parameter-count bound:",
+        "",
+        "| shots | SGD deterministic emp. risk | parameter-count bound | non-vacuous | Gibbs query acc | median prior sigma "
+        "| median KL (nats) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for k in shots:
+        sgd = methods["sgd_lora"][str(k)]
+        lines.append(
+            f"| {k} | {sgd['deterministic_empirical_risk']:.3f} | {sgd['parameter_count_bound_mean']:.3f} | "
+            f"{sgd['parameter_count_non_vacuous']:.3f} | {sgd['gibbs_query_accuracy']:.3f} | "
+            f"{sgd['prior_sigma_median']:.4g} | {sgd['kl_divergence_median']:.4g} |"
+        )
+    lines += [
+        "",
+        f"SGD-LoRA chosen on validation: {sgd_choice['chosen']['name']}. Seeds of the class draws: {settings['seeds']} (mean over seeds shown).",
+    ]
+    return lines
+
+
+def write_report(results: dict, stem: str) -> None:
+    """`<stem>.json` and `.md` through the shared reporting module."""
+    s = results["settings"]
+    write_results(
+        stem,
+        results,
+        TITLE,
+        sections=report_sections(results),
+        settings_line=f"|Theta| = {s['num_hypotheses']}, delta = {s['delta']}, {s['num_episodes']} test episodes, shots {s['shots']}",
+    )
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
+        write_report(results, args.output)
+        return results
     torch.set_num_threads(1)
     proxy = load_proxy(args.classifier_path)
     pipe = SampleThenEvaluatePipeline.from_pretrained(args.model_dir)
@@ -265,136 +418,38 @@ def main(argv=None):
                     proxy, gaussian_fit_sample(upstream, args.num_hypotheses, generator), test, k, args.delta
                 )
             )
-        methods["steel"][k] = {"seeds": steel, **{m: mean_spread(r[m] for r in steel) for m in steel[0]}}
-        methods["gaussian"][k] = {"seeds": gauss, **{m: mean_spread(r[m] for r in gauss) for m in gauss[0]}}
-        methods["best_upstream"][k] = finite_class_method(proxy, upstream, test, k, args.delta)
-        methods["sgd_lora"][k] = sgd_method(
+        methods["steel"][str(k)] = {"seeds": steel, **{m: mean_spread(r[m] for r in steel) for m in steel[0]}}
+        methods["gaussian"][str(k)] = {"seeds": gauss, **{m: mean_spread(r[m] for r in gauss) for m in gauss[0]}}
+        methods["best_upstream"][str(k)] = finite_class_method(proxy, upstream, test, k, args.delta)
+        methods["sgd_lora"][str(k)] = sgd_method(
             proxy, test, k, chosen["steps"], chosen["lr"], args.delta, num_draws=args.pac_bayes_draws
         )
         zero = torch.zeros(1, proxy.dim)
         frozen = query_errors(proxy, zero.expand(len(test), -1), test, k)
-        methods["frozen_backbone"][k] = {"query_accuracy": float(1 - frozen.mean())}
+        methods["frozen_backbone"][str(k)] = {"query_accuracy": float(1 - frozen.mean())}
 
-    def value(method, k, metric):
-        entry = methods[method][k][metric]
-        return entry["mean"] if isinstance(entry, dict) else entry
-
-    violation = max(value("steel", k, "violation_rate") for k in args.shots)
-    targets = [
-        target(
-            f"STEEL certificate violation rate (max over shots, {args.num_episodes} episodes)",
-            violation,
-            args.delta,
-            "<=",
-        ),
-        target(f"STEEL non-vacuous fraction at {k_max} shots", value("steel", k_max, "non_vacuous"), 0.9),
-        target(
-            f"SGD-LoRA non-vacuous fraction at {k_max} shots (PAC-Bayes bound, best prior scale)",
-            value("sgd_lora", k_max, "non_vacuous"),
-            0.0,
-            "<=",
-        ),
-        target(
-            f"STEEL query accuracy minus SGD-LoRA's at {k_max} shots",
-            value("steel", k_max, "query_accuracy") - value("sgd_lora", k_max, "query_accuracy"),
-            -0.10,
-        ),
-        target(
-            f"STEEL minus Gaussian-fit random adapters, query accuracy at {k_max} shots",
-            value("steel", k_max, "query_accuracy") - value("gaussian", k_max, "query_accuracy"),
-            1e-9,
-        ),
-        target(
-            f"STEEL minus best upstream adapter, query accuracy at {k_max} shots",
-            value("steel", k_max, "query_accuracy") - value("best_upstream", k_max, "query_accuracy"),
-            1e-9,
-        ),
-    ]
     headroom = {
-        "frozen_backbone_query_accuracy": {k: value("frozen_backbone", k, "query_accuracy") for k in args.shots},
+        "frozen_backbone_query_accuracy": {
+            str(k): value(methods, "frozen_backbone", k, "query_accuracy") for k in args.shots
+        },
         f"oracle_pick_from_steel_class_{k_max}_shots_{args.oracle_episodes}_episodes": value(
-            "steel", k_max, "oracle_pick_query_accuracy"
+            methods, "steel", k_max, "oracle_pick_query_accuracy"
         ),
     }
     results = {
-        "command": command(__file__, omit=("--model_dir", "--output")),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("model_dir", "output")},
+        "command": command(__file__, argv, omit=("--model_dir", "--output")),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("model_dir", "output", "from_results")},
         "model": model_record(args.model_dir),
         "complexity_term": {
-            k: math.sqrt((math.log(args.num_hypotheses) + math.log(1 / args.delta)) / (10 * k)) for k in args.shots
+            str(k): math.sqrt((math.log(args.num_hypotheses) + math.log(1 / args.delta)) / (10 * k))
+            for k in args.shots
         },
-        "summary": {"targets": targets, "headroom": headroom},
+        "summary": {"headroom": headroom},
         "sgd_validation": sgd_choice,
         "methods": methods,
     }
-    lines = [
-        "## Headroom",
-        "",
-        "| shots | frozen backbone query accuracy |",
-        "| --- | --- |",
-    ]
-    for k in args.shots:
-        lines.append(f"| {k} | {headroom['frozen_backbone_query_accuracy'][k]:.3f} |")
-    lines += [
-        "",
-        f"Oracle pick from the STEEL class (the member best on the query set, {k_max} shots, first "
-        f"{args.oracle_episodes} test episodes): query accuracy "
-        f"{headroom[f'oracle_pick_from_steel_class_{k_max}_shots_{args.oracle_episodes}_episodes']:.3f}.",
-    ]
-    lines += ["", "## Query accuracy, certificate, non-vacuous fraction, violation rate (test episodes)", ""]
-    lines += [
-        "| method | shots | query acc | emp. risk | certificate (Hoeffding form) | non-vacuous | violation rate "
-        "| kl certificate | kl below chance (0.8) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    names = {
-        "steel": "STEEL (diffusion class)",
-        "gaussian": "Gaussian-fit class",
-        "best_upstream": "best upstream adapter (class of the upstream adapters)",
-        "sgd_lora": "SGD-LoRA (PAC-Bayes, Gaussian posterior; Gibbs risks)",
-    }
-    for method, label in names.items():
-        for k in args.shots:
-            row = [
-                value(method, k, m)
-                for m in (
-                    "query_accuracy",
-                    "empirical_risk",
-                    "certificate_mean",
-                    "non_vacuous",
-                    "violation_rate",
-                    "kl_certificate_mean",
-                    "kl_below_chance",
-                )
-            ]
-            lines.append(f"| {label} | {k} | " + " | ".join(f"{x:.3f}" for x in row) + " |")
-    lines += [
-        "",
-        "SGD-LoRA's query accuracy is its deterministic adapter's; its empirical risk, certificate and violation rate "
-        "are those of the Gaussian posterior the PAC-Bayes bound certifies. Its 32-bit parameter-count bound:",
-        "",
-        "| shots | SGD deterministic emp. risk | parameter-count bound | non-vacuous | Gibbs query acc | median prior sigma "
-        "| median KL (nats) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for k in args.shots:
-        sgd = methods["sgd_lora"][k]
-        lines.append(
-            f"| {k} | {sgd['deterministic_empirical_risk']:.3f} | {sgd['parameter_count_bound_mean']:.3f} | "
-            f"{sgd['parameter_count_non_vacuous']:.3f} | {sgd['gibbs_query_accuracy']:.3f} | "
-            f"{sgd['prior_sigma_median']:.4g} | {sgd['kl_divergence_median']:.4g} |"
-        )
-    lines += [
-        "",
-        f"SGD-LoRA chosen on validation: {sgd_choice['chosen']['name']}. Seeds of the class draws: {args.seeds} (mean over seeds shown).",
-    ]
-    write_results(
-        args.output,
-        results,
-        "Certified few-shot transfer (digits-episodes proxy)",
-        sections=lines,
-        settings_line=f"|Theta| = {args.num_hypotheses}, delta = {args.delta}, {args.num_episodes} test episodes, shots {args.shots}",
-    )
+    results["summary"] = {"targets": targets_from_results(results), **results["summary"]}
+    write_report(results, args.output)
     print(f"wrote {args.output}.json", file=sys.stderr)
 
 

@@ -531,11 +531,47 @@ def write_plot(results: dict, path: str) -> None:
     plt.close(fig)
 
 
+def is_zoo_only(results: dict) -> bool:
+    """Whether a results file is the `--zoo_only` one (`consistency_zoo.json`), as its recorded command says."""
+    return "--zoo_only" in results.get("command", "").split()
+
+
+def validation_bar(main_path: str) -> dict:
+    """Per judge, the bar the main benchmark fixed on validation before reading its test curves (pseudo-Huber's mean
+    final 1-step validation FD), as recorded in the main run's results file `main_path` (`consistency.json`)."""
+    if not os.path.isfile(main_path):
+        raise FileNotFoundError(
+            f"--zoo_only compares against the main run's validation bar; run the full benchmark first (no {main_path})."
+        )
+    with open(main_path, encoding="utf-8") as f:
+        by_judge = json.load(f)["summary"]["by_judge"]
+    return {judge: by_judge[judge]["threshold"]["value"] for judge in JUDGES}
+
+
+def zoo_targets(summary: dict, bar: dict) -> list[dict]:
+    """The zoo entry's targets: it trains 4x the samples of one benchmark arm (800 steps of batch 64), so its test
+    1-step FD must clear the main benchmark's validation bar (`validation_bar`), per judge. For the `--zoo_only` run
+    and its `--from_results` rebuild (the bar then comes from `consistency.json` beside the rebuilt file)."""
+    from diffusers_ext.evaluation.protocol import target
+
+    return [
+        target(
+            f"digits-cm 1-step test FD ({judge}) <= the main benchmark's validation bar",
+            summary["1_step_fd_test"][judge]["mean"],
+            bar[judge],
+            "<=",
+        )
+        for judge in JUDGES
+    ]
+
+
+ZOO_TITLE = "The zoo's digits-cm against the main benchmark's validation bar"
+
+
 def measure_zoo_model(args, argv, judges, real_vs_real) -> dict:
     """1- and 2-step FD of the zoo's `digits-cm` on the test half (3 sampling seeds), next to the real reference."""
     from diffusers_ext import zoo
     from diffusers_ext.evaluation.consistency import sample_consistency_model
-    from diffusers_ext.evaluation.protocol import target
     from diffusers_ext.evaluation.reporting import command
 
     pipe = zoo.load("digits-cm")
@@ -547,26 +583,7 @@ def measure_zoo_model(args, argv, judges, real_vs_real) -> dict:
             judge: {"mean": float(np.mean([v[judge] for v in values])), "per_seed": [v[judge] for v in values]}
             for judge in JUDGES
         }
-    # The zoo entry's target: it trains 4x the samples of one benchmark arm (800 steps of batch 64), so its test
-    # 1-step FD must clear the bar the main benchmark fixed on validation before reading its test curves
-    # (pseudo-Huber's mean final 1-step validation FD, per judge; `consistency.json`, written by the full run).
-    main_path = os.path.join(args.output_dir, "consistency.json")
-    if not os.path.isfile(main_path):
-        raise FileNotFoundError(
-            f"--zoo_only compares against the main run's validation bar; run the full benchmark "
-            f"first (no {main_path})."
-        )
-    with open(main_path, encoding="utf-8") as f:
-        bar = json.load(f)["summary"]["by_judge"]
-    summary["targets"] = [
-        target(
-            f"digits-cm 1-step test FD ({judge}) <= the main benchmark's validation bar",
-            summary["1_step_fd_test"][judge]["mean"],
-            bar[judge]["threshold"]["value"],
-            "<=",
-        )
-        for judge in JUDGES
-    ]
+    summary["targets"] = zoo_targets(summary, validation_bar(os.path.join(args.output_dir, "consistency.json")))
     summary["sanity"] = {
         "room_left_zoo_classifier": bool(
             summary["1_step_fd_test"]["zoo_classifier"]["mean"]
@@ -581,6 +598,13 @@ def main(argv=None):
 
     args = parse_args(argv)
     if args.from_results:
+        with open(args.from_results, encoding="utf-8") as f:
+            recorded = json.load(f)
+        if is_zoo_only(recorded):
+            bar = validation_bar(os.path.join(os.path.dirname(os.path.abspath(args.from_results)), "consistency.json"))
+            results = rebuild_results(args.from_results, lambda r: zoo_targets(r["summary"], bar), rel_to=REPO)
+            write_results(os.path.join(args.output_dir, "consistency_zoo"), results, ZOO_TITLE)
+            return
         results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
         results = {"command": recorded_command(results), **results}
         write_report(results, args.output_dir)
@@ -622,11 +646,7 @@ def main(argv=None):
     }
     if args.zoo_only:
         measured = measure_zoo_model(args, argv, judges, real_vs_real)
-        write_results(
-            os.path.join(args.output_dir, "consistency_zoo"),
-            measured,
-            "The zoo's digits-cm against the main benchmark's validation bar",
-        )
+        write_results(os.path.join(args.output_dir, "consistency_zoo"), measured, ZOO_TITLE)
         print(json.dumps(measured, indent=2))
         return
     distances = {"mfd": ManifoldFeatureDistance(regressor), "lpips_like": ClassifierFeatureDistance(zoo_classifier)}

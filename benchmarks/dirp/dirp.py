@@ -34,13 +34,18 @@ import numpy as np
 import torch
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
+TITLE = "DIRP against purification baselines, each tuned on validation"
 PURIFIER_ORDER = ("jpeg", "noise", "diffpure", "gridpure", "impress", "dirp")
 BASELINES = PURIFIER_ORDER[:-1]
 FD_RATIO_LIMIT = 1.25
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pretrained_model_name_or_path", default=None, help="Pipeline folder (default: zoo digits).")
     parser.add_argument("--image_dir", default=None, help="Folder of clean images (needed with a pipeline folder).")
@@ -72,9 +77,14 @@ def parse_args(argv=None):
     parser.add_argument("--downstream_seeds", type=int, nargs="+", default=[0, 1, 2], help="Mimic seeds.")
     parser.add_argument("--skip_downstream", action="store_true", help="Skip the mimicry test (digits only).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the image choice, protections and purifiers.")
-    parser.add_argument("--run_name", default="dirp", help="Results file stem.")
+    parser.add_argument(
+        "--run_name", default=None, help="Results file stem (default: dirp; with --from_results, that file's stem)."
+    )
     parser.add_argument("--output_dir", default=RESULTS)
+    add_from_results_argument(parser)
     args = parser.parse_args(argv)
+    if args.run_name is None:
+        args.run_name = os.path.splitext(os.path.basename(args.from_results))[0] if args.from_results else "dirp"
     if (args.pretrained_model_name_or_path is None) != (args.image_dir is None):
         parser.error("--pretrained_model_name_or_path and --image_dir go together.")
     if args.batch_size < 1:
@@ -369,8 +379,7 @@ def judge_accuracy(classifier):
 
 
 def summarise(args, validation, grid, budgets, amplification, memory, mimicry, protections, judge_check):
-    from diffusers_ext.evaluation.protocol import target
-
+    """The summary's measurements and sanity checks; the targets are `targets_from_results` of the results."""
     cells = [grid[f"{p}@{b}"] for p in protections for b in args.budgets]
     summary = {
         "choice": validation["choice"],
@@ -385,15 +394,6 @@ def summarise(args, validation, grid, budgets, amplification, memory, mimicry, p
         "peak_memory_ratio": memory["ratio_checkpointed"],
         "peak_memory_ratio_without_checkpointing": memory["ratio_plain"],
     }
-    targets = [
-        target(
-            f"test PSNR to clean at {b}/255: DIRP minus the best tuned baseline ({budgets[str(b)]['best_baseline']}), dB",
-            budgets[str(b)]["dirp_minus_best_baseline_psnr"]["mean"],
-            0.0,
-            ">=",
-        )
-        for b in args.budgets
-    ]
     sanity = {
         "protections_raise_their_objective": {
             key: bool(grid[key]["none"]["protection_loss"] > grid[key]["clean_protection_loss"]) for key in grid
@@ -410,7 +410,6 @@ def summarise(args, validation, grid, budgets, amplification, memory, mimicry, p
     if mimicry:
         accuracy, count = judge_check
         protected = mimicry["protected"]["frechet_over_clean"]
-        best = min((n for n in BASELINES if n in mimicry), key=lambda n: mimicry[n]["frechet"]["mean"])
         sanity["downstream_headroom"] = {
             "protection": f"{args.downstream_protection}@{max(args.budgets)}",
             "protected_fd_over_clean": protected,
@@ -419,6 +418,32 @@ def summarise(args, validation, grid, budgets, amplification, memory, mimicry, p
         }
         sanity["judge_classifier_heldout_accuracy"] = {"accuracy": accuracy, "images": count}
         summary["downstream_fd"] = {n: mimicry[n]["frechet"]["mean"] for n in mimicry}
+    summary["sanity"] = sanity
+    return summary
+
+
+def best_baseline_mimicked(mimicry: dict) -> str:
+    """The tuned baseline whose purified images gave the mimic the lowest Fréchet distance."""
+    return min((n for n in BASELINES if n in mimicry), key=lambda n: mimicry[n]["frechet"]["mean"])
+
+
+def targets_from_results(results: dict) -> list[dict]:
+    """The computed targets, from the recorded test-by-budget PSNRs, downstream mimics and memory (the measuring run
+    and `--from_results`)."""
+    from diffusers_ext.evaluation.protocol import target
+
+    budgets, mimicry = results["summary"]["test_by_budget"], results["downstream"]
+    targets = [
+        target(
+            f"test PSNR to clean at {b}/255: DIRP minus the best tuned baseline ({budgets[str(b)]['best_baseline']}), dB",
+            budgets[str(b)]["dirp_minus_best_baseline_psnr"]["mean"],
+            0.0,
+            ">=",
+        )
+        for b in results["settings"]["budgets"]
+    ]
+    if mimicry:
+        best = best_baseline_mimicked(mimicry)
         targets += [
             target(
                 "downstream FD (DIRP-purified) / FD (clean)",
@@ -436,13 +461,12 @@ def summarise(args, validation, grid, budgets, amplification, memory, mimicry, p
     targets.append(
         target(
             "peak memory of a checkpointed purification / one denoiser forward+backward",
-            memory["ratio_checkpointed"],
+            results["memory"]["ratio_checkpointed"],
             2.0,
             "<=",
         )
     )
-    summary["targets"], summary["sanity"] = targets, sanity
-    return summary
+    return targets
 
 
 def _fmt_setting(setting):
@@ -576,12 +600,31 @@ def write_plot(results, path):
     plt.close(fig)
 
 
+def write_report(results: dict, stem: str) -> None:
+    """`<stem>.json`, `.md` and `.png` through the shared reporting module."""
+    from diffusers_ext.evaluation.reporting import write_results
+
+    write_results(
+        stem,
+        results,
+        TITLE,
+        report_sections(results),
+        figures={".png": lambda path: write_plot(results, path)},
+    )
+
+
 def main(argv=None):
     args = parse_args(argv)
+    from diffusers_ext.evaluation.reporting import command, rebuild_results
+
+    stem = os.path.join(args.output_dir, args.run_name)
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
+        write_report(results, stem)
+        return results
     torch.set_num_threads(1)
     from diffusers_ext import DIRPPipeline, zoo
     from diffusers_ext.evaluation.dirp.protections import PROTECTIONS
-    from diffusers_ext.evaluation.reporting import command, write_results
 
     protections = args.protections or list(PROTECTIONS)
     for flag, chosen in (("--protections", protections), ("--validation_protections", args.validation_protections)):
@@ -638,7 +681,7 @@ def main(argv=None):
 
     results = {
         "command": command(__file__, argv),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("output_dir",)},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("output_dir", "from_results")},
         "summary": summarise(
             args, validation, grid, budgets, amplification, memory, mimicry, protections, judge_check
         ),
@@ -649,14 +692,10 @@ def main(argv=None):
         "downstream": mimicry or {},
         "seconds": time.perf_counter() - started,
     }
-    write_results(
-        os.path.join(args.output_dir, args.run_name),
-        results,
-        "DIRP against purification baselines, each tuned on validation",
-        report_sections(results),
-        figures={".png": lambda path: write_plot(results, path)},
-    )
+    results["summary"]["targets"] = targets_from_results(results)
+    write_report(results, stem)
     print(json.dumps({k: results["summary"][k] for k in ("choice", "targets")}, indent=2))
+    return results
 
 
 if __name__ == "__main__":

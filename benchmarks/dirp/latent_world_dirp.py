@@ -35,7 +35,11 @@ import numpy as np
 import torch
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
+NAME = "latent_world_dirp"
+TITLE = "DIRP on the latent text-to-image model (mosaic-t2i)"
 PURIFIERS = ("jpeg", "noise", "diffpure", "gridpure", "impress", "dirp")
 # Every purifier gets three settings on the validation concept (the same tuning budget).
 # Sample grids of the last `run` (clean / protected / DIRP-purified mimics, seed 0), for the plot.
@@ -126,7 +130,7 @@ def run(args: argparse.Namespace) -> dict:
     from diffusers_ext.evaluation.dirp.latent_mimicry import mimic_frechet, sample_mimic
     from diffusers_ext.evaluation.dirp.latent_protections import inversion_amplification, protect_for_prompt
     from diffusers_ext.evaluation.mosaic import train_feature_net
-    from diffusers_ext.evaluation.protocol import mean_spread, target
+    from diffusers_ext.evaluation.protocol import mean_spread
     from diffusers_ext.metrics import frechet_distance
 
     for name in (args.dirp_validation_subject, args.dirp_test_subject):
@@ -271,16 +275,6 @@ def run(args: argparse.Namespace) -> dict:
     LAST_GRIDS.update(grids)
 
     # --------------------------------------------------------------------------------------------- summary
-    others = [p for p in PURIFIERS if p != "dirp"]
-    targets = [
-        target(f"protected ({chosen}, {top}/255) FD / clean FD", ratios[f"{chosen}@{top}"]["mean"], 1.25, ">="),
-        target(f"DIRP-purified ({top}/255) FD / clean FD", ratios[f"dirp@{top}"]["mean"], 1.10, "<="),
-    ]
-    for b in budgets:
-        best_other = max(psnr[str(b)][p] for p in others)
-        targets.append(
-            target(f"DIRP PSNR - best baseline PSNR at {b}/255 (dB)", psnr[str(b)]["dirp"] - best_other, 0.0)
-        )
     real_floor = fd(subject_images(t_subject, args.dirp_num_samples, seed=2), t_reference)
     base_fd = fd(
         sample_mimic(
@@ -315,17 +309,39 @@ def run(args: argparse.Namespace) -> dict:
         "psnr": psnr,
         "inversion_amplification": amplification,
         "frozen_settings": frozen,
-        "targets": targets,
         "sanity": sanity,
     }
     settings = {k: v for k, v in vars(args).items() if k.startswith("dirp_") and k != "dirp_output_dir"}
     settings["tuning_settings"] = SETTINGS
-    return {
+    results = {
         "settings": settings,
         "validation": {"clean_fd": v_clean_fd, "protections": v_protection, "tuning": tuning},
         "summary": summary,
         "wall_seconds": time.time() - start,
     }
+    summary["targets"] = targets_from_results(results)
+    return results
+
+
+def targets_from_results(results: dict) -> list[dict]:
+    """The computed targets, from the recorded FD ratios and PSNRs (the measuring run, `--from_results`, and the
+    part's rebuild in `benchmarks/mosaic/latent_world.py`)."""
+    from diffusers_ext.evaluation.protocol import target
+
+    s = results["summary"]
+    budgets = sorted(results["settings"]["dirp_budgets"])
+    top, chosen, ratios, psnr = budgets[-1], s["protection_facing_purifiers"], s["fd_ratio"], s["psnr"]
+    others = [p for p in PURIFIERS if p != "dirp"]
+    targets = [
+        target(f"protected ({chosen}, {top}/255) FD / clean FD", ratios[f"{chosen}@{top}"]["mean"], 1.25, ">="),
+        target(f"DIRP-purified ({top}/255) FD / clean FD", ratios[f"dirp@{top}"]["mean"], 1.10, "<="),
+    ]
+    for b in budgets:
+        best_other = max(psnr[str(b)][p] for p in others)
+        targets.append(
+            target(f"DIRP PSNR - best baseline PSNR at {b}/255 (dB)", psnr[str(b)]["dirp"] - best_other, 0.0)
+        )
+    return targets
 
 
 def settings_line(results: dict) -> str:
@@ -420,31 +436,44 @@ def write_plot(results: dict, grids: dict, path: str) -> None:
     axes[1].set_title("PSNR to clean (dB)")
     axes[1].legend(fontsize=7)
     rows = [grids[k] for k in ("clean", "protected", "dirp") if k in grids]
-    tiles = torch.cat([torch.cat(list(r.clamp(-1, 1)), dim=2) for r in rows], dim=1)
-    axes[2].imshow(((tiles + 1) / 2).permute(1, 2, 0).numpy(), interpolation="nearest")
-    axes[2].set_title("mimic samples, rows: clean / protected / DIRP-purified", fontsize=8)
+    if rows:  # the samples are not recorded: a report rebuilt with --from_results has no sample panel
+        tiles = torch.cat([torch.cat(list(r.clamp(-1, 1)), dim=2) for r in rows], dim=1)
+        axes[2].imshow(((tiles + 1) / 2).permute(1, 2, 0).numpy(), interpolation="nearest")
+        axes[2].set_title("mimic samples, rows: clean / protected / DIRP-purified", fontsize=8)
     axes[2].axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    from diffusers_ext.evaluation.reporting import command, write_results
+def write_report(results: dict, grids: dict, stem: str) -> None:
+    """`<stem>.json`, `.md` and `.png` through the shared reporting module."""
+    from diffusers_ext.evaluation.reporting import write_results
 
-    results = {"command": command(__file__, argv, omit=("--dirp_output_dir",)), **run(args)}
-    grids = LAST_GRIDS
     write_results(
-        os.path.join(args.dirp_output_dir, "latent_world_dirp"),
+        stem,
         results,
-        "DIRP on the latent text-to-image model (mosaic-t2i)",
+        TITLE,
         report_sections(results),
         settings_line(results),
         figures={".png": lambda path: write_plot(results, grids, path)},
     )
+
+
+def main(argv=None) -> dict:
+    from diffusers_ext.evaluation.reporting import add_from_results_argument, command, rebuild_results
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    add_from_results_argument(parser)  # here, not in add_arguments: latent_world.py has its own
+    args = parser.parse_args(argv)
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
+        stem = os.path.splitext(os.path.basename(args.from_results))[0]
+        write_report(results, {}, os.path.join(args.dirp_output_dir, stem))
+        return results
+    results = {"command": command(__file__, argv, omit=("--dirp_output_dir",)), **run(args)}
+    write_report(results, LAST_GRIDS, os.path.join(args.dirp_output_dir, NAME))
     print(json.dumps(results["summary"]["targets"], indent=2))
     return results
 

@@ -34,7 +34,10 @@ import numpy as np
 import torch
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
+TITLE = "Divide-and-Denoise composition benchmark (random placements)"
 METHODS = ("divide_and_denoise", "averaging", "multidiffusion", "multidiffusion_oracle")
 # The test seeds moved from 2000+ to 4000+ when the disc detector's grid was fixed (2026-11-30): the earlier test
 # layouts had been looked at, so the rerun uses placements and noise no one has seen.
@@ -50,6 +53,8 @@ SWEEP = {
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--experts", type=int, nargs="+", default=[2, 3], help="Numbers of experts (2 and/or 3).")
     parser.add_argument("--val_layouts", type=int, default=3, help="Random layouts per setting, validation split.")
@@ -64,6 +69,7 @@ def parse_args(argv=None):
     parser.add_argument("--detect_fraction", type=float, default=0.95, help="Share of real objects detected.")
     parser.add_argument("--ddpm", type=str, default=None, help="digits DDPM folder (default: the zoo entry).")
     parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where the results files go.")
+    add_from_results_argument(parser)
     args = parser.parse_args(argv)
     if not set(args.experts) <= {2, 3} or not args.experts:
         parser.error(f"--experts must be among 2 and 3, got {args.experts}.")
@@ -272,6 +278,51 @@ def pooled(scores_by_k: dict, method: str) -> tuple[float, int]:
     return sum(s[method]["rate"] * s[method]["images"] for s in scores_by_k.values()) / n, n
 
 
+def targets_from_results(results: dict) -> list[dict]:
+    """The computed targets, from the recorded test-split scores and overheads (the run and `--from_results`)."""
+    from diffusers_ext.evaluation.protocol import target
+
+    targets = []
+    for family in ("discs", "digits"):
+        dnd, _ = pooled(results["test"][family], "divide_and_denoise")
+        md, _ = pooled(results["test"][family], "multidiffusion")
+        targets.append(target(f"{family}, random placements: D&D success", dnd, 0.9))
+        targets.append(
+            target(f"{family}, random placements: D&D minus MultiDiffusion (default strips)", dnd - md, 0.2)
+        )
+    targets.append(
+        target("overhead of allocation over the model forwards (digits)", results["overhead"]["digits"], 0.15, "<=")
+    )
+    return targets
+
+
+def oracle_gaps(results: dict) -> dict:
+    """Per family, D&D's pooled test success against MultiDiffusion told the hidden layout (the upper reference)."""
+    gaps = {}
+    for family in ("discs", "digits"):
+        dnd, _ = pooled(results["test"][family], "divide_and_denoise")
+        oracle, _ = pooled(results["test"][family], "multidiffusion_oracle")
+        gaps[family] = {"divide_and_denoise": dnd, "multidiffusion_oracle": oracle, "gap": dnd - oracle}
+    return gaps
+
+
+def write_report(results: dict, stem: str) -> None:
+    """`<stem>.json`, `.md`, `.png` and `_sweep.png` through the shared reporting module."""
+    from diffusers_ext.evaluation.reporting import write_results
+
+    write_results(
+        stem,
+        results,
+        TITLE,
+        report_sections(results),
+        settings_line(results),
+        figures={
+            ".png": lambda path: write_plot(results, path),
+            "_sweep.png": lambda path: write_sweep_plot(results, path),
+        },
+    )
+
+
 def write_plot(results: dict, path: str) -> None:
     import matplotlib
 
@@ -390,19 +441,23 @@ def report_sections(results: dict) -> list[str]:
 
 def main(argv=None):
     args = parse_args(argv)
+    from diffusers_ext.evaluation.reporting import command, rebuild_results
+
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
+        write_report(results, os.path.join(args.output_dir, os.path.splitext(os.path.basename(args.from_results))[0]))
+        return results
     import diffusers_ext
     from diffusers_ext import zoo
-    from diffusers_ext.evaluation.protocol import settings_code_hash, target
-    from diffusers_ext.evaluation.reporting import command, write_results
+    from diffusers_ext.evaluation.protocol import settings_code_hash
 
     torch.set_num_threads(1)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code_hash = settings_code_hash(
-        vars(args) | {"output_dir": None},
+        {k: v for k, v in vars(args).items() if k != "from_results"} | {"output_dir": None},
         [
             os.path.abspath(__file__),
-            os.path.join(root, "diffusers_ext", "pipelines", "divide_and_denoise"),
-            os.path.join(root, "diffusers_ext", "evaluation", "divide_and_denoise"),
+            os.path.join(REPO, "diffusers_ext", "pipelines", "divide_and_denoise"),
+            os.path.join(REPO, "diffusers_ext", "evaluation", "divide_and_denoise"),
         ],
     )
     ddpm = diffusers_ext.load_pipeline(args.ddpm) if args.ddpm else zoo.load("digits-ddpm")
@@ -479,20 +534,11 @@ def main(argv=None):
     results["sweep"] = sweep
 
     overhead = {f: (t["utility"] + t["allocation"] + t["alignment"]) / t["model_forwards"] for f, t in timings.items()}
-    targets, gaps = [], {}
-    for family, label in (("discs", "discs"), ("digits", "digits")):
-        dnd, _ = pooled(results["test"][family], "divide_and_denoise")
-        md, _ = pooled(results["test"][family], "multidiffusion")
-        oracle, _ = pooled(results["test"][family], "multidiffusion_oracle")
-        targets.append(target(f"{label}, random placements: D&D success", dnd, 0.9))
-        targets.append(target(f"{label}, random placements: D&D minus MultiDiffusion (default strips)", dnd - md, 0.2))
-        gaps[family] = {"divide_and_denoise": dnd, "multidiffusion_oracle": oracle, "gap": dnd - oracle}
-    targets.append(target("overhead of allocation over the model forwards (digits)", overhead["digits"], 0.15, "<="))
     single = expert_alone_success(ddpm, classifier, args, ink_t)
     results.update(
         {
             "command": command(__file__, argv),
-            "settings": vars(args) | {"output_dir": None},
+            "settings": {k: v for k, v in vars(args).items() if k != "from_results"} | {"output_dir": None},
             "code_hash": code_hash,
             "seconds": time.perf_counter() - start,
             "protocol": {
@@ -506,8 +552,8 @@ def main(argv=None):
         }
     )
     results["summary"] = {
-        "targets": targets,
-        "oracle_gap": gaps,
+        "targets": targets_from_results(results),
+        "oracle_gap": oracle_gaps(results),
         "overhead_digits": overhead["digits"],
         "sanity": {
             "classifier_heldout_accuracy": calibration["classifier_heldout_accuracy"],
@@ -516,18 +562,9 @@ def main(argv=None):
             "digits DDPM alone on its 8x8 canvas, success at the calibrated ink threshold": single,
         },
     }
-    write_results(
-        os.path.join(args.output_dir, "divide_and_denoise"),
-        results,
-        "Divide-and-Denoise composition benchmark (random placements)",
-        report_sections(results),
-        settings_line(results),
-        figures={
-            ".png": lambda path: write_plot(results, path),
-            "_sweep.png": lambda path: write_sweep_plot(results, path),
-        },
-    )
+    write_report(results, os.path.join(args.output_dir, "divide_and_denoise"))
     print(json.dumps(results["summary"], indent=2))
+    return results
 
 
 def expert_alone_success(ddpm, classifier, args, ink_threshold: float) -> float:

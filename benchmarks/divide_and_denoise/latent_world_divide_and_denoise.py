@@ -289,7 +289,7 @@ def run(args: argparse.Namespace) -> dict:
     from diffusers_ext import zoo
     from diffusers_ext.data.mosaic import MosaicConfig
     from diffusers_ext.evaluation.mosaic import MosaicEvaluator
-    from diffusers_ext.evaluation.protocol import mean_spread, settings_code_hash, target
+    from diffusers_ext.evaluation.protocol import mean_spread, settings_code_hash
     from diffusers_ext.evaluation.reporting import choose_on_validation
 
     torch.set_num_threads(1)
@@ -393,21 +393,6 @@ def run(args: argparse.Namespace) -> dict:
             images = sum(r["images"] for r in per_seed)
             entry["overall_standard_error_pooled"] = float(np.sqrt(pooled * (1 - pooled) / images))
 
-    targets, comparison = [], {}
-    for setting in SETTINGS_EXPERTS:
-        means = {m: e["overall"]["mean"] for m, e in test[setting].items()}
-        non_oracle = {m: v for m, v in means.items() if m not in ("divide_and_denoise", "multidiffusion_oracle")}
-        best_name = max(non_oracle, key=non_oracle.get)
-        gap = means["divide_and_denoise"] - non_oracle[best_name]
-        comparison[setting] = {
-            "divide_and_denoise": means["divide_and_denoise"],
-            "best_non_oracle_baseline": best_name,
-            "best_non_oracle_value": non_oracle[best_name],
-            "gap": gap,
-            "multidiffusion_oracle": means["multidiffusion_oracle"],
-        }
-        targets.append(target(f"{setting}: D&D minus best non-oracle baseline (overall, test)", gap, 0.2))
-
     own_best = {
         shape: all(
             sanity_acc[f"expert_{shape}"][shape] > sanity_acc[f"expert_{other}"][shape]
@@ -429,7 +414,7 @@ def run(args: argparse.Namespace) -> dict:
         }
         for setting, shapes in SETTINGS_EXPERTS.items()
     }
-    return {
+    results = {
         "settings": settings,
         "code_hash": code_hash,
         "seconds": time.perf_counter() - start,
@@ -440,9 +425,8 @@ def run(args: argparse.Namespace) -> dict:
         "test": test,
         "summary": {
             "headroom": headroom,
-            "comparison": comparison,
+            "comparison": comparisons(test),
             "overhead_of_division_over_forwards": overhead,
-            "targets": targets,
             "sanity": {
                 "single_object_accuracy": sanity_acc,
                 "each_expert_best_on_its_own_shape": own_best,
@@ -450,6 +434,36 @@ def run(args: argparse.Namespace) -> dict:
             },
         },
     }
+    results["summary"]["targets"] = targets_from_results(results)
+    return results
+
+
+def comparisons(test: dict) -> dict:
+    """Per expert setting: D&D's mean overall test score against the best non-oracle baseline's and the oracle's."""
+    comparison = {}
+    for setting in SETTINGS_EXPERTS:
+        means = {m: e["overall"]["mean"] for m, e in test[setting].items()}
+        non_oracle = {m: v for m, v in means.items() if m not in ("divide_and_denoise", "multidiffusion_oracle")}
+        best_name = max(non_oracle, key=non_oracle.get)
+        comparison[setting] = {
+            "divide_and_denoise": means["divide_and_denoise"],
+            "best_non_oracle_baseline": best_name,
+            "best_non_oracle_value": non_oracle[best_name],
+            "gap": means["divide_and_denoise"] - non_oracle[best_name],
+            "multidiffusion_oracle": means["multidiffusion_oracle"],
+        }
+    return comparison
+
+
+def targets_from_results(results: dict) -> list[dict]:
+    """The computed targets, from the recorded test scores (the measuring run, `--from_results`, and the part's
+    rebuild in `benchmarks/mosaic/latent_world.py`)."""
+    from diffusers_ext.evaluation.protocol import target
+
+    return [
+        target(f"{setting}: D&D minus best non-oracle baseline (overall, test)", c["gap"], 0.2)
+        for setting, c in comparisons(results["test"]).items()
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -553,16 +567,23 @@ def write_plot(results: dict, path: str) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
+    from diffusers_ext.evaluation.reporting import add_from_results_argument, command, rebuild_results
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(parser)
+    add_from_results_argument(parser)  # here, not in add_arguments: latent_world.py has its own
     args = parser.parse_args(argv)
-    from diffusers_ext.evaluation.reporting import command
-
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=ROOT)
+        stem = os.path.splitext(os.path.basename(args.from_results))[0]
+        write_report(results, os.path.join(args.dnd_output_dir, stem))
+        return results
     results = run(args)
     results["command"] = command(__file__, argv, omit=("--dnd_output_dir",))
     write_report(results, os.path.join(args.dnd_output_dir, NAME))
     print(json.dumps(results["summary"], indent=2))
+    return results
 
 
 if __name__ == "__main__":

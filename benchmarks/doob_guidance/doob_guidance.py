@@ -23,11 +23,15 @@ import time
 import torch
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 METHODS = ("unguided", "rejection", "dps", "projection", "doob")
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pretrained_model_name_or_path", default=None, help="Planner folder (default: the zoo's).")
     parser.add_argument("--num_validation_maps", type=int, default=12, help="Maps the settings are chosen on.")
@@ -42,10 +46,16 @@ def parse_args(argv=None):
     parser.add_argument("--output_dir", default=RESULTS, help="Where the results' .json/.md/.png go.")
     parser.add_argument(
         "--results_name",
-        default="doob_guidance",
-        help="Stem of the results files (another map setting, another name).",
+        default=None,
+        help="Stem of the results files (another map setting, another name; default doob_guidance, with "
+        "--from_results that file's stem).",
     )
+    add_from_results_argument(parser)
     args = parser.parse_args(argv)
+    if args.results_name is None:
+        args.results_name = (
+            os.path.splitext(os.path.basename(args.from_results))[0] if args.from_results else "doob_guidance"
+        )
     if len(args.seeds) < 3:
         parser.error(f"--seeds needs >= 3 seeds (the protocol), got {args.seeds}.")
     if not args.results_name.replace("_", "").replace("-", "").isalnum():
@@ -208,14 +218,15 @@ def rate(records, key="satisfied") -> float:
     return sum(values) / len(values)
 
 
-def summarise(args, results) -> dict:
+def summarise(results) -> dict:
+    """The summary and its computed targets, from the recorded test records (the run and `--from_results`)."""
     from diffusers_ext.evaluation.protocol import binomial_standard_error, mean_spread, target
 
-    test = results["test"]
+    test, seeds = results["test"], results["settings"]["seeds"]
     methods = {}
     for method in METHODS:
-        per_seed = [rate(test[method][str(s)]) for s in args.seeds]
-        records = [r for s in args.seeds for r in test[method][str(s)]]
+        per_seed = [rate(test[method][str(s)]) for s in seeds]
+        records = [r for s in seeds for r in test[method][str(s)]]
         count = sum(len(r["satisfied"]) for r in records)
         overall = rate(records)
         ratios = [x for r in records for x, ok in zip(r["length_ratio"], r["satisfied"]) if ok]
@@ -241,7 +252,7 @@ def summarise(args, results) -> dict:
     targets.append(
         target("doob path length / shortest feasible (satisfied plans)", doob["length_ratio_of_satisfied"], 1.15, "<=")
     )
-    settings = [r for s in args.seeds for r in test["doob_bound"][str(s)]]
+    settings = [r for s in seeds for r in test["doob_bound"][str(s)]]
     valid = [rate([r], "single_candidate_satisfied") >= r["bound"] for r in settings]
     targets.append(target("bound valid: share of test settings with rate >= bound", sum(valid) / len(valid), 0.95))
     bounds = [r["bound"] for r in settings]
@@ -251,7 +262,7 @@ def summarise(args, results) -> dict:
         "guided_candidates_within_their_cost": all(
             r["evaluations"] <= r["cost_per_candidate"]
             for method in ("dps", "doob")
-            for s in args.seeds
+            for s in seeds
             for r in test[method][str(s)]
         ),
     }
@@ -315,11 +326,41 @@ def write_plot(results, path):
     plt.close(fig)
 
 
+def targets_from_results(results: dict) -> list[dict]:
+    """The computed targets, from the recorded test records (`summarise`'s, for the run and `--from_results`)."""
+    return summarise(results)["targets"]
+
+
+def write_report(results: dict, stem: str) -> None:
+    """`<stem>.json`, `.md` and `.png` through the shared reporting module."""
+    from diffusers_ext.evaluation.reporting import write_results
+
+    s = results["settings"]
+    write_results(
+        stem,
+        results,
+        "Doob h-transform guidance on Navigation2D (reconstructed), each method tuned on validation maps",
+        report_sections(results),
+        settings_line=(
+            f"{s['num_test_maps']} test maps x {s['samples_per_map']} plans x seeds {s['seeds']}; "
+            f"{s['num_validation_maps']} validation maps; {s['num_inference_steps']} DDPM steps; budget "
+            f"{s['budget_factor']:g} x steps model evaluations per plan; {s['num_rollouts']} rollouts; one CPU thread."
+        ),
+        figures={".png": lambda path: write_plot(results, path)},
+    )
+
+
 def main(argv=None):
     args = parse_args(argv)
+    from diffusers_ext.evaluation.reporting import choose_on_validation, command, rebuild_results
+
+    stem = os.path.join(args.output_dir, args.results_name)
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
+        write_report(results, stem)
+        return results
     torch.set_num_threads(1)
     from diffusers_ext import DoobGuidedPlannerPipeline, zoo
-    from diffusers_ext.evaluation.reporting import choose_on_validation, command, write_results
 
     if args.pretrained_model_name_or_path is None:
         pipe = zoo.load("navigation-planner")
@@ -356,28 +397,18 @@ def main(argv=None):
         print(f"seed {seed} done ({time.perf_counter() - started:.0f} s)", flush=True)
     results = {
         "command": command(__file__, argv, omit=("--output_dir",)),
-        "settings": {k: v for k, v in vars(args).items() if k != "output_dir"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("output_dir", "from_results")},
         "data_std": data_std,
         "validation": validation,
         "test": {k: v for k, v in test.items() if k != "doob_bound"},
         "test_shortest": [w["shortest"] for w in test_maps],
     }
     results["test"]["doob_bound"] = test["doob"]
-    results["summary"] = summarise(args, results)
+    results["summary"] = summarise(results)
     results["seconds"] = time.perf_counter() - started
-    write_results(
-        os.path.join(args.output_dir, args.results_name),
-        results,
-        "Doob h-transform guidance on Navigation2D (reconstructed), each method tuned on validation maps",
-        report_sections(results),
-        settings_line=(
-            f"{args.num_test_maps} test maps x {args.samples_per_map} plans x seeds {args.seeds}; "
-            f"{args.num_validation_maps} validation maps; {args.num_inference_steps} DDPM steps; budget "
-            f"{args.budget_factor:g} x steps model evaluations per plan; {args.num_rollouts} rollouts; one CPU thread."
-        ),
-        figures={".png": lambda path: write_plot(results, path)},
-    )
+    write_report(results, stem)
     print(json.dumps(results["summary"]["targets"], indent=1))
+    return results
 
 
 if __name__ == "__main__":

@@ -30,13 +30,17 @@ import time
 import torch
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
 METHODS = ("unguided", "rejection", "dps", "doob")
 TARGET_CLASS = 3
 MIN_PROBABILITY = 0.9
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pretrained_model_name_or_path", default=None, help="DDPM folder (default: the zoo's).")
     parser.add_argument("--num_inference_steps", type=int, default=20, help="DDIM steps of every sampler.")
@@ -50,8 +54,17 @@ def parse_args(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Sampling seeds of the test split.")
     parser.add_argument("--reference_rollouts", type=int, default=128, help="Rollouts of the bound's reference.")
     parser.add_argument("--output_dir", default=RESULTS, help="Where the results' .json/.md/.png go.")
-    parser.add_argument("--results_name", default="doob_guidance_digits", help="Stem of the results files.")
+    parser.add_argument(
+        "--results_name",
+        default=None,
+        help="Stem of the results files (default doob_guidance_digits; with --from_results, that file's stem).",
+    )
+    add_from_results_argument(parser)
     args = parser.parse_args(argv)
+    if args.results_name is None:
+        args.results_name = (
+            os.path.splitext(os.path.basename(args.from_results))[0] if args.from_results else "doob_guidance_digits"
+        )
     if len(args.seeds) < 3:
         parser.error(f"--seeds needs >= 3 seeds (the protocol), got {args.seeds}.")
     if set(args.seeds) & set(args.validation_seeds):
@@ -186,19 +199,20 @@ def doob_above(methods: dict, other: str) -> float:
     return math.inf if doob["judge_satisfaction"] > base["judge_satisfaction"] else -math.inf
 
 
-def summarise(args, results) -> dict:
+def summarise(results) -> dict:
+    """The summary and its computed targets, from the recorded test records (the run and `--from_results`)."""
     from diffusers_ext.evaluation.protocol import binomial_standard_error, mean_spread, target
 
-    test = results["test"]
+    test, seeds = results["test"], results["settings"]["seeds"]
     methods = {}
     for method in METHODS:
-        records = [r for s in args.seeds for r in test[method][str(s)]]
+        records = [r for s in seeds for r in test[method][str(s)]]
         count = sum(len(r["judge_satisfied"]) for r in records)
         judged = rate(records)
         methods[method] = {
             "judge_satisfaction": judged,
             "standard_error": binomial_standard_error(judged, count),
-            "per_seed": mean_spread(rate(test[method][str(s)]) for s in args.seeds),
+            "per_seed": mean_spread(rate(test[method][str(s)]) for s in seeds),
             "guide_satisfaction": rate(records, "guide_satisfied"),
             "single_candidate_judge_satisfaction": rate(records, "single_judge_satisfied"),
             "single_candidate_guide_satisfaction": rate(records, "single_guide_satisfied"),
@@ -211,7 +225,7 @@ def summarise(args, results) -> dict:
         target(f"doob judge satisfaction above {other} (difference / SE)", doob_above(methods, other), 2.0)
         for other in ("unguided", "dps", "rejection")
     ]
-    settings = [r for s in args.seeds for r in test["doob"][str(s)]]
+    settings = [r for s in seeds for r in test["doob"][str(s)]]
     valid = [rate([r], "single_guide_satisfied") >= r["bound"] for r in settings]
     targets.append(target("bound valid: share of test settings with rate >= bound", sum(valid) / len(valid), 0.95))
     bounds = [r["bound"] for r in settings]
@@ -221,7 +235,7 @@ def summarise(args, results) -> dict:
         "guided_candidates_within_their_cost": all(
             r["evaluations"] <= r["cost_per_candidate"]
             for method in ("dps", "doob")
-            for s in args.seeds
+            for s in seeds
             for r in test[method][str(s)]
         ),
     }
@@ -302,6 +316,7 @@ def write_plot(results, path, images):
 
     s = results["summary"]["methods"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), dpi=100, gridspec_kw={"width_ratios": [1, 1.3]})
+    axes[1].axis("off")
     x = range(len(METHODS))
     judged = [s[m]["judge_satisfaction"] for m in METHODS]
     errors = [2 * s[m]["standard_error"] for m in METHODS]
@@ -311,24 +326,58 @@ def write_plot(results, path, images):
     axes[0].set_ylim(0, 1.05)
     axes[0].set_ylabel("rate on test seeds")
     axes[0].legend(fontsize=8)
-    rows = [images[m][:8] for m in METHODS]
-    grid = torch.cat([torch.cat(list(r[:, 0]), dim=1) for r in rows], dim=0)
-    axes[1].imshow(grid.numpy(), cmap="gray", vmin=-1, vmax=1)
-    axes[1].set_yticks([4 + 8 * i for i in x], METHODS)
-    axes[1].set_xticks([])
-    axes[1].set_title("first test images")
+    if images is not None:  # the images are not recorded: a report rebuilt with --from_results has no image panel
+        rows = [images[m][:8] for m in METHODS]
+        grid = torch.cat([torch.cat(list(r[:, 0]), dim=1) for r in rows], dim=0)
+        axes[1].axis("on")
+        axes[1].imshow(grid.numpy(), cmap="gray", vmin=-1, vmax=1)
+        axes[1].set_yticks([4 + 8 * i for i in x], METHODS)
+        axes[1].set_xticks([])
+        axes[1].set_title("first test images")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
+def targets_from_results(results: dict) -> list[dict]:
+    """The computed targets, from the recorded test records (`summarise`'s, for the run and `--from_results`)."""
+    return summarise(results)["targets"]
+
+
+def write_report(results: dict, stem: str, images: dict | None) -> None:
+    """`<stem>.json`, `.md` and `.png` through the shared reporting module (`images`: the first test images of each
+    method, for the plot; `None` when they are not at hand, as in a rebuild)."""
+    from diffusers_ext.evaluation.reporting import write_results
+
+    s = results["settings"]
+    write_results(
+        stem,
+        results,
+        "Doob h-transform guidance on the digits DDPM (reconstructed): 'the classifier says 3 with p >= 0.9'",
+        report_sections(results),
+        settings_line=(
+            f"seeds {s['seeds']} x {s['test_batches']} batches x {s['batch_size']} images; validation seeds "
+            f"{s['validation_seeds']} x {s['validation_batches']} batches; {s['num_inference_steps']} DDIM steps from "
+            f"the null label; budget {s['budget_factor']:g} x steps model evaluations per image; bound reference "
+            f"{s['reference_rollouts']} rollouts; one CPU thread."
+        ),
+        figures={".png": lambda path: write_plot(results, path, images)},
+    )
+
+
 def main(argv=None):
     args = parse_args(argv)
+    from diffusers_ext.evaluation.reporting import choose_on_validation, command, rebuild_results
+
+    stem = os.path.join(args.output_dir, args.results_name)
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
+        write_report(results, stem, None)
+        return results
     torch.set_num_threads(1)
     from diffusers_ext import ClassConditionalDDPMPipeline, ClassifierConstraint, zoo
     from diffusers_ext.data.digits import load_digits_images
     from diffusers_ext.evaluation.doob_guidance_digits import PixelDigitJudge, PixelPCAFeatures
-    from diffusers_ext.evaluation.reporting import choose_on_validation, command, write_results
     from diffusers_ext.metrics import classifier_predictions, frechet_distance
 
     if args.pretrained_model_name_or_path is None:
@@ -390,29 +439,18 @@ def main(argv=None):
 
     results = {
         "command": command(__file__, argv, omit=("--output_dir",)),
-        "settings": {k: v for k, v in vars(args).items() if k != "output_dir"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("output_dir", "from_results")},
         "judge": {"heldout_accuracy": judge.heldout_accuracy, "heldout_size": judge.heldout_size},
         "validation": validation,
         "test": test,
         "quality": {m: quality(images[m]) for m in METHODS}
         | {"real_train_threes": quality(train[train_labels == TARGET_CLASS])},
     }
-    results["summary"] = summarise(args, results)
+    results["summary"] = summarise(results)
     results["seconds"] = time.perf_counter() - started
-    write_results(
-        os.path.join(args.output_dir, args.results_name),
-        results,
-        "Doob h-transform guidance on the digits DDPM (reconstructed): 'the classifier says 3 with p >= 0.9'",
-        report_sections(results),
-        settings_line=(
-            f"seeds {args.seeds} x {args.test_batches} batches x {args.batch_size} images; validation seeds "
-            f"{args.validation_seeds} x {args.validation_batches} batches; {args.num_inference_steps} DDIM steps from "
-            f"the null label; budget {args.budget_factor:g} x steps model evaluations per image; bound reference "
-            f"{args.reference_rollouts} rollouts; one CPU thread."
-        ),
-        figures={".png": lambda path: write_plot(results, path, images)},
-    )
+    write_report(results, stem, images)
     print(json.dumps(results["summary"]["targets"], indent=1))
+    return results
 
 
 if __name__ == "__main__":

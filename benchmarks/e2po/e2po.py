@@ -33,12 +33,15 @@ import torch
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 TEST_SEED, VALIDATION_SEED = 10_000, 20_000
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parts", nargs="+", default=["learn", "regime"], choices=["learn", "regime"])
     parser.add_argument(
@@ -78,6 +81,7 @@ def parse_args(argv=None):
     parser.add_argument("--validation_samples", type=int, default=100, help="Validation samples per digit.")
     parser.add_argument("--workers", type=int, default=2, help="Training runs in parallel (1 thread each).")
     parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where e2po.json/.md/.png go.")
+    add_from_results_argument(parser)
     args = parser.parse_args(argv)
     for name in ("learn_steps", "regime_steps"):
         if getattr(args, name) % args.eval_every:
@@ -457,11 +461,12 @@ def mean(values):
     return sum(values) / len(values)
 
 
-def summarise(results, args) -> dict:
+def summarise(results) -> dict:
+    """The summary and its computed targets, from the recorded runs and settings (the run and `--from_results`)."""
     from diffusers_ext.evaluation.protocol import mean_spread, target
 
-    runs = results["runs"]
-    seeds = [str(s) for s in args.seeds]
+    runs, settings = results["runs"], results["settings"]
+    seeds = [str(s) for s in settings["seeds"]]
     summary, targets, sanity = {"num_seeds": len(seeds)}, [], {}
     overheads = []
     for part in runs.values():
@@ -534,12 +539,12 @@ def summarise(results, args) -> dict:
         )
         drops = [mean(regime["e2po"][s]["train"]["e2po/reward_drop"]) for s in seeds]
         start = regime["grpo"][seeds[0]]["eval"][0]["reward"]
-        low, high = args.start_accuracy
+        low, high = settings["start_accuracy"]
         sanity["regime_start_eval_reward"] = start
         sanity["regime_start_in_wanted_range"] = low <= start <= high
         sanity["regime_grpo_groups_collapse"] = frac_zero("grpo") > 0
         sanity["regime_e2po_mean_reward_drop_per_seed"] = drops
-        sanity["regime_e2po_reward_drop_within_allowance"] = all(d <= args.e2po_max_reward_drop for d in drops)
+        sanity["regime_e2po_reward_drop_within_allowance"] = all(d <= settings["e2po_max_reward_drop"] for d in drops)
         scale_max = results["validation"]["e2po_max_scale"]
         scales = [v for s in seeds for v in regime["e2po"][s]["train"]["e2po/scale"]]
         sanity["regime_e2po_scale_within_bounds"] = all(0 < v <= scale_max + 1e-9 for v in scales)
@@ -550,13 +555,13 @@ def summarise(results, args) -> dict:
     return summary
 
 
-def write_plot(results, path, args):
+def write_plot(results, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs, seeds = results["runs"], [str(s) for s in args.seeds]
+    runs, seeds = results["runs"], [str(s) for s in results["settings"]["seeds"]]
     panels = [("learn", "reward", "learn: eval reward (-|brightness - target|)")] if "learn" in runs else []
     if "regime" in runs:
         panels += [
@@ -626,16 +631,41 @@ def report_sections(results) -> list[str]:
     return lines
 
 
+def targets_from_results(results: dict) -> list[dict]:
+    """The computed targets (`summarise`'s, for the run and `--from_results`)."""
+    return summarise(results)["targets"]
+
+
+def write_report(results: dict, output_dir: str) -> None:
+    """`e2po.json`, `.md` and `.png` in `output_dir`, through the shared reporting module."""
+    from diffusers_ext.evaluation.reporting import write_results
+
+    s = results["summary"]
+    write_results(
+        os.path.join(output_dir, "e2po"),
+        results,
+        "GRPO learning and GRPO vs E2PO on the digits-sd3 zoo model",
+        report_sections(results),
+        settings_line=f"{s['num_seeds']} seeds, {s.get('eval_samples')} fixed test noises per evaluation.",
+        figures={".png": lambda path: write_plot(results, path)},
+    )
+
+
 def main(argv=None):
     args = parse_args(argv)
+    from diffusers_ext.evaluation.reporting import command, rebuild_results, run_jobs
+
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
+        write_report(results, args.output_dir)
+        return results
     quiet()
     from diffusers_ext import zoo
-    from diffusers_ext.evaluation.reporting import command, run_jobs, write_results
 
     classifier = zoo.load("digits-classifier")
     results = {
         "command": command(__file__, argv),
-        "settings": vars(args) | {"output_dir": None},
+        "settings": {k: v for k, v in vars(args).items() if k != "from_results"} | {"output_dir": None},
     }
     jobs = []
     if "learn" in args.parts:
@@ -669,17 +699,10 @@ def main(argv=None):
     results["runs"] = {}
     for out in outputs:
         results["runs"].setdefault(out["part"], {}).setdefault(out["algorithm"], {})[str(out["seed"])] = out
-    results["summary"] = summarise(results, args)
-    s = results["summary"]
-    write_results(
-        os.path.join(args.output_dir, "e2po"),
-        results,
-        "GRPO learning and GRPO vs E2PO on the digits-sd3 zoo model",
-        report_sections(results),
-        settings_line=f"{s['num_seeds']} seeds, {s.get('eval_samples')} fixed test noises per evaluation.",
-        figures={".png": lambda path: write_plot(results, path, args)},
-    )
+    results["summary"] = summarise(results)
+    write_report(results, args.output_dir)
     print(json.dumps({k: v for k, v in results["summary"].items() if k != "regime_eval_curve"}, indent=2))
+    return results
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ MIN_Z = 2.0
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Training seeds (>= 3).")
@@ -76,8 +78,17 @@ def parse_args(argv=None):
     parser.add_argument("--sigma_max", type=float, default=1.0, help="Largest sigma.")
     parser.add_argument("--sim_nodes", type=int, default=10, help="Regions of the simulator.")
     parser.add_argument("--sim_steps", type=int, default=300, help="Steps of the simulator.")
-    parser.add_argument("--output", type=str, default=os.path.join(RESULTS, "epidiff"), help="Results stem.")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--output",
+        type=str,
+        default=None,
+        help="Results stem (default: results/epidiff; with --from_results, that file's own stem).",
+    )
+    add_from_results_argument(parser)
+    args = parser.parse_args(argv)
+    if args.output is None:
+        args.output = os.path.splitext(args.from_results)[0] if args.from_results else os.path.join(RESULTS, "epidiff")
+    return args
 
 
 def load_task(task: str, args):
@@ -441,36 +452,49 @@ def draw_figure(results: dict):
     return draw
 
 
+def write_report(results: dict, stem: str) -> None:
+    """`<stem>.json`, `.md` and `.png` through the shared reporting module."""
+    from diffusers_ext.evaluation.reporting import write_results
+
+    s = results["settings"]
+    write_results(
+        stem,
+        results,
+        "EpiDiff: uncertainty-steered diffusion forecasts vs unguided, mechanistic and constant-sigma",
+        sections=sections_of(results),
+        settings_line=(
+            f"Seeds {s['seeds']}; {s['train_steps']} training steps (batch {s['batch_size']}, hidden "
+            f"{s['hidden_size']}, {s['num_layers']} blocks); {s['num_samples']} draws x {s['num_inference_steps']} DDIM "
+            f"steps; sigma {s['sigma_min']}-{s['sigma_max']}; guidance grid {s['guidance_scales']}."
+        ),
+        figures={".png": draw_figure(results)},
+    )
+
+
 def main(argv=None):
     args = parse_args(argv)
+    from diffusers_ext.evaluation.protocol import targets_status
+    from diffusers_ext.evaluation.reporting import command, rebuild_results
+
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_of, rel_to=REPO)
+        write_report(results, args.output)
+        return results
     if len(args.seeds) < 3:
         raise SystemExit("--seeds: the protocol needs >= 3 seeds.")
     torch.set_num_threads(1)
-    from diffusers_ext.evaluation.protocol import targets_status
-    from diffusers_ext.evaluation.reporting import command, write_results
-
     tasks = [run_task(task, args) for task in args.tasks]
     results = {
         "command": command(__file__, argv, omit=("--output",)),
-        "settings": {k: v for k, v in vars(args).items() if k != "output"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("output", "from_results")},
         "tasks": tasks,
         "summary": {},
     }
     results["summary"]["targets"] = targets_of(results)
     results["summary"]["sanity"] = [{"task": t["task"], **t["sanity"]} for t in tasks]
-    write_results(
-        args.output,
-        results,
-        "EpiDiff: uncertainty-steered diffusion forecasts vs unguided, mechanistic and constant-sigma",
-        sections=sections_of(results),
-        settings_line=(
-            f"Seeds {args.seeds}; {args.train_steps} training steps (batch {args.batch_size}, hidden "
-            f"{args.hidden_size}, {args.num_layers} blocks); {args.num_samples} draws x {args.num_inference_steps} DDIM "
-            f"steps; sigma {args.sigma_min}-{args.sigma_max}; guidance grid {args.guidance_scales}."
-        ),
-        figures={".png": draw_figure(results)},
-    )
+    write_report(results, args.output)
     print(targets_status(results["summary"]["targets"]))
+    return results
 
 
 if __name__ == "__main__":

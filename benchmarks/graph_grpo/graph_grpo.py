@@ -590,7 +590,9 @@ def main(argv=None) -> dict:
     from diffusers_ext.evaluation.reporting import command, write_results
 
     args = parse_args(argv)
-    stem = os.path.join(args.output_dir, "graph_grpo")
+    # a rebuild writes under the file's own stem (graph_grpo_planar_validity_reward.json, renamed after its run)
+    name = os.path.splitext(os.path.basename(args.from_results))[0] if args.from_results else "graph_grpo"
+    stem = os.path.join(args.output_dir, name)
     title = "Graph-GRPO on tree-16 / planar-16 (CPU proxies of SPECTRE tree / planar)"
     if args.from_results is not None:
         results = rebuild(args.from_results)

@@ -11,7 +11,9 @@ with the options each part defines (all prefixed by the part's name, see `--help
 `summary.targets`: every part's targets, named by part) and `latent_world.md`.
 
 `--assemble` runs nothing: it gathers the parts' own committed results files (each from one complete invocation of
-its script, whose command and code hash it keeps) into `latent_world.json`, saying so in the file.
+its script, whose command and code hash it keeps) into `latent_world.json`, saying so in the file. `--from_results`
+measures nothing either: it rebuilds every part's targets from the part's recorded measurements with that part's own
+`targets_from_results`.
 """
 
 import argparse
@@ -23,6 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = os.path.dirname(HERE)
+REPO = os.path.dirname(BENCHMARKS)
 RESULTS = os.path.join(HERE, "results")
 PARTS = ("dirp", "divide_and_denoise", "unlearning")
 
@@ -40,6 +43,8 @@ def load_part(name: str):
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="Parts to run, in order.")
     parser.add_argument(
@@ -48,14 +53,21 @@ def parse_args(argv=None):
         help="Run nothing: gather the parts' committed results files (latent_world_<part>.json).",
     )
     parser.add_argument("--output_dir", default=RESULTS, help="Where latent_world.json and .md go.")
+    add_from_results_argument(parser)
     for name in PARTS:
         load_part(name).add_arguments(parser)
     return parser.parse_args(argv)
 
 
-def prefixed_targets(summaries: dict) -> list[dict]:
-    """Every part's computed targets, each name prefixed by its part."""
-    return [dict(t, name=f"{part}: {t['name']}") for part, s in summaries.items() for t in s["targets"]]
+def part_targets(results: dict, part: str) -> list[dict]:
+    """The targets of one part, computed by that part's own `targets_from_results` from what the file records of it
+    (`parts.<part>` and `summary.<part>`)."""
+    return load_part(part).targets_from_results({**results["parts"][part], "summary": results["summary"][part]})
+
+
+def targets_from_results(results: dict) -> list[dict]:
+    """Every part's computed targets, each name prefixed by its part (the run, `--assemble` and `--from_results`)."""
+    return [dict(t, name=f"{part}: {t['name']}") for part in results["parts"] for t in part_targets(results, part)]
 
 
 def report_sections(results: dict) -> list[str]:
@@ -78,10 +90,29 @@ def report_sections(results: dict) -> list[str]:
     return lines
 
 
+def write_report(results: dict, stem: str) -> None:
+    """`<stem>.json` and `.md` through the shared reporting module."""
+    from diffusers_ext.evaluation.reporting import write_results
+
+    write_results(
+        stem,
+        results,
+        "The latent world: DIRP, Divide-and-Denoise and unlearning on `mosaic-t2i`",
+        report_sections(results),
+        settings_line=f"How: {results['how']} (targets of all parts below).",
+    )
+
+
 def main(argv=None) -> dict:
-    from diffusers_ext.evaluation.reporting import command, write_results
+    from diffusers_ext.evaluation.reporting import command, rebuild_results
 
     args = parse_args(argv)
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
+        for part in results["parts"]:  # the parts' own rows, as rebuilt (the check above compared them)
+            results["summary"][part]["targets"] = part_targets(results, part)
+        write_report(results, os.path.join(args.output_dir, os.path.splitext(os.path.basename(args.from_results))[0]))
+        return results
     run_command = command(__file__, argv)
     parts, summaries = {}, {}
     start = time.perf_counter()
@@ -107,15 +138,10 @@ def main(argv=None) -> dict:
         else "every part run in this one process",
         "seconds": time.perf_counter() - start,
         "parts": {name: {k: v for k, v in part.items() if k != "summary"} for name, part in parts.items()},
-        "summary": {**summaries, "targets": prefixed_targets(summaries)},
+        "summary": summaries,
     }
-    write_results(
-        os.path.join(args.output_dir, "latent_world"),
-        results,
-        "The latent world: DIRP, Divide-and-Denoise and unlearning on `mosaic-t2i`",
-        report_sections(results),
-        settings_line=f"How: {results['how']} (targets of all parts below).",
-    )
+    results["summary"]["targets"] = targets_from_results(results)
+    write_report(results, os.path.join(args.output_dir, "latent_world"))
     return results
 
 

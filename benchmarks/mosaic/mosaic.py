@@ -468,6 +468,15 @@ REWRITTEN_ROWS = {
 }
 
 
+def rewritten_rows(path: str) -> dict:
+    """The `REWRITTEN_ROWS` entries whose old row the results file `path` still records: a file written before the
+    rows were rewritten maps them (`rebuild_results`' `replaced`); one rebuilt since records the new rows, which are
+    then compared like every other row."""
+    with open(path, encoding="utf-8") as f:
+        recorded = {row["name"] for row in json.load(f).get("summary", {}).get("targets", [])}
+    return {old: new for old, new in REWRITTEN_ROWS.items() if old in recorded}
+
+
 def build_summary(judge, zoo_result, sweeps):
     """The summary and its computed targets, from the judge, zoo and sweep measurements.
 
@@ -618,7 +627,7 @@ def main(argv=None):
             args.from_results,
             lambda r: build_summary(r["judge"], r["zoo"], r["sweeps"])["targets"],
             rel_to=REPO,
-            replaced=REWRITTEN_ROWS,
+            replaced=rewritten_rows(args.from_results),
         )
         write_results(
             stem,

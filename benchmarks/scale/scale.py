@@ -95,10 +95,15 @@ def parse_args(argv=None):
     parser.add_argument("--sd3_image_size", type=int, default=768, help="Image side of the sd3_attention part.")
     parser.add_argument("--output_dir", default=RESULTS, help="Where the results' .json/.md go.")
     parser.add_argument(
-        "--results_name", default="scale", help="Base name of the results files (e.g. scale_grpo for one part's run)."
+        "--results_name",
+        default=None,
+        help="Base name of the results files (e.g. scale_grpo for one part's run; default scale, with --from_results "
+        "that file's own stem).",
     )
     add_from_results_argument(parser)
     args = parser.parse_args(argv)
+    if args.results_name is None:
+        args.results_name = os.path.splitext(os.path.basename(args.from_results))[0] if args.from_results else "scale"
     from diffusers_ext.utils import check_positive_int
 
     for name in ("repetitions", "hidden_size", "num_layers", "vocab_size", "prompt_length", "gen_length"):

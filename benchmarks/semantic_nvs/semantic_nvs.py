@@ -48,6 +48,8 @@ METHOD = "semantic/warped+iterative"
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--validation_scenes", type=int, default=20, help="Validation scenes per distance.")
     parser.add_argument("--test_scenes", type=int, default=32, help="Test scenes per distance.")
@@ -91,6 +93,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--cache_dir", type=str, default=CACHE, help="Where trained judges are cached.")
     parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where semantic_nvs.json/.md/.png go.")
+    add_from_results_argument(parser)
     args = parser.parse_args(argv)
     for name in ("validation_scenes", "test_scenes"):
         if getattr(args, name) < 8:
@@ -349,49 +352,28 @@ def reference_rows(scenes, judges, args) -> dict:
     return rows
 
 
-def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
-    from diffusers_ext.evaluation.protocol import mean_spread, target
+def over_seeds(runs: dict, name: str, d: str, key: str) -> dict:
+    """`mean_spread` of one test measurement of model `name` at distance `d` over the seeds, with the mean of its
+    evaluation standard errors where the runs record them."""
+    from diffusers_ext.evaluation.protocol import mean_spread
 
-    shortest, longest = str(args.distances[0]), str(args.distances[-1])
+    rows = runs[name][d]
+    stat = mean_spread([row[key] for row in rows])
+    if f"{key}_stderr" in rows[0]:
+        stat["evaluation_stderr"] = sum(row[f"{key}_stderr"] for row in rows) / len(rows)
+    return stat
 
-    def over_seeds(name, d, key):
-        rows = runs[name][d]
-        stat = mean_spread([row[key] for row in rows])
-        if f"{key}_stderr" in rows[0]:
-            stat["evaluation_stderr"] = sum(row[f"{key}_stderr"] for row in rows) / len(rows)
-        return stat
 
-    per_distance = {
-        d: {
-            name: {
-                key: over_seeds(name, d, key)
-                for key in (
-                    "frechet",
-                    "psnr",
-                    "ssim",
-                    "truth_presence_accuracy",
-                    "truth_region_mae",
-                    "truth_depth_r2",
-                    "frechet_conditioning_encoder_not_a_judge",
-                )
-            }
-            for name in runs
-        }
-        for d in runs["baseline"]
-    }
-    for d in per_distance:
-        for key in ("frechet_improvement", "psnr_change"):
-            per_distance[d][METHOD][key] = over_seeds(METHOD, d, key)
-        enc = [
-            (b["frechet_conditioning_encoder_not_a_judge"] - m["frechet_conditioning_encoder_not_a_judge"])
-            / b["frechet_conditioning_encoder_not_a_judge"]
-            for b, m in zip(runs["baseline"][d], runs[METHOD][d])
-        ]
-        per_distance[d][METHOD]["frechet_improvement_conditioning_encoder_not_a_judge"] = mean_spread(enc)
-    improvement = per_distance[longest][METHOD]["frechet_improvement"]
-    psnr_change = per_distance[shortest][METHOD]["psnr_change"]
-    n = len(args.seeds)
-    targets = [
+def targets_from_results(results: dict) -> list[dict]:
+    """The computed targets, from the recorded test runs, settings and warp timing (the run and `--from_results`)."""
+    from diffusers_ext.evaluation.protocol import target
+
+    settings, runs, warp = results["settings"], results["test"], results["summary"]["warp"]
+    shortest, longest = str(settings["distances"][0]), str(settings["distances"][-1])
+    improvement = over_seeds(runs, METHOD, longest, "frechet_improvement")
+    psnr_change = over_seeds(runs, METHOD, shortest, "psnr_change")
+    n = len(settings["seeds"])
+    return [
         target(
             f"Fréchet distance at {float(longest):g}°, independent judge: relative improvement of warped+iterative "
             f"over the baseline (test, mean of {n} seeds)",
@@ -412,6 +394,43 @@ def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
             "<=",
         ),
     ]
+
+
+def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
+    """The summary's statistics and sanity checks; the targets are `targets_from_results` of the results."""
+    from diffusers_ext.evaluation.protocol import mean_spread
+
+    shortest, longest = str(args.distances[0]), str(args.distances[-1])
+
+    per_distance = {
+        d: {
+            name: {
+                key: over_seeds(runs, name, d, key)
+                for key in (
+                    "frechet",
+                    "psnr",
+                    "ssim",
+                    "truth_presence_accuracy",
+                    "truth_region_mae",
+                    "truth_depth_r2",
+                    "frechet_conditioning_encoder_not_a_judge",
+                )
+            }
+            for name in runs
+        }
+        for d in runs["baseline"]
+    }
+    for d in per_distance:
+        for key in ("frechet_improvement", "psnr_change"):
+            per_distance[d][METHOD][key] = over_seeds(runs, METHOD, d, key)
+        enc = [
+            (b["frechet_conditioning_encoder_not_a_judge"] - m["frechet_conditioning_encoder_not_a_judge"])
+            / b["frechet_conditioning_encoder_not_a_judge"]
+            for b, m in zip(runs["baseline"][d], runs[METHOD][d])
+        ]
+        per_distance[d][METHOD]["frechet_improvement_conditioning_encoder_not_a_judge"] = mean_spread(enc)
+    improvement = per_distance[longest][METHOD]["frechet_improvement"]
+    psnr_change = per_distance[shortest][METHOD]["psnr_change"]
     floor = references[longest]["real_vs_real_frechet"]
     sanity = {
         "judge": judge_sanity,
@@ -433,7 +452,6 @@ def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
         ][METHOD]["frechet_improvement_conditioning_encoder_not_a_judge"]["mean"],
     }
     return {
-        "targets": targets,
         "sanity": sanity,
         "choices": {name: v["chosen"]["candidate"] for name, v in validation.items()},
         "validation_best_mean_frechet": {
@@ -454,6 +472,14 @@ def summarise(runs, validation, references, judge_sanity, warp, args) -> dict:
     }
 
 
+def validation_scores(record: dict) -> list[tuple[dict, float]]:
+    """`(option, mean validation Fréchet)` of every option of one model's validation record: a
+    `choose_on_validation` record, or the `{"grid_size", "options", "chosen"}` one of files written before it."""
+    if "validation" in record:
+        return [(row["candidate"], row["score"]) for row in record["validation"]]
+    return [(row["option"], row["mean_frechet"]) for row in record["options"]]
+
+
 def write_plot(results, path):
     import matplotlib
 
@@ -465,10 +491,8 @@ def write_plot(results, path):
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), dpi=100)
     for name, v in results["validation"].items():
         by_start = {}
-        for row in v["validation"]:
-            by_start.setdefault(row["candidate"]["iterative_start"], []).append(
-                (row["candidate"]["guidance_scale"], row["score"])
-            )
+        for candidate, score in validation_scores(v):
+            by_start.setdefault(candidate["iterative_start"], []).append((candidate["guidance_scale"], score))
         for start, points in by_start.items():
             label = name if name == "baseline" else f"{name} (iterative_start {start:g})"
             axes[0].plot(*zip(*sorted(points)), marker="o", label=label)
@@ -536,12 +560,12 @@ def report_sections(results) -> list[str]:
     return lines
 
 
-def write_outputs(results, output_dir):
-    """`semantic_nvs.json`, `.md` and `.png` in `output_dir`, through the shared reporting module."""
+def write_outputs(results, output_dir, stem="semantic_nvs"):
+    """`<stem>.json`, `.md` and `.png` in `output_dir`, through the shared reporting module."""
     from diffusers_ext.evaluation.reporting import write_results
 
     write_results(
-        os.path.join(output_dir, "semantic_nvs"),
+        os.path.join(output_dir, stem),
         results,
         "SemanticNVS on procedural scenes (independent judge, validation then test)",
         report_sections(results),
@@ -551,9 +575,14 @@ def write_outputs(results, output_dir):
 
 def main(argv=None):
     args = parse_args(argv)
+    from diffusers_ext.evaluation.reporting import command, rebuild_results
+
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=ROOT)
+        write_outputs(results, args.output_dir, os.path.splitext(os.path.basename(args.from_results))[0])
+        return results
     torch.set_num_threads(1)
     from diffusers_ext import SemanticNVSPipeline, zoo
-    from diffusers_ext.evaluation.reporting import command
     from diffusers_ext.evaluation.semantic_nvs import (
         EVALUATOR_HELDOUT_SEED,
         evaluator_accuracy,
@@ -601,7 +630,8 @@ def main(argv=None):
 
     results = {
         "command": command(__file__, argv),
-        "settings": vars(args) | {"output_dir": None, "cache_dir": None},
+        "settings": {k: v for k, v in vars(args).items() if k != "from_results"}
+        | {"output_dir": None, "cache_dir": None},
         "seed_ranges": {
             "validation_scenes": VALIDATION_SCENE_SEED,
             "test_scenes": TEST_SCENE_SEED,
@@ -615,7 +645,9 @@ def main(argv=None):
         "references": references,
     }
     results["summary"] = summarise(runs, validation, references, judge_sanity, warp, args)
+    results["summary"] = {"targets": targets_from_results(results), **results["summary"]}
     write_outputs(results, args.output_dir)
+    return results
     print(json.dumps({k: results["summary"][k] for k in ("targets", "choices")}, indent=2))
 
 

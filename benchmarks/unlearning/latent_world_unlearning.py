@@ -38,6 +38,7 @@ import torch
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
 NAME = "latent_world_unlearning"
 CONSTRAINED = ("reverse_kl", "likelihood", "forward_kl")
@@ -64,8 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--unlearn_results_name",
         type=str,
-        default=NAME,
-        help="Stem of the results files main() writes (<output_dir>/<name>.json, .md, .png).",
+        default=None,
+        help=f"Stem of the results files main() writes (<output_dir>/<name>.json, .md, .png; default {NAME}, with "
+        "--from_results that file's own stem).",
     )
     group.add_argument("--unlearn_concept", type=str, default="red", help="Colour or shape of mosaic to erase.")
     group.add_argument(
@@ -165,7 +167,7 @@ def grid(args) -> list[tuple[str, str, dict, float | None]]:
 
 
 def settings(args) -> dict:
-    ignored = ("unlearn_cache_dir", "unlearn_results_name", "output_dir")
+    ignored = ("unlearn_cache_dir", "unlearn_results_name", "output_dir", "from_results")
     return {k: v for k, v in sorted(vars(args).items()) if k not in ignored}
 
 
@@ -173,7 +175,7 @@ def run_cache(args):
     """Finished runs, keyed by every setting, this script, the trainers, the judge, the data and the zoo weights."""
     from diffusers_ext.evaluation.reporting import ResultCache
 
-    package = os.path.join(os.path.dirname(HERE), "diffusers_ext")
+    package = os.path.join(REPO, "diffusers_ext")
     code = [
         os.path.abspath(__file__),
         os.path.join(package, "trainers"),
@@ -466,8 +468,6 @@ def aggregate_test(runs: list[dict]) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from diffusers_ext.evaluation.protocol import target
-
     check_arguments(args)
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -495,35 +495,6 @@ def run(args: argparse.Namespace) -> dict:
             models.pop((name, seed), None)
         test[method] = aggregate_test([test_runs[(method, s)] for s in args.unlearn_seeds])
 
-    esd_fd = test["esd"]["retained_frechet"]["mean"]
-    ratios = {m: test[m]["retained_frechet"]["mean"] / esd_fd for m in test if m != "esd"}
-    head = test[HEADLINE]
-    targets = [
-        target(
-            f"{HEADLINE}: concept present in outputs of its test prompts",
-            head["forget_rate"]["mean"],
-            args.forget_target,
-            "<=",
-        ),
-        target(
-            f"{HEADLINE}: concept present per the second judge (the feature net's classifier)",
-            head["forget_rate_classifier"]["mean"],
-            args.forget_target,
-            "<=",
-        ),
-        target(
-            f"{HEADLINE}: overall accuracy drop on the other test prompts",
-            head["retain_drop"]["mean"],
-            args.retain_drop_target,
-            "<=",
-        ),
-        target(
-            f"{HEADLINE}: retained FD / ESD's (validation-matched forgetting)",
-            ratios[HEADLINE],
-            args.frechet_ratio_target,
-            "<=",
-        ),
-    ]
     sanity = sanity_checks(bench)
     sanity["headroom_pretrained_concept_rate_test"] = headroom["test"]["concept_rate"]
     sanity["headroom_shown"] = headroom["test"]["concept_rate"] >= 0.5
@@ -534,11 +505,10 @@ def run(args: argparse.Namespace) -> dict:
         "headroom": headroom,
         "chosen_on_validation": chosen,
         "test": test,
-        "frechet_ratio_to_esd": ratios,
-        "targets": targets,
+        "frechet_ratio_to_esd": frechet_ratios(test),
         "sanity": sanity,
     }
-    return {
+    results = {
         "settings": settings(args),
         "summary": summary,
         "validation": validation,
@@ -548,6 +518,56 @@ def run(args: argparse.Namespace) -> dict:
         },
         "seconds": time.perf_counter() - start,
     }
+    summary["targets"] = targets_from_results(results)
+    return results
+
+
+def frechet_ratios(test: dict) -> dict:
+    """Each method's retained Fréchet distance over ESD's (mean over seeds), ESD itself left out."""
+    esd_fd = test["esd"]["retained_frechet"]["mean"]
+    return {m: test[m]["retained_frechet"]["mean"] / esd_fd for m in test if m != "esd"}
+
+
+def targets_from_results(results: dict) -> list[dict]:
+    """The computed targets, from the recorded test summary and settings (the measuring run, `--from_results`, and the
+    part's rebuild in `benchmarks/mosaic/latent_world.py`). The second judge's row is there where the second judge
+    was measured: files written before it (`latent_world_unlearning.json`, `mosaic_unlearning_60steps.json`) record
+    no `forget_rate_classifier`, so their targets are the three rows they were written with."""
+    from diffusers_ext.evaluation.protocol import target
+
+    settings, test = results["settings"], results["summary"]["test"]
+    head = test[HEADLINE]
+    targets = [
+        target(
+            f"{HEADLINE}: concept present in outputs of its test prompts",
+            head["forget_rate"]["mean"],
+            settings["forget_target"],
+            "<=",
+        )
+    ]
+    if "forget_rate_classifier" in head:
+        targets.append(
+            target(
+                f"{HEADLINE}: concept present per the second judge (the feature net's classifier)",
+                head["forget_rate_classifier"]["mean"],
+                settings["forget_target"],
+                "<=",
+            )
+        )
+    return targets + [
+        target(
+            f"{HEADLINE}: overall accuracy drop on the other test prompts",
+            head["retain_drop"]["mean"],
+            settings["retain_drop_target"],
+            "<=",
+        ),
+        target(
+            f"{HEADLINE}: retained FD / ESD's (validation-matched forgetting)",
+            frechet_ratios(test)[HEADLINE],
+            settings["frechet_ratio_target"],
+            "<=",
+        ),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -574,14 +594,17 @@ def write_report(results: dict, stem: str) -> None:
 
 
 def report_sections(results: dict) -> list[str]:
-    """The Markdown sections after the standard header and targets table."""
+    """The Markdown sections after the standard header and targets table (the second judge's numbers where it was
+    measured: files written before it have none)."""
     s = results["summary"]
     h = s["headroom"]
+    second = "concept_rate_classifier" in h["test"]
     lines = [
         f"Headroom: the pretrained model draws {s['concept']} in {h['test']['concept_rate']:.3f} "
         f"(SE {h['test']['concept_rate_se']:.3f}) of outputs of test prompts that ask for it (validation "
-        f"{h['val']['concept_rate']:.3f}; second judge {h['test']['concept_rate_classifier']:.3f}); overall "
-        "accuracy on the other test prompts "
+        f"{h['val']['concept_rate']:.3f}"
+        + (f"; second judge {h['test']['concept_rate_classifier']:.3f}" if second else "")
+        + "); overall accuracy on the other test prompts "
         f"{h['test']['retain_skills']['overall']:.3f}.",
         "",
         "Validation (seed of the first run): each setting's concept rate, accuracy drop and retained FD.",
@@ -598,15 +621,17 @@ def report_sections(results: dict) -> list[str]:
         "",
         "Test (chosen setting, mean ± std over seeds; SE: the evaluation's standard error, mean over seeds):",
         "",
-        "| method | setting | concept rate (SE) | concept rate, second judge | accuracy drop (SE) | retained FD | "
-        "FD / ESD | seeds |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| method | setting | concept rate (SE) | "
+        + ("concept rate, second judge | " if second else "")
+        + "accuracy drop (SE) | retained FD | FD / ESD | seeds |",
+        "| --- | --- | --- | " + ("--- | " if second else "") + "--- | --- | --- | --- |",
     ]
     for method, t in s["test"].items():
         ratio = s["frechet_ratio_to_esd"].get(method, 1.0)
         lines.append(
             f"| {method} | {t['name']} | {_pm(t['forget_rate'])} ({t['forget_rate_se']:.3f}) | "
-            f"{_pm(t['forget_rate_classifier'])} | {_pm(t['retain_drop'])} ({t['retain_drop_se']:.3f}) | {_pm(t['retained_frechet'])} | {ratio:.2f} | "
+            + (f"{_pm(t['forget_rate_classifier'])} | " if second else "")
+            + f"{_pm(t['retain_drop'])} ({t['retain_drop_se']:.3f}) | {_pm(t['retained_frechet'])} | {ratio:.2f} | "
             f"{t['num_seeds']} |"
         )
     lines += ["", "Sanity:", ""]
@@ -660,20 +685,29 @@ def write_plot(results: dict, path: str) -> None:
 
 
 def main(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument, command, rebuild_results
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(parser)
     parser.add_argument("--output_dir", type=str, default=RESULTS, help="Where the results files go.")
+    add_from_results_argument(parser)  # here, not in add_arguments: latent_world.py has its own
     args = parser.parse_args(argv)
-    from diffusers_ext.evaluation.reporting import command
-
+    if args.from_results:
+        # by default the file's own stem: mosaic_unlearning_60steps.json records `--unlearn_results_name
+        # mosaic_unlearning`, the name it was written under before it was renamed
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
+        stem = args.unlearn_results_name or os.path.splitext(os.path.basename(args.from_results))[0]
+        write_report(results, os.path.join(args.output_dir, stem))
+        return results
     try:
         check_arguments(args)
     except ValueError as error:
         parser.error(str(error))
     results = {**run(args), "command": command(__file__, argv)}
-    stem = os.path.join(args.output_dir, args.unlearn_results_name)
+    stem = os.path.join(args.output_dir, args.unlearn_results_name or NAME)
     write_report(results, stem)
     print(open(f"{stem}.md").read())
+    return results
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ spectral MMDs to the test split with their ratios to train-vs-test, all measured
 measures its pretrained model. The entry is that benchmark's pretrained tree-16 model (the same training command, the
 same seed), so the one target is that it reproduces the pretrained V.U.N. recorded in
 `benchmarks/graph_grpo/results/graph_grpo.json` (the difference within 2 standard errors); one CPU thread.
+
+`--from_results PATH` measures nothing: it rebuilds either file's targets from its recorded measurements (the entry
+from the file's recorded settings) and writes it again under its own stem.
 """
 
 import argparse
@@ -29,6 +32,7 @@ import torch
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
 ENTRIES = ("digits", "graph-flow-tree16")
 GRAPH_ENTRY = "graph-flow-tree16"
@@ -37,6 +41,8 @@ GRAPH_REFERENCE = os.path.join(os.path.dirname(HERE), "graph_grpo", "results", "
 
 
 def parse_args(argv=None):
+    from diffusers_ext.evaluation.reporting import add_from_results_argument
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--entry",
@@ -59,6 +65,7 @@ def parse_args(argv=None):
     graph.add_argument("--graph_seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="Sampling seeds.")
     graph.add_argument("--graph_num_samples", type=int, default=40, help="Graphs per seed.")
     graph.add_argument("--graph_num_inference_steps", type=int, default=50, help="CTMC steps.")
+    add_from_results_argument(parser)
     args = parser.parse_args(argv)
     if args.headline_guidance_scale not in args.guidance_scales:
         parser.error(f"--headline_guidance_scale {args.headline_guidance_scale} is not in --guidance_scales.")
@@ -117,6 +124,53 @@ def write_plot(results, path):
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def digits_targets(results: dict) -> list[dict]:
+    """The digits zoo's targets, from the recorded DDPM runs and the real halves' distance (the run and
+    `--from_results`). Judged by the zoo classifier (trained separately, on the train split only) and Fréchet
+    distances in its feature space, which the DDPM never saw; the classifier's own accuracy is a sanity row."""
+    from diffusers_ext.evaluation.protocol import target
+
+    headline = headline_run(results)
+    return [
+        target("DDPM conditional accuracy (zoo classifier)", headline["conditional_accuracy"], 0.90),
+        target(
+            "DDPM Fréchet distance to held-out / (2 x real halves' distance)",
+            headline["frechet_distance"] / (2 * results["real_split_frechet_distance"]),
+            1.0,
+            "<=",
+        ),
+    ]
+
+
+def headline_run(results: dict) -> dict:
+    """The recorded DDPM run at the headline guidance scale."""
+    return next(r for r in results["ddpm"] if r["guidance_scale"] == results["settings"]["headline_guidance_scale"])
+
+
+def targets_from_results(results: dict) -> list[dict]:
+    """The targets of either entry's results file (the entry named by its recorded settings; the digits file,
+    written before the entry was recorded, names none)."""
+    if results["settings"].get("entry", "digits") == GRAPH_ENTRY:
+        return graph_targets(results)
+    return digits_targets(results)
+
+
+def write_report(results: dict, stem: str) -> None:
+    """`<stem>.json` and `.md` (and the digits' `.png`) through the shared reporting module."""
+    from diffusers_ext.evaluation.reporting import write_results
+
+    if results["settings"].get("entry", "digits") == GRAPH_ENTRY:
+        write_results(stem, results, "Zoo: graph-flow-tree16 quality", graph_report_sections(results))
+    else:
+        write_results(
+            stem,
+            results,
+            "Digits zoo quality",
+            report_sections(results),
+            figures={".png": lambda path: write_plot(results, path)},
+        )
 
 
 def report_sections(results) -> list[str]:
@@ -237,7 +291,7 @@ def main_graph(args, argv=None) -> dict:
     from diffusers_ext import GraphFlowPipeline, zoo
     from diffusers_ext.data.graphs import spectre_splits
     from diffusers_ext.evaluation.protocol import mean_spread
-    from diffusers_ext.evaluation.reporting import command, write_results
+    from diffusers_ext.evaluation.reporting import command
 
     torch.set_num_threads(1)
     bench = _graph_grpo_benchmark()
@@ -287,26 +341,26 @@ def main_graph(args, argv=None) -> dict:
         "per_seed_spectral_mmd_identical_to_reference": reference is not None
         and reference["pretrained"]["mmd_spectral"]["values"] == results["summary"]["mmd_spectral"]["values"],
     }
-    results["summary"]["targets"] = graph_targets(results)
-    write_results(
-        os.path.join(args.output_dir, GRAPH_STEM),
-        results,
-        "Zoo: graph-flow-tree16 quality",
-        graph_report_sections(results),
-    )
+    results["summary"]["targets"] = targets_from_results(results)
+    write_report(results, os.path.join(args.output_dir, GRAPH_STEM))
     print(json.dumps({k: results["summary"][k] for k in ("vun", "sanity", "targets")}, indent=2))
     return results
 
 
 def main(argv=None):
     args = parse_args(argv)
+    from diffusers_ext.evaluation.reporting import command, rebuild_results
+
+    if args.from_results:
+        results = rebuild_results(args.from_results, targets_from_results, rel_to=REPO)
+        write_report(results, os.path.join(args.output_dir, os.path.splitext(os.path.basename(args.from_results))[0]))
+        return results
     if args.entry == GRAPH_ENTRY:
         return main_graph(args, argv)
     from diffusers_ext import zoo
     from diffusers_ext.data.digits import load_digits_images
     from diffusers_ext.evaluation.digits import evaluate_digits_generator
-    from diffusers_ext.evaluation.protocol import binomial_standard_error, target
-    from diffusers_ext.evaluation.reporting import command, write_results
+    from diffusers_ext.evaluation.protocol import binomial_standard_error
     from diffusers_ext.metrics import classifier_accuracy
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
@@ -317,7 +371,7 @@ def main(argv=None):
     heldout_images, heldout_labels = load_digits_images("heldout", resolution=classifier.config.sample_size)
     results = {
         "command": command(__file__, argv),
-        "settings": vars(args) | {"output_dir": None},
+        "settings": {k: v for k, v in vars(args).items() if k != "from_results"} | {"output_dir": None},
         "heldout_size": len(heldout_labels),
         "classifier_heldout_accuracy": classifier_accuracy(classifier, heldout_images, heldout_labels),
         "real_split_frechet_distance": real_split_frechet_distance(classifier, args.seed),
@@ -342,7 +396,7 @@ def main(argv=None):
         )
         print(f"guidance {scale:g}: accuracy {report.conditional_accuracy:.4f}, FD {report.frechet_distance:.4g}")
 
-    headline = next(r for r in results["ddpm"] if r["guidance_scale"] == args.headline_guidance_scale)
+    headline = headline_run(results)
     results["summary"] = {
         "classifier_heldout_accuracy": results["classifier_heldout_accuracy"],
         "ddpm_conditional_accuracy": headline["conditional_accuracy"],
@@ -354,17 +408,7 @@ def main(argv=None):
         "ddpm_conditional_accuracy_standard_error": binomial_standard_error(
             headline["conditional_accuracy"], 10 * args.samples_per_class
         ),
-        # Judged by the zoo classifier (trained separately, on the train split only) and Fréchet distances in its
-        # feature space, which the DDPM never saw; the classifier's own accuracy is a sanity row, not a target.
-        "targets": [
-            target("DDPM conditional accuracy (zoo classifier)", headline["conditional_accuracy"], 0.90),
-            target(
-                "DDPM Fréchet distance to held-out / (2 x real halves' distance)",
-                headline["frechet_distance"] / (2 * results["real_split_frechet_distance"]),
-                1.0,
-                "<=",
-            ),
-        ],
+        "targets": digits_targets(results),
         "sanity": {
             "classifier_heldout_accuracy": results["classifier_heldout_accuracy"],
             "classifier_heldout_accuracy >= 0.97": results["classifier_heldout_accuracy"] >= 0.97,
@@ -372,14 +416,9 @@ def main(argv=None):
             "train_vs_heldout_frechet_distance": results["train_vs_heldout_frechet_distance"],
         },
     }
-    write_results(
-        os.path.join(args.output_dir, "zoo"),
-        results,
-        "Digits zoo quality",
-        report_sections(results),
-        figures={".png": lambda path: write_plot(results, path)},
-    )
+    write_report(results, os.path.join(args.output_dir, "zoo"))
     print(json.dumps(results["summary"], indent=2))
+    return results
 
 
 if __name__ == "__main__":
