@@ -120,6 +120,9 @@ def parse_args(argv=None):
     add_validation_arguments(train, "prompt")
     args = parser.parse_args(argv)
     validate_args(args, parser)
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(args, parser)  # an upload that cannot happen fails now, not after training
     return args
 
 
@@ -255,7 +258,9 @@ def main(argv=None):
     )
     batches = iter(sampler)
     if accelerator.is_main_process:
-        accelerator.init_trackers("train_text_to_image_from_scratch", config={k: str(v) for k, v in vars(args).items()})
+        accelerator.init_trackers(
+            "train_text_to_image_from_scratch", config={k: str(v) for k, v in vars(args).items()}
+        )
     logger.info(f"{len(images)} images, {args.vae_steps} VAE + {args.max_train_steps} UNet steps, from {global_step}")
 
     def latent_scaling(means: torch.Tensor) -> float:
