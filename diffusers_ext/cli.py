@@ -106,6 +106,26 @@ def _output_names(files: list[str]) -> list[str]:
     return names
 
 
+def _check_purify_model(name: str, folder: str) -> None:
+    """Refuse a `--model` folder DIRP cannot run before anything loads: a pipeline folder with a UNet and a
+    scheduler (a classifier's or a VAE's folder holds a model, not a pipeline)."""
+    import json
+
+    from .utils import check_saved_folder
+
+    check_saved_folder(
+        "--model", folder, "pipeline", example="digits-ddpm or a saved DDPMPipeline / StableDiffusionPipeline"
+    )
+    with open(os.path.join(folder, "model_index.json"), encoding="utf-8") as f:
+        index = json.load(f)
+    missing = [part for part in ("unet", "scheduler") if not isinstance(index.get(part), list) or None in index[part]]
+    if missing:
+        raise ValueError(
+            f"--model {name!r} is a {index['_class_name']} without {' or '.join(missing)}; DIRP purifies with a "
+            "UNet diffusion pipeline (e.g. digits-ddpm, or a saved DDPMPipeline / StableDiffusionPipeline)."
+        )
+
+
 def _purify(args) -> int:
     import json
 
@@ -120,6 +140,7 @@ def _purify(args) -> int:
     model = zoo.path(args.model) if args.model in zoo.names() else args.model
     if not os.path.isdir(model):
         raise FileNotFoundError(f"--model {args.model!r} is neither a zoo name ({zoo.names()}) nor a folder")
+    _check_purify_model(args.model, model)
     opened = []
     for f in files:
         try:
@@ -134,7 +155,8 @@ def _purify(args) -> int:
     from . import DIRPPipeline
 
     _check_device(args.device)
-    pipe = DIRPPipeline.from_pretrained(model).to(args.device)
+    # float32 whatever the stored weights (some zoo entries store float16; DIRP optimises the image in float32)
+    pipe = DIRPPipeline.from_pretrained(model, dtype=torch.float32).to(args.device)
     options = {
         "prompt": args.prompt,
         "num_inversion_steps": args.num_inversion_steps,

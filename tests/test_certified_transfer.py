@@ -232,8 +232,10 @@ def test_evaluate_fn_output_is_validated():
         pipe(**{**inputs, "evaluate_fn": lambda h: torch.zeros(3)})
     with pytest.raises(ValueError, match="evaluate_fn"):
         pipe(**{**inputs, "evaluate_fn": lambda h: torch.full((h.shape[0],), 2.0)})
-    with pytest.raises(TypeError, match="generator"):
+    with pytest.raises(ValueError, match="`generator` is a list of 1 generators, but `num_hypotheses` makes a batch"):
         pipe(**{**inputs, "generator": [torch.Generator()]})
+    with pytest.raises(TypeError, match="generator"):
+        pipe(**{**inputs, "generator": "seed"})
 
 
 def test_samples_are_destandardized_and_decode_to_state_dicts():

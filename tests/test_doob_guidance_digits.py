@@ -87,7 +87,7 @@ def test_bad_guidance_arguments_raise_by_name_before_any_forward():
         with pytest.raises(TypeError, match="`guidance`"):
             pipe(class_labels=[0], num_inference_steps=2, guidance=brightness)
         with pytest.raises(ValueError, match="`generator`"):
-            pipe(class_labels=[0], num_inference_steps=2, guidance=guidance, generator=[torch.Generator()])
+            pipe(class_labels=[0], num_inference_steps=2, guidance=guidance, generator=[torch.Generator()] * 2)
         pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
         with pytest.raises(ValueError, match="EulerDiscreteScheduler"):
             pipe(class_labels=[0], num_inference_steps=2, guidance=guidance)

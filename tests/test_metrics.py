@@ -326,7 +326,7 @@ def test_frechet_distance_clamps_round_off_only(monkeypatch):
         (torch.zeros(5, 2), torch.zeros(1, 2), r"`features_b` has shape \(1, 2\): 1 sample\(s\); expected at least 2"),
         (torch.zeros(5, 2), torch.zeros(5, 3), "expected the same feature_dim"),
         (torch.zeros(5, 0), torch.zeros(5, 0), "expected feature_dim >= 1"),
-        (torch.tensor([[0.0], [float("nan")]]), torch.zeros(5, 1), "`features_a` contains NaN"),
+        (torch.tensor([[0.0], [float("nan")]]), torch.zeros(5, 1), r"`features_a` must hold finite .* index \(1, 0\)"),
         (torch.zeros(5, 2), torch.zeros(5, 2, device="meta"), "`features_b` on meta"),
     ],
 )
@@ -350,8 +350,11 @@ def test_feature_statistics_errors():
         ({"mu2": torch.zeros(3), "sigma2": torch.eye(3)}, "`mu1` has shape .* but `mu2` has shape"),
         ({"sigma1": torch.tensor([[1.0, 0.5], [0.0, 1.0]])}, "`sigma1` is not symmetric"),
         ({"sigma2": torch.tensor([[1.0, 0.0], [0.0, -1.0]])}, "`sigma2` is not positive semi-definite"),
-        ({"mu1": torch.tensor([0.0, float("inf")])}, "`mu1` contains NaN or infinite"),
-        ({"sigma1": torch.full((2, 2), float("nan"))}, "`sigma1` contains NaN or infinite"),
+        ({"mu1": torch.tensor([0.0, float("inf")])}, "`mu1` must hold finite numbers, got inf at index 1"),
+        (
+            {"sigma1": torch.full((2, 2), float("nan"))},
+            "`sigma1` must hold finite numbers, got nan at index \\(0, 0\\)",
+        ),
     ],
 )
 def test_frechet_distance_from_statistics_errors_name_the_argument(overrides, match):

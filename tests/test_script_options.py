@@ -124,3 +124,75 @@ def test_trl_scripts_take_both_names_with_one_meaning(tmp_path):
         assert default.max_steps == type(default)().max_steps  # an alias brings no default of its own
     finally:
         sys.path.pop(0)
+
+
+# What the README promises of every script (its "Training scripts" section): `--gradient_accumulation_steps`, and
+# validation sampling in the generator scripts, the others named there as measuring their final model instead.
+NOT_GENERATORS = {"train_classifier.py", "train_augmentation_regressor.py", "train_semantic_encoder.py"}
+MEASURED_AT_THE_END = {
+    "train_graph_flow.py",
+    "train_graph_grpo.py",
+    "train_epidiff.py",
+    "train_parameter_diffusion.py",
+    "train_spade.py",
+}
+
+
+def test_every_script_takes_gradient_accumulation_and_the_generators_validate_as_the_readme_says(parsers):
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "Every script takes `--gradient_accumulation_steps`" in readme
+    missing = [script for script, found in parsers.items() if "--gradient_accumulation_steps" not in found]
+    assert not missing, f"without --gradient_accumulation_steps: {missing}"
+    validating = {s for s, found in parsers.items() if {"--num_validation_images", "--validation_steps"} <= set(found)}
+    assert validating == set(parsers) - NOT_GENERATORS - MEASURED_AT_THE_END, sorted(validating)
+    paragraph = readme[readme.index("Validation, as in diffusers' examples") :].split("\n\n")[0]
+    for script in MEASURED_AT_THE_END:
+        assert f"`{script}`" in paragraph, f"the README's validation paragraph does not say what {script} does"
+
+
+# The extra arguments a script needs to get past its own required options to the Hub check.
+HUB_CHECK_ARGS = {
+    "train_graph_grpo.py": ["--pretrained_model_name_or_path", "diffusers_ext/zoo/graph-flow-tree16"],
+    "train_grpo.py": ["--pretrained_model_name_or_path", "diffusers_ext/zoo/digits-sd3"],
+    "train_semantic_nvs.py": ["--no_semantics"],
+    "train_text_to_image.py": [
+        "--pretrained_model_name_or_path",
+        "diffusers_ext/zoo/mosaic-t2i",
+        "--train_data_dir",
+        ".",
+    ],
+    "train_text_to_image_sd3.py": ["--pretrained_vae_model_name_or_path", "diffusers_ext/zoo/mosaic-t2i"],
+    "train_unlearning.py": [
+        "--pretrained_model_name_or_path",
+        "diffusers_ext/zoo/digits-ddpm",
+        "--forget_classes",
+        "3",
+    ],
+}
+
+
+def test_every_script_with_push_to_hub_checks_the_hub_when_it_starts(parsers, tmp_path, monkeypatch):
+    # HF_HUB_OFFLINE=1 is what a user without network has: an upload cannot happen, so --push_to_hub fails while the
+    # arguments are parsed, before any data or model is touched, instead of after training
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(REPO)
+    problems = []
+    for path in SCRIPTS:
+        if "--push_to_hub" not in parsers[path.name]:
+            continue
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        err = io.StringIO()
+        argv = ["--output_dir", str(tmp_path / path.stem), "--push_to_hub", *HUB_CHECK_ARGS.get(path.name, [])]
+        try:
+            with contextlib.redirect_stderr(err):
+                module.parse_args(argv)
+            message = "parsed without an error"
+        except SystemExit:
+            message = err.getvalue().strip().splitlines()[-1]
+        except ValueError as error:
+            message = str(error)
+        if "--push_to_hub: HF_HUB_OFFLINE is set, so the upload to the Hub cannot happen" not in message:
+            problems.append(f"{path.name}: {message}")
+    assert not problems, "\n".join(problems)

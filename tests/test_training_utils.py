@@ -138,25 +138,34 @@ def test_optimizer_flags_build_adamw_and_scaled_schedule():
 
 
 class _FakeHub:
-    """Stands in for `huggingface_hub.create_repo` / `upload_folder` (no network in tests)."""
+    """Stands in for the Hub's API (`HfApi.whoami`, `create_repo`, `upload_folder`; no network in tests), with
+    `HF_HUB_OFFLINE` unset for the test. tests/test_hub.py holds the start-up checks."""
 
     def __init__(self, monkeypatch):
         import types
 
-        import huggingface_hub
+        import huggingface_hub.constants
+        from huggingface_hub import HfApi
 
         self.calls = []
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
 
-        def create_repo(repo_id, exist_ok=False, token=None, **kwargs):
+        def whoami(api, token=None, **kwargs):
+            self.calls.append(("whoami", api.token))
+            return {"name": "user", "auth": {"accessToken": {"role": "write"}}}
+
+        def create_repo(api, repo_id, exist_ok=False, token=None, **kwargs):
             self.calls.append(("create_repo", repo_id, exist_ok, token))
             return types.SimpleNamespace(repo_id=repo_id if "/" in repo_id else f"user/{repo_id}")
 
-        def upload_folder(repo_id, folder_path, token=None, ignore_patterns=None, **kwargs):
+        def upload_folder(api, repo_id, folder_path, token=None, ignore_patterns=None, **kwargs):
             self.calls.append(("upload_folder", repo_id, folder_path, token, ignore_patterns))
             self.uploaded = sorted(os.listdir(folder_path))
 
-        monkeypatch.setattr(huggingface_hub, "create_repo", create_repo)
-        monkeypatch.setattr(huggingface_hub, "upload_folder", upload_folder)
+        monkeypatch.setattr(HfApi, "whoami", whoami)
+        monkeypatch.setattr(HfApi, "create_repo", create_repo)
+        monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
 
 
 def test_push_to_hub_creates_the_repo_and_uploads_the_folder_without_checkpoints(tmp_path, monkeypatch):
@@ -184,8 +193,8 @@ def test_training_script_pushes_its_result_when_asked(tmp_path, monkeypatch):
     out = tmp_path / "out"
     argv = ["--output_dir", str(out), "--max_train_steps", "1", "--report_to", "none", "--push_to_hub"]
     train_classifier.main([*argv, "--hub_model_id", "me/digits-classifier", "--hub_token", "tok"])
-    assert [call[0] for call in hub.calls] == ["create_repo", "upload_folder"]
-    assert hub.calls[1][1:4] == ("me/digits-classifier", str(out), "tok")
+    assert [call[0] for call in hub.calls] == ["whoami", "create_repo", "upload_folder"]  # checked at the start
+    assert hub.calls[2][1:4] == ("me/digits-classifier", str(out), "tok")
     assert "README.md" in hub.uploaded and "config.json" in hub.uploaded
     hub.calls.clear()
     train_classifier.main(["--output_dir", str(tmp_path / "local"), "--max_train_steps", "1", "--report_to", "none"])

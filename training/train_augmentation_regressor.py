@@ -38,6 +38,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and augmentation.")
     parser.add_argument("--train_batch_size", type=int, default=64, help="Batch size per process.")
     parser.add_argument("--max_train_steps", type=int, default=2000, help="Total optimizer steps.")
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="Peak learning rate (cosine decay).")
     parser.add_argument(
         "--adam_weight_decay",
@@ -55,11 +56,20 @@ def parse_args(argv=None):
             f"--resolution {args.resolution} must be a positive multiple of {factor} "
             f"for {len(args.block_out_channels)} pooling stages."
         )
-    for name in ("train_batch_size", "max_train_steps", "checkpointing_steps", "layers_per_block"):
+    for name in (
+        "train_batch_size",
+        "max_train_steps",
+        "gradient_accumulation_steps",
+        "checkpointing_steps",
+        "layers_per_block",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
     if not 0.0 < args.augment_p <= 1.0:
         parser.error(f"--augment_p must lie in (0, 1], got {args.augment_p}.")
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(args, parser)  # an upload that cannot happen fails now, not after training
     return args
 
 
@@ -98,7 +108,9 @@ def main(argv=None):
         write_model_card,
     )
 
-    accelerator = build_accelerator(args.output_dir, args.logging_dir, args.mixed_precision, args.report_to)
+    accelerator = build_accelerator(
+        args.output_dir, args.logging_dir, args.mixed_precision, args.report_to, args.gradient_accumulation_steps
+    )
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     set_seed(args.seed)
 
@@ -129,7 +141,7 @@ def main(argv=None):
         accelerator.num_processes,
         accelerator.process_index,
         args.seed,
-        start_step=global_step,
+        start_step=global_step * args.gradient_accumulation_steps,
     )
     loader = iter(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images), batch_sampler=sampler))
     if accelerator.is_main_process:
@@ -138,16 +150,19 @@ def main(argv=None):
     progress = tqdm(range(args.max_train_steps), initial=global_step, disable=not accelerator.is_local_main_process)
     model.train()
     while global_step < args.max_train_steps:
-        (batch,) = next(loader)
-        generator = step_generator(args.seed, global_step, accelerator.process_index)
-        augmented, labels = augment_with_labels(batch, generator, augment_config)
-        with accelerator.autocast():
-            predictions = model(augmented.to(accelerator.device)).predictions
-        loss = F.mse_loss(predictions.float(), labels.to(accelerator.device))
-        accelerator.backward(loss)
-        optimizer.step()
-        lr_scheduler.step()
-        optimizer.zero_grad()
+        for micro in range(args.gradient_accumulation_steps):
+            (batch,) = next(loader)
+            micro_step = global_step * args.gradient_accumulation_steps + micro
+            generator = step_generator(args.seed, micro_step, accelerator.process_index)
+            augmented, labels = augment_with_labels(batch, generator, augment_config)
+            with accelerator.accumulate(model):
+                with accelerator.autocast():
+                    predictions = model(augmented.to(accelerator.device)).predictions
+                loss = F.mse_loss(predictions.float(), labels.to(accelerator.device))
+                accelerator.backward(loss)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
         global_step += 1
         progress.update(1)
         progress.set_postfix(loss=loss.item())

@@ -34,6 +34,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and augmentation.")
     parser.add_argument("--train_batch_size", type=int, default=64, help="Batch size per process.")
     parser.add_argument("--max_train_steps", type=int, default=3000, help="Total optimizer steps.")
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="Peak learning rate (cosine decay).")
     parser.add_argument(
         "--adam_weight_decay",
@@ -51,11 +52,14 @@ def parse_args(argv=None):
             f"--resolution {args.resolution} must be a positive multiple of {factor} "
             f"for {len(args.block_out_channels)} pooling blocks."
         )
-    for name in ("train_batch_size", "max_train_steps", "checkpointing_steps"):
+    for name in ("train_batch_size", "max_train_steps", "gradient_accumulation_steps", "checkpointing_steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
     if args.max_shift < 0:
         parser.error(f"--max_shift must be >= 0, got {args.max_shift}.")
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(args, parser)  # an upload that cannot happen fails now, not after training
     return args
 
 
@@ -87,7 +91,9 @@ def main(argv=None):
         write_model_card,
     )
 
-    accelerator = build_accelerator(args.output_dir, args.logging_dir, args.mixed_precision, args.report_to)
+    accelerator = build_accelerator(
+        args.output_dir, args.logging_dir, args.mixed_precision, args.report_to, args.gradient_accumulation_steps
+    )
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     set_seed(args.seed)
 
@@ -116,7 +122,7 @@ def main(argv=None):
         accelerator.num_processes,
         accelerator.process_index,
         args.seed,
-        start_step=global_step,
+        start_step=global_step * args.gradient_accumulation_steps,
     )
     dataset = torch.utils.data.TensorDataset(images, labels)
     loader = iter(torch.utils.data.DataLoader(dataset, batch_sampler=sampler))
@@ -126,16 +132,19 @@ def main(argv=None):
     progress = tqdm(range(args.max_train_steps), initial=global_step, disable=not accelerator.is_local_main_process)
     model.train()
     while global_step < args.max_train_steps:
-        batch, targets = next(loader)
-        generator = step_generator(args.seed, global_step, accelerator.process_index)
-        batch = random_shift(batch, args.max_shift, generator).to(accelerator.device)
-        with accelerator.autocast():
-            logits = model(batch).logits
-        loss = F.cross_entropy(logits.float(), targets.to(accelerator.device))
-        accelerator.backward(loss)
-        optimizer.step()
-        lr_scheduler.step()
-        optimizer.zero_grad()
+        for micro in range(args.gradient_accumulation_steps):
+            batch, targets = next(loader)
+            micro_step = global_step * args.gradient_accumulation_steps + micro
+            generator = step_generator(args.seed, micro_step, accelerator.process_index)
+            batch = random_shift(batch, args.max_shift, generator).to(accelerator.device)
+            with accelerator.accumulate(model):
+                with accelerator.autocast():
+                    logits = model(batch).logits
+                loss = F.cross_entropy(logits.float(), targets.to(accelerator.device))
+                accelerator.backward(loss)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
         global_step += 1
         progress.update(1)
         progress.set_postfix(loss=loss.item())

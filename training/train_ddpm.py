@@ -119,6 +119,9 @@ def parse_args(argv=None):
     )
     args = parser.parse_args(argv)
     validate_args(args, parser)
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(args, parser)  # an upload that cannot happen fails now, not after training
     return args
 
 

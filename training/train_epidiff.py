@@ -90,6 +90,9 @@ def parse_args(argv=None):
             parser.error(f"--{name} must be >= 1, got {getattr(script_args, name)}.")
     if script_args.population <= 0:
         parser.error(f"--population must be > 0, got {script_args.population}.")
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(config, parser)  # an upload that cannot happen fails now, not after training
     return script_args, config
 
 

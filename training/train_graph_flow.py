@@ -86,6 +86,9 @@ def parse_args(argv=None):
         parser.error(f"--num_nodes must be >= 3, got {args.num_nodes}.")
     if args.num_eval_graphs < 0:
         parser.error(f"--num_eval_graphs must be >= 0, got {args.num_eval_graphs}.")
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(args, parser)  # an upload that cannot happen fails now, not after training
     return args
 
 
@@ -103,6 +106,7 @@ def main(argv=None):
         ResumableBatchSampler,
         command_line,
         log_and_checkpoint,
+        maybe_push_to_hub,
         maybe_resume,
         start_run,
         step_generator,
@@ -229,6 +233,7 @@ def main(argv=None):
             metrics=metrics,
             tags=["graph-generation", "discrete-flow-matching", args.dataset_name],
         )
+        maybe_push_to_hub(args, logger)
     accelerator.end_training()
 
 

@@ -146,6 +146,9 @@ def parse_args(argv=None):
         raise ValueError(f"--eval_inference_steps must be >= 1, got {script_args.eval_inference_steps}.")
     if molecules:
         check_molecule_arguments(script_args)
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(config, parser)  # an upload that cannot happen fails now, not after training
     return script_args, config, lora_args
 
 

@@ -164,6 +164,9 @@ def parse_args(argv=None):
             raise ValueError(f"--validation_steps must be >= 1, got {script_args.validation_steps}.")
         if script_args.validation_prompt is None:
             raise ValueError(f"--validation_steps {script_args.validation_steps} needs --validation_prompt.")
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(config, parser)  # an upload that cannot happen fails now, not after training
     return script_args, config, lora_args
 
 

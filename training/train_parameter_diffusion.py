@@ -99,8 +99,18 @@ def parse_args(argv=None):
         )
     if not args.adapter_learning_rate > 0:
         parser.error(f"--adapter_learning_rate must be > 0, got {args.adapter_learning_rate}.")
-    if not os.path.isdir(args.classifier_path):
-        parser.error(f"--classifier_path {args.classifier_path!r} is not a folder.")
+    from diffusers_ext.utils import check_saved_folder
+
+    try:  # a pipeline folder (or any other) fails here, not inside from_pretrained
+        check_saved_folder(
+            "--classifier_path",
+            args.classifier_path,
+            "model",
+            ("ConvImageClassifier",),
+            "diffusers_ext/zoo/digits-classifier",
+        )
+    except ValueError as error:
+        parser.error(str(error))
     from diffusers_ext.training_utils import resolve_resume_checkpoint
 
     try:  # a missing checkpoint fails before any adapter is fitted
@@ -116,6 +126,9 @@ def parse_args(argv=None):
                 f"{args.output_dir!r} holds upstream adapters fitted with {saved}, not {upstream_settings(args)}; "
                 "use a new --output_dir."
             )
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(args, parser)  # an upload that cannot happen fails now, not after training
     return args
 
 

@@ -103,6 +103,9 @@ def parse_args(argv=None):
     if not 0 <= args.prompt_dropout < 1:
         parser.error(f"--prompt_dropout must lie in [0, 1), got {args.prompt_dropout}.")
     check_validation_arguments(args, parser)
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(args, parser)  # an upload that cannot happen fails now, not after training
     return args
 
 

@@ -35,14 +35,24 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="Seed of initialisation and of the scenes.")
     parser.add_argument("--train_batch_size", type=int, default=32, help="Views per step and process.")
     parser.add_argument("--max_train_steps", type=int, default=1500, help="Optimizer steps.")
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="Peak learning rate (cosine decay).")
     add_accelerate_arguments(parser, checkpointing_steps=500, checkpoints_total_limit=1)
     args = parser.parse_args(argv)
     if args.resolution % args.patch_size:
         parser.error(f"--resolution {args.resolution} must be a multiple of --patch_size {args.patch_size}.")
-    for name in ("train_batch_size", "max_train_steps", "checkpointing_steps", "hidden_size"):
+    for name in (
+        "train_batch_size",
+        "max_train_steps",
+        "gradient_accumulation_steps",
+        "checkpointing_steps",
+        "hidden_size",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(args, parser)  # an upload that cannot happen fails now, not after training
     return args
 
 
@@ -93,7 +103,9 @@ def main(argv=None):
         write_model_card,
     )
 
-    accelerator = build_accelerator(args.output_dir, args.logging_dir, args.mixed_precision, args.report_to)
+    accelerator = build_accelerator(
+        args.output_dir, args.logging_dir, args.mixed_precision, args.report_to, args.gradient_accumulation_steps
+    )
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     set_seed(args.seed)
     num_labels = len(OBJECT_CLASSES) + 1  # + sky
@@ -116,17 +128,19 @@ def main(argv=None):
     progress = tqdm(range(args.max_train_steps), initial=global_step, disable=not accelerator.is_local_main_process)
     model.train()
     while global_step < args.max_train_steps:
-        batch = views(
-            step_generator(args.seed, global_step, accelerator.process_index), args.train_batch_size, args.resolution
-        )
-        targets = patch_labels(batch["classes"], args.patch_size, num_labels).to(accelerator.device)
-        with accelerator.autocast():
-            logits = model(batch["images"].to(accelerator.device))
-        loss = F.cross_entropy(logits.reshape(-1, num_labels).float(), targets.reshape(-1))
-        accelerator.backward(loss)
-        optimizer.step()
-        lr_scheduler.step()
-        optimizer.zero_grad()
+        for micro in range(args.gradient_accumulation_steps):
+            micro_step = global_step * args.gradient_accumulation_steps + micro
+            generator = step_generator(args.seed, micro_step, accelerator.process_index)
+            batch = views(generator, args.train_batch_size, args.resolution)
+            targets = patch_labels(batch["classes"], args.patch_size, num_labels).to(accelerator.device)
+            with accelerator.accumulate(model):
+                with accelerator.autocast():
+                    logits = model(batch["images"].to(accelerator.device))
+                loss = F.cross_entropy(logits.reshape(-1, num_labels).float(), targets.reshape(-1))
+                accelerator.backward(loss)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
         global_step += 1
         progress.update(1)
         progress.set_postfix(loss=loss.item())

@@ -104,6 +104,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="Seed of initialisation, scenes and noise.")
     parser.add_argument("--train_batch_size", type=int, default=8, help="Scenes per step and process.")
     parser.add_argument("--max_train_steps", type=int, default=3000, help="Optimizer steps.")
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
     parser.add_argument("--learning_rate", type=float, default=1e-3, help="Peak learning rate (cosine decay).")
     parser.add_argument("--use_ema", action="store_true", help="Keep an exponential moving average of the weights.")
     add_accelerate_arguments(parser, checkpointing_steps=500, checkpoints_total_limit=1)
@@ -134,9 +135,12 @@ def parse_args(argv=None):
     factor = 2 ** (len(args.block_out_channels) - 1)
     if args.resolution % factor:
         parser.error(f"--resolution {args.resolution} must be a multiple of {factor}.")
-    for name in ("train_batch_size", "max_train_steps", "checkpointing_steps"):
+    for name in ("train_batch_size", "max_train_steps", "gradient_accumulation_steps", "checkpointing_steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(args, parser)  # an upload that cannot happen fails now, not after training
     return args
 
 
@@ -294,7 +298,9 @@ def main(argv=None):
         write_model_card,
     )
 
-    accelerator = build_accelerator(args.output_dir, args.logging_dir, args.mixed_precision, args.report_to)
+    accelerator = build_accelerator(
+        args.output_dir, args.logging_dir, args.mixed_precision, args.report_to, args.gradient_accumulation_steps
+    )
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     set_seed(args.seed)
     captures = load_captures(args)
@@ -339,85 +345,97 @@ def main(argv=None):
     progress = tqdm(range(args.max_train_steps), initial=global_step, disable=not accelerator.is_local_main_process)
     unet.train()
     while global_step < args.max_train_steps:
-        generator = step_generator(args.seed, global_step, accelerator.process_index)
-        if captures is None:
-            batch = sample_scene_batch(
-                generator, args.train_batch_size, args.num_views, size, max_azimuth_span_deg=args.max_azimuth_span
-            )
-        else:
-            batch = captures.sample_batch(generator, args.train_batch_size, args.num_views)
-        b, v = batch["images"].shape[:2]
-        clean = batch["images"] * 2 - 1
-        plucker = scene_plucker(batch["intrinsics"], batch["c2w"], size, size)
-        features = masks = None
-        if encoder is not None:
-            inputs, warped, coverage, modes = scene_semantics(encoder, batch, generator)
-            if args.iterative_surrogate == "blur":
-                blurred = blurred_target_semantics(encoder, batch["images"], generator, args.blur_sigma)
-                iterative = [blurred[scene] if "iterative" in mode else None for scene, mode in enumerate(modes)]
-            else:
-                draws = torch.rand(b, generator=generator) < args.self_cond_prob
-                self_cond = [bool(d) and "iterative" in mode for d, mode in zip(draws, modes)]
-                iterative = [None] * b  # filled after the first pass below
-        keep = torch.rand(b, generator=generator) >= args.cond_dropout
-        input_mask = torch.zeros(b, v, dtype=torch.bool)
-        input_mask[:, 0] = True
-        input_images = torch.zeros_like(clean)
-        input_images[:, 0] = clean[:, 0]
+        for micro in range(args.gradient_accumulation_steps):
+            micro_step = global_step * args.gradient_accumulation_steps + micro
+            generator = step_generator(args.seed, micro_step, accelerator.process_index)
+            with accelerator.accumulate(unet):
+                if captures is None:
+                    batch = sample_scene_batch(
+                        generator,
+                        args.train_batch_size,
+                        args.num_views,
+                        size,
+                        max_azimuth_span_deg=args.max_azimuth_span,
+                    )
+                else:
+                    batch = captures.sample_batch(generator, args.train_batch_size, args.num_views)
+                b, v = batch["images"].shape[:2]
+                clean = batch["images"] * 2 - 1
+                plucker = scene_plucker(batch["intrinsics"], batch["c2w"], size, size)
+                features = masks = None
+                if encoder is not None:
+                    inputs, warped, coverage, modes = scene_semantics(encoder, batch, generator)
+                    if args.iterative_surrogate == "blur":
+                        blurred = blurred_target_semantics(encoder, batch["images"], generator, args.blur_sigma)
+                        iterative = [
+                            blurred[scene] if "iterative" in mode else None for scene, mode in enumerate(modes)
+                        ]
+                    else:
+                        draws = torch.rand(b, generator=generator) < args.self_cond_prob
+                        self_cond = [bool(d) and "iterative" in mode for d, mode in zip(draws, modes)]
+                        iterative = [None] * b  # filled after the first pass below
+                keep = torch.rand(b, generator=generator) >= args.cond_dropout
+                input_mask = torch.zeros(b, v, dtype=torch.bool)
+                input_mask[:, 0] = True
+                input_images = torch.zeros_like(clean)
+                input_images[:, 0] = clean[:, 0]
 
-        noise = torch.randn(clean[:, 1:].shape, generator=generator)
-        timesteps = torch.randint(0, 1000, (b,), generator=generator)
-        noisy = noise_scheduler.add_noise(
-            clean[:, 1:].reshape(b * (v - 1), 3, size, size),
-            noise.reshape(b * (v - 1), 3, size, size),
-            timesteps.repeat_interleave(v - 1),
-        ).reshape(b, v - 1, 3, size, size)
-        sample = torch.cat([clean[:, :1], noisy], 1)
-        device = accelerator.device
-        if encoder is not None and args.iterative_surrogate == "self_cond" and any(self_cond):
-            # First pass, as the pipeline's conditional branch at the step before: the input view, no iterative
-            # features yet. Its estimate of the clean targets at this timestep gives the iterative features of the
-            # second pass (stop-gradient), for the conditional and the unconditional (dropped) scenes alike.
-            first_features, first_masks = compose_semantics(inputs, warped, coverage, modes, [None] * b)
-            with torch.no_grad(), accelerator.autocast():
-                first = accelerator.unwrap_model(unet)(
-                    sample.to(device),
-                    timesteps.to(device),
-                    plucker.to(device),
-                    input_mask.to(device),
-                    input_images.to(device),
-                    first_features.to(device),
-                    first_masks.to(device),
-                ).sample[:, 1:]
-                x0 = x0_estimate(
-                    noise_scheduler,
-                    first.float().reshape(-1, 3, size, size),
-                    noisy.to(device).reshape(-1, 3, size, size),
-                    timesteps.to(device).repeat_interleave(v - 1),
-                )
-                estimated = iterative_semantics(encoder, x0).reshape(b, v - 1, -1, size, size).to(inputs.device)
-            iterative = [estimated[scene] if use else None for scene, use in enumerate(self_cond)]
-        if encoder is not None:
-            features, masks = compose_semantics(inputs, warped, coverage, modes, iterative, keep)
-        # Dropped scenes (classifier-free guidance) lose the input view and, in compose_semantics, its features.
-        input_mask[:, 0] = keep
-        input_images[:, 0] = clean[:, 0] * keep[:, None, None, None]
-        with accelerator.autocast():
-            prediction = unet(
-                sample.to(device),
-                timesteps.to(device),
-                plucker.to(device),
-                input_mask.to(device),
-                input_images.to(device),
-                None if features is None else features.to(device),
-                None if masks is None else masks.to(device),
-            ).sample
-        loss = F.mse_loss(prediction[:, 1:].float(), noise.to(device))
-        accelerator.backward(loss)
-        accelerator.clip_grad_norm_(unet.parameters(), 1.0)
-        optimizer.step()
-        lr_scheduler.step()
-        optimizer.zero_grad()
+                noise = torch.randn(clean[:, 1:].shape, generator=generator)
+                timesteps = torch.randint(0, 1000, (b,), generator=generator)
+                noisy = noise_scheduler.add_noise(
+                    clean[:, 1:].reshape(b * (v - 1), 3, size, size),
+                    noise.reshape(b * (v - 1), 3, size, size),
+                    timesteps.repeat_interleave(v - 1),
+                ).reshape(b, v - 1, 3, size, size)
+                sample = torch.cat([clean[:, :1], noisy], 1)
+                device = accelerator.device
+                if encoder is not None and args.iterative_surrogate == "self_cond" and any(self_cond):
+                    # First pass, as the pipeline's conditional branch at the step before: the input view, no iterative
+                    # features yet. Its estimate of the clean targets at this timestep gives the iterative features of the
+                    # second pass (stop-gradient), for the conditional and the unconditional (dropped) scenes alike.
+                    first_features, first_masks = compose_semantics(inputs, warped, coverage, modes, [None] * b)
+                    with torch.no_grad(), accelerator.autocast():
+                        first = accelerator.unwrap_model(unet)(
+                            sample.to(device),
+                            timesteps.to(device),
+                            plucker.to(device),
+                            input_mask.to(device),
+                            input_images.to(device),
+                            first_features.to(device),
+                            first_masks.to(device),
+                        ).sample[:, 1:]
+                        x0 = x0_estimate(
+                            noise_scheduler,
+                            first.float().reshape(-1, 3, size, size),
+                            noisy.to(device).reshape(-1, 3, size, size),
+                            timesteps.to(device).repeat_interleave(v - 1),
+                        )
+                        estimated = (
+                            iterative_semantics(encoder, x0).reshape(b, v - 1, -1, size, size).to(inputs.device)
+                        )
+                    iterative = [estimated[scene] if use else None for scene, use in enumerate(self_cond)]
+                if encoder is not None:
+                    features, masks = compose_semantics(inputs, warped, coverage, modes, iterative, keep)
+                # Dropped scenes (classifier-free guidance) lose the input view and, in compose_semantics, its features.
+                input_mask[:, 0] = keep
+                input_images[:, 0] = clean[:, 0] * keep[:, None, None, None]
+                with accelerator.autocast():
+                    prediction = unet(
+                        sample.to(device),
+                        timesteps.to(device),
+                        plucker.to(device),
+                        input_mask.to(device),
+                        input_images.to(device),
+                        None if features is None else features.to(device),
+                        None if masks is None else masks.to(device),
+                    ).sample
+                loss = F.mse_loss(prediction[:, 1:].float(), noise.to(device))
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(unet.parameters(), 1.0)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
         global_step += 1
         if ema is not None:
             ema.step(unet.parameters())

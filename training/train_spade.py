@@ -68,6 +68,9 @@ def parse_args(argv=None):
             raise ValueError(f"--{name} must be >= 1, got {getattr(script_args, name)}.")
     if script_args.time_embed_dim < 2 or script_args.time_embed_dim % 2:
         raise ValueError(f"--time_embed_dim must be an even integer >= 2, got {script_args.time_embed_dim}.")
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(config, parser)  # an upload that cannot happen fails now, not after training
     return script_args, config
 
 
@@ -83,6 +86,13 @@ def load_data(script_args):
             x, y = np.asarray(data["x"], dtype=np.float32), np.asarray(data["y"], dtype=np.float32)
         if x.ndim != 2 or y.reshape(-1).shape[0] != x.shape[0]:
             raise ValueError(f"--data_file: `x` must be (N, D) and `y` (N,), got {x.shape} and {y.shape}.")
+        from diffusers_ext.utils import check_finite
+
+        for name, values in (("x", x), ("y", y.reshape(-1))):  # a NaN target would train and save a NaN surrogate
+            try:
+                check_finite(name, values)
+            except ValueError as error:
+                raise ValueError(f"--data_file {script_args.data_file!r}: {error}") from None
         return x, y.reshape(-1), os.path.basename(script_args.data_file)
     from diffusers_ext.data.offline_bbo import make_task
 

@@ -111,6 +111,9 @@ def parse_args(argv=None):
     add_validation_arguments(train, "prompt")
     args = parser.parse_args(argv)
     validate_args(args, parser)
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(args, parser)  # an upload that cannot happen fails now, not after training
     return args
 
 
@@ -147,12 +150,26 @@ def validate_args(args, parser):
         )
     if args.pretrained_model_name_or_path is not None:
         _check_pretrained(args, parser)
-    elif not os.path.isdir(args.pretrained_vae_model_name_or_path):
-        parser.error(
-            f"--pretrained_vae_model_name_or_path {args.pretrained_vae_model_name_or_path!r} is not a folder (a "
-            "pipeline folder with a vae/ subfolder, or an AutoencoderKL folder)."
-        )
+    else:
+        _check_vae_folder(args.pretrained_vae_model_name_or_path, parser)
     check_validation_arguments(args, parser)
+
+
+def _check_vae_folder(path: str, parser) -> None:
+    """--pretrained_vae_model_name_or_path is an `AutoencoderKL` folder, or a pipeline folder whose vae/ is one (a
+    UNet or any other folder fails here, by name, not inside `from_pretrained`)."""
+    from diffusers_ext.utils import check_saved_folder, saved_folder_class
+
+    flag = "--pretrained_vae_model_name_or_path"
+    try:
+        if saved_folder_class(path) is not None and saved_folder_class(path)[0] == "pipeline":
+            if not os.path.isdir(os.path.join(path, "vae")):
+                raise ValueError(f"{flag} {path!r} is a pipeline folder without a vae/ subfolder.")
+            check_saved_folder(f"{flag}'s vae/ subfolder", os.path.join(path, "vae"), "model", ("AutoencoderKL",))
+        else:
+            check_saved_folder(flag, path, "model", ("AutoencoderKL",), "a pipeline folder with a vae/ subfolder")
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def _check_pretrained(args, parser) -> None:

@@ -48,9 +48,20 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.horizon < 8 or args.horizon % 4:
         parser.error(f"--horizon must be a multiple of 4 and >= 8, got {args.horizon}.")
-    for name in ("num_train_samples", "train_batch_size", "max_train_steps", "checkpointing_steps"):
+    for name in (
+        "num_train_samples",
+        "num_train_timesteps",
+        "train_batch_size",
+        "max_train_steps",
+        "gradient_accumulation_steps",
+        "checkpointing_steps",
+        "eval_inference_steps",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(args, parser)  # an upload that cannot happen fails now, not after training
     return args
 
 

@@ -126,6 +126,9 @@ def parse_args(argv=None):
     except ValueError as error:  # a config's own check: name the option as on the command line
         parser.error(re.sub(r"`(\w+)`", r"--\1", str(error)))
     validate_args(script_args, config, parser)
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(config, parser)  # an upload that cannot happen fails now, not after training
     return script_args, config, lora_args
 
 

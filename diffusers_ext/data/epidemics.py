@@ -25,8 +25,12 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
+from diffusers.utils import logging
 
 from ..utils import check_positive_int, is_int, is_number
+
+
+logger = logging.get_logger(__name__)
 
 
 AREAFLUFORECAST = "areafluforecast"
@@ -93,22 +97,134 @@ def _fill_missing(values: np.ndarray) -> np.ndarray:
     return filled
 
 
-def _read_panel(path: str) -> tuple[list, list, np.ndarray]:
-    """`(times, node_names, values)` of a CSV whose first column labels the step and the others are nodes."""
+def _read_panel(path: str) -> tuple[list, list, np.ndarray, list]:
+    """`(times, node_names, values, lines)` of a CSV whose first column labels the step and the others are nodes
+    (`lines`: each step's row number in the file, the header being row 1). An empty cell, `NA` or `nan` is missing
+    (NaN); any other cell must be a finite number, else the error names the file, the row and the column."""
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.reader(f))
     if len(rows) < 2 or len(rows[0]) < 2:
         raise ValueError(f"{path!r} must hold a header (time, node, ...) and at least one row.")
-    header, body = rows[0], [r for r in rows[1:] if r]
+    header = rows[0]
+    body = [(line, r) for line, r in enumerate(rows[1:], start=2) if r]
+    if not body:
+        raise ValueError(f"{path!r} must hold a header (time, node, ...) and at least one row.")
     values = np.full((len(body), len(header) - 1), np.nan)
-    for i, row in enumerate(body):
+    for i, (line, row) in enumerate(body):
         if len(row) != len(header):
-            raise ValueError(f"{path!r} row {i + 2} has {len(row)} fields, the header {len(header)}.")
+            raise ValueError(f"{path!r} row {line} has {len(row)} fields, the header {len(header)}.")
         for j, text in enumerate(row[1:]):
             text = text.strip()
-            if text and text.lower() not in ("na", "nan"):
-                values[i, j] = float(text)
-    return [r[0] for r in body], header[1:], values
+            if not text or text.lower() in ("na", "nan"):
+                continue
+            where = f"{path!r} row {line}, column {header[j + 1]!r}"
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError(
+                    f"{where}: {text!r} is not a number (leave the cell empty or write NA for a missing value)."
+                ) from None
+            if not math.isfinite(value):
+                raise ValueError(
+                    f"{where}: {text!r} is not a finite value (leave the cell empty or write NA if it is missing)."
+                )
+            values[i, j] = value
+    return [r[0] for _, r in body], header[1:], values, [line for line, _ in body]
+
+
+def _time_positions(labels: list) -> tuple[list, str] | None:
+    """Each time label as a number on one scale, and the scale's unit: ISO dates in days (in months when every date
+    falls on the same day of the month), integers as steps; None for other labels (names, mixed kinds)."""
+    import datetime
+
+    try:
+        dates = [datetime.date.fromisoformat(label.strip()) for label in labels]
+    except ValueError:
+        dates = None
+    if dates is not None:
+        if len({d.day for d in dates}) == 1 and len(dates) > 1:
+            return [d.year * 12 + d.month for d in dates], "month"
+        return [d.toordinal() for d in dates], "day"
+    try:
+        return [int(label) for label in labels], "step"
+    except ValueError:
+        return None
+
+
+def _check_panel(path: str, times: list, names: list, values: np.ndarray, lines: list, time_column: str) -> None:
+    """The checks of a user's panel beyond its cells: region names present and unique; time labels present, unique,
+    in order and evenly spaced (a skipped date is an error: its row is added with empty cells, which are then
+    filled and reported); no negative count; no region without any observed count. Each error names the file, the
+    row and the column."""
+    seen = {}
+    for j, name in enumerate(names):
+        if not name.strip():
+            raise ValueError(f"{path!r} row 1, column {j + 2}: the region name is empty.")
+        if name in seen:
+            raise ValueError(
+                f"{path!r} row 1: columns {seen[name] + 2} and {j + 2} are both named {name!r}; region names must be "
+                "unique."
+            )
+        seen[name] = j
+    first = {}
+    for label, line in zip(times, lines):
+        if not label.strip():
+            raise ValueError(f"{path!r} row {line}, column {time_column!r}: the time label is empty.")
+        if label in first:
+            raise ValueError(
+                f"{path!r} rows {first[label]} and {line}, column {time_column!r}: the time {label!r} appears twice."
+            )
+        first[label] = line
+    scale = _time_positions(times)
+    if scale is not None and len(times) > 1:
+        positions, unit = scale
+        gaps = np.diff(positions)
+        for k in np.flatnonzero(gaps <= 0):
+            raise ValueError(
+                f"{path!r} row {lines[k + 1]}, column {time_column!r}: {times[k + 1]!r} is listed after "
+                f"{times[k]!r} (row {lines[k]}) but is not later; the rows must be in time order."
+            )
+        values_, counts = np.unique(gaps, return_counts=True)
+        step = int(values_[np.argmax(counts)])  # the panel's step: its most common spacing
+        for k in np.flatnonzero(gaps != step):
+            gap, here = int(gaps[k]), f"{path!r} row {lines[k + 1]}, column {time_column!r}"
+            if gap % step == 0:
+                raise ValueError(
+                    f"{here}: {times[k + 1]!r} follows {times[k]!r} (row {lines[k]}), skipping {gap // step - 1} "
+                    f"step(s) of the panel's {step} {unit}(s); add the missing rows with empty cells (they are filled "
+                    "by interpolation)."
+                )
+            raise ValueError(
+                f"{here}: {times[k + 1]!r} is {gap} {unit}(s) after {times[k]!r} (row {lines[k]}), not a multiple of "
+                f"the panel's step of {step} {unit}(s)."
+            )
+    negative = np.argwhere(values < 0)
+    if len(negative):
+        i, j = negative[0]
+        raise ValueError(f"{path!r} row {lines[i]}, column {names[j]!r}: {values[i, j]:g} is a negative count.")
+    for j in np.flatnonzero(~np.isfinite(values).any(axis=0)):
+        raise ValueError(
+            f"{path!r} column {names[j]!r}: the region has no observed count (every row is empty or NA); drop the "
+            "column or give at least one count."
+        )
+
+
+def _filled_report(path: str, times: list, names: list, values: np.ndarray, lines: list) -> dict:
+    """`{region: [time labels filled]}` of the missing cells of a panel, logged as one warning."""
+    filled = {names[j]: [times[i] for i in np.flatnonzero(~np.isfinite(values[:, j]))] for j in range(len(names))}
+    filled = {name: labels for name, labels in filled.items() if labels}
+    if filled:
+        total = sum(len(labels) for labels in filled.values())
+        parts = [
+            f"{name!r} at {', '.join(map(repr, labels[:5]))}"
+            + (f" and {len(labels) - 5} more" if len(labels) > 5 else "")
+            for name, labels in filled.items()
+        ]
+        logger.warning(
+            f"{path}: filled {total} missing count(s) by linear interpolation along time (before the first or after "
+            f"the last observed count: that count): {'; '.join(parts)}."
+        )
+    return filled
 
 
 def _read_adjacency(path: str, node_names: list, drop_unknown: bool = False) -> np.ndarray:
@@ -177,7 +293,7 @@ def load_boston_ili(data_dir: str | None = None) -> EpidemicSeries:
         data_dir = boston_data_dir()
     elif not isinstance(data_dir, (str, os.PathLike)) or not os.path.isfile(os.path.join(data_dir, "rates.csv")):
         raise ValueError(f"`data_dir` must be a folder holding rates.csv and edges.csv, got {data_dir!r}.")
-    times, names, values = _read_panel(os.path.join(data_dir, "rates.csv"))
+    times, names, values, _ = _read_panel(os.path.join(data_dir, "rates.csv"))
     # edges.csv also joins the neighbourhoods to 7 anchor nodes (surrounding towns, river, harbour): dropped
     adjacency = _read_adjacency(os.path.join(data_dir, "edges.csv"), names, drop_unknown=True)
     observed = np.isfinite(values)
@@ -196,6 +312,12 @@ def load_counts_csv(counts_path: str, adjacency_path: str | None = None, populat
     and an adjacency (a square CSV matrix, with or without a header of node names, or a two-column edge list of
     node names with a header). Without `adjacency_path` every pair of nodes is connected.
 
+    The panel is checked before use, each error naming the file, the row and the column: region names present and
+    unique; time labels present, unique, in order and (ISO dates or integers) evenly spaced, so a skipped date is
+    an error (add its row with empty cells); every cell empty, `NA` or a finite count >= 0 (`inf` and `abc` are
+    refused); every region with at least one count. Missing cells are filled by linear interpolation along time,
+    logged as a warning and listed in `extra["filled"]` (`{region: [time labels]}`); `observed` marks the others.
+
     Args:
         counts_path (`str`): the counts CSV.
         adjacency_path (`str`, *optional*): the adjacency CSV.
@@ -209,9 +331,11 @@ def load_counts_csv(counts_path: str, adjacency_path: str | None = None, populat
         raise ValueError(f"`adjacency_path` must be an existing CSV file or None, got {adjacency_path!r}.")
     if not is_number(population) or population <= 0:
         raise ValueError(f"`population` must be a positive number, got {population!r}.")
-    times, names, values = _read_panel(counts_path)
-    if np.nanmin(values) < 0:
-        raise ValueError(f"`counts_path` {counts_path!r} holds negative counts.")
+    times, names, values, lines = _read_panel(counts_path)
+    with open(counts_path, newline="", encoding="utf-8") as f:
+        time_column = next(csv.reader(f))[0]
+    _check_panel(counts_path, times, names, values, lines, time_column)
+    filled = _filled_report(counts_path, times, names, values, lines)
     if adjacency_path is None:
         adjacency = np.ones((len(names), len(names)))
     else:
@@ -223,6 +347,7 @@ def load_counts_csv(counts_path: str, adjacency_path: str | None = None, populat
         times=times,
         observed=np.isfinite(values),
         population=float(population),
+        extra={"filled": filled},
     )
 
 

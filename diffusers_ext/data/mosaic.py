@@ -622,10 +622,53 @@ def add_mosaic_data_arguments(parser) -> None:
     parser.add_argument("--mosaic_split_seed", type=int, default=0, help="Seed of the held-out combinations.")
 
 
+SAVE_TO_DISK_EXAMPLE = (
+    "e.g. `datasets.Dataset.from_dict({'image': paths, 'caption': texts}).cast_column('image', datasets.Image())"
+    ".save_to_disk(folder)`"
+)
+
+
+def check_text_image_folder(path: str) -> None:
+    """Raise a `ValueError` naming `--train_data_dir` unless `path` is a `datasets.save_to_disk` folder of one
+    `Dataset` (its `state.json`; the columns are checked when it loads): a plain image folder, without the captions
+    the text-to-image scripts train on, is refused here, before any model loads."""
+    if not os.path.isdir(path):
+        raise ValueError(f"--train_data_dir {path!r} is not a folder.")
+    if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        raise ValueError(
+            f"--train_data_dir {path!r} holds a DatasetDict (several splits); save the training split alone "
+            "(`dataset_dict['train'].save_to_disk(folder)`)."
+        )
+    if os.path.isfile(os.path.join(path, "state.json")):
+        return
+    files = os.listdir(path)
+    images = [f for f in files if f.lower().endswith((".png", ".jpg", ".jpeg", ".webp", ".bmp"))]
+    if images or any(os.path.isdir(os.path.join(path, f)) for f in files):
+        captions = [f for f in files if f in ("metadata.jsonl", "metadata.csv")]
+        hint = (
+            f"; its {captions[0]} can be turned into one with `datasets.load_dataset('imagefolder', data_dir=folder, "
+            "split='train')`, a `caption` column, then `.save_to_disk(...)`"
+            if captions
+            else ", giving each image its caption"
+        )
+        raise ValueError(
+            f"--train_data_dir {path!r} is a plain image folder ({len(images)} image file(s) at its top level), not a "
+            f"datasets.save_to_disk folder with 'image' and 'caption' columns: this script trains on captions{hint} "
+            f"({SAVE_TO_DISK_EXAMPLE})."
+        )
+    raise ValueError(
+        f"--train_data_dir {path!r} is not a datasets.save_to_disk folder (no state.json); expected one with 'image' "
+        f"and 'caption' columns ({SAVE_TO_DISK_EXAMPLE})."
+    )
+
+
 def check_mosaic_data_arguments(args, parser) -> None:
     """`parser.error` (exit code 2, one line) on data options that cannot work."""
-    if args.train_data_dir is not None and not os.path.isdir(args.train_data_dir):
-        parser.error(f"--train_data_dir {args.train_data_dir!r} is not a folder.")
+    if args.train_data_dir is not None:
+        try:
+            check_text_image_folder(args.train_data_dir)
+        except ValueError as error:
+            parser.error(str(error))
     if args.num_train_samples < 1:
         parser.error(f"--num_train_samples must be >= 1, got {args.num_train_samples}.")
 

@@ -50,12 +50,13 @@ def method_kwargs(method: str, regions: torch.Tensor) -> dict:
 
 def calibrated_disc_threshold(experts, scheduler, settings, seed: int, device: str) -> float:
     """The detector threshold that finds 95% of the discs each expert paints when sampled alone (real objects,
-    no composition method involved), as in `benchmarks/divide_and_denoise/divide_and_denoise.py`."""
+    no composition method involved), as in `benchmarks/divide_and_denoise/divide_and_denoise.py`, for the disc
+    judge ([`count_colour_discs`]: shape and size, then the peak's strength)."""
     from ..evaluation.divide_and_denoise.placements import solo_disc_scores
     from ..evaluation.protocol import calibrate_threshold
 
     seeds = [seed + 100 + k for k in range(len(experts))]
-    scores = solo_disc_scores(experts, scheduler, settings.disc_images, settings.disc_steps, seeds, device)
+    scores = solo_disc_scores(experts, scheduler, settings.disc_images, settings.disc_steps, seeds, device, discs=True)
     return calibrate_threshold(scores, 0.95)
 
 
@@ -77,7 +78,7 @@ def divide_and_denoise_section(output_dir: str, mode: str, seed: int, device: st
     from ..evaluation.divide_and_denoise.composition import digits_success, score_digit_slots
     from ..evaluation.divide_and_denoise.placements import (
         COLOURS,
-        colour_success,
+        colour_disc_success,
         layout_experts,
         layout_regions,
         random_layout,
@@ -101,7 +102,7 @@ def divide_and_denoise_section(output_dir: str, mode: str, seed: int, device: st
             **method_kwargs(method, disc_regions),
         )
         disc_scores[method] = float(
-            colour_success(out.images.cpu(), list(COLOURS)[:2], min_intensity=threshold).mean()
+            colour_disc_success(out.images.cpu(), list(COLOURS)[:2], min_intensity=threshold).mean()
         )
         disc_rows.append(out.images.cpu().permute(0, 2, 3, 1).numpy())
         if method == "divide_and_denoise":
@@ -160,8 +161,10 @@ def divide_and_denoise_section(output_dir: str, mode: str, seed: int, device: st
             "Two experts share each sample; at every step a Nash-welfare fair division decides who denoises which "
             "position. No method is told where the experts paint, except MultiDiffusion + oracle layout (an upper "
             "reference). Discs: a red-disc and a blue-disc expert, each knowing discs in its own small box placed "
-            "at random on a 16x16 canvas; success = exactly one red and one blue disc at a detector threshold "
-            f"calibrated on each expert's own samples ({threshold:.2f}). D&D {disc_scores['divide_and_denoise']:.0%}, "
+            "at random on a 16x16 canvas; success = exactly one red and one blue disc, a disc being a region of "
+            "disc shape and size (radius 2-3 px, round, filled; slivers and partial discs are not) whose peak "
+            f"reaches a strength calibrated on each expert's own samples ({threshold:.2f}). "
+            f"D&D {disc_scores['divide_and_denoise']:.0%}, "
             f"averaging {disc_scores['averaging']:.0%}, MultiDiffusion {disc_scores['multidiffusion']:.0%}, "
             f"MultiDiffusion + oracle layout {disc_scores['multidiffusion_oracle']:.0%}. Digits: two experts derived "
             "from the zoo DDPM, each painting its digit in a random slot of a 8x24 canvas; success = the zoo "

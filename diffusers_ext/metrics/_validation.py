@@ -64,8 +64,3 @@ def check_positive_int(value, name: str) -> int:
     if value < 1:
         raise ValueError(f"`{name}` is {value!r}; expected an integer >= 1.")
     return int(value)
-
-
-def check_finite(tensor: torch.Tensor, name: str) -> None:
-    if not bool(torch.isfinite(tensor).all()):
-        raise ValueError(f"`{name}` contains NaN or infinite values; expected finite values.")

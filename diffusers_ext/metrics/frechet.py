@@ -3,7 +3,8 @@
 import numpy as np
 import torch
 
-from ._validation import check_finite, check_ndim, to_tensors
+from ..utils import check_finite
+from ._validation import check_ndim, to_tensors
 
 
 def _check_features(features: torch.Tensor, name: str) -> None:
@@ -16,7 +17,7 @@ def _check_features(features: torch.Tensor, name: str) -> None:
         )
     if feature_dim < 1:
         raise ValueError(f"`{name}` has shape {tuple(features.shape)}; expected feature_dim >= 1.")
-    check_finite(features, name)
+    check_finite(name, features)
 
 
 def _statistics(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,8 +62,8 @@ def _check_statistics(mu: torch.Tensor, sigma: torch.Tensor, mu_name: str, sigma
             f"`{sigma_name}` has shape {tuple(sigma.shape)} but `{mu_name}` has shape {tuple(mu.shape)}; expected a "
             f"covariance of shape ({dim}, {dim})."
         )
-    check_finite(mu, mu_name)
-    check_finite(sigma, sigma_name)
+    check_finite(mu_name, mu)
+    check_finite(sigma_name, sigma)
     scale = sigma.abs().max().item()
     asymmetry = (sigma - sigma.T).abs().max().item()
     if asymmetry > _tolerance(sigma.dtype, dim) * scale:

@@ -5,15 +5,14 @@ Both take `(n, d)` and `(m, d)` sample sets (torch tensors or numpy arrays) and 
 
 import torch
 
-from ..utils import check_positive_int
+from ..utils import check_finite, check_positive_int
 
 
 def _as_samples(name: str, samples) -> torch.Tensor:
     samples = torch.as_tensor(samples).to(torch.float64)
     if samples.ndim != 2 or samples.shape[0] < 2:
         raise ValueError(f"`{name}` must have shape (num_samples >= 2, dim), got {tuple(samples.shape)}.")
-    if not torch.isfinite(samples).all():
-        raise ValueError(f"`{name}` holds non-finite values.")
+    check_finite(name, samples)
     return samples
 
 

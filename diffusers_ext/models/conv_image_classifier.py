@@ -8,7 +8,25 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.utils import BaseOutput
 from torch import nn
 
-from ..utils import public
+from ..utils import check_finite, public
+
+
+# The inputs' range is [-1, 1]; the slack admits unclamped samples and the domain-shifted digits (clamped to
+# [-1.5, 1.5]), and still refuses [0, 255] pixels, on which the classifier would answer confidently and wrongly.
+PIXEL_RANGE_LIMIT = 1.5
+
+
+def check_pixel_range(pixel_values: torch.Tensor) -> None:
+    """Raise a `ValueError` naming `pixel_values` unless it is finite and within [-1.5, 1.5] (images in [-1, 1],
+    with slack for unclamped samples): an image in [0, 255] says how to rescale it."""
+    check_finite("pixel_values", pixel_values)
+    low, high = float(pixel_values.min()), float(pixel_values.max())
+    if low < -PIXEL_RANGE_LIMIT or high > PIXEL_RANGE_LIMIT:
+        hint = " (pixels in [0, 255]: pass x / 127.5 - 1)" if high > 2 else ""
+        raise ValueError(
+            f"`pixel_values` holds values in [{low:g}, {high:g}]; expected images in [-1, 1] (the range the "
+            f"classifier was trained on; up to +-{PIXEL_RANGE_LIMIT:g} is accepted){hint}."
+        )
 
 
 @public
@@ -77,7 +95,7 @@ class ConvImageClassifier(ModelMixin, ConfigMixin):
         Args:
             pixel_values (`torch.Tensor` of shape `(batch_size, in_channels, sample_size, sample_size)`):
                 images scaled to [-1, 1], the same range the diffusion pipelines produce with `output_type="pt"`
-                after `2 * x - 1`.
+                after `2 * x - 1`. Values beyond +-1.5 (e.g. [0, 255] pixels) or NaN are refused.
             return_dict (`bool`, defaults to `True`): return an [`ImageClassifierOutput`] instead of a tuple.
         """
         expected = (self.config.in_channels, self.config.sample_size, self.config.sample_size)
@@ -85,6 +103,7 @@ class ConvImageClassifier(ModelMixin, ConfigMixin):
             raise ValueError(
                 f"`pixel_values` has shape {tuple(pixel_values.shape)}; expected (batch_size, {', '.join(map(str, expected))})."
             )
+        check_pixel_range(pixel_values)
         hidden = self.blocks(pixel_values.to(self.dtype)).mean(dim=(2, 3))
         features = self.feature(hidden)
         logits = self.head(self.head_dropout(features))

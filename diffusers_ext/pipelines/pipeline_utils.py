@@ -8,11 +8,10 @@ DDPM-family schedulers ([`vp_coefficients`]) and `(1 - sigma_t, sigma_t)` for fl
 """
 
 import inspect
-import math
 
 import torch
 
-from ..utils import is_number
+from ..utils import check_finite
 
 
 X0_PREDICTION_TYPES = ("epsilon", "v_prediction", "sample", "flow")
@@ -28,6 +27,25 @@ def check_callback_tensor_inputs(pipeline, names) -> None:
         raise ValueError(
             f"`callback_on_step_end_tensor_inputs` must be a subset of {pipeline._callback_tensor_inputs}, got "
             f"{names!r}."
+        )
+
+
+def check_generator(generator, batch_size: int, batch: str = "`batch_size`") -> None:
+    """Raise unless `generator` is None, one `torch.Generator`, or, as diffusers' pipelines take it, a list of
+    `batch_size` of them (sample `b` then draws from `generator[b]` alone, so a batch row equals its single run):
+    a `TypeError` for anything else, a `ValueError` naming `batch` (the argument that sets the batch, as the
+    message should say it) when the list's length differs."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return
+    if not isinstance(generator, list) or not all(isinstance(g, torch.Generator) for g in generator):
+        raise TypeError(
+            f"`generator` must be a torch.Generator, a list of {batch_size} (one per sample) or None, got "
+            f"{type(generator).__name__}" + (" holding non-generators." if isinstance(generator, list) else ".")
+        )
+    if len(generator) != batch_size:
+        raise ValueError(
+            f"`generator` is a list of {len(generator)} generators, but {batch} makes a batch of {batch_size}; "
+            "give one generator per sample, or a single one."
         )
 
 
@@ -60,10 +78,8 @@ def check_supported_denoiser(model, argument: str, user: str) -> None:
 def check_eta(eta) -> None:
     """Raise unless `eta` (DDIM's noise weight) is a finite number >= 0: a `TypeError` for a non-number, else a
     `ValueError`."""
-    if not is_number(eta):
-        raise TypeError(f"`eta` must be a number, got {type(eta).__name__}.")
-    if not math.isfinite(eta) or eta < 0:
-        raise ValueError(f"`eta` must be a finite number >= 0 (0: deterministic DDIM, 1: DDPM-like), got {eta!r}.")
+    expected = "a finite number >= 0 (0: deterministic DDIM, 1: DDPM-like)"
+    check_finite("eta", eta, minimum=0, scalar=True, expected=expected)
 
 
 def prepare_extra_step_kwargs(scheduler, generator=None, eta: float | None = None) -> dict:

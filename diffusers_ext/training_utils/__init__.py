@@ -26,7 +26,7 @@ from .checkpoints import (
     save_model_state_dict,
     step_generator,
 )
-from .hub import HUB_IGNORE_PATTERNS, maybe_push_to_hub, push_to_hub
+from .hub import HUB_IGNORE_PATTERNS, check_hub_arguments, hub_offline, maybe_push_to_hub, push_to_hub
 from .model_cards import base_model_license, command_line, write_model_card
 from .run_setup import backward_and_step, build_accelerator, build_optimizer, cosine_with_warmup, start_run
 from .text_to_image import encode_posteriors, tokenize_captions

@@ -164,14 +164,37 @@ def load(name: str, **kwargs):
     """Load the bundled checkpoint `name` with its class's `from_pretrained` (`kwargs` are passed on).
 
     Every component loads in float32 (the stored weights of some entries are float16) unless `torch_dtype` (or
-    `dtype`) is given, so the result runs as loaded.
+    `dtype`) is given, so the result runs as loaded. A dtype name (`"float16"`) is converted; anything that is not
+    a torch dtype is refused.
     """
     import importlib
 
     import torch
 
     entry = _entry(name)
+    for key in ("torch_dtype", "dtype"):
+        if key in kwargs:
+            kwargs[key] = _check_dtype(key, kwargs[key])
     cls = getattr(importlib.import_module(entry.library), entry.class_name)
     if "torch_dtype" not in kwargs and "dtype" not in kwargs:
         kwargs["dtype"] = getattr(torch, DEFAULT_DTYPE)  # `torch_dtype` is deprecated in diffusers and transformers
     return cls.from_pretrained(path(name), **kwargs)
+
+
+def _check_dtype(key: str, value):
+    """`value` as a `torch.dtype` (a name such as `"float16"` or `"torch.bfloat16"` is converted; a dict maps
+    components to dtypes, as diffusers takes it), or a `ValueError` naming `key`: `from_pretrained` ignores a string
+    it does not know, so `torch_dtype="float17"` would silently load in the stored dtype."""
+    import torch
+
+    if isinstance(value, dict):
+        return {component: _check_dtype(f"{key}[{component!r}]", v) for component, v in value.items()}
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        dtype = getattr(torch, value.removeprefix("torch."), None)
+        if isinstance(dtype, torch.dtype):
+            return dtype
+    raise ValueError(
+        f"`{key}` must be a torch.dtype or its name (e.g. torch.float32, 'float16', 'bfloat16'), got {value!r}."
+    )

@@ -4,7 +4,8 @@ A layout gives each of `K` analytic disc experts (red, blue, green) its own smal
 random on the canvas with the boxes kept apart, so where each expert wants to paint is independent of any
 method's defaults (MultiDiffusion's strips included). `layout_regions` turns a layout into the masks that an
 oracle-informed MultiDiffusion receives (the upper reference), and `count_colour_blobs` / `colour_object_scores`
-are the detector and its calibration statistic.
+are the detector and its calibration statistic. `count_colour_discs` / `colour_disc_scores` judge discs by shape and
+size instead (the demo's detector): a blob counter counts any sliver of saturated pixels as an object.
 """
 
 import numpy as np
@@ -119,13 +120,105 @@ def colour_object_scores(images, colour: str, min_area: int = 8, grid: np.ndarra
     return scores
 
 
+# The disc judge: what a disc of radius RADIUS_RANGE looks like at the pixel scale of the canvas. Rendered discs
+# (every centre, radius 2-3) cover 11-30 pixels, with axis ratios <= 1.33 and IoU >= 0.83 against the disc of
+# their own area at their centroid; half discs pass 0.6% of the time, slivers never (tests/test_input_checks.py).
+DISC_AREA_SLACK = (0.8, 1.25)
+DISC_MAX_AXIS_RATIO = 1.35
+DISC_MIN_IOU = 0.7
+DISC_LEVEL = 0.5
+
+
+def is_disc(mask: np.ndarray, radius_range: tuple[float, float] = RADIUS_RANGE) -> bool:
+    """Whether the pixels of `mask` (`(H, W)` bool, one connected component) are a disc of radius in
+    `radius_range`: an area within `DISC_AREA_SLACK` of the discs' `pi r^2` range, round (the axis ratio of its
+    second moments at most `DISC_MAX_AXIS_RATIO`; a half disc's is 1.9, a sliver's >= 2) and filled (IoU at least
+    `DISC_MIN_IOU` with the disc of its own area at its centroid; a crescent or a ring is not)."""
+    ys, xs = np.nonzero(mask)
+    area = len(xs)
+    low, high = radius_range
+    if not DISC_AREA_SLACK[0] * np.pi * low**2 <= area <= DISC_AREA_SLACK[1] * np.pi * high**2:
+        return False
+    cx, cy = xs.mean(), ys.mean()
+    eigenvalues = np.linalg.eigvalsh(np.cov(np.stack([xs, ys]), bias=True) + np.eye(2) / 12)  # + a pixel's extent
+    if np.sqrt(eigenvalues[1] / eigenvalues[0]) > DISC_MAX_AXIS_RATIO:
+        return False
+    yy, xx = np.mgrid[0 : mask.shape[0], 0 : mask.shape[1]]
+    fitted = (xx - cx) ** 2 + (yy - cy) ** 2 <= area / np.pi
+    return (fitted & mask).sum() / (fitted | mask).sum() >= DISC_MIN_IOU
+
+
+def _disc_peaks(image: np.ndarray, colour: str, radius_range, level: float = DISC_LEVEL) -> list[float]:
+    """The peak intensities of the `colour` discs of one `(3, H, W)` image: the components of its mask at `level`
+    (default half strength; the channel dominant by 0.25) that [`is_disc`] accepts."""
+    from scipy import ndimage
+
+    channel = int(np.argmax(COLOURS[colour]))
+    labels, num = ndimage.label(_colour_masks(image, colour, level))
+    peaks = []
+    for k in range(1, num + 1):
+        component = labels == k
+        if is_disc(component, radius_range):
+            peaks.append(float(image[channel][component].max()))
+    return peaks
+
+
+def count_colour_discs(
+    images: torch.Tensor | np.ndarray,
+    colours: list[str],
+    min_intensity: float = 0.6,
+    radius_range: tuple[float, float] = RADIUS_RANGE,
+) -> np.ndarray:
+    """`(N, len(colours))` counts of the discs of each colour in `(N, 3, H, W)` images in [0, 1], judged by shape
+    and size, not by pixel counts: a disc is a half-strength region of that colour (the channel above
+    `DISC_LEVEL`, or `min_intensity` if lower, and above both others by 0.25) of disc shape and size ([`is_disc`])
+    whose peak exceeds `min_intensity` (the calibrated strength). A sliver or a partial disc along a region boundary is no disc,
+    whatever its pixels' strength; a clean disc whose rim is a little below full strength still is one."""
+    array = images.detach().cpu().float().numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
+    if array.ndim != 4 or array.shape[1] != 3:
+        raise ValueError(f"`images` must have shape (N, 3, H, W), got {array.shape}.")
+    unknown = [c for c in colours if c not in COLOURS]
+    if unknown:
+        raise ValueError(f"`colours` must be among {list(COLOURS)}, got {unknown}.")
+    counts = np.zeros((len(array), len(colours)), dtype=np.int64)
+    for i, image in enumerate(array):
+        for j, colour in enumerate(colours):
+            peaks = _disc_peaks(image, colour, radius_range, min(DISC_LEVEL, min_intensity))
+            counts[i, j] = sum(peak > min_intensity for peak in peaks)
+    return counts
+
+
+def colour_disc_success(images, colours: list[str], min_intensity: float = 0.6) -> np.ndarray:
+    """`(N,)` booleans: exactly one disc of every requested colour ([`count_colour_discs`])."""
+    return (count_colour_discs(images, colours, min_intensity) == 1).all(axis=1)
+
+
+def colour_disc_scores(images, colour: str, grid: np.ndarray | None = None) -> np.ndarray:
+    """[`colour_object_scores`] for the disc judge: for images that each hold one real `colour` disc, the largest
+    threshold on `grid` (default 0.05 ... 0.99) below its peak, 0 when no disc is found."""
+    grid = np.round(np.arange(0.05, 1.0, 0.01), 2) if grid is None else np.sort(np.asarray(grid))
+    array = images.detach().cpu().float().numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
+    scores = np.zeros(len(array))
+    for i, image in enumerate(array):
+        peaks = _disc_peaks(image, colour, RADIUS_RANGE)
+        below = grid[grid < max(peaks)] if peaks else []
+        scores[i] = below[-1] if len(below) else 0.0
+    return scores
+
+
 def solo_disc_scores(
-    experts, scheduler, num_images: int, num_inference_steps: int, seeds: list[int], device: str = "cpu"
+    experts,
+    scheduler,
+    num_images: int,
+    num_inference_steps: int,
+    seeds: list[int],
+    device: str = "cpu",
+    discs: bool = False,
 ) -> list[float]:
     """The detector's calibration statistic on real objects: each disc expert `k` (colours in `COLOURS` order)
     sampled alone, `num_images` images from seed `seeds[k]`, scored by [`colour_object_scores`]. No composition
     method is involved; [`diffusers_ext.evaluation.protocol.calibrate_threshold`] turns the scores into a
-    threshold."""
+    threshold. With `discs`, the statistic of the disc judge ([`colour_disc_scores`]) instead of the blob counter's."""
     from ... import AverageAllocator, DivideAndDenoisePipeline, MultiDenoiserModel
 
     if not 1 <= len(experts) <= len(COLOURS) or len(seeds) != len(experts):
@@ -141,5 +234,6 @@ def solo_disc_scores(
             output_type="pt",
             allocator=AverageAllocator(),
         )
-        scores.extend(colour_object_scores(out.images.cpu(), colour).tolist())
+        statistic = colour_disc_scores if discs else colour_object_scores
+        scores.extend(statistic(out.images.cpu(), colour).tolist())
     return scores

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from ...utils import check_positive_int, is_number
+from ...utils import check_finite, check_positive_int, is_number
 
 
 CERTIFICATE_KINDS = ("hoeffding", "kl")
@@ -95,11 +95,8 @@ def finite_class_certificate(
     """
     _check_certificate_arguments(num_samples, num_hypotheses, delta, kind)
     is_scalar = not isinstance(empirical_risk, torch.Tensor)
-    if is_scalar and not is_number(empirical_risk):
-        raise TypeError(f"`empirical_risk` must be a float or a tensor, got {type(empirical_risk).__name__}.")
+    check_finite("empirical_risk", empirical_risk, minimum=0, maximum=1)
     risk = torch.as_tensor(empirical_risk, dtype=torch.float64)
-    if torch.isnan(risk).any() or (risk < 0).any() or (risk > 1).any():
-        raise ValueError(f"`empirical_risk` must lie in [0, 1], got values in [{risk.min()}, {risk.max()}].")
     log_term = math.log(num_hypotheses) + math.log(1.0 / delta)
     if kind == "hoeffding":
         bound = risk + math.sqrt(log_term / (2.0 * num_samples))

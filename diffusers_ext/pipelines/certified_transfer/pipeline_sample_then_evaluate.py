@@ -12,8 +12,8 @@ from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
 
 from ...models.parameter_diffusion import ParameterDiffusionModel
-from ...utils import check_positive_int, is_number, public
-from ..pipeline_utils import check_callback_tensor_inputs
+from ...utils import check_finite, check_positive_int, is_number, public
+from ..pipeline_utils import check_callback_tensor_inputs, check_generator
 from .adapter_vectorizer import AdapterVectorizer
 from .certificate import CERTIFICATE_KINDS, finite_class_certificate
 
@@ -130,8 +130,7 @@ class SampleThenEvaluatePipeline(DiffusionPipeline):
             raise ValueError(f"`delta` must be a number in (0, 1), got {delta!r}.")
         if bound not in CERTIFICATE_KINDS:
             raise ValueError(f"`bound` must be one of {CERTIFICATE_KINDS}, got {bound!r}.")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"`generator` must be one torch.Generator or None, got {type(generator).__name__}.")
+        check_generator(generator, num_hypotheses, batch="`num_hypotheses`")
         check_positive_int("num_inference_steps", num_inference_steps)
         check_positive_int("sampling_batch_size", sampling_batch_size, optional=True)
         dim = self.model.config.vector_dim
@@ -144,6 +143,8 @@ class SampleThenEvaluatePipeline(DiffusionPipeline):
                 f"`latents` must be a float tensor of shape (num_hypotheses, {dim}) = {(num_hypotheses, dim)}, got "
                 f"{getattr(latents, 'shape', type(latents).__name__)}."
             )
+        if latents is not None:
+            check_finite("latents", latents)
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         check_callback_tensor_inputs(self, tensor_inputs)
@@ -157,32 +158,33 @@ class SampleThenEvaluatePipeline(DiffusionPipeline):
                 f"`evaluate_fn` returned risks of shape {tuple(risks.shape)}; expected (num_hypotheses,) = "
                 f"({num_hypotheses},) or (num_tasks, {num_hypotheses})."
             )
-        if torch.isnan(risks).any() or (risks < 0).any() or (risks > 1).any():
-            raise ValueError("`evaluate_fn` must return 0-1 empirical risks in [0, 1].")
+        check_finite("evaluate_fn(hypotheses)", risks, minimum=0, maximum=1, expected="0-1 risks in [0, 1]")
         return risks
 
     @torch.no_grad()
     def sample_hypotheses(
         self,
         latents: torch.Tensor,
-        generator: torch.Generator | None,
+        generator: torch.Generator | list[torch.Generator] | None,
         sampling_batch_size: int | None,
         callback_on_step_end=None,
         callback_on_step_end_tensor_inputs=("latents",),
     ) -> torch.Tensor:
         """Reverse-diffuse standardised `latents` of shape `(num_hypotheses, vector_dim)` in chunks of
-        `sampling_batch_size`; returns the raw (de-standardised) vectors, same shape."""
+        `sampling_batch_size`; returns the raw (de-standardised) vectors, same shape. With a list of generators (one
+        per hypothesis), each chunk steps with its own hypotheses' generators."""
         chunk = latents.shape[0] if sampling_batch_size is None else sampling_batch_size
         outputs = []
         with self.progress_bar(total=self._num_timesteps * ((latents.shape[0] + chunk - 1) // chunk)) as bar:
             for start in range(0, latents.shape[0], chunk):
                 sample = latents[start : start + chunk]
+                chunk_generator = generator[start : start + chunk] if isinstance(generator, list) else generator
                 for i, t in enumerate(self.scheduler.timesteps):
                     if self.interrupt:
                         break
                     model_input = self.scheduler.scale_model_input(sample, t)
                     noise = self.model(model_input, t).sample
-                    sample = self.scheduler.step(noise, t, sample, generator=generator, return_dict=False)[0]
+                    sample = self.scheduler.step(noise, t, sample, generator=chunk_generator, return_dict=False)[0]
                     if callback_on_step_end is not None:
                         local_vars = {"latents": sample}
                         callback_kwargs = {k: local_vars[k] for k in callback_on_step_end_tensor_inputs}
@@ -201,7 +203,7 @@ class SampleThenEvaluatePipeline(DiffusionPipeline):
         num_support: int,
         delta: float = 0.05,
         bound: str = "hoeffding",
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
         num_inference_steps: int = 50,
         sampling_batch_size: int | None = None,
         latents: torch.Tensor | None = None,
@@ -226,7 +228,9 @@ class SampleThenEvaluatePipeline(DiffusionPipeline):
             delta (`float`, defaults to 0.05): the certificate fails with probability at most `delta`.
             bound (`str`, defaults to `"hoeffding"`): `"hoeffding"` or `"kl"` (never looser), see
                 [`finite_class_certificate`].
-            generator (`torch.Generator`, *optional*): draws the initial noise and the DDPM noise.
+            generator (`torch.Generator` or a list of `num_hypotheses`, *optional*): draws the initial noise and the
+                DDPM noise; with a list, hypothesis `i` draws from `generator[i]` alone (it then equals a call with
+                one hypothesis and that generator, whatever `sampling_batch_size`).
             num_inference_steps (`int`, defaults to 50): reverse diffusion steps.
             sampling_batch_size (`int`, *optional*): sample in chunks of this many hypotheses (default: all at once);
                 with a DDPM scheduler the chunking changes which noise goes to which hypothesis.

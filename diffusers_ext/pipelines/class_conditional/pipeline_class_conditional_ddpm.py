@@ -10,7 +10,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import logging
 from diffusers.utils.torch_utils import randn_tensor
 
-from ...utils import check_positive_int, is_int, is_number, public
+from ...utils import check_finite, check_positive_int, is_int, public
 from ..pipeline_utils import (
     check_callback_tensor_inputs,
     check_eta,
@@ -95,8 +95,7 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
         """Validate the call's arguments before any model work; return the labels as a `(batch,)` LongTensor."""
         check_positive_int("num_inference_steps", num_inference_steps)
         check_eta(eta)
-        if not is_number(guidance_scale):
-            raise TypeError(f"`guidance_scale` must be a number, got {type(guidance_scale).__name__}.")
+        check_finite("guidance_scale", guidance_scale, scalar=True)  # TypeError: not a number; ValueError: NaN
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         check_callback_tensor_inputs(self, callback_on_step_end_tensor_inputs)
@@ -150,21 +149,19 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
                     f"`guidance` needs a DDPMScheduler or DDIMScheduler (unscaled model input, `alphas_cumprod`), but "
                     f"this pipeline's scheduler is {type(self.scheduler).__name__}."
                 )
-            if isinstance(generator, list):
-                raise ValueError(
-                    f"`generator` must be one torch.Generator (or None) when `guidance` is given, got a list of "
-                    f"{len(generator)}: the guidance's rollouts draw from one stream."
-                )
-            if generator is not None and torch.device(generator.device).type != "cpu":
-                raise ValueError(
-                    f"`generator` must be a CPU generator when `guidance` is given (the rollouts' noise is drawn on "
-                    f"the CPU), got one on {generator.device}."
-                )
+            for g in generator if isinstance(generator, list) else [generator] * (generator is not None):
+                if not isinstance(g, torch.Generator) or g.device.type != "cpu":
+                    raise ValueError(
+                        f"`generator` must be a CPU generator (or a list of them) when `guidance` is given (the "
+                        f"rollouts' noise is drawn on the CPU), got {getattr(g, 'device', type(g).__name__)}."
+                    )
         n = (labels.numel() if labels is not None else (batch_size or 1)) * num_images_per_prompt
         if isinstance(generator, list) and len(generator) != n:
             raise ValueError(f"`generator` is a list of {len(generator)} generators, but the batch has {n} images.")
         if latents is not None and tuple(latents.shape) != self._sample_shape(n):
             raise ValueError(f"`latents` has shape {tuple(latents.shape)}; expected {self._sample_shape(n)}.")
+        if latents is not None:
+            check_finite("latents", latents)
         return labels
 
     def _guided_model_fn(self, labels: torch.Tensor | None, batch_size: int):
@@ -239,7 +236,8 @@ class ClassConditionalDDPMPipeline(DiffusionPipeline):
                 multiple of it (its rollouts repeat each image's rows, and its labels with them; classifier-free
                 guidance, if on, is part of `model_fn`), and returns the output that `scheduler.step` takes.
                 Gradients are enabled locally where its estimator needs them. The scheduler must be one it supports
-                (`DDPMScheduler`, `DDIMScheduler`); `generator` must then be one CPU generator. After the call,
+                (`DDPMScheduler`, `DDIMScheduler`); `generator` must then be on the CPU (with a list, image `b`'s
+                rollouts draw from `generator[b]` alone, so it equals its single run). After the call,
                 `guidance.num_model_evaluations`, `guidance.kl_estimate` and `guidance.satisfaction_lower_bound()`
                 describe the run.
 

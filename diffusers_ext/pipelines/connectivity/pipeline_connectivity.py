@@ -12,7 +12,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from ...data.lrrnn import initial_state_grid, simulate_latents
 from ...models.connectivity_flow import ConnectivityFlowModel
-from ...utils import check_positive_int, public
+from ...utils import check_finite, check_positive_int, public
 from ..pipeline_utils import check_callback_tensor_inputs
 
 
@@ -113,6 +113,10 @@ class ConnectivityPipeline(DiffusionPipeline):
                 f"`initial_states` must be a tensor of shape (num_states, {rank}), got "
                 f"{getattr(initial_states, 'shape', type(initial_states).__name__)}."
             )
+        if latents is not None:
+            check_finite("latents", latents)
+        if initial_states is not None:
+            check_finite("initial_states", initial_states)
 
     def _integrate(self, latents, columns, condition, step_offset, callback, tensor_inputs, progress_bar):
         """Integrate one flow over `latents[..., columns]` (in place of a copy); returns the new `latents`."""

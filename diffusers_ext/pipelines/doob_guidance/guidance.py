@@ -70,6 +70,18 @@ class NoiseLevels(SharedNoiseLevels):
         return super().merge(eps, x0, _expand(a, eps), _expand(b, eps))
 
 
+def group_noise(shape: tuple[int, ...], generator, dtype: torch.dtype) -> torch.Tensor:
+    """Standard normal noise of `shape` on the CPU. With a list of `G` generators the rows form `G` equal groups and
+    group `g` (rows `g * shape[0] // G` onwards, e.g. sample `g`'s rollouts) draws from `generator[g]` alone, as one
+    `(shape[0] // G, ...)` draw: a batch row then sees the noise of its single run."""
+    if not isinstance(generator, (list, tuple)):
+        return torch.randn(shape, generator=generator, device="cpu", dtype=dtype)
+    rows, groups = shape[0], len(generator)
+    if rows % groups:
+        raise ValueError(f"{rows} rows cannot be split among a list of {groups} generators.")
+    return torch.cat([torch.randn((rows // groups, *shape[1:]), generator=g, dtype=dtype) for g in generator])
+
+
 def next_timestep(scheduler, timestep):
     """The inference timestep after `timestep` in `scheduler.timesteps`, or `None` after the last one."""
     index = timestep_index(scheduler, timestep)
@@ -260,7 +272,7 @@ class DoobGuidance:
                 if conditioning is not None:
                     x0_hat = conditioning(x0_hat)
             a_next, b_next = levels.coefficients(grid[k + 1], n, x.device)
-            noise = torch.randn(x.shape, generator=generator, device="cpu", dtype=x.dtype).to(x.device)
+            noise = group_noise(x.shape, generator, x.dtype).to(x.device)
             x, c_x, c_0, std = self._transition(x, x0_hat, a, b, a_next, b_next, noise)
             if conditioning is not None:
                 x = conditioning(x)
@@ -354,7 +366,8 @@ class DoobGuidance:
             timestep: the current entry of `scheduler.timesteps`.
             sample (`torch.Tensor` of shape `(B, ...)`): the current state.
             conditioning (`Callable`, *optional*): re-imposes known entries (inpainting) on states and predictions.
-            generator (`torch.Generator`, *optional*): CPU generator of the rollouts' noise.
+            generator (`torch.Generator` or a list of `B`, *optional*): CPU generator(s) of the rollouts' noise;
+                with a list, sample `b`'s rollouts draw from `generator[b]` alone.
         """
         if not isinstance(sample, torch.Tensor) or sample.ndim < 2:
             raise ValueError(f"`sample` must be a (B, ...) tensor, got {getattr(sample, 'shape', sample)!r}.")
@@ -464,7 +477,7 @@ def guided_sample(
     check_positive_int("num_inference_steps", num_inference_steps)
     scheduler.set_timesteps(num_inference_steps, device=device)
     if latents is None:
-        latents = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+        latents = group_noise(shape, generator, dtype).to(device)
         latents = latents * getattr(scheduler, "init_noise_sigma", 1.0)
     elif tuple(latents.shape) != tuple(shape):
         raise ValueError(f"`latents` must have shape {tuple(shape)}, got {tuple(latents.shape)}.")

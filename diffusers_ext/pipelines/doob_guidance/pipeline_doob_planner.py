@@ -8,7 +8,8 @@ from diffusers import DiffusionPipeline, UNet1DModel
 from diffusers.utils import BaseOutput, logging
 
 from ...data.navigation2d import collides, collision_cost
-from ...utils import check_positive_int, public
+from ...utils import check_finite, check_positive_int, public
+from ..pipeline_utils import check_generator
 from .guidance import DoobGuidance, guided_sample
 
 
@@ -26,7 +27,7 @@ class ObstacleConstraint:
     """
 
     def __init__(self, obstacles: torch.Tensor, margin: float = 0.02):
-        self.obstacles = obstacles
+        self.obstacles = check_obstacles(obstacles)
         self.margin = margin
 
     def satisfied(self, x0: torch.Tensor) -> torch.Tensor:
@@ -58,12 +59,32 @@ class DoobGuidedPlannerOutput(BaseOutput):
 
 
 def _point(name: str, value, batch_size: int) -> torch.Tensor:
+    check_finite(name, value)
     value = torch.as_tensor(value, dtype=torch.float32)
     if value.shape == (2,):
         value = value.expand(batch_size, 2)
     if value.shape != (batch_size, 2):
         raise ValueError(f"`{name}` must have shape (2,) or ({batch_size}, 2), got {tuple(value.shape)}.")
     return value
+
+
+def check_obstacles(obstacles) -> torch.Tensor:
+    """`obstacles` as a float32 `(K, 3)` tensor of discs `(x, y, radius)`, after checking that every centre is finite
+    and every radius a finite number > 0 (a NaN or negative disc would make every plan "satisfied")."""
+    check_finite("obstacles", obstacles)
+    obstacles = torch.as_tensor(obstacles, dtype=torch.float32)
+    if obstacles.ndim != 2 or obstacles.shape[1] != 3:
+        raise ValueError(f"`obstacles` must have shape (K, 3) of discs (x, y, radius), got {tuple(obstacles.shape)}.")
+    check_finite("obstacles[:, 2]", obstacles[:, 2], greater_than=0, expected="radii > 0")
+    return obstacles
+
+
+def downsampling_factor(unet) -> int:
+    """What a `UNet1DModel`'s horizon must be a multiple of: 2 to the number of its blocks that halve the length (its
+    skip connections are concatenated back at each length, so an odd length at any block fails inside the model)."""
+    blocks = [*unet.down_blocks, unet.mid_block]
+    halving = sum(getattr(b, "downsample", None) is not None or getattr(b, "down", None) is not None for b in blocks)
+    return 2**halving
 
 
 @public
@@ -122,7 +143,7 @@ class DoobGuidedPlannerPipeline(DiffusionPipeline):
         num_inference_steps: int = 20,
         guidance: DoobGuidance | None = None,
         horizon: int | None = None,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,
         output_type: str = "pt",
         return_dict: bool = True,
@@ -131,7 +152,10 @@ class DoobGuidedPlannerPipeline(DiffusionPipeline):
         (`(K, 3)`).
 
         Gradients are enabled locally where the guidance's estimator needs them (`"tweedie"`, or `"path_integral"`
-        with `jacobian="model"`). `latents` (`(batch_size, 2, H)`) replaces the initial noise. Returns a
+        with `jacobian="model"`). `latents` (`(batch_size, 2, H)`) replaces the initial noise. `generator` is one CPU
+        generator or a list of `batch_size` (plan `b` then draws its noise, its rollouts' included, from `generator[b]`
+        alone, so it equals its single run). `start`, `goal`, `obstacles` and `latents` must be finite and every
+        radius > 0; `horizon` (default the UNet's `sample_size`) a multiple of what the UNet's blocks halve. Returns a
         [`DoobGuidedPlannerOutput`] (`output_type` `"pt"` or `"np"` for the trajectories) or, with
         `return_dict=False`, the tuple `(trajectories, satisfied, kl_estimate, satisfaction_lower_bound)`.
         """
@@ -141,12 +165,29 @@ class DoobGuidedPlannerPipeline(DiffusionPipeline):
             raise ValueError(f"`output_type` must be 'pt' or 'np', got {output_type!r}.")
         if guidance is not None and not isinstance(guidance, DoobGuidance):
             raise TypeError(f"`guidance` must be a DoobGuidance or None, got {type(guidance).__name__}.")
-        obstacles = torch.as_tensor(obstacles, dtype=torch.float32)
-        if obstacles.ndim != 2 or obstacles.shape[1] != 3:
-            raise ValueError(f"`obstacles` must have shape (K, 3), got {tuple(obstacles.shape)}.")
+        check_generator(generator, batch_size)
+        for g in generator if isinstance(generator, list) else [generator] * (generator is not None):
+            if g.device.type != "cpu":
+                raise ValueError(f"`generator` must be on the CPU (the noise is drawn there), got one on {g.device}.")
+        obstacles = check_obstacles(obstacles)
         start, goal = _point("start", start, batch_size), _point("goal", goal, batch_size)
         horizon = horizon or self.unet.config.sample_size
         check_positive_int("horizon", horizon, minimum=4)
+        factor = downsampling_factor(self.unet)
+        if horizon % factor:
+            lower, upper = max(factor, horizon - horizon % factor), horizon - horizon % factor + factor
+            raise ValueError(
+                f"`horizon` {horizon} cannot be taken by this UNet: it halves the trajectory's length "
+                f"{factor.bit_length() - 1} times, so the horizon must be a multiple of {factor} (e.g. {lower} or "
+                f"{upper})."
+            )
+        if latents is not None:
+            if not isinstance(latents, torch.Tensor) or tuple(latents.shape) != (batch_size, 2, horizon):
+                raise ValueError(
+                    f"`latents` must be a tensor of shape (batch_size, 2, horizon) = {(batch_size, 2, horizon)}, got "
+                    f"{getattr(latents, 'shape', type(latents).__name__)}."
+                )
+            check_finite("latents", latents)
         device = self._execution_device
         start, goal = start.to(device), goal.to(device)
 

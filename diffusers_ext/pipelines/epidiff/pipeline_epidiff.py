@@ -11,7 +11,7 @@ from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
 
 from ...models.spatiotemporal_denoiser import SpatioTemporalDenoiser
-from ...utils import check_positive_int, is_number, public
+from ...utils import check_finite, check_positive_int, is_number, public
 from ..pipeline_utils import check_callback_tensor_inputs, prediction_to_x0, vp_coefficients
 from .mechanistic import uncertainty_to_sigma
 
@@ -50,8 +50,7 @@ def _as_tensor(name: str, value, ndim: int) -> torch.Tensor:
             f"`{name}` must be a tensor or array with {ndim} dimensions, got "
             f"{getattr(value, 'shape', type(value).__name__)}."
         )
-    if not torch.isfinite(value.double()).all():
-        raise ValueError(f"`{name}` must hold finite values.")
+    check_finite(name, value)
     return value
 
 
@@ -197,6 +196,8 @@ class EpiDiffForecastPipeline(DiffusionPipeline):
                 f"`latents` must be a float tensor of shape (batch, num_samples, nodes, window) = {shape}, got "
                 f"{getattr(latents, 'shape', type(latents).__name__)}."
             )
+        if latents is not None:
+            check_finite("latents", latents)
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         check_callback_tensor_inputs(self, tensor_inputs)

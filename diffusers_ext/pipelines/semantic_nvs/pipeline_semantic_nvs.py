@@ -14,7 +14,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from ...geometry.camera import check_intrinsics, check_rigid, scale_intrinsics, scene_plucker
 from ...models.semantic_multiview_unet import SemanticMultiViewUNetModel
-from ...utils import check_positive_int, is_number, public
+from ...utils import check_finite, check_positive_int, public
 from ..pipeline_utils import (
     check_callback_tensor_inputs,
     check_eta,
@@ -235,11 +235,9 @@ class SemanticNVSPipeline(DiffusionPipeline):
             depths = self._as_scene_batch("depths", depths, (1, size, size))
             if depths.shape[:2] != (b, v_in):
                 raise ValueError(f"`depths` describes {tuple(depths.shape[:2])} views; `images` has {(b, v_in)}.")
-            if (depths <= 0).any() or not torch.isfinite(depths).all():
-                raise ValueError("`depths` must be finite and positive.")
+            check_finite("depths", depths, greater_than=0)
         check_positive_int("num_inference_steps", num_inference_steps)
-        if not is_number(guidance_scale):
-            raise TypeError(f"`guidance_scale` must be a number, got {type(guidance_scale).__name__}.")
+        check_finite("guidance_scale", guidance_scale, scalar=True)
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         check_positive_int("num_images_per_prompt", num_images_per_prompt)
@@ -400,6 +398,8 @@ class SemanticNVSPipeline(DiffusionPipeline):
         size = self.unet.config.sample_size
         if latents is not None and tuple(latents.shape) != (b, v_t, c, h, w):
             raise ValueError(f"`latents` has shape {tuple(latents.shape)}; expected {(b, v_t, c, h, w)}.")
+        if latents is not None:
+            check_finite("latents", latents)
         self._guidance_scale = guidance_scale
         self._interrupt = False
         images = images.to(device)

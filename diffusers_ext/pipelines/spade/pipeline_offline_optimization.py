@@ -10,7 +10,7 @@ from diffusers.utils import BaseOutput, logging
 from ...data.offline_bbo import from_logits, to_logits
 from ...losses.spade import support_transform as transform
 from ...models.scalar_diffusion_surrogate import ScalarDiffusionSurrogate
-from ...utils import check_positive_int, public
+from ...utils import check_finite, check_positive_int, public
 from .pipeline_surrogate_predictive import as_designs
 from .sampling import inference_timesteps, predictive_samples
 from .search import ACQUISITIONS, EAConfig, acquisition, evolutionary_search
@@ -101,20 +101,35 @@ class OfflineOptimizationPipeline(DiffusionPipeline):
             support_transform (`bool`): apply SPADE's kNN support transform (`support_k`, `tau_a`, `sigma_a0`,
                 `sigma_a1`) to the samples before the acquisition.
             discrete_shape (`(L, C)`, *optional*): designs are relaxed one-hot logits of `L` tokens over `C` classes.
-            generator (`torch.Generator`, *optional*): draws the Monte-Carlo noise; `seed` seeds the EA.
+            generator (`torch.Generator`, *optional*): draws the Monte-Carlo noise; `seed` seeds the EA. One
+                generator, not a list: the candidates come from one evolving population, not from runs of their own.
             return_dict (`bool`): return an [`OfflineOptimizationOutput`] or a tuple.
         """
         model = self.model
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(
+                "`generator` must be one torch.Generator or None, got "
+                + (f"a list of {len(generator)}" if isinstance(generator, list) else type(generator).__name__)
+                + ": the search evolves one population, whose candidates have no runs of their own to reproduce "
+                "(`seed` seeds the search, `generator` its Monte-Carlo noise)."
+            )
         x = as_designs(x, model.config.x_dim, self._execution_device, model.dtype)
+        check_finite("y", y)
         y = torch.as_tensor(np.asarray(y.cpu() if isinstance(y, torch.Tensor) else y), dtype=torch.float32).reshape(-1)
         if y.numel() != x.shape[0]:
             raise ValueError(f"`y` must have {x.shape[0]} entries (one per row of `x`), got {y.numel()}.")
+        for name, value in (("beta", beta), ("ei_xi", ei_xi), ("mvr_lambda", mvr_lambda)):
+            check_finite(name, value, minimum=0, scalar=True)
+        if support_transform:
+            for name, value in (("tau_a", tau_a), ("sigma_a0", sigma_a0), ("sigma_a1", sigma_a1)):
+                check_finite(name, value, minimum=0, scalar=True)
         check_positive_int("num_candidates", num_candidates)
         check_positive_int("num_samples", num_samples)
         check_positive_int("num_inference_steps", num_inference_steps)
         if acquisition_function not in ACQUISITIONS:
             raise ValueError(f"`acquisition_function` must be one of {ACQUISITIONS}, got {acquisition_function!r}.")
         if bounds is not None:
+            check_finite("bounds", bounds)
             bounds = np.asarray(bounds, dtype=np.float64)
             if bounds.shape != (2, x.shape[1]) or not (bounds[0] <= bounds[1]).all():
                 raise ValueError(

@@ -11,8 +11,8 @@ from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
 
 from ...models.scalar_diffusion_surrogate import ScalarDiffusionSurrogate
-from ...utils import check_positive_int, public
-from ..pipeline_utils import check_callback_tensor_inputs
+from ...utils import check_finite, check_positive_int, public
+from ..pipeline_utils import check_callback_tensor_inputs, check_generator
 from .sampling import ddim_step, inference_timesteps
 
 
@@ -48,8 +48,7 @@ def as_designs(x, x_dim: int, device, dtype) -> torch.Tensor:
         raise ValueError(f"`x` must have shape (N, {x_dim}) with N >= 1, got {tuple(x.shape)}.")
     if not x.is_floating_point():
         raise TypeError(f"`x` must be a floating-point tensor, got {x.dtype}.")
-    if not torch.isfinite(x).all():
-        raise ValueError("`x` must be finite.")
+    check_finite("x", x)
     return x.to(device=device, dtype=dtype)
 
 
@@ -92,9 +91,8 @@ class SurrogatePredictivePipeline(DiffusionPipeline):
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"`output_type` must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         check_callback_tensor_inputs(self, tensor_inputs)
-        if isinstance(generator, list):
-            raise ValueError(f"`generator` must be one torch.Generator (not a list of {len(generator)}).")
         x = as_designs(x, self.model.config.x_dim, self._execution_device, self.model.dtype)
+        check_generator(generator, x.shape[0], batch="`x` (one generator per design)")
         shape = (num_samples, x.shape[0])
         if latents is not None and (
             not isinstance(latents, torch.Tensor) or not latents.is_floating_point() or tuple(latents.shape) != shape
@@ -103,6 +101,8 @@ class SurrogatePredictivePipeline(DiffusionPipeline):
                 f"`latents` must be a float tensor of shape (num_samples, N) = {shape}, got "
                 f"{getattr(latents, 'shape', type(latents).__name__)}."
             )
+        if latents is not None:
+            check_finite("latents", latents)
         return x
 
     @torch.no_grad()
@@ -112,7 +112,7 @@ class SurrogatePredictivePipeline(DiffusionPipeline):
         num_samples: int = 256,
         num_inference_steps: int = 50,
         timesteps: list[int] | None = None,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,
         output_type: str = "pt",
         return_dict: bool = True,
@@ -128,7 +128,9 @@ class SurrogatePredictivePipeline(DiffusionPipeline):
             num_inference_steps (`int`, defaults to 50): DDIM steps (ignored with `timesteps`).
             timesteps (`list[int]`, *optional*): explicit decreasing timesteps (e.g. the reference's truncated
                 `linspace(T - 1, 0, n)`).
-            generator (`torch.Generator`, *optional*): draws `latents`, as one `(num_samples, N)` normal tensor.
+            generator (`torch.Generator` or a list of `N`, *optional*): draws `latents`, as one `(num_samples, N)`
+                normal tensor; with a list, design `j`'s samples come from `generator[j]` alone (one `(num_samples,)`
+                draw), so they equal those of a call with design `j` alone and that generator.
             latents (`torch.Tensor` of shape `(num_samples, N)`, *optional*): the initial noise.
             output_type (`str`, defaults to `"pt"`): `"pt"`, `"np"`, or `"latent"` (normalised units, tensors).
             return_dict (`bool`, defaults to True): return a [`SurrogatePredictiveOutput`] or a tuple.
@@ -148,7 +150,11 @@ class SurrogatePredictivePipeline(DiffusionPipeline):
         )
         steps = inference_timesteps(self.scheduler, num_inference_steps, timesteps)
         device, dtype = self._execution_device, self.model.dtype
-        if latents is None:
+        if latents is None and isinstance(generator, list) and len(generator) > 1:  # column j from generator[j]
+            latents = randn_tensor(
+                (x.shape[0], num_samples), generator=generator, device=device, dtype=dtype
+            ).T.contiguous()
+        elif latents is None:
             latents = randn_tensor((num_samples, x.shape[0]), generator=generator, device=device, dtype=dtype)
         latents = latents.to(device=device, dtype=dtype)
         self._num_timesteps = len(steps)

@@ -53,6 +53,8 @@ BAD_INPUTS = [
     BadInput({"num_inference_steps": 0}, "num_inference_steps"),
     BadInput({"output_type": "pil"}, "output_type"),
     BadInput({"latents": torch.zeros(8, 5)}, "latents"),
+    BadInput({"latents": torch.full((8, 12), float("nan"))}, "latents"),
+    BadInput({"generator": [torch.Generator("cpu")] * 3}, "generator"),
     BadInput({"callback_on_step_end_tensor_inputs": ["model"]}, "callback_on_step_end_tensor_inputs"),
 ]
 

@@ -39,6 +39,7 @@ BAD_INPUTS = [
     BadInput({"num_inference_steps": 0}, "num_inference_steps"),
     BadInput({"num_inference_steps": 2.5}, "num_inference_steps"),
     BadInput({"guidance_scale": "3"}, "guidance_scale"),
+    BadInput({"guidance_scale": float("nan")}, "guidance_scale"),
     BadInput({"output_type": "jpeg"}, "output_type"),
     BadInput({"class_labels": [99]}, "class_labels"),
     BadInput({"class_labels": [-1]}, "class_labels"),
@@ -48,13 +49,14 @@ BAD_INPUTS = [
     BadInput({"num_images_per_prompt": 0}, "num_images_per_prompt"),
     BadInput({"latents": torch.zeros(1, 1, SAMPLE_SIZE // 2, SAMPLE_SIZE // 2)}, "latents"),
     BadInput({"latents": torch.zeros(2, 1, SAMPLE_SIZE, SAMPLE_SIZE)}, "latents"),
+    BadInput({"latents": torch.full((1, 1, SAMPLE_SIZE, SAMPLE_SIZE), float("nan"))}, "latents"),
     BadInput({"generator": [torch.Generator("cpu"), torch.Generator("cpu")]}, "generator"),
     BadInput({"callback_on_step_end_tensor_inputs": ["unet"]}, "callback_on_step_end_tensor_inputs"),
     BadInput({"guidance": "doob"}, "guidance"),
     BadInput(
         {
             "guidance": DoobGuidance(cost=lambda x0: x0.flatten(1).mean(1), estimator="mc"),
-            "generator": [torch.Generator("cpu").manual_seed(0)],
+            "generator": [torch.Generator("cpu").manual_seed(0), torch.Generator("cpu").manual_seed(1)],
         },
         "generator",
     ),

@@ -41,6 +41,8 @@ BAD_INPUTS = [
     BadInput({"latents": torch.zeros(1, 8, 3)}, "latents"),
     BadInput({"latents": torch.zeros(1, 8, 4, dtype=torch.long)}, "latents"),
     BadInput({"initial_states": torch.zeros(4, 3)}, "initial_states"),
+    BadInput({"latents": torch.full((1, 8, 4), float("nan"))}, "latents"),
+    BadInput({"initial_states": torch.tensor([[1.0, float("inf")]])}, "initial_states"),
     BadInput({"generator": [torch.Generator("cpu"), torch.Generator("cpu")]}, "generator"),
     BadInput({"callback_on_step_end_tensor_inputs": ["model"]}, "callback_on_step_end_tensor_inputs"),
 ]

@@ -52,6 +52,13 @@ BAD_INPUTS = [
     BadInput({"batch_size": 0}, "batch_size"),
     BadInput({"num_inference_steps": 0}, "num_inference_steps"),
     BadInput({"output_type": "pil"}, "output_type"),
+    BadInput({"start": torch.tensor([float("nan"), -0.8])}, "start"),
+    BadInput({"goal": [0.8, float("inf")]}, "goal"),
+    BadInput({"obstacles": torch.tensor([[0.0, 0.0, -0.2]])}, "obstacles[:, 2]"),
+    BadInput({"obstacles": torch.tensor([[float("nan"), 0.0, 0.2]])}, "obstacles"),
+    BadInput({"horizon": 17}, "horizon"),
+    BadInput({"latents": torch.full((1, 2, 16), float("nan"))}, "latents"),
+    BadInput({"generator": [torch.Generator("cpu"), torch.Generator("cpu")]}, "generator"),
 ]
 
 register_dummy_pipeline(

@@ -55,6 +55,9 @@ BAD_INPUTS = [
     BadInput({"num_inference_steps": 0}, "num_inference_steps"),
     BadInput({"output_type": "pil"}, "output_type"),
     BadInput({"latents": torch.zeros(3, 1)}, "latents"),
+    BadInput({"x": torch.tensor([[0.0, float("nan"), 0.0]])}, "x"),
+    BadInput({"latents": torch.full((4, 1), float("nan"))}, "latents"),
+    BadInput({"generator": [torch.Generator("cpu"), torch.Generator("cpu")]}, "generator"),
     BadInput({"callback_on_step_end_tensor_inputs": ["model"]}, "callback_on_step_end_tensor_inputs"),
 ]
 
@@ -94,5 +97,8 @@ register_dummy_pipeline(
         BadInput({"num_candidates": 0}, "num_candidates"),
         BadInput({"acquisition_function": "ucb"}, "acquisition_function"),
         BadInput({"bounds": np.zeros((2, 4))}, "bounds"),
+        BadInput({"y": np.full(20, np.nan)}, "y"),
+        BadInput({"beta": float("nan")}, "beta"),
+        BadInput({"generator": [torch.Generator("cpu")]}, "generator"),
     ],
 )
