@@ -65,6 +65,35 @@ class SubspaceFit:
     singular_values: torch.Tensor
 
 
+def uncentred_pca(x: torch.Tensor, latent_dim: int) -> tuple[torch.Tensor, SubspaceFit]:
+    """The `latent_dim`-dim subspace through 0 that holds most of the points `x` `(n, D)`: the top right singular
+    vectors of the data matrix, no mean subtracted (float64). Each column is signed so that its entry of largest
+    magnitude is positive.
+
+    Returns:
+        `(basis, fit)`: the orthonormal `(D, latent_dim)` basis and its [`SubspaceFit`].
+    """
+    if not isinstance(x, torch.Tensor) or x.ndim != 2 or not x.is_floating_point():
+        raise ValueError(f"`x` must be a float (num_points, dim) matrix, got {getattr(x, 'shape', type(x).__name__)}.")
+    check_positive_int("latent_dim", latent_dim)
+    if latent_dim >= x.shape[1]:
+        raise ValueError(f"`latent_dim` must be smaller than the points' dimension {x.shape[1]}, got {latent_dim}.")
+    if len(x) < latent_dim:
+        raise ValueError(f"`x` must hold at least latent_dim={latent_dim} points to span the subspace, got {len(x)}.")
+    data = x.detach().to(torch.float64)
+    if not torch.isfinite(data).all():
+        raise ValueError("`x` holds non-finite values.")
+    _, singular_values, vh = torch.linalg.svd(data, full_matrices=False)
+    basis = vh[:latent_dim].T.clone()
+    largest = basis.abs().argmax(dim=0)
+    basis = basis * torch.sign(basis[largest, torch.arange(latent_dim)])
+    total = float(singular_values.square().sum())
+    residual = data - (data @ basis) @ basis.T
+    residual_std = float(residual.square().sum().div(len(data) * (x.shape[1] - latent_dim)).sqrt())
+    explained = float(singular_values[:latent_dim].square().sum()) / total if total > 0 else 1.0
+    return basis, SubspaceFit(explained_fraction=explained, residual_std=residual_std, singular_values=singular_values)
+
+
 def check_sample_dim(name: str, sample, dim: int) -> None:
     """Raise a `ValueError` naming `name` unless `sample` is a floating tensor of shape `(..., dim)`."""
     if not isinstance(sample, torch.Tensor) or sample.ndim < 1 or sample.shape[-1] != dim:
@@ -292,9 +321,8 @@ class ManifoldFlowTransformerModel(ModelMixin, ConfigMixin):
     def fit_subspace(
         self, x: torch.Tensor, latent_dim: int | None = None, estimate_noise: bool = False
     ) -> SubspaceFit:
-        """Fit `B` by uncentred PCA of the points `x`: the top `latent_dim` right singular vectors of the data matrix
-        (no mean is subtracted, so the subspace passes through 0 as the decomposition assumes). Each column is signed
-        so that its entry of largest magnitude is positive. Computed in float64.
+        """Fit `B` by uncentred PCA of the points `x` ([`uncentred_pca`]): the top `latent_dim` right singular vectors
+        of the data matrix (no mean is subtracted, so the subspace passes through 0 as the decomposition assumes).
 
         Args:
             x (`torch.Tensor` of shape `(n, ambient_dim)`): training points.
@@ -312,25 +340,13 @@ class ManifoldFlowTransformerModel(ModelMixin, ConfigMixin):
         if d != self.config.latent_dim:
             raise ValueError(
                 f"`latent_dim` {d} differs from the model's latent_dim {self.config.latent_dim} (the tangent head's "
-                "input size); build a model with latent_dim={d}."
+                f"input size); build a model with latent_dim={d}."
             )
-        if len(x) < d:
-            raise ValueError(f"`x` must hold at least latent_dim={d} points to span the subspace, got {len(x)}.")
-        data = x.detach().to(torch.float64)
-        if not torch.isfinite(data).all():
-            raise ValueError("`x` holds non-finite values.")
-        _, singular_values, vh = torch.linalg.svd(data, full_matrices=False)
-        basis = vh[:d].T.clone()
-        largest = basis.abs().argmax(dim=0)
-        basis = basis * torch.sign(basis[largest, torch.arange(d)])
-        total = float(singular_values.square().sum())
-        residual = data - (data @ basis) @ basis.T
-        residual_std = float(residual.square().sum().div(len(data) * (self.config.ambient_dim - d)).sqrt())
+        basis, fit = uncentred_pca(x, d)
         self.set_subspace(basis)
         if estimate_noise:
-            self.register_to_config(orthogonal_noise_std=residual_std)
-        explained = float(singular_values[:d].square().sum()) / total if total > 0 else 1.0
-        return SubspaceFit(explained_fraction=explained, residual_std=residual_std, singular_values=singular_values)
+            self.register_to_config(orthogonal_noise_std=fit.residual_std)
+        return fit
 
     def set_orthogonal_noise_std(self, value: float) -> None:
         """Set `orthogonal_noise_std` (`tau`) in the config."""
