@@ -62,6 +62,8 @@ def test_tiny_run_chooses_on_validation_then_tests_once(tmp_path):
     assert len(results["summary"]["targets"]) == 2 + 2 + 2
     assert results["summary"]["sanity"]["oracle_off_manifold_rms_max"] < 1e-5
     assert results["summary"]["sanity"]["two_head_off_manifold_rms_max"] < 1e-5
+    jobs = {r["job_id"]: r["job_cpu_seconds"] for r in results["runs"]}
+    assert len(jobs) == 6 + 36 + 9 + 10 and results["summary"]["sanity"]["total_job_cpu_seconds"] == sum(jobs.values())
     markdown = (tmp_path / "manifold_flow.md").read_text()
     assert "## Validation (seeds [0]" in markdown and "Off-subspace noise" in markdown
     rebuilt = bench.main(

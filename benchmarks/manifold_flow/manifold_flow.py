@@ -173,8 +173,16 @@ def judge(model, cell, job, latent_basis=None) -> dict:
 
 def run_job(job: dict) -> list[dict]:
     """One job in its own process (one thread): a method trained and judged on one cell (`kind="train"`), or the
-    cell's references (`kind="reference"`: the oracle's samples, a second fresh draw, the training points)."""
+    cell's references (`kind="reference"`: the oracle's samples, a second fresh draw, the training points). Each row
+    records its job's `job_id` and CPU seconds (`job_cpu_seconds`: training and judging, the same for a job's rows)."""
     torch.set_num_threads(1)
+    start = time.process_time()
+    rows = _run_job(job)
+    seconds = time.process_time() - start
+    return [{**row, "job_id": job["job_id"], "job_cpu_seconds": seconds} for row in rows]
+
+
+def _run_job(job: dict) -> list[dict]:
     from diffusers_ext.evaluation.manifold_flow import sample_pipeline
     from diffusers_ext.evaluation.manifold_flow import train_velocity_model as train
 
@@ -487,7 +495,7 @@ def targets_from_results(results: dict) -> list[dict]:
 def sanity(results: dict) -> dict:
     grid = results["summary_measurements"]["grid"]
     test = [r for r in results["runs"] if r["split"] == "test" and "train_cpu_seconds" in r]
-    return {
+    found = {
         "oracle_sliced_w2_floor": {k: v["sliced_w2"]["mean"] for k, v in grid["oracle"].items()},
         "second_draw_sliced_w2": {k: v["sliced_w2"]["mean"] for k, v in grid["second_draw"].items()},
         "oracle_off_manifold_rms_max": max(v["off_manifold_rms"]["mean"] for v in grid["oracle"].values()),
@@ -497,6 +505,10 @@ def sanity(results: dict) -> dict:
         "max_train_cpu_seconds": max(r["train_cpu_seconds"] for r in test),
         "wall_seconds": results["wall_seconds"],
     }
+    timed = {r["job_id"]: r["job_cpu_seconds"] for r in results["runs"] if "job_cpu_seconds" in r}
+    if timed:  # one entry per job (its rows share the job's time); runs written before it was kept have none
+        found["total_job_cpu_seconds"] = sum(timed.values())
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -695,7 +707,8 @@ def main(argv=None):
     ]
     references = reference_jobs(args)
     log(f"validation: {len(validation_jobs)} training runs, and {len(references)} reference jobs")
-    outputs = run_jobs(run_job, [(job,) for job in validation_jobs + references], args.workers)
+    first = validation_jobs + references
+    outputs = run_jobs(run_job, [({**job, "job_id": i},) for i, job in enumerate(first)], args.workers)
     runs = [row for rows in outputs for row in rows]
     choices = choose_learning_rates(args, [r for r in runs if r["split"] == "validation" and "learning_rate" in r])
     rates = {method: record["chosen"]["candidate"] for method, record in choices.items()}
@@ -706,7 +719,8 @@ def main(argv=None):
         for method in METHODS
     ]
     log(f"test: {len(test_jobs)} training runs")
-    outputs = run_jobs(run_job, [(job,) for job in test_jobs], args.workers)
+    jobs = [({**job, "job_id": len(first) + i},) for i, job in enumerate(test_jobs)]
+    outputs = run_jobs(run_job, jobs, args.workers)
     runs += [row for rows in outputs for row in rows]
     settings = {k: v for k, v in vars(args).items() if k not in ("output", "from_results")}
     results = {
