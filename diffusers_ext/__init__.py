@@ -74,6 +74,8 @@ _import_structure = {
     "models.connectivity_flow": ["ConnectivityFlowModel", "ConnectivityFlowModelOutput"],
     "pipelines.connectivity.pipeline_connectivity": ["ConnectivityPipeline", "ConnectivityPipelineOutput"],
     "pipelines.connectivity.ridge": ["RidgeReadout", "ridge_readout", "ridge_readout_targets"],
+    "models.manifold_flow": ["ManifoldFlowTransformerModel", "ManifoldFlowTransformerOutput", "SubspaceFit"],
+    "pipelines.manifold_flow.pipeline_manifold_flow": ["ManifoldFlowPipeline", "ManifoldFlowPipelineOutput"],
     "models.parameter_diffusion": ["ParameterDiffusionModel", "ParameterDiffusionModelOutput"],
     "pipelines.certified_transfer.pipeline_sample_then_evaluate": [
         "SampleThenEvaluatePipeline",
@@ -119,6 +121,7 @@ if TYPE_CHECKING:
     from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
     from .models.graph_transformer import GraphTransformerModel, GraphTransformerOutput
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
+    from .models.manifold_flow import ManifoldFlowTransformerModel, ManifoldFlowTransformerOutput, SubspaceFit
     from .models.parameter_diffusion import ParameterDiffusionModel, ParameterDiffusionModelOutput
     from .models.scalar_diffusion_surrogate import ScalarDiffusionSurrogate, ScalarDiffusionSurrogateOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
@@ -171,6 +174,7 @@ if TYPE_CHECKING:
     from .pipelines.epidiff.pipeline_epidiff import EpiDiffForecastOutput, EpiDiffForecastPipeline
     from .pipelines.graph_flow.pipeline_graph_flow import GraphFlowPipeline, GraphFlowPipelineOutput
     from .pipelines.lomdm.pipeline_lomdm import LoMDMPipeline
+    from .pipelines.manifold_flow.pipeline_manifold_flow import ManifoldFlowPipeline, ManifoldFlowPipelineOutput
     from .pipelines.semantic_nvs.pipeline_semantic_nvs import SemanticNVSPipeline, SemanticNVSPipelineOutput
     from .pipelines.spade.pipeline_offline_optimization import OfflineOptimizationOutput, OfflineOptimizationPipeline
     from .pipelines.spade.pipeline_surrogate_predictive import SurrogatePredictiveOutput, SurrogatePredictivePipeline

@@ -97,6 +97,18 @@ _import_structure = {
         "markov_checksum_sample_quality",
         "nelbo_per_sequence",
     ],
+    "manifold_flow": [
+        "GaussianMixtureVelocityModel",
+        "PlainFlowTransformerModel",
+        "manifold_sliced_wasserstein",
+        "model_velocity_fn",
+        "off_manifold_rms",
+        "sample_latent_flow",
+        "sample_pipeline",
+        "train_velocity_model",
+        "velocity_errors",
+        "velocity_errors_along",
+    ],
     "mosaic": [
         "FeatureNetReport",
         "MosaicDetection",
@@ -222,6 +234,18 @@ if TYPE_CHECKING:
         markov_checksum_log_likelihood,
         markov_checksum_sample_quality,
         nelbo_per_sequence,
+    )
+    from .manifold_flow import (
+        GaussianMixtureVelocityModel,
+        PlainFlowTransformerModel,
+        manifold_sliced_wasserstein,
+        model_velocity_fn,
+        off_manifold_rms,
+        sample_latent_flow,
+        sample_pipeline,
+        train_velocity_model,
+        velocity_errors,
+        velocity_errors_along,
     )
     from .mosaic import (
         FeatureNetReport,
