@@ -46,6 +46,7 @@ OUTPUT = {
     "graph_grpo/graph_grpo.py": ("--output_dir", DIR),
     "graph_grpo/graph_grpo_molecules.py": ("--output_dir", DIR),
     "lomdm/lomdm.py": ("--output", JSON),
+    "manifold_flow/manifold_flow.py": ("--output", JSON),
     "mosaic/latent_world.py": ("--output_dir", DIR),
     "mosaic/mosaic.py": ("--output", JSON),
     "mosaic/mosaic_headroom.py": ("--output_dir", DIR),
