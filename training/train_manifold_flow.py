@@ -94,6 +94,9 @@ def parse_args(argv=None):
     validation.add_argument("--eval_inference_steps", type=int, default=50, help="Euler steps when sampling.")
     args = parser.parse_args(argv)
     validate_args(args, parser)
+    from diffusers_ext.training_utils import check_hub_arguments
+
+    check_hub_arguments(args, parser)  # an upload that cannot happen fails now, not after training
     return args
 
 
