@@ -54,6 +54,38 @@ def test_demonstrations_are_smooth_in_the_map_and_test_maps_block_the_straight_l
         assert nav.shortest_path_length(start, goal, obstacles) < float("inf")
 
 
+@pytest.mark.parametrize("family", nav.TEST_MAP_FAMILIES)
+def test_every_test_map_family_blocks_the_line_leaves_a_path_and_clears_the_ends(family):
+    generator = torch.Generator().manual_seed(3)
+    shapes = set()
+    for _ in range(4):
+        start, goal, obstacles = nav.make_test_map(generator, family=family)
+        straight = torch.stack([start, goal])[None]
+        assert nav.collides(straight, obstacles).item()
+        assert nav.shortest_path_length(start, goal, obstacles) < float("inf")
+        ends = torch.stack([start, goal])
+        assert ((ends[:, None] - obstacles[None, :, :2]).norm(dim=-1) - obstacles[:, 2]).min() > 0.08
+        shapes.add(len(obstacles))
+    # the families differ in kind: a wall is many small discs, a slalom four, a boulder two of different size
+    if family == "wall":
+        assert min(shapes) >= 10 and (obstacles[:, 2] == 0.06).all()
+    elif family == "slalom":
+        assert shapes == {4}
+        normal = torch.stack([-(goal - start)[1], (goal - start)[0]]) / (goal - start).norm()
+        sides = torch.sign((obstacles[:, :2] - start) @ normal)
+        assert (sides[1:] * sides[:-1] < 0).all()  # alternately left and right of the line
+    elif family == "boulder":
+        assert shapes == {2} and obstacles[0, 2] >= 0.3 > obstacles[1, 2]
+    again = nav.make_test_map(torch.Generator().manual_seed(3), family=family)
+    first = nav.make_test_map(torch.Generator().manual_seed(3), family=family)
+    assert all(torch.equal(a, b) for a, b in zip(again, first))
+
+
+def test_an_unknown_map_family_is_refused_by_name():
+    with pytest.raises(ValueError, match="`family` must be one of .*got 'maze'"):
+        nav.make_test_map(torch.Generator().manual_seed(0), family="maze")
+
+
 def test_demonstration_statistics_are_the_pooled_std_and_the_waypoint_covariance():
     std, covariance = nav.demonstration_statistics(count=64, seed=5)
     demos = nav.make_demonstrations(64, seed=5)  # (N, H, 2)

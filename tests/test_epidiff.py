@@ -163,6 +163,87 @@ def test_sir_variant_on_the_reported_share_of_the_population_gives_the_reports()
     assert share[0, 0].argmax() + 10 < whole[0, 0].argmax()  # the reported share's epidemic peaks much earlier
 
 
+def _boston_with_future_scrambled(tmp_path, origin: int, seed: int):
+    """Boston ILI loaded through `load_boston_ili` from a copy of the wheel's files in which every week from
+    `origin` on is noise, half of it left missing."""
+    import csv
+    import shutil
+
+    source = epidemics.boston_data_dir()
+    folder = tmp_path / f"boston-{origin}-{seed}"
+    folder.mkdir(exist_ok=True)
+    shutil.copy(f"{source}/edges.csv", folder / "edges.csv")
+    with open(f"{source}/rates.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    rng = np.random.default_rng(seed)
+    for row in rows[1 + origin :]:
+        row[1:] = ["" if rng.random() < 0.5 else f"{rng.uniform(0, 500):.3f}" for _ in row[1:]]
+    with open(folder / "rates.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    return load_boston_ili(data_dir=str(folder))
+
+
+@pytest.mark.skipif(not is_areafluforecast_available(), reason="the areafluforecast wheel is not installed")
+@pytest.mark.parametrize("horizon", [7, 14])
+def test_no_boston_window_input_depends_on_data_at_or_after_its_origin(tmp_path, horizon):
+    series = load_boston_ili()
+    windows = chronological_windows(series.values, 14, horizon, observed=series.observed)
+    test = windows["test"]
+    # the test bed has teeth: some test histories hold a missing week, which the series-wide fill interpolated
+    # towards a week at or after the origin
+    holes = [i for i, mask in enumerate(test.observed[..., :14]) if not mask.all()]
+    assert len(holes) >= 5
+    leaked = [
+        i for i in holes if not np.array_equal(test.past[i], series.values[test.origins[i] - 14 : test.origins[i]].T)
+    ]
+    assert leaked, "no history differs from the series-wide fill: the test would not see that leak"
+    for split in ("validation", "test"):
+        for index in sorted({*np.linspace(0, len(windows[split].origins) - 1, 6).astype(int).tolist(), *holes[:4]}):
+            if split == "validation" and index >= len(windows[split].origins):
+                continue
+            origin = int(windows[split].origins[index])
+            scrambled = _boston_with_future_scrambled(tmp_path, origin, seed=index)
+            again = chronological_windows(scrambled.values, 14, horizon, observed=scrambled.observed)[split]
+            position = list(again.origins).index(origin)
+            assert np.array_equal(again.past[position], windows[split].past[index]), (split, origin)
+            assert np.array_equal(again.observed[position, :, :14], windows[split].observed[index, :, :14])
+
+
+def test_windows_fill_missing_history_from_the_past_and_mark_missing_targets():
+    values = np.arange(40, dtype=np.float64)[:, None].repeat(2, 1)
+    observed = np.ones_like(values, dtype=bool)
+    observed[30:32, 0] = False  # the last two history weeks of the window at origin 32, node 0
+    observed[33, 1] = False  # a target of that window, node 1
+    windows = chronological_windows(values, 5, 3, fractions=(0.5, 0.25, 0.25), observed=observed)
+    test = windows["test"]
+    index = list(test.origins).index(32)
+    # the missing history cells carry the last value before them forward (29), never the origin's 32
+    np.testing.assert_array_equal(test.past[index, 0], [27, 28, 29, 29, 29])
+    np.testing.assert_array_equal(test.past[index, 1], [27, 28, 29, 30, 31])
+    assert not test.future_observed[index, 1, 1] and test.future_observed[index].sum() == 5
+    with pytest.raises(ValueError, match="`observed` must be a bool array of the panel's shape"):
+        chronological_windows(values, 5, 3, observed=observed[:-1])
+
+
+def test_scores_skip_unobserved_targets():
+    from diffusers_ext.evaluation.epidiff import summarize_scores, window_scores
+
+    rng = np.random.default_rng(0)
+    samples, target = rng.normal(size=(3, 16, 2, 4)), rng.normal(size=(3, 2, 4))
+    observed = np.ones_like(target, dtype=bool)
+    observed[1, 0, 2:] = False
+    changed = target.copy()
+    changed[1, 0, 2:] = 1e6  # a filled-in target's value must not matter
+    first = summarize_scores(window_scores(samples, target, observed=observed))
+    second = summarize_scores(window_scores(samples, changed, observed=observed))
+    assert first == pytest.approx(second)
+    everything = summarize_scores(window_scores(samples, target), points_per_window=8)
+    assert everything == pytest.approx(
+        summarize_scores(window_scores(samples, target, observed=np.ones_like(observed)))
+    )
+    assert first["mae"] != pytest.approx(everything["mae"])
+
+
 def test_mechanistic_forecast_is_causal_and_reads_only_the_history():
     series = simulate_metapopulation_sir(num_nodes=4, num_steps=60, seed=2)
     windows = chronological_windows(series.values, history=10, horizon=6)["test"]

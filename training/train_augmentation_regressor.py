@@ -101,6 +101,7 @@ def main(argv=None):
         ResumableBatchSampler,
         build_accelerator,
         command_line,
+        gathered_model,
         maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
@@ -172,8 +173,8 @@ def main(argv=None):
             save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
 
     accelerator.wait_for_everyone()
+    final = gathered_model(accelerator, model)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        final = accelerator.unwrap_model(model)
         r2 = heldout_r2(final, heldout_images, augment_config)
         accelerator.log({"heldout_r2": r2}, step=global_step)
         logger.info(f"held-out R^2 of the augmentation labels: {r2:.4f}")

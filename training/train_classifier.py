@@ -84,6 +84,7 @@ def main(argv=None):
         ResumableBatchSampler,
         build_accelerator,
         command_line,
+        gathered_model,
         maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
@@ -154,8 +155,8 @@ def main(argv=None):
             save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
 
     accelerator.wait_for_everyone()
+    final = gathered_model(accelerator, model)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        final = accelerator.unwrap_model(model)
         heldout_accuracy = classifier_accuracy(final, heldout_images, heldout_labels)
         accelerator.log({"heldout_accuracy": heldout_accuracy}, step=global_step)
         logger.info(f"held-out accuracy {heldout_accuracy:.4f} on {len(heldout_labels)} digits")

@@ -32,6 +32,7 @@ from diffusers_ext.training_utils import (
     add_validation_arguments,
     backward_and_step,
     build_optimizer,
+    gathered_model,
     output_dir_arg,
 )
 
@@ -238,8 +239,9 @@ def main(argv=None):
         accelerator.init_trackers("train_connectivity_flow", config={k: str(v) for k, v in vars(args).items()})
     logger.info(f"{len(m)} neurons, {len(states)} transitions, {args.max_train_steps} steps, from {global_step}")
 
-    def make_pipeline():
-        pipe = ConnectivityPipeline(model=accelerator.unwrap_model(model), scheduler=scheduler)
+    def make_pipeline(trained=None):
+        trained = accelerator.unwrap_model(model) if trained is None else trained
+        pipe = ConnectivityPipeline(model=trained, scheduler=scheduler)
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
@@ -296,19 +298,15 @@ def main(argv=None):
             {f"{stage}_flow_loss": loss_sum, "lr": lr_scheduler.get_last_lr()[0]},
             logger,
         )
-        if (
-            pairs is not None
-            and global_step < args.max_train_steps
-            and validation_due(args, global_step)
-            and accelerator.is_main_process
-        ):
-            run_validation(make_pipeline(), args, accelerator, global_step, rank)
-            model.train()
+        if pairs is not None and global_step < args.max_train_steps and validation_due(args, global_step):
+            trained = gathered_model(accelerator, model)  # every process takes part (a sharded run gathers here)
+            if accelerator.is_main_process:
+                run_validation(make_pipeline(trained), args, accelerator, global_step, rank)
 
     accelerator.wait_for_everyone()
+    final = gathered_model(accelerator, model)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        final = accelerator.unwrap_model(model).eval()
-        pipeline = make_pipeline()
+        pipeline = make_pipeline(final)
         pipeline.save_pretrained(args.output_dir)
         if validation_due(args, global_step, final=True):
             run_validation(pipeline, args, accelerator, global_step, rank)

@@ -335,6 +335,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         ResumableBatchSampler,
         command_line,
+        gathered_model,
         log_and_checkpoint,
         maybe_push_to_hub,
         maybe_resume,
@@ -355,23 +356,22 @@ def main(argv=None):
         prediction_type=args.prediction_type,
         clip_sample=args.clip_sample,
     )
+    optimizer, lr_scheduler = build_optimizer(unet.parameters(), args, accelerator.num_processes)
+    unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
     ema = None
-    if args.use_ema:
+    if args.use_ema:  # built after `prepare`, from the tensors the processes train (FSDP replaces them when wrapping)
+        trained = accelerator.unwrap_model(unet)
         ema = EMAModel(
-            unet.parameters(),
+            trained.parameters(),
             decay=args.ema_max_decay,
             use_ema_warmup=True,
             inv_gamma=args.ema_inv_gamma,
             power=args.ema_power,
             model_cls=UNet2DModel,
-            model_config=unet.config,
+            model_config=trained.config,
         )
-        accelerator.register_for_checkpointing(ema)
-
-    optimizer, lr_scheduler = build_optimizer(unet.parameters(), args, accelerator.num_processes)
-    unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
-    if ema is not None:
         ema.to(accelerator.device)
+        accelerator.register_for_checkpointing(ema)
 
     global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
 
@@ -434,20 +434,16 @@ def main(argv=None):
             logs["ema_decay"] = ema.cur_decay_value
         progress.set_postfix(**logs)
         log_and_checkpoint(accelerator, args, global_step, logs, logger)
-        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
-            model = accelerator.unwrap_model(unet)
-            if ema is not None:  # sample the EMA weights, as the saved pipeline will hold them
-                ema.store(model.parameters())
-                ema.copy_to(model.parameters())
-            run_validation(build_pipeline(model, noise_scheduler, args, null_label), args, accelerator, global_step)
-            if ema is not None:
-                ema.restore(model.parameters())
+        if global_step < args.max_train_steps and validation_due(args, global_step):
+            # every process takes part (a sharded run gathers here); the EMA weights, as the saved pipeline holds them
+            model = gathered_model(accelerator, unet, ema)
+            if accelerator.is_main_process:
+                pipeline = build_pipeline(model, noise_scheduler, args, null_label)
+                run_validation(pipeline, args, accelerator, global_step)
 
     accelerator.wait_for_everyone()
+    final_unet = gathered_model(accelerator, unet, ema)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        final_unet = accelerator.unwrap_model(unet)
-        if ema is not None:
-            ema.copy_to(final_unet.parameters())
         pipeline = build_pipeline(final_unet, noise_scheduler, args, null_label)
         pipeline.save_pretrained(args.output_dir)
         if validation_due(args, global_step, final=True):

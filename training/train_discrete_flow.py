@@ -29,6 +29,7 @@ from diffusers_ext.training_utils import (
     add_validation_arguments,
     backward_and_step,
     build_optimizer,
+    gathered_model,
     output_dir_arg,
 )
 
@@ -270,13 +271,16 @@ def main(argv=None):
         }
         progress.set_postfix(loss=loss_sum)
         log_and_checkpoint(accelerator, args, global_step, logs, logger)
-        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
-            pipeline = DiscreteFlowPipeline(model=accelerator.unwrap_model(model), scheduler=scheduler)
-            run_validation(pipeline, args, accelerator, global_step)
+        if global_step < args.max_train_steps and validation_due(args, global_step):
+            trained = gathered_model(accelerator, model)  # every process takes part (a sharded run gathers here)
+            if accelerator.is_main_process:
+                run_validation(
+                    DiscreteFlowPipeline(model=trained, scheduler=scheduler), args, accelerator, global_step
+                )
 
     accelerator.wait_for_everyone()
+    final = gathered_model(accelerator, model)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        final = accelerator.unwrap_model(model).eval()
         pipeline = DiscreteFlowPipeline(model=final, scheduler=scheduler)
         pipeline.save_pretrained(args.output_dir)
         if validation_due(args, global_step, final=True):

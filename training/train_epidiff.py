@@ -115,8 +115,8 @@ def measure(pipe, validation, adjacency, script_args, seed: int) -> dict:
 
     from diffusers_ext.evaluation.epidiff import summarize_scores, window_scores
 
-    past = validation.past[:: validation.horizon]
-    future = validation.future[:: validation.horizon]
+    validation = validation.select(slice(None, None, validation.horizon))
+    past, future = validation.past, validation.future
     pipe.set_progress_bar_config(disable=True)
     out = pipe(
         past,
@@ -126,9 +126,8 @@ def measure(pipe, validation, adjacency, script_args, seed: int) -> dict:
         generator=torch.Generator().manual_seed(seed),
         output_type="np",
     )
-    summary = summarize_scores(
-        window_scores(out.samples.astype(np.float64), future), future.shape[1] * future.shape[2]
-    )
+    scores = window_scores(out.samples.astype(np.float64), future, observed=validation.future_observed)
+    summary = summarize_scores(scores)  # over the observed targets only
     return {
         f"validation MAE (unguided, {len(past)} windows)": summary["mae"],
         f"validation CRPS (unguided, {len(past)} windows)": summary["crps"],
@@ -148,7 +147,8 @@ def main(argv=None):
     set_seed(config.seed)
 
     series = load_series(script_args)
-    splits = chronological_windows(series.values, config.history, script_args.horizon)
+    # each window's missing cells filled from its own past (the series' fill looks ahead), observed targets scored
+    splits = chronological_windows(series.values, config.history, script_args.horizon, observed=series.observed)
     train = splits["train"].windows
     model = build_epidiff_denoiser(config, train)
     train_dataset = datasets.Dataset.from_dict({"window": train})

@@ -29,6 +29,7 @@ from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_optimizer_arguments,
     build_optimizer,
+    gathered_model,
     output_dir_arg,
 )
 
@@ -193,8 +194,8 @@ def main(argv=None):
         )
 
     accelerator.wait_for_everyone()
+    final = gathered_model(accelerator, model)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        final = accelerator.unwrap_model(model).eval()
         pipeline = GraphFlowPipeline(model=final, scheduler=scheduler)
         pipeline.save_pretrained(args.output_dir)
         metrics = {}

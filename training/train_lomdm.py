@@ -29,6 +29,7 @@ from diffusers_ext.training_utils import (
     add_validation_arguments,
     backward_and_step,
     build_optimizer,
+    gathered_model,
     output_dir_arg,
 )
 
@@ -274,21 +275,29 @@ def main(argv=None):
         logs = {"loss": loss_sum, "nelbo_per_token": nelbo_sum, "lr": lr_scheduler.get_last_lr()[0]}
         progress.set_postfix(**logs)
         log_and_checkpoint(accelerator, args, global_step, logs, logger)
-        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
-            pipeline = LoMDMPipeline(
-                model=accelerator.unwrap_model(model),
-                scheduler=OeMDMScheduler.from_preset("lomdm" if learned else "mdm"),
-                tokenizer=tokenizer,
-                reverse_schedule=accelerator.unwrap_model(reverse_schedule) if learned else None,
-                forward_schedule=accelerator.unwrap_model(forward_schedule) if learned else None,
-            )
-            run_validation(pipeline, length - 1, args, accelerator, global_step)
+        if global_step < args.max_train_steps and validation_due(args, global_step):
+            # every process takes part (a sharded run gathers here)
+            trained = [
+                gathered_model(accelerator, m)
+                for m in (model, reverse_schedule, forward_schedule)
+                if learned or m is model
+            ]
+            if accelerator.is_main_process:
+                pipeline = LoMDMPipeline(
+                    model=trained[0],
+                    scheduler=OeMDMScheduler.from_preset("lomdm" if learned else "mdm"),
+                    tokenizer=tokenizer,
+                    reverse_schedule=trained[1] if learned else None,
+                    forward_schedule=trained[2] if learned else None,
+                )
+                run_validation(pipeline, length - 1, args, accelerator, global_step)
 
     accelerator.wait_for_everyone()
+    # every process takes part: FSDP gathers the shards
+    final_model = gathered_model(accelerator, model)
+    forward_final = gathered_model(accelerator, forward_schedule) if learned else None
+    reverse_final = gathered_model(accelerator, reverse_schedule) if learned else None
     if accelerator.is_main_process:
-        final_model = accelerator.unwrap_model(model).eval()
-        forward_final = accelerator.unwrap_model(forward_schedule).eval() if learned else None
-        reverse_final = accelerator.unwrap_model(reverse_schedule).eval() if learned else None
         val_nelbo = nelbo_per_sequence(
             lambda z: final_model(z).logits,
             forward_final or schedules[0].eval(),

@@ -32,6 +32,7 @@ from diffusers_ext.training_utils import (
     add_validation_arguments,
     backward_and_step,
     build_optimizer,
+    gathered_model,
     output_dir_arg,
 )
 
@@ -223,8 +224,8 @@ def main(argv=None):
         accelerator.init_trackers("train_manifold_flow", config={k: str(v) for k, v in vars(args).items()})
     logger.info(f"{len(points)} points in R^{points.shape[1]}, {args.max_train_steps} steps, from {global_step}")
 
-    def make_pipeline():
-        pipe = ManifoldFlowPipeline(model=accelerator.unwrap_model(model), scheduler=scheduler)
+    def make_pipeline(trained):
+        pipe = ManifoldFlowPipeline(model=trained, scheduler=scheduler)
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
@@ -255,14 +256,15 @@ def main(argv=None):
         log_and_checkpoint(
             accelerator, args, global_step, {"loss": loss_sum, "lr": lr_scheduler.get_last_lr()[0]}, logger
         )
-        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
-            run_validation(make_pipeline(), args, accelerator, global_step)
-            model.train()
+        if global_step < args.max_train_steps and validation_due(args, global_step):
+            trained = gathered_model(accelerator, model)  # every process takes part (a sharded run gathers here)
+            if accelerator.is_main_process:
+                run_validation(make_pipeline(trained), args, accelerator, global_step)
 
     accelerator.wait_for_everyone()
+    final = gathered_model(accelerator, model)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        final = accelerator.unwrap_model(model).eval()
-        pipeline = make_pipeline()
+        pipeline = make_pipeline(final)
         pipeline.save_pretrained(args.output_dir)
         if validation_due(args, global_step, final=True):
             run_validation(pipeline, args, accelerator, global_step)

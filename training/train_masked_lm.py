@@ -37,6 +37,7 @@ from diffusers_ext.training_utils import (
     add_validation_arguments,
     backward_and_step,
     build_optimizer,
+    gathered_model,
     output_dir_arg,
 )
 
@@ -310,13 +311,14 @@ def main(argv=None):
         logs = {"loss": loss_sum, "lr": lr_scheduler.get_last_lr()[0]}
         progress.set_postfix(**logs)
         log_and_checkpoint(accelerator, args, global_step, logs, logger)
-        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
-            pipeline = build_pipeline(accelerator.unwrap_model(model), task, tokenizer, args)
-            run_validation(pipeline, task, args, accelerator, global_step)
+        if global_step < args.max_train_steps and validation_due(args, global_step):
+            trained = gathered_model(accelerator, model)  # every process takes part (a sharded run gathers here)
+            if accelerator.is_main_process:
+                run_validation(build_pipeline(trained, task, tokenizer, args), task, args, accelerator, global_step)
 
     accelerator.wait_for_everyone()
+    final_model = gathered_model(accelerator, model)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        final_model = accelerator.unwrap_model(model).eval()
         parameters = sum(p.numel() for p in final_model.parameters())
         pipeline = build_pipeline(final_model, task, tokenizer, args)
         if validation_due(args, global_step, final=True):  # before the cast to --save_dtype

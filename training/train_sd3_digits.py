@@ -29,6 +29,7 @@ from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_validation_arguments,
     backward_and_step,
+    check_unsharded,
     check_validation_arguments,
     output_dir_arg,
 )
@@ -246,6 +247,11 @@ def main(argv=None):
 
     start = time.perf_counter()
     accelerator = start_run(args, logger)
+    check_unsharded(
+        accelerator,
+        "train_sd3_digits.py",
+        "it trains the VAE through a wrapper module and saves it as a part of the pipeline",
+    )
     gray, labels = load_digits_images("train", resolution=8)
     images = gray.expand(-1, 3, -1, -1).contiguous()
 

@@ -96,6 +96,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         build_accelerator,
         command_line,
+        gathered_model,
         maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
@@ -150,8 +151,8 @@ def main(argv=None):
             save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
 
     accelerator.wait_for_everyone()
+    net = gathered_model(accelerator, model)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        net = accelerator.unwrap_model(model).eval()
         heldout = views(torch.Generator().manual_seed(10**9 + args.seed), 256, args.resolution)
         with torch.no_grad():
             predictions = net(heldout["images"]).argmax(-1)

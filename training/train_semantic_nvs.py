@@ -290,6 +290,7 @@ def main(argv=None):
     from diffusers_ext.training_utils import (
         build_accelerator,
         command_line,
+        gathered_model,
         maybe_push_to_hub,
         maybe_resume,
         save_checkpoint,
@@ -321,20 +322,21 @@ def main(argv=None):
         up_block_types=("AttnUpBlock2D",) * (levels - 1) + ("UpBlock2D",),
     )
     noise_scheduler = DDPMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", clip_sample=False)
+    optimizer = torch.optim.AdamW(unet.parameters(), lr=args.learning_rate, weight_decay=1e-4)
+    lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.max_train_steps)
+    unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
     ema = None
-    if args.use_ema:
+    if args.use_ema:  # built after `prepare`, from the tensors the processes train (FSDP replaces them when wrapping)
+        trained = accelerator.unwrap_model(unet)
         ema = EMAModel(
-            unet.parameters(),
+            trained.parameters(),
             decay=0.999,
             use_ema_warmup=True,
             power=0.75,
             model_cls=SemanticMultiViewUNetModel,
-            model_config=unet.config,
+            model_config=trained.config,
         )
         accelerator.register_for_checkpointing(ema)
-    optimizer = torch.optim.AdamW(unet.parameters(), lr=args.learning_rate, weight_decay=1e-4)
-    lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.max_train_steps)
-    unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
     if encoder is not None:
         encoder.to(accelerator.device)
     global_step = maybe_resume(accelerator, args.output_dir, args.resume_from_checkpoint, logger)
@@ -445,23 +447,18 @@ def main(argv=None):
             accelerator.log({"loss": loss.item(), "lr": lr_scheduler.get_last_lr()[0]}, step=global_step)
         if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
             save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
-        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
-            model = accelerator.unwrap_model(unet)
-            if ema is not None:  # the EMA weights, as the saved pipeline will hold them
-                ema.store(model.parameters())
-                ema.copy_to(model.parameters())
-            pipeline = SemanticNVSPipeline(
-                model, DDIMScheduler.from_config(swap_ready_scheduler_config(noise_scheduler.config)), encoder
-            )
-            run_validation(pipeline, captures, args, accelerator, global_step)
-            if ema is not None:
-                ema.restore(model.parameters())
+        if global_step < args.max_train_steps and validation_due(args, global_step):
+            # every process takes part (a sharded run gathers here); the EMA weights, as the saved pipeline holds them
+            model = gathered_model(accelerator, unet, ema)
+            if accelerator.is_main_process:
+                pipeline = SemanticNVSPipeline(
+                    model, DDIMScheduler.from_config(swap_ready_scheduler_config(noise_scheduler.config)), encoder
+                )
+                run_validation(pipeline, captures, args, accelerator, global_step)
 
     accelerator.wait_for_everyone()
+    final = gathered_model(accelerator, unet, ema)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        final = accelerator.unwrap_model(unet)
-        if ema is not None:
-            ema.copy_to(final.parameters())
         pipeline = SemanticNVSPipeline(
             final, DDIMScheduler.from_config(swap_ready_scheduler_config(noise_scheduler.config)), encoder
         )

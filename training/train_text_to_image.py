@@ -254,6 +254,7 @@ def main(argv=None):
         ResumableBatchSampler,
         build_optimizer,
         command_line,
+        gathered_model,
         log_and_checkpoint,
         maybe_push_to_hub,
         maybe_resume,
@@ -386,22 +387,15 @@ def main(argv=None):
         logs = {"loss": loss_sum, "lr": lr_scheduler.get_last_lr()[0]}
         progress.set_postfix(**logs)
         log_and_checkpoint(accelerator, args, global_step, logs, logger)
-        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
-            model = accelerator.unwrap_model(unet)
-            if ema is not None:  # validate the EMA weights, as the saved pipeline will hold them
-                ema.store(model.parameters())
-                ema.copy_to(model.parameters())
-            validate(model, global_step)
-            if ema is not None:
-                ema.restore(model.parameters())
+        if global_step < args.max_train_steps and validation_due(args, global_step):
+            # every process takes part (a sharded run gathers here); the EMA weights, as the saved pipeline holds them
+            model = gathered_model(accelerator, unet, ema)
+            if accelerator.is_main_process:
+                validate(model, global_step)
 
     accelerator.wait_for_everyone()
-    state = accelerator.get_state_dict(unet)  # a collective: every process takes part (FSDP gathers the shards)
+    final = gathered_model(accelerator, unet, ema)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        final = UNet2DConditionModel.from_config(accelerator.unwrap_model(unet).config)
-        final.load_state_dict(state)
-        if ema is not None:
-            ema.copy_to(final.parameters())
         pipeline = pipeline_of(final)
         pipeline.save_pretrained(args.output_dir)
         if validation_due(args, global_step, final=True):

@@ -41,6 +41,7 @@ from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_validation_arguments,
     backward_and_step,
+    check_unsharded,
     check_validation_arguments,
     output_dir_arg,
 )
@@ -215,6 +216,11 @@ def main(argv=None):
     )
 
     accelerator = start_run(args, logger)
+    check_unsharded(
+        accelerator,
+        "train_text_to_image_from_scratch.py",
+        "it trains the VAE, and the UNet with its text encoder, through wrapper modules and saves the parts",
+    )
 
     images, captions = load_text_image_data(args)
     tokenizer = mosaic_tokenizer(args.max_length)

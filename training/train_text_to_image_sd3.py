@@ -48,6 +48,7 @@ from diffusers_ext.training_utils import (
     add_accelerate_arguments,
     add_validation_arguments,
     check_validation_arguments,
+    gathered_model,
     output_dir_arg,
 )
 
@@ -354,14 +355,18 @@ def main(argv=None):
         if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
             path = save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
             logger.info(f"Saved {path}")
-        if global_step < args.max_train_steps and validation_due(args, global_step) and accelerator.is_main_process:
-            run_validation(pipe, args, accelerator, global_step)
-            transformer.train()
+        if global_step < args.max_train_steps and validation_due(args, global_step):
+            trained = gathered_model(accelerator, transformer)  # every process takes part (a sharded run gathers here)
+            if accelerator.is_main_process:
+                pipe.transformer = trained
+                run_validation(pipe, args, accelerator, global_step)
+                pipe.transformer = accelerator.unwrap_model(transformer)
     progress.close()
 
     accelerator.wait_for_everyone()
+    final = gathered_model(accelerator, transformer)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        pipe.transformer = accelerator.unwrap_model(transformer, keep_fp32_wrapper=False).eval()
+        pipe.transformer = final
         if validation_due(args, global_step, final=True):
             run_validation(pipe, args, accelerator, global_step)
         metrics = {}

@@ -22,6 +22,7 @@ from diffusers_ext.training_utils import (
     add_validation_arguments,
     backward_and_step,
     build_optimizer,
+    gathered_model,
     output_dir_arg,
 )
 
@@ -153,8 +154,8 @@ def main(argv=None):
     if accelerator.is_main_process:
         accelerator.init_trackers("train_trajectory_diffusion", config={k: str(v) for k, v in vars(args).items()})
 
-    def pipeline():
-        pipe = DoobGuidedPlannerPipeline(unet=accelerator.unwrap_model(unet), scheduler=scheduler)
+    def pipeline(trained):
+        pipe = DoobGuidedPlannerPipeline(unet=trained, scheduler=scheduler)
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
@@ -184,15 +185,15 @@ def main(argv=None):
         if global_step % args.checkpointing_steps == 0 or global_step == args.max_train_steps:
             save_checkpoint(accelerator, args.output_dir, global_step, args.checkpoints_total_limit)
         final = global_step == args.max_train_steps
-        if accelerator.is_main_process and validation_due(args, global_step, final=final):
-            unet.eval()
-            metrics = validate(pipeline(), args, global_step, accelerator, args.seed + 1)
-            unet.train()
+        if validation_due(args, global_step, final=final):
+            trained = gathered_model(accelerator, unet)  # every process takes part (a sharded run gathers here)
+            if accelerator.is_main_process:
+                metrics = validate(pipeline(trained), args, global_step, accelerator, args.seed + 1)
 
     accelerator.wait_for_everyone()
+    final_unet = gathered_model(accelerator, unet)  # every process takes part: FSDP gathers the shards
     if accelerator.is_main_process:
-        pipe = pipeline()
-        pipe.unet.eval()
+        pipe = pipeline(final_unet)
         if args.save_fp16:
             pipe.unet.to(torch.float16)
         pipe.save_pretrained(args.output_dir)

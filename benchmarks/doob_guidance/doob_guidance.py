@@ -9,8 +9,12 @@ times `--num_inference_steps` model evaluations per plan (a backward pass counts
 plan costs less draws as many candidates as the budget pays for and keeps the first collision-free one (rejection on
 top). Every method's setting (the Doob estimator, its last-jump prior, scale and gradient clipping; DPS's temperature
 and gradient clipping; projection's margin; 12 settings each) is chosen on validation maps, then the frozen choices
-run on unseen test maps with `--seeds`. The judge is exact (segment-circle distances, goal distance, path length
-against grid A* with shortcutting).
+run on unseen test maps with `--seeds`. The maps come from every family in `--families` (`navigation2d.TEST_MAP_FAMILIES`:
+scattered discs, a wall with a gap, a slalom, a boulder; `--num_validation_maps` / `--num_test_maps` of each), the
+settings are chosen on all families at once, and the results are reported per family. The judge is exact
+(segment-circle distances, goal distance, path length against grid A* with shortcutting). Methods are compared
+paired: every method plans the same maps with the same seeds, so a difference's standard error is that of the
+per-(map, seed) differences (`protocol.paired_difference`).
 """
 
 import argparse
@@ -27,6 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
 METHODS = ("unguided", "rejection", "dps", "projection", "doob")
+# The map families (diffusers_ext.data.navigation2d.TEST_MAP_FAMILIES, repeated here so --help needs no torch import).
+FAMILIES = ("discs", "wall", "slalom", "boulder")
 
 
 def parse_args(argv=None):
@@ -34,9 +40,20 @@ def parse_args(argv=None):
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pretrained_model_name_or_path", default=None, help="Planner folder (default: the zoo's).")
-    parser.add_argument("--num_validation_maps", type=int, default=12, help="Maps the settings are chosen on.")
-    parser.add_argument("--num_test_maps", type=int, default=32, help="Unseen test maps.")
-    parser.add_argument("--num_obstacles", type=int, default=3, help="Discs per map (across the straight line).")
+    parser.add_argument(
+        "--num_validation_maps", type=int, default=12, help="Maps of each family the settings are chosen on."
+    )
+    parser.add_argument("--num_test_maps", type=int, default=32, help="Unseen test maps of each family.")
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        default=list(FAMILIES),
+        choices=FAMILIES,
+        help="Test map families (navigation2d.TEST_MAP_FAMILIES), each in validation and test.",
+    )
+    parser.add_argument(
+        "--num_obstacles", type=int, default=3, help="Discs per map of the 'discs' family (across the straight line)."
+    )
     parser.add_argument("--samples_per_map", type=int, default=8, help="Plans per map and seed.")
     parser.add_argument("--num_inference_steps", type=int, default=20, help="DDPM steps of every sampler.")
     parser.add_argument("--budget_factor", type=float, default=2.0, help="Budget per plan, in units of steps.")
@@ -65,21 +82,27 @@ def parse_args(argv=None):
     return args
 
 
-def maps(count: int, seed: int, num_obstacles: int) -> list[dict]:
+def maps(count: int, seed: int, num_obstacles: int, families=("discs",)) -> list[dict]:
+    """`count` maps of each family, family after family; family `f` draws from its own generator seeded
+    `seed + 1000 * FAMILIES.index(f)` (so the discs maps are the first releases' and adding a family changes none)."""
     from diffusers_ext.data import navigation2d as nav
 
-    generator = torch.Generator().manual_seed(seed)
+    if FAMILIES != nav.TEST_MAP_FAMILIES:
+        raise RuntimeError(f"FAMILIES {FAMILIES} differs from navigation2d's {nav.TEST_MAP_FAMILIES}.")
     out = []
-    for _ in range(count):
-        start, goal, obstacles = nav.make_test_map(generator, num_obstacles)
-        out.append(
-            {
-                "start": start,
-                "goal": goal,
-                "obstacles": obstacles,
-                "shortest": nav.shortest_path_length(start, goal, obstacles),
-            }
-        )
+    for family in families:
+        generator = torch.Generator().manual_seed(seed + 1000 * FAMILIES.index(family))
+        for _ in range(count):
+            start, goal, obstacles = nav.make_test_map(generator, num_obstacles, family=family)
+            out.append(
+                {
+                    "family": family,
+                    "start": start,
+                    "goal": goal,
+                    "obstacles": obstacles,
+                    "shortest": nav.shortest_path_length(start, goal, obstacles),
+                }
+            )
     return out
 
 
@@ -213,42 +236,79 @@ def run_method(pipe, args, method: str, setting: dict, world: dict, seed: int, c
     return record
 
 
+DIFFERENCE_SE = (
+    "paired: every method plans the same test maps with the same seeds, so a difference's standard error is that of "
+    "the per-(map, seed) differences of satisfaction rates (protocol.paired_difference)"
+)
+
+
 def rate(records, key="satisfied") -> float:
     values = [v for r in records for v in r[key]]
     return sum(values) / len(values)
 
 
+def unit_rates(records) -> list[float]:
+    """Each record's (one map, one seed) satisfaction rate over its plans: the unit two methods are paired on."""
+    return [sum(r["satisfied"]) / len(r["satisfied"]) for r in records]
+
+
+def method_summary(records) -> dict:
+    from diffusers_ext.evaluation.protocol import binomial_standard_error
+
+    count = sum(len(r["satisfied"]) for r in records)
+    overall = rate(records)
+    ratios = [x for r in records for x, ok in zip(r["length_ratio"], r["satisfied"]) if ok]
+    return {
+        "satisfaction": overall,
+        "standard_error": binomial_standard_error(overall, count),
+        "single_candidate_satisfaction": rate(records, "single_candidate_satisfied"),
+        "length_ratio_of_satisfied": sum(ratios) / len(ratios) if ratios else float("nan"),
+        "plans": count,
+    }
+
+
 def summarise(results) -> dict:
-    """The summary and its computed targets, from the recorded test records (the run and `--from_results`)."""
-    from diffusers_ext.evaluation.protocol import binomial_standard_error, mean_spread, target
+    """The summary and its computed targets, from the recorded test records (the run and `--from_results`).
+
+    The comparisons are paired (`DIFFERENCE_SE`): over the (test map, seed) units of every family, the difference of
+    Doob's and the other method's satisfaction rates on the same unit."""
+    from diffusers_ext.evaluation.protocol import mean_spread, paired_difference, target
 
     test, seeds = results["test"], results["settings"]["seeds"]
-    methods = {}
+    families = results["test_families"]
+    family_names = list(dict.fromkeys(families))
+
+    def records_of(method, family=None):
+        return [r for s in seeds for r, f in zip(test[method][str(s)], families) if family is None or f == family]
+
+    methods, per_family = {}, {f: {} for f in family_names}
     for method in METHODS:
-        per_seed = [rate(test[method][str(s)]) for s in seeds]
-        records = [r for s in seeds for r in test[method][str(s)]]
-        count = sum(len(r["satisfied"]) for r in records)
-        overall = rate(records)
-        ratios = [x for r in records for x, ok in zip(r["length_ratio"], r["satisfied"]) if ok]
-        methods[method] = {
-            "satisfaction": overall,
-            "standard_error": binomial_standard_error(overall, count),
-            "per_seed": mean_spread(per_seed),
-            "single_candidate_satisfaction": rate(records, "single_candidate_satisfied"),
-            "length_ratio_of_satisfied": sum(ratios) / len(ratios) if ratios else float("nan"),
-            "plans": count,
-        }
+        methods[method] = method_summary(records_of(method))
+        methods[method]["per_seed"] = mean_spread([rate(test[method][str(s)]) for s in seeds])
+        for family in family_names:
+            per_family[family][method] = method_summary(records_of(method, family))
     doob = methods["doob"]
-    targets = []
+    comparisons, targets = {}, []
     for method in ("unguided", "dps", "projection", "rejection"):
-        other = methods[method]
-        se = math.sqrt(doob["standard_error"] ** 2 + other["standard_error"] ** 2)
-        z = (
-            (doob["satisfaction"] - other["satisfaction"]) / se
-            if se > 0
-            else (math.inf if doob["satisfaction"] > other["satisfaction"] else -math.inf)
+        difference = paired_difference(unit_rates(records_of("doob")), unit_rates(records_of(method)))
+        comparisons[method] = {k: v for k, v in difference.items() if k != "values"}
+        comparisons[method]["per_family"] = {
+            f: {
+                k: v
+                for k, v in paired_difference(
+                    unit_rates(records_of("doob", f)), unit_rates(records_of(method, f))
+                ).items()
+                if k != "values"
+            }
+            for f in family_names
+        }
+        targets.append(
+            target(
+                f"doob satisfaction above {method}: difference minus 2 paired SE",
+                difference["difference"] - 2 * difference["sem"],
+                0.0,
+            )
         )
-        targets.append(target(f"doob satisfaction above {method} (difference / SE)", z, 2.0))
     targets.append(
         target("doob path length / shortest feasible (satisfied plans)", doob["length_ratio_of_satisfied"], 1.15, "<=")
     )
@@ -268,6 +328,9 @@ def summarise(results) -> dict:
     }
     return {
         "methods": methods,
+        "per_family": per_family,
+        "comparisons": comparisons,
+        "difference_se": DIFFERENCE_SE,
         "choices": {m: results["validation"][m]["chosen"] for m in METHODS},
         "bound": {
             "mean_bound": sum(bounds) / len(bounds),
@@ -295,6 +358,21 @@ def report_sections(results) -> list[str]:
             f"{row['standard_error']:.3f} | {row['single_candidate_satisfaction']:.3f} | "
             f"{row['length_ratio_of_satisfied']:.3f} |"
         )
+    families = list(s["per_family"])
+    lines += [
+        "",
+        "## Per family (test maps)",
+        "",
+        "Collision-free plans by map family; the last columns are Doob minus the method, in paired SEs.",
+        "",
+        "| family | " + " | ".join(METHODS) + " | " + " | ".join(f"doob - {m} (z)" for m in s["comparisons"]) + " |",
+        "| --- | " + " | ".join("---" for _ in METHODS) + " | " + " | ".join("---" for _ in s["comparisons"]) + " |",
+    ]
+    for family in families:
+        cells = [f"{s['per_family'][family][m]['satisfaction']:.3f}" for m in METHODS]
+        cells += [f"{c['per_family'][family]['z']:+.1f}" for c in s["comparisons"].values()]
+        lines.append(f"| {family} | " + " | ".join(cells) + " |")
+    lines += ["", f"Standard errors: {s['difference_se']}."]
     b = s["bound"]
     lines += [
         "",
@@ -316,11 +394,23 @@ def write_plot(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    s = results["summary"]["methods"]
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.bar(METHODS, [s[m]["satisfaction"] for m in METHODS], yerr=[2 * s[m]["standard_error"] for m in METHODS])
+    per_family = results["summary"]["per_family"]
+    groups = ["all", *per_family]
+    width = 0.8 / len(METHODS)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(groups), 3.5), dpi=100)
+    for i, method in enumerate(METHODS):
+        rows = [results["summary"]["methods"][method], *(per_family[f][method] for f in per_family)]
+        ax.bar(
+            [g + (i - (len(METHODS) - 1) / 2) * width for g in range(len(groups))],
+            [row["satisfaction"] for row in rows],
+            width,
+            yerr=[2 * row["standard_error"] for row in rows],
+            label=method,
+        )
+    ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel("collision-free plans (test, ±2 SE)")
     ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7, ncol=len(METHODS), loc="lower center", bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -343,7 +433,8 @@ def write_report(results: dict, stem: str) -> None:
         report_sections(results),
         settings_line=(
             f"{s['num_test_maps']} test maps x {s['samples_per_map']} plans x seeds {s['seeds']}; "
-            f"{s['num_validation_maps']} validation maps; {s['num_inference_steps']} DDPM steps; budget "
+            f"{s['num_validation_maps']} validation maps, of each family in {s['families']}; "
+            f"{s['num_inference_steps']} DDPM steps; budget "
             f"{s['budget_factor']:g} x steps model evaluations per plan; {s['num_rollouts']} rollouts; one CPU thread."
         ),
         figures={".png": lambda path: write_plot(results, path)},
@@ -369,14 +460,21 @@ def main(argv=None):
     pipe.set_progress_bar_config(disable=True)
     started = time.perf_counter()
     data_std = demonstration_prior()[0]
-    validation_maps = maps(args.num_validation_maps, 10_000, args.num_obstacles)
-    test_maps = maps(args.num_test_maps, 20_000, args.num_obstacles)
+    validation_maps = maps(args.num_validation_maps, 10_000, args.num_obstacles, args.families)
+    test_maps = maps(args.num_test_maps, 20_000, args.num_obstacles, args.families)
     grid = grids(args, data_std)
 
     def measure(method):
         def inner(setting, split):
             records = [run_method(pipe, args, method, setting, w, seed=99) for w in validation_maps]
-            return {"satisfaction": rate(records), "single": rate(records, "single_candidate_satisfied")}
+            per_family = {
+                f: rate([r for r, w in zip(records, validation_maps) if w["family"] == f]) for f in args.families
+            }
+            return {
+                "satisfaction": rate(records),
+                "single": rate(records, "single_candidate_satisfied"),
+                "per_family": per_family,
+            }
 
         return inner
 
@@ -402,6 +500,7 @@ def main(argv=None):
         "validation": validation,
         "test": {k: v for k, v in test.items() if k != "doob_bound"},
         "test_shortest": [w["shortest"] for w in test_maps],
+        "test_families": [w["family"] for w in test_maps],
     }
     results["test"]["doob_bound"] = test["doob"]
     results["summary"] = summarise(results)

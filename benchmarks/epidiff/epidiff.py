@@ -20,7 +20,8 @@ Every choice (the mechanistic settings; each steered method's `guidance_scale` f
 validation windows by CRPS averaged over seeds; the test windows are measured once with the frozen choices. Targets
 compare methods on test MAE and CRPS by paired per-window differences (mean over seeds) and their standard error
 over windows. Sanity: the mechanistic forecast's test inputs end at each forecast origin (a scrambled future
-changes nothing). Writes `benchmarks/epidiff/results/epidiff.json`, `.md` and `.png`.
+changes nothing). Boston's missing weeks (7 % of cells) are filled per window from its own past only, and only
+observed targets are scored (`chronological_windows(observed=)`). Writes `benchmarks/epidiff/results/epidiff.json`, `.md` and `.png`.
 """
 
 import argparse
@@ -104,10 +105,7 @@ def load_task(task: str, args):
 
 
 def subsample(windows, stride: int):
-    from diffusers_ext.data.epidemics import ForecastWindows
-
-    keep = slice(None, None, stride)
-    return ForecastWindows(windows.windows[keep], windows.origins[keep], windows.history, windows.horizon)
+    return windows.select(slice(None, None, stride))
 
 
 def mechanistic_on(windows, horizon, config):
@@ -119,10 +117,11 @@ def mechanistic_on(windows, horizon, config):
     return result.mean.reshape(shape), result.variance.reshape(shape)
 
 
-def scores_of(samples, target):
+def scores_of(samples, windows, target=None):
+    """Per-window scores of `samples` against the windows' observed targets (`target` overrides their values)."""
     from diffusers_ext.evaluation.epidiff import window_scores
 
-    return window_scores(samples, target)
+    return window_scores(samples, windows.future if target is None else target, observed=windows.future_observed)
 
 
 def summary_of(scores, points):
@@ -131,26 +130,30 @@ def summary_of(scores, points):
     return summarize_scores(scores, points)
 
 
-def leak_sanity(series, windows, config, horizon, used_mean):
-    """Whether the mechanistic forecasts the benchmark uses on the test windows see only the past.
+def leak_sanity(series, windows, config, horizon, used_mean, fractions=(0.6, 0.2, 0.2)):
+    """Whether the inputs and the mechanistic forecasts the benchmark uses on the test windows see only the past.
 
-    `inputs_end_at_origin`: every evaluated test window's history is exactly `values[origin - history:origin]`.
-    `max_change_when_future_scrambled`: for five of those windows, the forecast recomputed after every value from
-    the origin on is replaced by noise, against `used_mean` (the forecast the benchmark scored); 0 when leak-free."""
+    For every evaluated test window, every cell of the panel from its origin on (values and whether they were
+    observed) is replaced by noise and the windows are cut again. `inputs_end_at_origin`: the window's history is
+    unchanged (so no input, a filled missing cell included, depends on the origin or later).
+    `max_change_when_future_scrambled`: for five of those windows, the mechanistic forecast on the recut history
+    against `used_mean` (the forecast the benchmark scored); 0 when leak-free."""
     from diffusers_ext import mechanistic_forecast
+    from diffusers_ext.data.epidemics import chronological_windows
 
-    ends_at_origin = all(
-        np.array_equal(past, series.values[origin - windows.history : origin].T)
-        for past, origin in zip(windows.past, windows.origins)
-    )
     rng = np.random.default_rng(0)
-    changes = []
-    for index in np.linspace(0, len(windows.origins) - 1, 5).astype(int):
-        origin = int(windows.origins[index])
-        values = series.values.copy()
+    checked = set(np.linspace(0, len(windows.origins) - 1, 5).astype(int).tolist())
+    ends_at_origin, changes = True, []
+    for index, origin in enumerate(windows.origins.tolist()):
+        values, observed = series.values.copy(), series.observed.copy()
         values[origin:] = rng.uniform(0, 10 * values.max(), values[origin:].shape)
-        scrambled = mechanistic_forecast(values[origin - windows.history : origin].T, horizon, config).mean
-        changes.append(float(np.abs(used_mean[index] - scrambled).max()))
+        observed[origin:] = rng.random(observed[origin:].shape) < 0.5
+        recut = chronological_windows(values, windows.history, horizon, fractions, observed=observed)["test"]
+        past = recut.past[list(recut.origins).index(origin)]
+        ends_at_origin &= bool(np.array_equal(past, windows.past[index]))
+        if index in checked:
+            scrambled = mechanistic_forecast(past, horizon, config).mean
+            changes.append(float(np.abs(used_mean[index] - scrambled).max()))
     return {"max_change_when_future_scrambled": max(changes), "inputs_end_at_origin": bool(ends_at_origin)}
 
 
@@ -167,7 +170,7 @@ def run_task(task: str, args) -> dict:
 
     started = time.time()
     series, horizon = load_task(task, args)
-    splits = chronological_windows(series.values, args.history, horizon)
+    splits = chronological_windows(series.values, args.history, horizon, observed=series.observed)
     evaluated = {s: subsample(splits[s], args.eval_stride) for s in ("validation", "test")}
     points = series.num_nodes * horizon
     population = series.population if task.startswith("boston") else float(series.extra["model"].populations.mean())
@@ -189,7 +192,7 @@ def run_task(task: str, args) -> dict:
         )
         mean, var = mechanistic_on(evaluated["validation"], horizon, config)
         draws = gamma_draws(mean, var, args.num_samples, seed=0)
-        summary = summary_of(scores_of(draws, evaluated["validation"].future), points)
+        summary = summary_of(scores_of(draws, evaluated["validation"]), points)
         row = {"variant": variant, "fit_length": fit_length, "r0_bounds": list(r0_bounds), "reporting_share": share}
         mech_validation.append({**row, **summary})
     best = min(range(len(candidates)), key=lambda i: mech_validation[i]["crps"])
@@ -265,9 +268,9 @@ def run_task(task: str, args) -> dict:
         rows = []
         for scale in args.guidance_scales:
             crps = [
-                summary_of(
-                    scores_of(s["runs"][method][f"validation@{scale}"], evaluated["validation"].future), points
-                )["crps"]
+                summary_of(scores_of(s["runs"][method][f"validation@{scale}"], evaluated["validation"]), points)[
+                    "crps"
+                ]
                 for s in per_seed
             ]
             rows.append({"method": method, "guidance_scale": scale, "crps": float(np.mean(crps))})
@@ -277,13 +280,14 @@ def run_task(task: str, args) -> dict:
         for method in ("constant_sigma", "epidiff"):
             s["runs"][method]["test"] = s["sample"]("test", method, chosen[method])
 
-    target = evaluated["test"].future
+    test_windows = evaluated["test"]
+    target = test_windows.future
     test_scores = {m: [] for m in METHODS}
     for s in per_seed:
         for method in ("unguided", "constant_sigma", "epidiff"):
-            test_scores[method].append(scores_of(s["runs"][method]["test"], target))
+            test_scores[method].append(scores_of(s["runs"][method]["test"], test_windows))
         draws = gamma_draws(*mech["test"], args.num_samples, seed=s["seed"])
-        test_scores["mechanistic"].append(scores_of(draws, target))
+        test_scores["mechanistic"].append(scores_of(draws, test_windows))
     summaries = {}
     for method in METHODS:
         per = [summary_of(sc, points) for sc in test_scores[method]]
@@ -294,8 +298,10 @@ def run_task(task: str, args) -> dict:
     def paired(metric, better, worse):
         """Per-window difference `worse - better` of MAE or CRPS (mean over seeds): `(mean, se)`."""
         key = "abs_error" if metric == "mae" else "quantile_loss"
-        scale = points if metric == "mae" else np.mean([sc["abs_target"] for sc in test_scores[better]], axis=0)
-        diff = np.mean([w[key] - b[key] for w, b in zip(test_scores[worse], test_scores[better])], axis=0) / scale
+        # per window: MAE over its observed points, CRPS relative to its observed |y|
+        scale = test_scores[better][0]["points"] if metric == "mae" else test_scores[better][0]["abs_target"]
+        diff = np.mean([w[key] - b[key] for w, b in zip(test_scores[worse], test_scores[better])], axis=0)
+        diff = diff[scale > 0] / scale[scale > 0]  # a window with no observed target has nothing to compare
         return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(len(diff)))
 
     comparisons = {}
@@ -304,7 +310,8 @@ def run_task(task: str, args) -> dict:
             mean, se = paired(metric, "epidiff", baseline)
             comparisons[f"{metric}_vs_{baseline}"] = {"difference": mean, "se": se, "z": mean / se if se > 0 else 0.0}
 
-    headroom = {"persistence_mae": float(np.abs(evaluated["test"].past[..., -1:] - target).mean())}
+    persistence_error = np.abs(test_windows.past[..., -1:] - target)[test_windows.future_observed]
+    headroom = {"persistence_mae": float(persistence_error.mean())}
     if "model" in series.extra:
         from diffusers_ext.data.epidemics import simulate_forward
 
@@ -314,7 +321,7 @@ def run_task(task: str, args) -> dict:
                 for o in evaluated["test"].origins
             ]
         )
-        headroom["oracle"] = summary_of(scores_of(oracle, target), points)
+        headroom["oracle"] = summary_of(scores_of(oracle, test_windows), points)
 
     # the figure's data: per node and horizon, the test sigma and how far EpiDiff moved towards the mechanistic mean
     from diffusers_ext import uncertainty_to_sigma

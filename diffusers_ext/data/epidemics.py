@@ -8,8 +8,10 @@ to. [`chronological_windows`] cuts a panel into `(window, node, time)` forecasti
   neighbourhoods (436 weeks, 2017-12-31 to 2026-05-03) and their adjacency list, read from the data files of the
   MIT-licensed `areafluforecast` 1.2.0 wheel (install it with `pip install --no-deps areafluforecast` or the
   `[epidemics]` extra). The package is never imported (its dependencies are heavy): its files are located through its
-  installed metadata, or given with `data_dir`. Missing weeks are filled by linear interpolation along time and
-  marked in `EpidemicSeries.observed`.
+  installed metadata, or given with `data_dir`. Missing weeks are filled by linear interpolation along the whole
+  series and marked in `EpidemicSeries.observed`; forecasting windows must not read that fill (it looks ahead): pass
+  `observed=` to [`chronological_windows`], which refills each window from its own past and scores observed targets
+  only.
 - [`simulate_metapopulation_sir`]: a stochastic SIRS epidemic on a random geometric graph of regions, coupled by a
   gravity model, with piecewise-constant transmission rates that switch regime at random times, observed through
   negative-binomial reporting noise. Its state is returned, so [`simulate_forward`] draws the true predictive
@@ -527,16 +529,39 @@ class ForecastWindows:
     """Chronological forecasting windows of one split.
 
     Args:
-        windows (`np.ndarray` of shape `(num_windows, num_nodes, history + horizon)`): each window's values.
+        windows (`np.ndarray` of shape `(num_windows, num_nodes, history + horizon)`): each window's values (a
+            missing history cell filled from the window's own past only, see [`chronological_windows`]).
         origins (`np.ndarray` of shape `(num_windows,)`, int): the index of each window's first forecast step
             (its history is `values[origin - history:origin]`).
         history (`int`), horizon (`int`): the window's two parts.
+        observed (`np.ndarray` of shape `(num_windows, num_nodes, history + horizon)`, bool, *optional*): which of
+            the window's cells were observed (`None`: all of them). Scores read only observed targets.
     """
 
     windows: np.ndarray
     origins: np.ndarray
     history: int
     horizon: int
+    observed: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.observed is None:
+            self.observed = np.ones(self.windows.shape, dtype=bool)
+        elif self.observed.shape != self.windows.shape:
+            raise ValueError(
+                f"`observed` must have the windows' shape {self.windows.shape}, got {self.observed.shape}."
+            )
+
+    def select(self, index) -> "ForecastWindows":
+        """The windows at `index` (a slice, or integer or boolean array), with their origins and masks."""
+        return ForecastWindows(
+            self.windows[index], self.origins[index], self.history, self.horizon, self.observed[index]
+        )
+
+    @property
+    def future_observed(self) -> np.ndarray:
+        """`(num_windows, num_nodes, horizon)` bool: the forecast targets that were observed (the ones to score)."""
+        return self.observed[..., self.history :]
 
     @property
     def past(self) -> np.ndarray:
@@ -568,6 +593,7 @@ def chronological_windows(
     horizon: int,
     fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
     stride: int = 1,
+    observed: np.ndarray | None = None,
 ) -> dict:
     """Forecast windows split by time: `{"train", "validation", "test"}` -> [`ForecastWindows`].
 
@@ -576,15 +602,36 @@ def chronological_windows(
     test window's history may reach into the earlier segment: it is past, so nothing leaks). Training windows lie
     entirely in the training segment, so training never sees a validation or test value.
 
+    With `observed`, the cells it marks False are missing and are filled per window, from that window's own past:
+    a history cell by linear interpolation over `values[:origin]` (observed cells only; after the last observed
+    cell before the origin, that cell's value is carried forward), so no input depends on anything at or after the
+    origin, whatever a panel-wide fill put there; a missing target cell is filled the same way over
+    `values[:origin + horizon]` (for training windows, inside the training segment) and marked unobserved in the
+    windows' `observed`, so scores skip it. Without `observed`, every cell counts as observed.
+
     Args:
         values (`np.ndarray` of shape `(num_steps, num_nodes)`): the panel.
         history (`int`), horizon (`int`): steps of history and of forecast per window.
         fractions (`tuple`, defaults to `(0.6, 0.2, 0.2)`): the segments' proportions.
         stride (`int`, defaults to 1): steps between consecutive origins.
+        observed (`np.ndarray` of shape `(num_steps, num_nodes)`, bool, *optional*): which cells were observed
+            (e.g. `EpidemicSeries.observed`).
     """
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2:
         raise ValueError(f"`values` must have shape (num_steps, num_nodes), got {values.shape}.")
+    if observed is not None:
+        observed = np.asarray(observed)
+        if observed.shape != values.shape or observed.dtype != bool:
+            raise ValueError(
+                f"`observed` must be a bool array of the panel's shape {values.shape}, got "
+                f"{getattr(observed, 'dtype', type(observed))} of shape {observed.shape}."
+            )
+        if not observed[0].all():
+            raise ValueError(
+                f"`observed` must mark the panel's first step observed in every node (a window's past has nothing "
+                f"to fill from before it); nodes {np.flatnonzero(~observed[0]).tolist()} are missing at step 0."
+            )
     check_positive_int("history", history)
     check_positive_int("horizon", horizon)
     check_positive_int("stride", stride)
@@ -599,6 +646,22 @@ def chronological_windows(
                 f"the {split} segment [{start}, {stop}) of {values.shape[0]} steps holds no window of history "
                 f"{history} and horizon {horizon}."
             )
-        windows = np.stack([values[o - history : o + horizon].T for o in origins])
-        out[split] = ForecastWindows(windows=windows, origins=origins, history=history, horizon=horizon)
+        if observed is None:
+            windows = np.stack([values[o - history : o + horizon].T for o in origins])
+            masks = None
+        else:
+            windows = np.stack([_window_from_past(values, observed, o, history, horizon) for o in origins])
+            masks = np.stack([observed[o - history : o + horizon].T for o in origins])
+        out[split] = ForecastWindows(
+            windows=windows, origins=origins, history=history, horizon=horizon, observed=masks
+        )
     return out
+
+
+def _window_from_past(values: np.ndarray, observed: np.ndarray, origin: int, history: int, horizon: int):
+    """`(num_nodes, history + horizon)`: the window at `origin`, its missing history cells filled from
+    `values[:origin]` and its missing target cells from `values[:origin + horizon]` (observed cells only)."""
+    known = np.where(observed, values, np.nan)
+    past = _fill_missing(known[:origin])[origin - history :]
+    future = _fill_missing(known[: origin + horizon])[origin:]
+    return np.concatenate([past, future]).T

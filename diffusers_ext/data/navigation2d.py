@@ -3,7 +3,8 @@
 The map is the square `[-1, 1]^2`. A trajectory is `(H, 2)` waypoints joined by straight segments; it collides when a
 segment passes within an obstacle's radius of its centre (exact segment-circle distance) or a waypoint leaves the
 map. Demonstrations are cubic Bezier curves from start to goal with random lateral bends, kept only where they avoid
-the (0-2) training obstacles; test maps place unseen obstacles across the straight start-goal line.
+the (0-2) training obstacles; test maps place unseen obstacles across the straight start-goal line, in four families
+(`TEST_MAP_FAMILIES`: scattered discs, a wall with a gap, a slalom, a boulder).
 """
 
 import heapq
@@ -141,24 +142,96 @@ def demonstration_statistics(count: int = 2000, seed: int = 12345) -> tuple[floa
     return float(demos.std()), rows.T @ rows / (len(rows) - 1)
 
 
-def make_test_map(generator: torch.Generator, num_obstacles: int = 3, min_clearance: float = 0.08):
-    """One test map: `(start (2,), goal (2,), obstacles (K, 3))` with `num_obstacles` unseen discs (radius 0.1-0.2)
-    centred near the straight start-goal line (so the straight path collides) and clear of start and goal."""
+TEST_MAP_FAMILIES = ("discs", "wall", "slalom", "boulder")
+"""The test map families (every obstacle a disc, every map with the straight start-goal line blocked and a feasible
+path): `"discs"`, `num_obstacles` discs (radius 0.1-0.2) scattered near the line; `"wall"`, a barrier of small
+discs across the whole map, perpendicular to the line, with one gap away from the line; `"slalom"`, four discs
+(radius 0.10-0.14) along the line, alternately just left and right of it; `"boulder"`, one large disc (radius
+0.3-0.4) on the line with a smaller disc against one of its flanks, so the two ways round differ in length."""
+
+
+def make_test_map(
+    generator: torch.Generator, num_obstacles: int = 3, min_clearance: float = 0.08, family: str = "discs"
+):
+    """One test map of `family` (see `TEST_MAP_FAMILIES`): `(start (2,), goal (2,), obstacles (K, 3))`, unseen
+    obstacles that block the straight start-goal line, clear of start and goal by `min_clearance`, inside the map
+    (the wall may leave it), with a collision-free path (`shortest_path_length` finite) for every family but
+    `"discs"` (whose maps keep the first releases' draws). `num_obstacles` is read by `"discs"` only."""
+    if family not in TEST_MAP_FAMILIES:
+        raise ValueError(f"`family` must be one of {TEST_MAP_FAMILIES}, got {family!r}.")
+    check_positive_int("num_obstacles", num_obstacles)
     while True:
         start, goal = random_start_goal(1, generator, min_distance=1.2)
         start, goal = start[0], goal[0]
         line = goal - start
         normal = torch.stack([-line[1], line[0]]) / line.norm()
-        fractions = 0.25 + 0.5 * torch.rand(num_obstacles, generator=generator)
-        offsets = (torch.rand(num_obstacles, generator=generator) * 2 - 1) * 0.1
-        radii = 0.1 + 0.1 * torch.rand(num_obstacles, generator=generator)
-        centres = start + fractions[:, None] * line + offsets[:, None] * normal
-        obstacles = torch.cat([centres, radii[:, None]], dim=1)
+        if family == "discs":
+            obstacles = _scattered_discs(generator, start, line, normal, num_obstacles)
+        elif family == "wall":
+            obstacles = _wall_with_gap(generator, start, line, normal)
+        elif family == "slalom":
+            obstacles = _slalom(generator, start, line, normal)
+        else:
+            obstacles = _boulder(generator, start, line, normal)
+        centres, radii = obstacles[:, :2], obstacles[:, 2]
         ends = torch.stack([start, goal])
         clear = ((ends[:, None] - centres[None]).norm(dim=-1) - radii[None]).min() > min_clearance
-        inside = (centres.abs() + radii[:, None] < 1).all()
-        if clear and inside:
-            return start, goal, obstacles
+        if family == "wall":  # the wall runs off the map on purpose; its gap must lie inside
+            inside = True
+        else:
+            inside = bool((centres.abs() + radii[:, None] < 1).all())
+        if not (clear and inside):
+            continue
+        if family != "discs":
+            blocked = bool(collides(torch.stack([start, goal])[None], obstacles)[0])
+            if not blocked or not math.isfinite(shortest_path_length(start, goal, obstacles)):
+                continue
+        return start, goal, obstacles
+
+
+def _uniform(generator: torch.Generator, low: float, high: float, size: int = 1) -> torch.Tensor:
+    return low + (high - low) * torch.rand(size, generator=generator)
+
+
+def _scattered_discs(generator, start, line, normal, num_obstacles):
+    fractions = 0.25 + 0.5 * torch.rand(num_obstacles, generator=generator)
+    offsets = (torch.rand(num_obstacles, generator=generator) * 2 - 1) * 0.1
+    radii = 0.1 + 0.1 * torch.rand(num_obstacles, generator=generator)
+    centres = start + fractions[:, None] * line + offsets[:, None] * normal
+    return torch.cat([centres, radii[:, None]], dim=1)
+
+
+def _wall_with_gap(generator, start, line, normal, radius: float = 0.06, spacing: float = 0.09, gap: float = 0.14):
+    """Discs every `spacing` along the normal through a point at 40-60% of the line, over the whole map, except a gap
+    of half-width `gap` (clear width about 0.16) centred 0.25-0.6 to one side of the line."""
+    fraction = _uniform(generator, 0.4, 0.6)
+    side = 1.0 if torch.rand(1, generator=generator).item() < 0.5 else -1.0
+    gap_offset = side * _uniform(generator, 0.25, 0.6)
+    offsets = torch.arange(-3.0, 3.0 + 1e-6, spacing)
+    offsets = offsets[(offsets - gap_offset).abs() > gap + radius]
+    centres = start + fraction * line + offsets[:, None] * normal
+    on_map = (centres.abs() - radius < 1).all(dim=1)
+    centres = centres[on_map]
+    return torch.cat([centres, torch.full((len(centres), 1), radius)], dim=1)
+
+
+def _slalom(generator, start, line, normal):
+    fractions = torch.tensor([0.2, 0.4, 0.6, 0.8]) + _uniform(generator, -0.03, 0.03, 4)
+    first = 1.0 if torch.rand(1, generator=generator).item() < 0.5 else -1.0
+    sides = first * torch.tensor([1.0, -1.0, 1.0, -1.0])
+    offsets = sides * _uniform(generator, 0.06, 0.1, 4)
+    radii = _uniform(generator, 0.10, 0.14, 4)
+    centres = start + fractions[:, None] * line + offsets[:, None] * normal
+    return torch.cat([centres, radii[:, None]], dim=1)
+
+
+def _boulder(generator, start, line, normal):
+    radius = _uniform(generator, 0.3, 0.4)
+    centre = start + _uniform(generator, 0.4, 0.6) * line + _uniform(generator, -0.1, 0.1) * normal
+    side = 1.0 if torch.rand(1, generator=generator).item() < 0.5 else -1.0
+    flank_radius = _uniform(generator, 0.12, 0.18)
+    flank = centre + side * (radius + 0.5 * flank_radius) * normal
+    return torch.stack([torch.cat([centre, radius]), torch.cat([flank, flank_radius])])
 
 
 def shortest_path_length(start, goal, obstacles, resolution: int = 161) -> float:

@@ -147,14 +147,9 @@ class DiffusionTrainer(abc.ABC):
 
         Then the unwrapped model on the main process does not hold the full weights, and saving must gather them
         first ([`~DiffusionTrainer.gathered_state_dict`])."""
-        from accelerate.utils import DistributedType
+        from ..training_utils import shards_parameters
 
-        kind = self.accelerator.distributed_type
-        if kind == DistributedType.FSDP:
-            return True
-        if kind == DistributedType.DEEPSPEED:
-            return self.accelerator.state.deepspeed_plugin.zero_stage == 3
-        return False
+        return shards_parameters(self.accelerator)
 
     def gathered_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
         """The full state dict of the prepared `model`, gathered from every process's shards when parameters are

@@ -29,6 +29,7 @@ from .checkpoints import (
 from .hub import HUB_IGNORE_PATTERNS, check_hub_arguments, hub_offline, maybe_push_to_hub, push_to_hub
 from .model_cards import base_model_license, command_line, write_model_card
 from .run_setup import backward_and_step, build_accelerator, build_optimizer, cosine_with_warmup, start_run
+from .sharded_saving import check_unsharded, gathered_model, shards_parameters
 from .text_to_image import encode_posteriors, tokenize_captions
 from .validation import (
     VALIDATION_CONDITIONS,
