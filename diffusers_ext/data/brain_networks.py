@@ -203,3 +203,56 @@ class ConnectivityWorld:
         age = torch.rand(batch, generator=generator)
         sex = (torch.rand(batch, generator=generator) < 0.5).float()
         return torch.stack([age, sex], dim=1)
+
+
+MATRICES_FILE = "matrices.npy"
+COVARIATES_FILE = "covariates.csv"
+
+
+def load_matrix_folder(folder: str) -> tuple[torch.Tensor, torch.Tensor | None, list[str]]:
+    """A user's folder of connectivity matrices: `matrices.npy`, a finite float `(N, n, n)` array (N >= 2), and
+    optionally `covariates.csv`, a header of covariate names and one row of numbers per matrix, in the same order.
+
+    Returns:
+        `(matrices (N, n, n) float64, covariates (N, c) float32 or None, covariate names)`. Anything else is a
+        `ValueError` naming the file and what was expected, before any training (whether the matrices are valid
+        correlation or SPD matrices is the codec's check).
+    """
+    import csv
+
+    if not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder):
+        raise ValueError(f"the matrix folder {folder!r} is not a folder.")
+    path = os.path.join(folder, MATRICES_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(f"{folder!r} must hold {MATRICES_FILE}: a numpy.save of an (N, n, n) array of matrices.")
+    try:
+        array = np.load(path, allow_pickle=False)
+    except ValueError as error:
+        raise ValueError(f"{path!r} is not a plain numpy array: {error}") from error
+    if array.ndim != 3 or array.shape[1] != array.shape[2] or array.shape[0] < 2 or array.shape[1] < 2:
+        raise ValueError(f"{path!r} must hold an (N >= 2, n, n) array of square matrices, got shape {array.shape}.")
+    if not np.issubdtype(array.dtype, np.floating) or not np.isfinite(array).all():
+        raise ValueError(f"{path!r} must hold finite floating-point values (dtype {array.dtype}).")
+    matrices = torch.from_numpy(array.astype(np.float64))
+    path = os.path.join(folder, COVARIATES_FILE)
+    if not os.path.isfile(path):
+        return matrices, None, []
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [row for row in csv.reader(f) if row]
+    if not rows or not all(name.strip() for name in rows[0]):
+        raise ValueError(f"{path!r} must start with a header naming each covariate.")
+    names, body = [name.strip() for name in rows[0]], rows[1:]
+    if len(body) != len(matrices):
+        raise ValueError(f"{path!r} has {len(body)} rows but {MATRICES_FILE} holds {len(matrices)} matrices.")
+    values = np.empty((len(body), len(names)), dtype=np.float32)
+    for i, row in enumerate(body):
+        if len(row) != len(names):
+            raise ValueError(f"{path!r} row {i + 2} has {len(row)} fields, the header {len(names)}.")
+        for j, text in enumerate(row):
+            try:
+                values[i, j] = float(text)
+            except ValueError:
+                raise ValueError(f"{path!r} row {i + 2}, column {names[j]!r}: {text!r} is not a number.") from None
+    if not np.isfinite(values).all():
+        raise ValueError(f"{path!r} holds NaN or inf covariates.")
+    return matrices, torch.from_numpy(values), names
