@@ -18,6 +18,11 @@ from diffusers_ext.data.brain_networks import (
     load_individual_connectivity,
     to_correlation,
 )
+from diffusers_ext.testing import PipelineConformanceTests
+
+
+class TestBrainNetworkFlowPipeline(PipelineConformanceTests):
+    pipeline_class = BrainNetworkFlowPipeline
 
 
 def random_correlations(batch, n, seed=0, time_points=None):
