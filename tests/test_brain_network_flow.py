@@ -24,6 +24,9 @@ from diffusers_ext.testing import PipelineConformanceTests
 class TestBrainNetworkFlowPipeline(PipelineConformanceTests):
     pipeline_class = BrainNetworkFlowPipeline
 
+    def test_num_images_per_prompt(self):
+        pytest.skip("one matrix per row of `covariates`: repeat a row for several draws of one subject's covariates")
+
 
 def random_correlations(batch, n, seed=0, time_points=None):
     generator = torch.Generator().manual_seed(seed)

@@ -60,7 +60,7 @@ register_dummy_pipeline(
     get_components,
     get_inputs,
     batch_params=("covariates",),
-    output_types=("np", "pt", "latent"),
+    output_types=("latent",),
     bad_inputs=BAD_INPUTS,
     callback_edit_tensor="latents",
 )
