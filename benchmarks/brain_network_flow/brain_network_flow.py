@@ -58,7 +58,7 @@ def parse_args(argv=None):
     parser.add_argument("--hidden_size", type=int, default=256, help="Width of both velocity models.")
     parser.add_argument("--num_layers", type=int, default=3, help="Blocks of both velocity models.")
     parser.add_argument(
-        "--learning_rates", type=float, nargs="+", default=[3e-4, 1e-3, 3e-3], help="Validation grid (both)."
+        "--learning_rates", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3], help="Validation grid (both)."
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Test training seeds (>= 3).")
     parser.add_argument("--validation_seed", type=int, default=100, help="Training seed of the validation runs.")
