@@ -75,7 +75,13 @@ _import_structure = {
     "pipelines.connectivity.pipeline_connectivity": ["ConnectivityPipeline", "ConnectivityPipelineOutput"],
     "pipelines.connectivity.ridge": ["RidgeReadout", "ridge_readout", "ridge_readout_targets"],
     "models.manifold_flow": ["ManifoldFlowTransformerModel", "ManifoldFlowTransformerOutput", "SubspaceFit"],
+    "models.brain_network_flow": ["BrainNetworkFlowModel", "BrainNetworkFlowOutput"],
+    "models.matrix_codecs": ["CorrelationMatrixCodec", "SPDMatrixCodec"],
     "pipelines.manifold_flow.pipeline_manifold_flow": ["ManifoldFlowPipeline", "ManifoldFlowPipelineOutput"],
+    "pipelines.brain_network_flow.pipeline_brain_network_flow": [
+        "BrainNetworkFlowPipeline",
+        "BrainNetworkFlowPipelineOutput",
+    ],
     "models.parameter_diffusion": ["ParameterDiffusionModel", "ParameterDiffusionModelOutput"],
     "pipelines.certified_transfer.pipeline_sample_then_evaluate": [
         "SampleThenEvaluatePipeline",
@@ -116,16 +122,22 @@ if TYPE_CHECKING:
     from .loading import load_pipeline
     from .losses.manifold_feature_distance import ManifoldFeatureDistance
     from .models.augmentation_regressor import AugmentationRegressor, AugmentationRegressorOutput
+    from .models.brain_network_flow import BrainNetworkFlowModel, BrainNetworkFlowOutput
     from .models.connectivity_flow import ConnectivityFlowModel, ConnectivityFlowModelOutput
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
     from .models.graph_transformer import GraphTransformerModel, GraphTransformerOutput
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.manifold_flow import ManifoldFlowTransformerModel, ManifoldFlowTransformerOutput, SubspaceFit
+    from .models.matrix_codecs import CorrelationMatrixCodec, SPDMatrixCodec
     from .models.parameter_diffusion import ParameterDiffusionModel, ParameterDiffusionModelOutput
     from .models.scalar_diffusion_surrogate import ScalarDiffusionSurrogate, ScalarDiffusionSurrogateOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .models.spatiotemporal_denoiser import SpatioTemporalDenoiser, SpatioTemporalDenoiserOutput
+    from .pipelines.brain_network_flow.pipeline_brain_network_flow import (
+        BrainNetworkFlowPipeline,
+        BrainNetworkFlowPipelineOutput,
+    )
     from .pipelines.certified_transfer.adapter_vectorizer import AdapterVectorizer
     from .pipelines.certified_transfer.certificate import finite_class_certificate
     from .pipelines.certified_transfer.pipeline_sample_then_evaluate import (

@@ -28,6 +28,7 @@ DIR, JSON, STEM = "folder", "json path", "stem"
 # How each script's --from_results is pointed at a scratch folder: its output option, and whether that option takes a
 # folder (the file keeps its name in it), a `.json` path or a path stem.
 OUTPUT = {
+    "brain_network_flow/brain_network_flow.py": ("--output", JSON),
     "certified_transfer/certified_transfer.py": ("--output", STEM),
     "certified_transfer/certified_transfer_model_selection.py": ("--output", STEM),
     "connectivity/connectivity.py": ("--output", JSON),

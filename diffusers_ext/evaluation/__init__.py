@@ -97,6 +97,14 @@ _import_structure = {
         "markov_checksum_sample_quality",
         "nelbo_per_sequence",
     ],
+    "brain_network_flow": [
+        "RawUpperTriangleCodec",
+        "mean_error",
+        "mmd_to_truth",
+        "trend_error",
+        "upper_triangle",
+        "validity",
+    ],
     "manifold_flow": [
         "GaussianMixtureVelocityModel",
         "PlainFlowTransformerModel",
@@ -157,6 +165,14 @@ _import_structure = {
 }
 
 if TYPE_CHECKING:
+    from .brain_network_flow import (
+        RawUpperTriangleCodec,
+        mean_error,
+        mmd_to_truth,
+        trend_error,
+        upper_triangle,
+        validity,
+    )
     from .certified_transfer import (
         DigitsLoRAProxy,
         episode_classes,

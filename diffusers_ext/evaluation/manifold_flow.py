@@ -342,10 +342,12 @@ def train_velocity_model(
     seed: int = 0,
     warmup_steps: int = 50,
     max_grad_norm: float | None = 1.0,
+    covariates: torch.Tensor | None = None,
 ) -> dict:
     """Train a velocity model with [`manifold_flow_loss`] on `data` `(n, dim)`: AdamW (no weight decay), a cosine
     schedule with warm-up, batches drawn with replacement; the loop of `training/train_manifold_flow.py` without
-    accelerate. Returns `{"final_loss"}` (the mean of the last 10% of the steps' losses)."""
+    accelerate. With `covariates` `(n, c)`, each batch's rows go to the model as `covariates=` (a conditional model,
+    e.g. [`BrainNetworkFlowModel`]). Returns `{"final_loss"}` (the mean of the last 10% of the steps' losses)."""
     from diffusers.optimization import get_scheduler
 
     check_positive_int("steps", steps)
@@ -357,11 +359,14 @@ def train_velocity_model(
     )
     generator = torch.Generator().manual_seed(seed)
     data = data.to(model.dtype)
+    if covariates is not None and len(covariates) != len(data):
+        raise ValueError(f"`covariates` must hold one row per data point ({len(data)}), got {len(covariates)}.")
     losses = []
     model.train()
     for _ in range(steps):
         index = torch.randint(0, len(data), (batch_size,), generator=generator)
-        loss = manifold_flow_loss(model, data[index], generator)
+        extra = {} if covariates is None else {"covariates": covariates[index].to(model.dtype)}
+        loss = manifold_flow_loss(model, data[index], generator, **extra)
         optimizer.zero_grad()
         loss.backward()
         if max_grad_norm is not None:

@@ -1,11 +1,14 @@
 """The flow-matching loss of a velocity model on point clouds (diffusers' `FlowMatchEulerDiscreteScheduler`
 convention: `x_sigma = (1 - sigma) x + sigma noise`, velocity target `noise - x`, timestep
-`sigma * num_train_timesteps`): [`ManifoldFlowTransformerModel`]'s, and that of any model with the same call."""
+`sigma * num_train_timesteps`): [`ManifoldFlowTransformerModel`]'s, and that of any vector model with the same call
+(the brain-network flow's, which also takes `covariates=`)."""
 
 import torch
 
 
-def manifold_flow_loss(model, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def manifold_flow_loss(
+    model, x: torch.Tensor, generator: torch.Generator | None = None, **model_kwargs
+) -> torch.Tensor:
     """Conditional flow matching (straight paths from a standard normal) on one batch of points.
 
     The full `D`-dim loss `|v(x_sigma, sigma) - (noise - x)|^2` (summed over coordinates, averaged over the batch),
@@ -18,6 +21,8 @@ def manifold_flow_loss(model, x: torch.Tensor, generator: torch.Generator | None
             by accelerate), e.g. [`ManifoldFlowTransformerModel`].
         x (`torch.Tensor` of shape `(B, D)`): data points.
         generator (`torch.Generator`, *optional*): draws the noise and the noise levels (on `x`'s device).
+        model_kwargs: passed to the model with every call (e.g. `covariates=` of shape `(B, c)` for a
+            [`BrainNetworkFlowModel`]).
 
     Returns:
         `torch.Tensor`: the scalar loss.
@@ -29,5 +34,5 @@ def manifold_flow_loss(model, x: torch.Tensor, generator: torch.Generator | None
     sigma = torch.rand(len(x), 1, **kwargs)
     noise = torch.randn(x.shape, **kwargs)
     noisy = (1 - sigma) * x + sigma * noise
-    prediction = model(noisy, sigma.squeeze(-1) * config.num_train_timesteps).sample
+    prediction = model(noisy, sigma.squeeze(-1) * config.num_train_timesteps, **model_kwargs).sample
     return (prediction.float() - (noise - x).float()).square().sum(-1).mean()

@@ -1,0 +1,1 @@
+"""DiffDT's geometric piece: conditional flow matching over brain-network connectivity matrices."""
