@@ -76,8 +76,14 @@ _import_structure = {
     "pipelines.connectivity.ridge": ["RidgeReadout", "ridge_readout", "ridge_readout_targets"],
     "models.manifold_flow": ["ManifoldFlowTransformerModel", "ManifoldFlowTransformerOutput", "SubspaceFit"],
     "models.brain_network_flow": ["BrainNetworkFlowModel", "BrainNetworkFlowOutput"],
+    "models.item_scoring": ["ItemScoringModel"],
+    "models.user_embedding_denoiser": ["UserEmbeddingDenoiser", "UserEmbeddingDenoiserOutput"],
     "models.matrix_codecs": ["CorrelationMatrixCodec", "SPDMatrixCodec"],
     "pipelines.manifold_flow.pipeline_manifold_flow": ["ManifoldFlowPipeline", "ManifoldFlowPipelineOutput"],
+    "pipelines.distributional_recommendation.pipeline_distributional_recommendation": [
+        "DistributionalRecommendationOutput",
+        "DistributionalRecommendationPipeline",
+    ],
     "pipelines.brain_network_flow.pipeline_brain_network_flow": [
         "BrainNetworkFlowPipeline",
         "BrainNetworkFlowPipelineOutput",
@@ -127,6 +133,7 @@ if TYPE_CHECKING:
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
     from .models.graph_transformer import GraphTransformerModel, GraphTransformerOutput
+    from .models.item_scoring import ItemScoringModel
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.manifold_flow import ManifoldFlowTransformerModel, ManifoldFlowTransformerOutput, SubspaceFit
     from .models.matrix_codecs import CorrelationMatrixCodec, SPDMatrixCodec
@@ -134,6 +141,7 @@ if TYPE_CHECKING:
     from .models.scalar_diffusion_surrogate import ScalarDiffusionSurrogate, ScalarDiffusionSurrogateOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput
     from .models.spatiotemporal_denoiser import SpatioTemporalDenoiser, SpatioTemporalDenoiserOutput
+    from .models.user_embedding_denoiser import UserEmbeddingDenoiser, UserEmbeddingDenoiserOutput
     from .pipelines.brain_network_flow.pipeline_brain_network_flow import (
         BrainNetworkFlowPipeline,
         BrainNetworkFlowPipelineOutput,
@@ -159,6 +167,10 @@ if TYPE_CHECKING:
     from .pipelines.diffusion_lm.remote_code import load_remote_code_model
     from .pipelines.dirp.pipeline_dirp import DIRPPipeline, DIRPPipelineOutput
     from .pipelines.discrete_flow.pipeline_discrete_flow import DiscreteFlowPipeline, DiscreteFlowPipelineOutput
+    from .pipelines.distributional_recommendation.pipeline_distributional_recommendation import (
+        DistributionalRecommendationOutput,
+        DistributionalRecommendationPipeline,
+    )
     from .pipelines.divide_and_denoise.baseline_allocators import AverageAllocator, RegionAllocator
     from .pipelines.divide_and_denoise.denoisers import MultiDenoiserModel, WindowedDenoiser
     from .pipelines.divide_and_denoise.fair_division import FairDivisionAllocator

@@ -1,0 +1,1 @@
+"""Distributional recommendation: user embeddings drawn from a conditional diffusion model, scores aggregated."""

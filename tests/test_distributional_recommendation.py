@@ -1,0 +1,95 @@
+"""Distributional recommendation: the item scoring model, the user-embedding denoiser and the pipeline."""
+
+import pytest
+import torch
+from diffusers import DDIMScheduler, DDPMScheduler
+
+from diffusers_ext import (
+    DistributionalRecommendationPipeline,
+    ItemScoringModel,
+    UserEmbeddingDenoiser,
+)
+
+
+def tiny_pipeline(scheduler=None, num_items=50, d=8, seed=0):
+    torch.manual_seed(seed)
+    denoiser = UserEmbeddingDenoiser(embedding_dim=d, hidden_size=16, num_layers=2)
+    items = ItemScoringModel(num_items, d)
+    scheduler = scheduler or DDPMScheduler(num_train_timesteps=50)
+    pipe = DistributionalRecommendationPipeline(denoiser, items, scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_item_scores_for_all_items_and_for_candidates_agree():
+    items = ItemScoringModel(20, 4)
+    users = torch.randn(3, 2, 4)
+    full = items.scores(users)  # (3, 2, 20)
+    candidates = torch.tensor([[5, 1, 7], [0, 19, 3], [2, 2, 4]])[:, None].expand(-1, 2, -1)
+    picked = items.scores(users, candidates)
+    torch.testing.assert_close(picked, full.gather(-1, candidates))
+    with pytest.raises(ValueError, match=r"`items` holds item 20, outside \[0, 20\)"):
+        items.scores(users, torch.tensor([[20]]))
+
+
+@pytest.mark.parametrize("scheduler", [DDPMScheduler(num_train_timesteps=50), DDIMScheduler(num_train_timesteps=50)])
+def test_a_batch_of_users_equals_each_user_alone(scheduler):
+    pipe = tiny_pipeline(scheduler)
+    interacted = [[1, 2, 3], [10, 11], [40]]
+    batch = pipe(
+        interacted,
+        num_samples=4,
+        num_inference_steps=5,
+        generator=[torch.Generator().manual_seed(s) for s in range(3)],
+    )
+    assert batch.scores.shape == (3, 50) and batch.top_items.shape == (3, 10) and batch.embeddings.shape == (3, 4, 8)
+    for user, items in enumerate(interacted):
+        single = pipe([items], num_samples=4, num_inference_steps=5, generator=torch.Generator().manual_seed(user))
+        torch.testing.assert_close(single.embeddings[0], batch.embeddings[user], rtol=0, atol=1e-6)
+        assert torch.equal(single.top_items[0], batch.top_items[user])
+    # interacted items are never recommended
+    for user, items in enumerate(interacted):
+        assert not set(items) & set(batch.top_items[user].tolist())
+
+
+def test_scores_average_the_draws_and_candidates_rank_their_rows():
+    pipe = tiny_pipeline(DDIMScheduler(num_train_timesteps=50))
+    out = pipe([[1, 2]], num_samples=3, num_inference_steps=4, generator=torch.Generator().manual_seed(0))
+    expected = torch.sigmoid(pipe.item_model.scores(out.embeddings)).mean(1)
+    expected[0, [1, 2]] = float("-inf")
+    torch.testing.assert_close(out.scores, expected)
+    candidates = torch.tensor([[7, 8, 9, 10]])
+    ranked = pipe([[1, 2]], num_samples=3, num_inference_steps=4, top_k=2, candidates=candidates,
+                  generator=torch.Generator().manual_seed(0))  # fmt: skip
+    torch.testing.assert_close(ranked.scores, expected[:, 7:11])
+    assert ranked.top_items.shape == (1, 2) and ranked.top_items.max() < 4
+
+
+def test_save_and_load_round_trip(tmp_path):
+    pipe = tiny_pipeline(DDIMScheduler(num_train_timesteps=50))
+    pipe.save_pretrained(tmp_path / "pipe")
+    again = DistributionalRecommendationPipeline.from_pretrained(tmp_path / "pipe")
+    again.set_progress_bar_config(disable=True)
+    a = pipe([[3, 4]], num_inference_steps=3, generator=torch.Generator().manual_seed(1)).scores
+    b = again([[3, 4]], num_inference_steps=3, generator=torch.Generator().manual_seed(1)).scores
+    torch.testing.assert_close(a, b)
+
+
+def test_bad_calls_are_refused_before_any_model_work():
+    pipe = tiny_pipeline()
+    with pytest.raises(ValueError, match="`interacted` must be a non-empty list"):
+        pipe([])
+    with pytest.raises(ValueError, match=r"`interacted\[1\]` holds item 50, outside \[0, 50\)"):
+        pipe([[1], [50]])
+    with pytest.raises(ValueError, match=r"`interacted\[0\]` is empty"):
+        pipe([[]])
+    with pytest.raises(ValueError, match="`top_k` is 60 but only 50 items are scored"):
+        pipe([[1]], top_k=60)
+    with pytest.raises(ValueError, match="`num_samples` must be a positive int"):
+        pipe([[1]], num_samples=0)
+    with pytest.raises(ValueError, match=r"`candidates` must have shape \(batch, m\) with one row per user \(2\)"):
+        pipe([[1], [2]], candidates=torch.tensor([[3, 4]]))
+    with pytest.raises(ValueError, match="`generator` is a list of 1 generators, but `interacted` makes a batch of 2"):
+        pipe([[1], [2]], generator=[torch.Generator()])
+    with pytest.raises(ValueError, match="`denoiser` draws 8-dim embeddings but `item_model` scores 4-dim ones"):
+        DistributionalRecommendationPipeline(pipe.denoiser, ItemScoringModel(5, 4), DDPMScheduler())
