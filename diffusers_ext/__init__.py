@@ -114,6 +114,8 @@ _import_structure = {
     "pipelines.spade.search": ["EAConfig"],
     "pipelines.spade.support": ["KnnSupport"],
     "trainers.spade_config": ["SpadeConfig"],
+    "trainers.federated_recommendation_config": ["FederatedRecommendationConfig"],
+    "trainers.federated_recommendation_trainer": ["FederatedRecommendationTrainer"],
     "trainers.spade_trainer": ["SpadeTrainer"],
     "trainers.epidiff_trainer": [
         "EpiDiffTrainer",
@@ -231,6 +233,8 @@ if TYPE_CHECKING:
         build_epidiff_schedulers,
         epidiff_denoising_loss,
     )
+    from .trainers.federated_recommendation_config import FederatedRecommendationConfig
+    from .trainers.federated_recommendation_trainer import FederatedRecommendationTrainer
     from .trainers.graph_grpo_config import GraphGRPOConfig
     from .trainers.graph_grpo_trainer import GraphGRPOTrainer
     from .trainers.spade_config import SpadeConfig

@@ -1,5 +1,7 @@
 """Distributional recommendation: the item scoring model, the user-embedding denoiser and the pipeline."""
 
+import math
+
 import pytest
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
@@ -93,3 +95,62 @@ def test_bad_calls_are_refused_before_any_model_work():
         pipe([[1], [2]], generator=[torch.Generator()])
     with pytest.raises(ValueError, match="`denoiser` draws 8-dim embeddings but `item_model` scores 4-dim ones"):
         DistributionalRecommendationPipeline(pipe.denoiser, ItemScoringModel(5, 4), DDPMScheduler())
+
+
+def world_split(seed=0):
+    from diffusers_ext.data.movielens import MultiTasteWorld, leave_one_out_split
+
+    world = MultiTasteWorld(num_users=24, num_items=300, rank=4, interactions_per_user=30, seed=seed)
+    return leave_one_out_split(world.interactions, num_negatives=99, seed=seed)
+
+
+@pytest.mark.parametrize("method", ["distributional", "fedmf"])
+def test_federated_training_is_seeded_learns_and_keeps_user_embeddings_local(method):
+    from diffusers_ext import FederatedRecommendationConfig, FederatedRecommendationTrainer
+
+    split = world_split()
+    config = FederatedRecommendationConfig(
+        method=method, embedding_dim=8, num_rounds=6, clients_per_round=12, denoiser_hidden_size=16,
+        num_train_timesteps=20, num_samples=4, num_inference_steps=4, seed=3,
+    )  # fmt: skip
+    trainer = FederatedRecommendationTrainer(config, split)
+    before = [state["embeddings"].clone() for state in trainer.client_states]
+    history = trainer.train()
+    assert len(history) == 6 and all(math.isfinite(r["loss"]) for r in history)
+    assert history[-1]["loss"] < history[0]["loss"]
+    chosen = set(trainer.sample_clients(0))
+    moved = {c for c, state in enumerate(trainer.client_states) if not torch.equal(state["embeddings"], before[c])}
+    assert chosen <= moved  # a sampled client's own embeddings changed, on the client
+    # what the server averages is the item side (and the denoiser), never a user's embeddings
+    assert {key.split(".")[0] for key in trainer.shared_state()} <= {"item_model", "denoiser"}
+    metrics = trainer.evaluate("validation")
+    assert 0 <= metrics["hr@10"] <= 1 and 0 <= metrics["ndcg@10"] <= metrics["hr@10"]
+    again = FederatedRecommendationTrainer(config, split)
+    again.train()
+    for key, value in trainer.shared_state().items():
+        torch.testing.assert_close(again.shared_state()[key], value, rtol=0, atol=0)
+
+
+def test_fedavg_weights_clients_by_their_training_items():
+    from diffusers_ext import FederatedRecommendationTrainer
+
+    updates = [({"w": torch.tensor([0.0, 2.0])}, 1), ({"w": torch.tensor([3.0, 2.0])}, 2)]
+    torch.testing.assert_close(FederatedRecommendationTrainer.aggregate(updates)["w"], torch.tensor([2.0, 2.0]))
+
+
+def test_hit_rate_and_ndcg_of_the_held_out_column():
+    from diffusers_ext.trainers.federated_recommendation_trainer import hit_rate_and_ndcg
+
+    scores = torch.tensor([[0.9, 0.1, 0.2], [0.1, 0.5, 0.9], [0.5, 0.9, 0.1]])
+    hits, ndcg = hit_rate_and_ndcg(scores, k=2)
+    torch.testing.assert_close(hits, torch.tensor([1.0, 0.0, 1.0]))
+    torch.testing.assert_close(ndcg, torch.tensor([1.0, 0.0, 1 / math.log2(3)]))
+
+
+def test_bad_configs_are_named():
+    from diffusers_ext import FederatedRecommendationConfig
+
+    with pytest.raises(ValueError, match="`method` must be one of"):
+        FederatedRecommendationConfig(method="fedsgd")
+    with pytest.raises(ValueError, match="`clients_per_round` must be a positive int, got 0"):
+        FederatedRecommendationConfig(clients_per_round=0)

@@ -191,7 +191,7 @@ def leave_one_out_split(interactions: Interactions, num_negatives: int = 99, see
     for user in range(interactions.num_users):
         history = items[bounds[user] : bounds[user + 1]]
         _, first = np.unique(history[::-1], return_index=True)  # each item's latest occurrence
-        distinct = history[::-1][np.sort(first)][::-1]  # distinct items in time order
+        distinct = np.ascontiguousarray(history[::-1][np.sort(first)][::-1])  # distinct items in time order
         if len(distinct) < MIN_INTERACTIONS:
             skipped[user] = f"{len(distinct)} distinct items, fewer than {MIN_INTERACTIONS}"
             continue

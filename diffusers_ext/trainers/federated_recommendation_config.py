@@ -1,0 +1,67 @@
+"""[`FederatedRecommendationConfig`]: the options of [`FederatedRecommendationTrainer`]."""
+
+from dataclasses import dataclass, field
+
+from ..utils import public
+
+
+METHODS = ("distributional", "fedmf")
+
+
+@public
+@dataclass
+class FederatedRecommendationConfig:
+    r"""
+    Options of [`FederatedRecommendationTrainer`]: one client per user, `num_rounds` rounds; in each round a sample of
+    clients trains locally from the shared models (item embeddings and biases, and for `"distributional"` the
+    user-embedding denoiser), and the server averages what they send back (FedAvg, weighted by their training items).
+    Each client's own user embeddings never leave it.
+
+    `method="distributional"`: each client keeps `num_user_embeddings` embeddings, each fitted on its own bootstrap
+    half of the client's positives (so different embeddings lean towards different tastes), and trains the denoiser
+    to generate them from the client's interaction summary; recommendation draws `num_samples` embeddings from the
+    denoiser and averages their scores. `method="fedmf"`: one embedding per client, scored directly (FedMF, the
+    single-embedding baseline).
+    """
+
+    output_dir: str = field(default="federated-recommendation", metadata={"help": "Where the result is saved."})
+    method: str = field(default="distributional", metadata={"help": f"One of {METHODS}."})
+    embedding_dim: int = field(default=32, metadata={"help": "Latent size of users and items (PFedRec's 32)."})
+    num_rounds: int = field(default=100, metadata={"help": "Federated rounds."})
+    clients_per_round: int = field(default=64, metadata={"help": "Clients sampled per round (without replacement)."})
+    local_epochs: int = field(default=1, metadata={"help": "Passes over a client's positives per round."})
+    negatives_per_positive: int = field(default=4, metadata={"help": "Sampled unobserved items per positive."})
+    learning_rate: float = field(default=0.05, metadata={"help": "SGD step of the local updates (all parameters)."})
+    num_user_embeddings: int = field(default=4, metadata={"help": "Embeddings per client ('distributional')."})
+    denoiser_hidden_size: int = field(default=64, metadata={"help": "Width of the user-embedding denoiser."})
+    denoiser_layers: int = field(default=2, metadata={"help": "Residual blocks of the denoiser."})
+    denoiser_learning_rate: float = field(default=1e-3, metadata={"help": "Adam step of the denoiser, per client."})
+    num_train_timesteps: int = field(default=100, metadata={"help": "DDPM timesteps of the denoiser."})
+    num_samples: int = field(default=8, metadata={"help": "Embeddings drawn per user at evaluation (K)."})
+    num_inference_steps: int = field(default=20, metadata={"help": "DDIM steps at evaluation."})
+    top_k: int = field(default=10, metadata={"help": "k of HR@k and NDCG@k."})
+    seed: int = field(default=0, metadata={"help": "Seeds initialisation, client sampling, negatives and noise."})
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"`method` must be one of {METHODS}, got {self.method!r}.")
+        for name in (
+            "embedding_dim",
+            "num_rounds",
+            "clients_per_round",
+            "local_epochs",
+            "negatives_per_positive",
+            "num_user_embeddings",
+            "denoiser_hidden_size",
+            "denoiser_layers",
+            "num_train_timesteps",
+            "num_samples",
+            "num_inference_steps",
+            "top_k",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+        for name in ("learning_rate", "denoiser_learning_rate"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"`{name}` must be positive, got {getattr(self, name)!r}.")

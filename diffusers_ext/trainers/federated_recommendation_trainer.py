@@ -1,0 +1,209 @@
+"""[`FederatedRecommendationTrainer`]: federated training of distributional (or single-embedding) recommendation.
+
+The plain in-process loop: every round samples clients, runs each client's local update from the shared models
+(`local_update`), and averages the returned shared parameters weighted by the clients' training items (`aggregate`,
+FedAvg). A client's own user embeddings stay in `client_states` (on the client) and are never averaged. Metrics are
+HR@k and NDCG@k of the held-out item against its sampled negatives (`evaluate`).
+"""
+
+import copy
+import math
+
+import numpy as np
+import torch
+from diffusers import DDIMScheduler, DDPMScheduler
+from torch.nn import functional as F
+
+from ..data.movielens import LeaveOneOutSplit
+from ..models.item_scoring import ItemScoringModel
+from ..models.user_embedding_denoiser import UserEmbeddingDenoiser
+from ..pipelines.distributional_recommendation.pipeline_distributional_recommendation import (
+    DistributionalRecommendationPipeline,
+)
+from ..utils import public
+from .federated_recommendation_config import FederatedRecommendationConfig
+
+
+def hit_rate_and_ndcg(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per user, HR@k and NDCG@k of the held-out item, which is column 0 of `scores` `(users, 1 + negatives)` (ties
+    counted against it): `(hits (users,), ndcg (users,))`."""
+    rank = (scores[:, 1:] >= scores[:, :1]).sum(1)  # items scored at least as high as the held-out one
+    hits = (rank < k).float()
+    return hits, hits / torch.log2(rank.float() + 2)
+
+
+@public
+class FederatedRecommendationTrainer:
+    r"""
+    Federated recommendation with one client per user (TRL-shaped: a config and a trainer with separate sampling,
+    local-update, aggregation and evaluation methods).
+
+    Args:
+        config ([`FederatedRecommendationConfig`]): the options.
+        split ([`LeaveOneOutSplit`]): each client's training items and its held-out validation and test items with
+            their negatives ([`leave_one_out_split`]).
+    """
+
+    def __init__(self, config: FederatedRecommendationConfig, split: LeaveOneOutSplit):
+        if not isinstance(split, LeaveOneOutSplit):
+            raise TypeError(f"`split` must be a LeaveOneOutSplit, got {type(split).__name__}.")
+        for position, items in enumerate(split.train):
+            if len(items) == 0:
+                raise ValueError(f"client {position} has no training item; split users with at least 3 interactions.")
+        self.config, self.split = config, split
+        torch.manual_seed(config.seed)
+        self.item_model = ItemScoringModel(split.num_items, config.embedding_dim)
+        self.denoiser = (
+            UserEmbeddingDenoiser(config.embedding_dim, config.denoiser_hidden_size, config.denoiser_layers)
+            if config.method == "distributional"
+            else None
+        )
+        self.noise_scheduler = DDPMScheduler(num_train_timesteps=config.num_train_timesteps)
+        copies = config.num_user_embeddings if config.method == "distributional" else 1
+        generator = torch.Generator().manual_seed(config.seed + 1)
+        self.client_states = []
+        for items in split.train:
+            # each embedding's bootstrap half of the client's positives (fixed per client; never empty)
+            masks = torch.rand(copies, len(items), generator=generator) < (0.5 if copies > 1 else 2.0)
+            masks[masks.sum(1) == 0, 0] = True
+            embeddings = 0.1 * torch.randn(copies, config.embedding_dim, generator=generator)
+            self.client_states.append({"embeddings": embeddings, "masks": masks})
+        self.history = []
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.split.train)
+
+    def sample_clients(self, round_index: int) -> list[int]:
+        """The clients of round `round_index` (seeded by the config's seed and the round)."""
+        rng = np.random.default_rng([self.config.seed, round_index])
+        count = min(self.config.clients_per_round, self.num_clients)
+        return sorted(rng.choice(self.num_clients, size=count, replace=False).tolist())
+
+    def shared_state(self) -> dict[str, torch.Tensor]:
+        """The parameters the server averages: the item side, and the denoiser for `"distributional"`."""
+        state = {f"item_model.{k}": v for k, v in self.item_model.state_dict().items()}
+        if self.denoiser is not None:
+            state.update({f"denoiser.{k}": v for k, v in self.denoiser.state_dict().items()})
+        return state
+
+    def load_shared_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.item_model.load_state_dict({k[11:]: v for k, v in state.items() if k.startswith("item_model.")})
+        if self.denoiser is not None:
+            self.denoiser.load_state_dict({k[9:]: v for k, v in state.items() if k.startswith("denoiser.")})
+
+    def local_update(self, client: int, round_index: int) -> tuple[dict[str, torch.Tensor], int, float]:
+        """One client's round: from copies of the shared models, `local_epochs` of SGD on the BCE of its positives
+        against sampled negatives (its own embeddings and the item side), then one denoiser step on its embeddings.
+        Returns `(shared state, number of training items, mean loss)`; the client's embeddings stay in
+        `client_states`."""
+        config, state = self.config, self.client_states[client]
+        positives = torch.as_tensor(self.split.train[client], dtype=torch.long)
+        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + round_index * 10_007 + client)
+        items = copy.deepcopy(self.item_model)
+        users = state["embeddings"].clone().requires_grad_(True)
+        optimizer = torch.optim.SGD([users, *items.parameters()], lr=config.learning_rate)
+        losses = []
+        for _ in range(config.local_epochs):
+            negatives = torch.randint(
+                0, self.split.num_items, (len(positives) * config.negatives_per_positive,), generator=generator
+            )
+            candidates = torch.cat([positives, negatives])
+            labels = torch.cat([torch.ones(len(positives)), torch.zeros(len(negatives))])
+            weights = torch.cat(
+                [state["masks"].float(), torch.ones(len(users), len(negatives))], dim=1
+            )  # each embedding on its own half of the positives and every negative
+            logits = items.scores(users[:, None, :], candidates[None].expand(len(users), -1))
+            loss = (
+                F.binary_cross_entropy_with_logits(logits, labels.expand_as(logits), weight=weights, reduction="sum")
+                / weights.sum()
+            )
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        state["embeddings"] = users.detach()
+        shared = {f"item_model.{k}": v for k, v in items.state_dict().items()}
+        if self.denoiser is not None:
+            denoiser = copy.deepcopy(self.denoiser)
+            optimizer = torch.optim.Adam(denoiser.parameters(), lr=config.denoiser_learning_rate)
+            with torch.no_grad():
+                summary = items.summary([positives]).expand(len(users), -1)
+            targets = state["embeddings"]
+            noise = torch.randn(targets.shape, generator=generator)
+            timesteps = torch.randint(0, config.num_train_timesteps, (len(targets),), generator=generator)
+            noisy = self.noise_scheduler.add_noise(targets, noise, timesteps)
+            loss = F.mse_loss(denoiser(noisy, timesteps, summary).sample, noise)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            shared.update({f"denoiser.{k}": v for k, v in denoiser.state_dict().items()})
+        return shared, len(positives), float(np.mean(losses))
+
+    @staticmethod
+    def aggregate(updates: list[tuple[dict[str, torch.Tensor], int]]) -> dict[str, torch.Tensor]:
+        """FedAvg: the average of the clients' shared states weighted by their numbers of training items."""
+        total = sum(count for _, count in updates)
+        keys = updates[0][0].keys()
+        return {
+            key: sum(state[key].float() * (count / total) for state, count in updates).to(updates[0][0][key].dtype)
+            for key in keys
+        }
+
+    def train_round(self, round_index: int) -> dict:
+        updates, losses = [], []
+        for client in self.sample_clients(round_index):
+            shared, count, loss = self.local_update(client, round_index)
+            updates.append((shared, count))
+            losses.append(loss)
+        self.load_shared_state(self.aggregate(updates))
+        record = {"round": round_index + 1, "loss": float(np.mean(losses))}
+        self.history.append(record)
+        return record
+
+    def train(self, num_rounds: int | None = None) -> list[dict]:
+        """Run `num_rounds` (default the config's) rounds from where the history ends."""
+        start = len(self.history)
+        for round_index in range(start, start + (num_rounds or self.config.num_rounds)):
+            self.train_round(round_index)
+        return self.history
+
+    def pipeline(self) -> DistributionalRecommendationPipeline:
+        """The recommendation pipeline of the shared models (for `"distributional"`)."""
+        if self.denoiser is None:
+            raise ValueError("`method='fedmf'` has no denoiser; its clients score with their own embedding.")
+        scheduler = DDIMScheduler.from_config(self.noise_scheduler.config)
+        pipe = DistributionalRecommendationPipeline(self.denoiser.eval(), self.item_model.eval(), scheduler)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    @torch.no_grad()
+    def candidate_scores(self, split_name: str = "validation", seed: int = 0) -> torch.Tensor:
+        """`(clients, 1 + negatives)` scores of each client's held-out item (column 0) and its negatives."""
+        candidates = torch.as_tensor(getattr(self.split, split_name), dtype=torch.long)
+        if self.denoiser is None:
+            users = torch.stack([state["embeddings"][0] for state in self.client_states])
+            return torch.sigmoid(self.item_model.scores(users, candidates))
+        pipe = self.pipeline()
+        return pipe(
+            [torch.as_tensor(items) for items in self.split.train],
+            num_samples=self.config.num_samples,
+            top_k=1,
+            num_inference_steps=self.config.num_inference_steps,
+            generator=torch.Generator().manual_seed(seed),
+            candidates=candidates,
+        ).scores
+
+    def evaluate(self, split_name: str = "validation", seed: int = 0) -> dict:
+        """HR@k and NDCG@k over every client, with their standard errors."""
+        if split_name not in ("validation", "test"):
+            raise ValueError(f"`split_name` must be 'validation' or 'test', got {split_name!r}.")
+        hits, ndcg = hit_rate_and_ndcg(self.candidate_scores(split_name, seed), self.config.top_k)
+        n = len(hits)
+        k = self.config.top_k
+        return {
+            f"hr@{k}": float(hits.mean()),
+            f"hr@{k}_se": float(hits.std() / math.sqrt(n)),
+            f"ndcg@{k}": float(ndcg.mean()),
+            f"ndcg@{k}_se": float(ndcg.std() / math.sqrt(n)),
+        }
