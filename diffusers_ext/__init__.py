@@ -74,6 +74,8 @@ _import_structure = {
     "models.connectivity_flow": ["ConnectivityFlowModel", "ConnectivityFlowModelOutput"],
     "pipelines.connectivity.pipeline_connectivity": ["ConnectivityPipeline", "ConnectivityPipelineOutput"],
     "pipelines.connectivity.ridge": ["RidgeReadout", "ridge_readout", "ridge_readout_targets"],
+    "models.llada": ["LLaDAConfig", "LLaDAModelLM"],
+    "models.dream": ["DreamConfig", "DreamModel"],
     "models.manifold_flow": ["ManifoldFlowTransformerModel", "ManifoldFlowTransformerOutput", "SubspaceFit"],
     "pipelines.manifold_flow.pipeline_manifold_flow": ["ManifoldFlowPipeline", "ManifoldFlowPipelineOutput"],
     "models.parameter_diffusion": ["ParameterDiffusionModel", "ParameterDiffusionModelOutput"],
@@ -119,7 +121,9 @@ if TYPE_CHECKING:
     from .models.connectivity_flow import ConnectivityFlowModel, ConnectivityFlowModelOutput
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
+    from .models.dream import DreamConfig, DreamModel
     from .models.graph_transformer import GraphTransformerModel, GraphTransformerOutput
+    from .models.llada import LLaDAConfig, LLaDAModelLM
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.manifold_flow import ManifoldFlowTransformerModel, ManifoldFlowTransformerOutput, SubspaceFit
     from .models.parameter_diffusion import ParameterDiffusionModel, ParameterDiffusionModelOutput

@@ -269,6 +269,8 @@ class HFLogitsAdapter(DiffusionLMAdapter):
 
 
 ADAPTERS = {cls.name: cls for cls in (LLaDAAdapter, DreamAdapter, LLaDA2Adapter)}
+# the package's native classes ([`LLaDAModelLM`], [`DreamModel`]) have model types of their own
+NATIVE_MODEL_TYPES = {"llada-native": "llada", "dream-native": "dream"}
 
 
 @public
@@ -276,7 +278,8 @@ def get_diffusion_lm_adapter(model, adapter: "str | DiffusionLMAdapter | None" =
     """Choose the adapter of `model`: an adapter instance is used as is, a name (`"llada"`, `"dream"`,
     `"llada2"`, `"hf"`) builds that adapter, and `None` reads the model config.
 
-    From the config: `model_type` `"llada"` gives [`LLaDAAdapter`], `"dream"` [`DreamAdapter`], a name starting with
+    From the config: `model_type` `"llada"` (or `"llada-native"`, [`LLaDAModelLM`]) gives [`LLaDAAdapter`],
+    `"dream"` (or `"dream-native"`, [`DreamModel`]) [`DreamAdapter`], a name starting with
     `"llada2"` [`LLaDA2Adapter`]; anything else gets [`HFLogitsAdapter`] with the config's `shift_logits`
     (default `False`).
     """
@@ -292,6 +295,7 @@ def get_diffusion_lm_adapter(model, adapter: "str | DiffusionLMAdapter | None" =
             )
         return ADAPTERS[adapter]()
     model_type = str(getattr(config, "model_type", "")).lower()
+    model_type = NATIVE_MODEL_TYPES.get(model_type, model_type)
     if model_type.startswith("llada2"):
         return LLaDA2Adapter()
     if model_type in ADAPTERS:
