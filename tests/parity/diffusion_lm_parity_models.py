@@ -128,11 +128,14 @@ def seeded_state_dict(model: torch.nn.Module, seed: int, std: float = 0.2) -> di
     return state
 
 
-def build_native(name: str, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """The package's native model of `CONFIGS[name]` with [`seeded_state_dict`] weights, in eval mode."""
+def build_native(name: str, seed: int = 0, dtype: torch.dtype = torch.float32, head_scale: float = 1.0):
+    """The package's native model of `CONFIGS[name]` with [`seeded_state_dict`] weights, in eval mode; its output
+    head multiplied by `head_scale` (sharper distributions, so that confidence thresholds are crossed)."""
     _, model_class = NATIVE[CONFIGS[name]["family"]]
     model = model_class(native_config(name))
     model.load_state_dict(seeded_state_dict(model, seed))
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(head_scale)
     return model.to(dtype).eval()
 
 

@@ -25,6 +25,7 @@ import sys
 import types
 
 import torch
+from diffusion_lm_cache_cases import CACHE_CASES, cache_prompt, run_package_cache
 from diffusion_lm_parity_models import CONFIGS, build_native, fixed_inputs
 from parity_utils import FIXTURES, reference_commit
 
@@ -97,6 +98,23 @@ def reference_model(classes, name: str, seed: int = 0):
     return model.float().eval(), native
 
 
+class CountedForwards(torch.nn.Module):
+    """The reference model as Fast-dLLM's `generate` functions call it (`model.device`), counting forwards."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.calls = 0
+
+    @property
+    def device(self):
+        return torch.device("cpu")
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        return self.model(*args, **kwargs)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fast_dllm_repo", required=True, help="a local checkout of NVlabs/Fast-dLLM")
@@ -113,7 +131,30 @@ def main():
         models[name] = {"seed": 0, "inputs": ids.tolist(), "logits": logits.tolist()}
         print(f"{name}: max |native - reference| = {(ours - logits).abs().max().item():.3g}")
 
+    # generate.py imports its modeling file as the top-level package `model`: the one already loaded above
+    sys.modules.setdefault("model", sys.modules["reference_llada"])
+    sys.modules.setdefault("model.modeling_llada", sys.modules["reference_llada.modeling_llada"])
+    generate = load_module(os.path.join(args.fast_dllm_repo, "llada", "generate.py"), "reference_fast_dllm")
     caches = []
+    for case in CACHE_CASES:
+        model, _ = reference_model(classes, case["model"], case["seed"])
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(case["head_scale"])
+        counted = CountedForwards(model)
+        prompt = cache_prompt(case)
+        call = dict(case["call"])
+        mask_id = CONFIGS[case["model"]]["config"]["mask_token_id"]
+        with torch.no_grad():
+            x, nfe = getattr(generate, case["reference"])(counted, prompt, mask_id=mask_id, **call)
+        expected = {"sequences": x[:, prompt.shape[1] :].tolist(), "nfe": int(nfe), "forward_calls": counted.calls}
+        caches.append({**case, "expected": expected})
+        out = run_package_cache(case)
+        same = out.sequences.tolist() == expected["sequences"]
+        uncached = run_package_cache(case, cache=None)
+        print(
+            f"{case['id']}: tokens {'equal' if same else 'DIFFER'}, NFE {int(out.nfe[0])} (reference {int(nfe)}); "
+            f"uncached decode agrees on {(uncached.sequences == out.sequences).float().mean().item():.2f}"
+        )
     fixture = {
         "references": {"NVlabs/Fast-dLLM": commit},
         "files": ["llada/model/modeling_llada.py", "dream/model/modeling_dream.py", "llada/generate.py"],

@@ -102,3 +102,39 @@ def test_the_native_model_types_do_not_clash_with_the_published_ones():
     from diffusers_ext.models.dream import DreamConfig
 
     assert LLaDAConfig.model_type != "llada" and DreamConfig.model_type != "Dream"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# prefix and dual caches against Fast-dLLM's generate_with_prefix_cache / generate_with_dual_cache
+# ---------------------------------------------------------------------------------------------------------------------
+
+CACHES = FIXTURE["caches"]
+
+
+def test_the_cache_fixture_covers_both_caches_both_decoders_and_both_attention_layouts():
+    assert {case["reference"] for case in CACHES} == {"generate_with_prefix_cache", "generate_with_dual_cache"}
+    assert {case["preset"] for case in CACHES} == {"llada", "fast-dllm"}
+    assert {case["model"] for case in CACHES} == {"llada-8b", "llada-gqa"}
+    # thresholds were crossed: some block committed several tokens in one step
+    assert any(case["expected"]["nfe"] < case["call"]["steps"] for case in CACHES)
+
+
+@pytest.mark.parametrize("case", CACHES, ids=[case["id"] for case in CACHES])
+def test_cached_decoding_matches_fast_dllm_token_for_token(case):
+    from diffusion_lm_cache_cases import run_package_cache
+
+    out = run_package_cache(case)
+    expected = case["expected"]
+    assert out.sequences.tolist() == expected["sequences"]
+    assert out.nfe.tolist() == [expected["nfe"]] == [expected["forward_calls"]]
+
+
+def test_the_cache_parity_can_fail():
+    # decoding the same cases without a cache gives other tokens in most of them (the cache is an approximation on
+    # a bidirectional model), so the token comparison above tells a cached decode from an uncached one
+    from diffusion_lm_cache_cases import run_package_cache
+
+    differ = sum(
+        run_package_cache(case, cache=None).sequences.tolist() != case["expected"]["sequences"] for case in CACHES
+    )
+    assert differ >= len(CACHES) // 2
