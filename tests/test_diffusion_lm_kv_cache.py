@@ -248,3 +248,34 @@ def test_guidance_and_an_adapter_without_model_keywords_are_refused():
     with pytest.raises(ValueError, match="Plain"):
         pipe(input_ids=torch.ones(1, 3, dtype=torch.long), gen_length=8, mask_token_id=MASK, cache="dual")
     assert not calls
+
+
+def test_native_classes_refuse_a_prompt_past_their_positions_and_a_block_that_does_not_divide():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "parity"))
+    from diffusion_lm_parity_models import build_native
+
+    for name in ("llada-8b", "dream-7b"):
+        pipe, calls = _counting_pipe(build_native(name))  # 256 positions
+        prompt = torch.ones(1, 10, dtype=torch.long)
+        with pytest.raises(ValueError, match=r"need 266 positions, but the model has 256"):
+            pipe(
+                input_ids=prompt,
+                gen_length=256,
+                block_length=8,
+                num_inference_steps=256,
+                mask_token_id=127,
+                cache="dual",
+            )
+        with pytest.raises(ValueError, match="`gen_length` 30 must be divisible by `block_length` 8"):
+            pipe(
+                input_ids=prompt,
+                gen_length=30,
+                block_length=8,
+                num_inference_steps=30,
+                mask_token_id=127,
+                cache="prefix",
+            )
+        assert not calls

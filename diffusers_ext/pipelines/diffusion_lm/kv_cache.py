@@ -110,6 +110,8 @@ class DiffusionLMKVCache:
         """Keep rows `index` `(N',)` (beam parents, unfinished prompts), in that order."""
         if self.block is None:
             return
+        if len(index) == len(self.block) and bool((index == torch.arange(len(index), device=index.device)).all()):
+            return  # every row keeps its own (no beams, nothing finished): no copy
         self.block = self.block[index]
         self.keys = [k[index] for k in self.keys]
         self.values = [v[index] for v in self.values]
@@ -205,8 +207,11 @@ class DiffusionLMKVCache:
             last = block_end
         else:
             last = end if self.mode == "dual" else length
-        keys = [k[rows] for k in self.keys]
-        values = [v[rows] for v in self.values]
+        if len(rows) == len(self.block):  # all rows: views, no copy
+            keys, values = self.keys, self.values
+        else:
+            keys = [k[rows] for k in self.keys]
+            values = [v[rows] for v in self.values]
         cache = Cache(
             layers=[
                 BlockWindowLayer(

@@ -22,6 +22,7 @@ from .remote_code import (
     load_saved_remote_code_model,
     record_remote_code_model,
     remote_code_auto_class,
+    remote_code_pipeline_snapshot,
     saved_remote_code_auto_class,
 )
 
@@ -113,8 +114,12 @@ class DiffusionLMPipeline(DiffusionPipeline):
         """diffusers' `from_pretrained`. A saved model with its own modeling code runs only if the caller passes
         `trust_remote_code` (as in transformers; otherwise a `ValueError` names its modeling files); it is loaded
         through the auto class its `auto_map` names for its architecture, by [`load_remote_code_model`] (which also
-        runs LLaDA's and Dream's modeling files, written for transformers 4)."""
+        runs LLaDA's and Dream's modeling files, written for transformers 4). From a local folder or a Hub
+        repository id: such a repository is fetched whole through `huggingface_hub` ([`remote_code_pipeline_snapshot`],
+        which honours `HF_HUB_OFFLINE` and the local cache)."""
         folder = pretrained_model_name_or_path
+        if not os.path.isdir(folder):  # a Hub repository: its snapshot when it holds a remote-code model
+            folder = remote_code_pipeline_snapshot(folder, **kwargs) or folder
         auto_class = saved_remote_code_auto_class(folder) if os.path.isdir(folder) else None
         if auto_class is not None and kwargs.get("model") is None:
             model_kwargs = {k: kwargs[k] for k in ("torch_dtype", "dtype") if k in kwargs}
