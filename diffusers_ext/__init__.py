@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 # "diffusers_ext" (see ``diffusers_ext.utils.public``) so saved ``model_index.json`` files name
 # ``["diffusers_ext", "Class"]``. What only measures or compares is imported from ``diffusers_ext.evaluation``.
 _import_structure = {
-    "_mixins": ["ConfigMixin", "DiffusionPipeline", "ModelMixin", "SchedulerMixin"],
+    "_mixins": ["ConfigMixin", "DiffusionPipeline", "ModelMixin", "PreTrainedModel", "SchedulerMixin"],
     "loading": ["load_pipeline"],
     "models.augmentation_regressor": ["AugmentationRegressor", "AugmentationRegressorOutput"],
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
@@ -114,7 +114,7 @@ _import_structure = {
 }
 
 if TYPE_CHECKING:
-    from ._mixins import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin
+    from ._mixins import ConfigMixin, DiffusionPipeline, ModelMixin, PreTrainedModel, SchedulerMixin
     from .loading import load_pipeline
     from .losses.manifold_feature_distance import ManifoldFeatureDistance
     from .models.augmentation_regressor import AugmentationRegressor, AugmentationRegressorOutput
