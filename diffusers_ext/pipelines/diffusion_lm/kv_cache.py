@@ -143,8 +143,8 @@ class DiffusionLMKVCache:
         block_of: torch.LongTensor,
         block_end: int,
         positions: torch.LongTensor | None = None,
-    ) -> tuple[torch.Tensor, int]:
-        """The step's logits, aligned as the adapter aligns them, and the number of model forwards run.
+    ) -> torch.Tensor:
+        """The step's logits, aligned as the adapter aligns them.
 
         Args:
             input_ids (`torch.LongTensor` of shape `(N, L)`): the rows.
@@ -155,13 +155,12 @@ class DiffusionLMKVCache:
             positions (`torch.LongTensor` of shape `(K,)`, *optional*): the aligned positions wanted.
 
         Returns:
-            `(logits, forwards)`: `(N, L, V)` (or `(N, K, V)` at `positions`), with the logits of a row outside its
+            `torch.Tensor` of shape `(N, L, V)` (or `(N, K, V)` at `positions`), with the logits of a row outside its
             window zero (they are never eligible: a row commits only in its current block).
         """
         num_rows, length = input_ids.shape
         stale = current_block != self.block if self.block is not None else torch.ones_like(current_block, dtype=bool)
         pieces = []  # (rows, logits (R, K or L, V))
-        forwards = 0
         if bool(stale.any()):
             rows = stale.nonzero(as_tuple=True)[0]
             recorder = Cache(layer_class_to_replicate=BlockWindowLayer)
@@ -176,7 +175,6 @@ class DiffusionLMKVCache:
             self._store(rows, recorder, num_rows, length)
             self.block[rows] = current_block[rows]
             pieces.append((rows, logits))
-            forwards += 1
         fresh = ~stale
         for block in torch.unique(current_block[fresh]).tolist():
             rows = (fresh & (current_block == block)).nonzero(as_tuple=True)[0]
@@ -188,12 +186,13 @@ class DiffusionLMKVCache:
                     ),
                 )
             )
-            forwards += 1
+        if len(pieces) == 1:  # one forward served every row, in order
+            return pieces[0][1]
         vocab = pieces[0][1].shape[-1]
         out = pieces[0][1].new_zeros(num_rows, length if positions is None else positions.numel(), vocab)
         for rows, logits in pieces:
             out[rows] = logits
-        return out, forwards
+        return out
 
     def _window_logits(self, adapter, model, input_ids, attention_mask, rows, block, block_of, block_end, positions):
         """The aligned logits of `rows` (all in `block`) from a forward of their window with the cached keys."""

@@ -610,7 +610,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 kept = (masked & transfer_mask).any(0).nonzero(as_tuple=True)[0]
                 logits_options = {"positions": kept}
             if kv_cache is not None:  # one forward per group of rows sharing a window: still one step
-                logits, _ = kv_cache.logits(
+                logits = kv_cache.logits(
                     self.adapter,
                     self.model,
                     x,
