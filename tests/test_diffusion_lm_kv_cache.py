@@ -279,3 +279,40 @@ def test_native_classes_refuse_a_prompt_past_their_positions_and_a_block_that_do
                 cache="prefix",
             )
         assert not calls
+
+
+@pytest.mark.parametrize("name", ["bidirectional-llama", "llada-8b", "dream-7b"])
+def test_a_window_over_keys_of_the_same_sequence_gives_the_full_forwards_logits(name):
+    # the cache is approximate only because the sequence changes between steps: with the keys and values of the
+    # very sequence it runs on, a window forward (attending to every key, bidirectionally) is the full forward
+    import sys
+    from pathlib import Path
+
+    from transformers.cache_utils import Cache
+
+    from diffusers_ext.models.tiny_components import get_tiny_llada_like_lm
+
+    sys.path.insert(0, str(Path(__file__).parent / "parity"))
+    from diffusion_lm_parity_models import build_native
+
+    model = get_tiny_llada_like_lm(seed=0)[0] if name == "bidirectional-llama" else build_native(name)
+    keyword = model_cache_keyword(model)
+    ids = torch.randint(5, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    recorder = Cache(layer_class_to_replicate=BlockWindowLayer)
+    with torch.no_grad():
+        full = model(ids, **{keyword: recorder}, use_cache=True).logits
+        for first, last, dual in [(4, 12, False), (4, 8, True)]:
+            layers = [
+                BlockWindowLayer(
+                    before=(layer.keys[:, :, :first], layer.values[:, :, :first]),
+                    after=(layer.keys[:, :, last:], layer.values[:, :, last:]) if dual else None,
+                )
+                for layer in recorder.layers
+            ]
+            window = model(
+                ids[:, first:last],
+                **{keyword: Cache(layers=layers)},
+                use_cache=True,
+                position_ids=torch.arange(first, last).unsqueeze(0),
+            ).logits
+            torch.testing.assert_close(window, full[:, first:last], rtol=0, atol=1e-5)
