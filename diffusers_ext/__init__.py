@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 # "diffusers_ext" (see ``diffusers_ext.utils.public``) so saved ``model_index.json`` files name
 # ``["diffusers_ext", "Class"]``. What only measures or compares is imported from ``diffusers_ext.evaluation``.
 _import_structure = {
-    "_mixins": ["ConfigMixin", "DiffusionPipeline", "ModelMixin", "SchedulerMixin"],
+    "_mixins": ["ConfigMixin", "DiffusionPipeline", "ModelMixin", "PreTrainedModel", "SchedulerMixin"],
     "loading": ["load_pipeline"],
     "models.augmentation_regressor": ["AugmentationRegressor", "AugmentationRegressorOutput"],
     "models.conv_image_classifier": ["ConvImageClassifier", "ImageClassifierOutput"],
@@ -74,6 +74,8 @@ _import_structure = {
     "models.connectivity_flow": ["ConnectivityFlowModel", "ConnectivityFlowModelOutput"],
     "pipelines.connectivity.pipeline_connectivity": ["ConnectivityPipeline", "ConnectivityPipelineOutput"],
     "pipelines.connectivity.ridge": ["RidgeReadout", "ridge_readout", "ridge_readout_targets"],
+    "models.llada": ["LLaDAConfig", "LLaDAModelLM"],
+    "models.dream": ["DreamConfig", "DreamModel"],
     "models.manifold_flow": ["ManifoldFlowTransformerModel", "ManifoldFlowTransformerOutput", "SubspaceFit"],
     "models.brain_network_flow": ["BrainNetworkFlowModel", "BrainNetworkFlowOutput"],
     "models.item_scoring": ["ItemScoringModel"],
@@ -126,7 +128,7 @@ _import_structure = {
 }
 
 if TYPE_CHECKING:
-    from ._mixins import ConfigMixin, DiffusionPipeline, ModelMixin, SchedulerMixin
+    from ._mixins import ConfigMixin, DiffusionPipeline, ModelMixin, PreTrainedModel, SchedulerMixin
     from .loading import load_pipeline
     from .losses.manifold_feature_distance import ManifoldFeatureDistance
     from .models.augmentation_regressor import AugmentationRegressor, AugmentationRegressorOutput
@@ -134,8 +136,10 @@ if TYPE_CHECKING:
     from .models.connectivity_flow import ConnectivityFlowModel, ConnectivityFlowModelOutput
     from .models.conv_image_classifier import ConvImageClassifier, ImageClassifierOutput
     from .models.discrete_flow_transformer import DiscreteFlowModelOutput, DiscreteFlowTransformerModel
+    from .models.dream import DreamConfig, DreamModel
     from .models.graph_transformer import GraphTransformerModel, GraphTransformerOutput
     from .models.item_scoring import ItemScoringModel
+    from .models.llada import LLaDAConfig, LLaDAModelLM
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.manifold_flow import ManifoldFlowTransformerModel, ManifoldFlowTransformerOutput, SubspaceFit
     from .models.matrix_codecs import CorrelationMatrixCodec, SPDMatrixCodec

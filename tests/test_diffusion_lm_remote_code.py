@@ -374,3 +374,55 @@ def test_load_remote_code_model_refuses_untrusted_code_and_checkpoints_without_t
     model.save_pretrained(tmp_path / "plain")
     with pytest.raises(ValueError, match=r"`pretrained_model_name_or_path` .* must name its model class"):
         load_remote_code_model(tmp_path / "plain", trust_remote_code=True)
+
+
+def _fill_hub_cache(cache_dir, repo_id: str, folder, commit: str = "0123456789abcdef0123456789abcdef01234567"):
+    """Put a saved pipeline `folder` into `cache_dir` as `huggingface_hub` lays a downloaded repository out:
+    `models--{owner}--{name}/snapshots/{commit}/...`, `refs/main` naming the commit, the files in `blobs/` by their
+    hash and linked from the snapshot."""
+    import hashlib
+    import os
+
+    repo = cache_dir / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "blobs").mkdir()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        link = repo / "snapshots" / commit / path.relative_to(folder)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(blob, link.parent), link)
+
+
+def test_a_saved_remote_code_pipeline_reloads_from_a_hub_repository_offline(
+    remote_code_checkpoint, tmp_path, monkeypatch
+):
+    import huggingface_hub
+
+    folder, tokenizer = remote_code_checkpoint
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    pipe = DiffusionLMPipeline(model, SOARScheduler(block_length=8), tokenizer, adapter="llada")
+    pipe.set_progress_bar_config(disable=True)
+    prompt = torch.randint(6, 262, (1, 5), generator=torch.Generator().manual_seed(0))
+    expected = _decode(pipe, prompt).sequences
+    pipe.save_pretrained(tmp_path / "pipe")
+    cache_dir = tmp_path / "hub"
+    _fill_hub_cache(cache_dir, "someone/tiny-llada-pipeline", tmp_path / "pipe")
+
+    # no network: the repository resolves from the cache alone
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        DiffusionLMPipeline.from_pretrained("someone/tiny-llada-pipeline", cache_dir=cache_dir)
+    loaded = DiffusionLMPipeline.from_pretrained(
+        "someone/tiny-llada-pipeline", cache_dir=cache_dir, trust_remote_code=True
+    )
+    loaded.set_progress_bar_config(disable=True)
+    assert type(loaded.model).__name__ == "TinyLLaDAModelLM" and loaded.adapter.name == "llada"
+    assert str(cache_dir) in str(loaded.model.name_or_path)
+    torch.testing.assert_close(_decode(loaded, prompt).sequences, expected)
+    # a repository that is not in the cache goes to diffusers' loader, which says so
+    with pytest.raises(OSError):
+        DiffusionLMPipeline.from_pretrained("someone/absent", cache_dir=cache_dir, trust_remote_code=True)

@@ -33,6 +33,7 @@ OUTPUT = {
     "certified_transfer/certified_transfer_model_selection.py": ("--output", STEM),
     "connectivity/connectivity.py": ("--output", JSON),
     "consistency/consistency.py": ("--output_dir", DIR),
+    "diffusion_lm_cache/diffusion_lm_cache.py": ("--output_dir", DIR),
     "dirp/dirp.py": ("--output_dir", DIR),
     "dirp/latent_world_dirp.py": ("--dirp_output_dir", DIR),
     "discrete_flow/discrete_flow.py": ("--output", JSON),

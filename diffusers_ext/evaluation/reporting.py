@@ -83,6 +83,26 @@ def load_script(path: str, name: str | None = None):
     return module
 
 
+def checkout_commit(path: str | os.PathLike) -> str | None:
+    """The commit of a reference checkout (a public repository run beside the package, never committed): `git log`,
+    or for an exported tree without `.git` the id in a `REVISION` file in it or one of its two parents (e.g.
+    `git -C MIRROR log -1 --format=%H > TREE/REVISION`); `None` when neither says."""
+    import subprocess
+
+    path = str(path)
+    for folder in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+        revision = os.path.join(folder, "REVISION")
+        if os.path.isfile(revision):
+            with open(revision) as f:
+                return f.read().strip()
+    try:
+        return subprocess.run(
+            ["git", "-C", path, "log", "-1", "--format=%H"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return None
+
+
 def without_machine_paths(text: str) -> str:
     """`text` (a recorded command, a folder) with every absolute path token replaced by its last component, so a
     results file names no folder of one machine: `"--output_dir /tmp/runs/x4"` -> `"--output_dir x4"`."""

@@ -3,30 +3,19 @@ comparing by relative error (tests)."""
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import torch
+
+from diffusers_ext.evaluation.reporting import checkout_commit
 
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def reference_commit(path: str | os.PathLike) -> str | None:
-    """The commit of a reference checkout: `git log`, or for an exported tree without `.git` the id in a `REVISION`
-    file in it or one of its two parents (e.g. `git -C MIRROR log -1 --format=%H > TREE/REVISION`)."""
-    path = str(path)
-    for folder in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
-        revision = os.path.join(folder, "REVISION")
-        if os.path.isfile(revision):
-            with open(revision) as f:
-                return f.read().strip()
-    try:
-        return subprocess.run(
-            ["git", "-C", path, "log", "-1", "--format=%H"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        return None
+    """The commit of a reference checkout ([`checkout_commit`]: `git log`, or a `REVISION` file)."""
+    return checkout_commit(path)
 
 
 def load_fixture(name: str) -> dict:

@@ -88,6 +88,8 @@ class DiffusionLMAdapter(ABC):
     default_eot_token_id: int | None = None
     # blocks aligned to absolute positions (the first generated block ends at the next multiple of the block length)
     absolute_blocks = False
+    # in a padded batch the model is given position ids that count real tokens (else positions count the padding)
+    padding_position_ids = True
     name = "base"
 
     def __init__(self, mask_token_id: int | None = None, shift_logits: bool = False):
@@ -106,14 +108,37 @@ class DiffusionLMAdapter(ABC):
     def forward_logits(self, model, input_ids, attention_mask, block_end) -> torch.Tensor:
         """The model's logits `(B, L, V)` as the model returns them (before `shift_logits` realigns them); each
         family implements it. An implementation may take a keyword `positions` `(K,)`: the positions of the model's
-        output wanted, returning `(B, K, V)` (the built-in adapters run the output head there alone)."""
+        output wanted, returning `(B, K, V)` (the built-in adapters run the output head there alone); and further
+        keywords, passed to the model as they are (the built-in adapters take them: a key/value cache)."""
 
-    def _forward_logits_at(self, model, input_ids, attention_mask, block_end, positions) -> torch.Tensor:
+    def window_inputs(self, attention_mask: torch.LongTensor, first: int, last: int, key_end: int) -> dict:
+        """The model's keyword inputs for a forward of positions `[first, last)` whose keys and values cover
+        `[0, key_end)` (the rest from a cache): position ids `(B or 1, last - first)`, and for a padded batch the
+        attention mask as this adapter gives it to a full forward, restricted to those queries and keys.
+
+        Args:
+            attention_mask (`torch.LongTensor` of shape `(B, L)`): 1 for real tokens, 0 for left padding.
+        """
+        position_ids = torch.arange(first, last, device=attention_mask.device).unsqueeze(0)
+        if not bool((attention_mask == 0).any()):
+            return {"position_ids": position_ids}
+        if self.padding_position_ids:
+            position_ids = self._padding_position_ids(attention_mask)[:, first:last]
+        return {"attention_mask": attention_mask[:, :key_end], "position_ids": position_ids}
+
+    def takes_model_kwargs(self) -> bool:
+        """Whether `forward_logits` passes extra keywords to the model (needed by the prefix and dual caches)."""
+        parameters = inspect.signature(type(self).forward_logits).parameters.values()
+        return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+    def _forward_logits_at(self, model, input_ids, attention_mask, block_end, positions, **model_kwargs):
         """The model's own logits at `positions` `(K,)`, `(B, K, V)`: through `forward_logits(..., positions=)` when
         the adapter takes it, else indexed from its full logits."""
         if "positions" in _parameters(type(self).forward_logits):
-            return self.forward_logits(model, input_ids, attention_mask, block_end, positions=positions)
-        return self.forward_logits(model, input_ids, attention_mask, block_end)[:, positions]
+            return self.forward_logits(
+                model, input_ids, attention_mask, block_end, positions=positions, **model_kwargs
+            )
+        return self.forward_logits(model, input_ids, attention_mask, block_end, **model_kwargs)[:, positions]
 
     def _align(self, logits: torch.Tensor) -> torch.Tensor:
         if self.shift_logits:
@@ -131,6 +156,7 @@ class DiffusionLMAdapter(ABC):
         guidance_scale: float = 1.0,
         mask_token_id: int | None = None,
         positions: torch.LongTensor | None = None,
+        model_kwargs: dict | None = None,
     ) -> torch.Tensor:
         """Logits of shape `(N, L, V)` aligned with `input_ids` `(N, L)`, or `(N, K, V)` at `positions` only.
 
@@ -147,15 +173,23 @@ class DiffusionLMAdapter(ABC):
                 `(N, K, V)` are those of the full call at these positions (`logits[:, j]` predicts token
                 `positions[j]`), the model's output head running there alone when it allows it (with
                 `shift_logits`, at the position before each).
+            model_kwargs (`dict`, *optional*): passed to the model's forward (e.g. a key/value cache to record
+                into); the adapter must take them ([`takes_model_kwargs`]).
         """
+        model_kwargs = model_kwargs or {}
         if positions is None:
-            forward = self.forward_logits
+
+            def forward(model, input_ids, attention_mask, block_end):
+                return self.forward_logits(model, input_ids, attention_mask, block_end, **model_kwargs)
+
         else:
             # aligned position i is the model's i - 1 with a shift (position 0 keeps its own, as `_align` does)
             model_positions = (positions - 1).clamp(min=0) if self.shift_logits else positions
 
             def forward(model, input_ids, attention_mask, block_end):
-                return self._forward_logits_at(model, input_ids, attention_mask, block_end, model_positions)
+                return self._forward_logits_at(
+                    model, input_ids, attention_mask, block_end, model_positions, **model_kwargs
+                )
 
         if guidance_scale > 1:
             if prompt_mask is None or mask_token_id is None:
@@ -184,14 +218,15 @@ class LLaDAAdapter(DiffusionLMAdapter):
     default_mask_token_id = LLADA_MASK_TOKEN_ID
     default_eot_token_id = LLADA_EOT_TOKEN_ID
     name = "llada"
+    padding_position_ids = False
 
     def __init__(self, mask_token_id: int | None = None):
         super().__init__(mask_token_id=mask_token_id, shift_logits=False)
 
-    def forward_logits(self, model, input_ids, attention_mask, block_end, positions=None):
+    def forward_logits(self, model, input_ids, attention_mask, block_end, positions=None, **model_kwargs):
         if bool((attention_mask == 0).any()):
-            return model_logits(model, input_ids, positions, attention_mask=attention_mask)
-        return model_logits(model, input_ids, positions)
+            return model_logits(model, input_ids, positions, attention_mask=attention_mask, **model_kwargs)
+        return model_logits(model, input_ids, positions, **model_kwargs)
 
 
 @public
@@ -209,13 +244,22 @@ class DreamAdapter(DiffusionLMAdapter):
     def __init__(self, mask_token_id: int | None = None):
         super().__init__(mask_token_id=mask_token_id, shift_logits=True)
 
-    def forward_logits(self, model, input_ids, attention_mask, block_end, positions=None):
+    def forward_logits(self, model, input_ids, attention_mask, block_end, positions=None, **model_kwargs):
         if not bool((attention_mask == 0).any()):
-            return model_logits(model, input_ids, positions)
+            return model_logits(model, input_ids, positions, **model_kwargs)
         real = attention_mask.bool()
         four_d = real[:, None, None, :] & real[:, None, :, None]
         position_ids = self._padding_position_ids(attention_mask)
-        return model_logits(model, input_ids, positions, attention_mask=four_d, position_ids=position_ids)
+        return model_logits(
+            model, input_ids, positions, attention_mask=four_d, position_ids=position_ids, **model_kwargs
+        )
+
+    def window_inputs(self, attention_mask, first, last, key_end):
+        inputs = super().window_inputs(attention_mask, first, last, key_end)
+        if "attention_mask" in inputs:  # Dream's 4-D form: the window's queries against every key
+            real = attention_mask.bool()
+            inputs["attention_mask"] = real[:, None, first:last, None] & real[:, None, None, :key_end]
+        return inputs
 
 
 @public
@@ -235,13 +279,18 @@ class LLaDA2Adapter(DiffusionLMAdapter):
     def __init__(self, mask_token_id: int | None = None):
         super().__init__(mask_token_id=mask_token_id, shift_logits=False)
 
-    def forward_logits(self, model, input_ids, attention_mask, block_end, positions=None):
+    def forward_logits(self, model, input_ids, attention_mask, block_end, positions=None, **model_kwargs):
         length = input_ids.shape[1]
         end = length if block_end is None else int(block_end)
         position_ids = self._padding_position_ids(attention_mask)[:, :end]
         window = None if positions is None else positions.clamp(max=end - 1)
         logits = model_logits(
-            model, input_ids[:, :end], window, attention_mask=attention_mask[:, :end], position_ids=position_ids
+            model,
+            input_ids[:, :end],
+            window,
+            attention_mask=attention_mask[:, :end],
+            position_ids=position_ids,
+            **model_kwargs,
         )
         if positions is not None:
             past = positions >= end  # past the window: zero logits, as over the full length
@@ -261,14 +310,18 @@ class HFLogitsAdapter(DiffusionLMAdapter):
 
     name = "hf"
 
-    def forward_logits(self, model, input_ids, attention_mask, block_end, positions=None):
+    def forward_logits(self, model, input_ids, attention_mask, block_end, positions=None, **model_kwargs):
         if not bool((attention_mask == 0).any()):
-            return model_logits(model, input_ids, positions)
+            return model_logits(model, input_ids, positions, **model_kwargs)
         position_ids = self._padding_position_ids(attention_mask)
-        return model_logits(model, input_ids, positions, attention_mask=attention_mask, position_ids=position_ids)
+        return model_logits(
+            model, input_ids, positions, attention_mask=attention_mask, position_ids=position_ids, **model_kwargs
+        )
 
 
 ADAPTERS = {cls.name: cls for cls in (LLaDAAdapter, DreamAdapter, LLaDA2Adapter)}
+# the package's native classes ([`LLaDAModelLM`], [`DreamModel`]) have model types of their own
+NATIVE_MODEL_TYPES = {"llada-native": "llada", "dream-native": "dream"}
 
 
 @public
@@ -276,7 +329,8 @@ def get_diffusion_lm_adapter(model, adapter: "str | DiffusionLMAdapter | None" =
     """Choose the adapter of `model`: an adapter instance is used as is, a name (`"llada"`, `"dream"`,
     `"llada2"`, `"hf"`) builds that adapter, and `None` reads the model config.
 
-    From the config: `model_type` `"llada"` gives [`LLaDAAdapter`], `"dream"` [`DreamAdapter`], a name starting with
+    From the config: `model_type` `"llada"` (or `"llada-native"`, [`LLaDAModelLM`]) gives [`LLaDAAdapter`],
+    `"dream"` (or `"dream-native"`, [`DreamModel`]) [`DreamAdapter`], a name starting with
     `"llada2"` [`LLaDA2Adapter`]; anything else gets [`HFLogitsAdapter`] with the config's `shift_logits`
     (default `False`).
     """
@@ -292,6 +346,7 @@ def get_diffusion_lm_adapter(model, adapter: "str | DiffusionLMAdapter | None" =
             )
         return ADAPTERS[adapter]()
     model_type = str(getattr(config, "model_type", "")).lower()
+    model_type = NATIVE_MODEL_TYPES.get(model_type, model_type)
     if model_type.startswith("llada2"):
         return LLaDA2Adapter()
     if model_type in ADAPTERS:

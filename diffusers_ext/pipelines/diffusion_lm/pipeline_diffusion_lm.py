@@ -14,6 +14,7 @@ from diffusers.utils import BaseOutput, logging
 from ...schedulers.scheduling_soar import STEP_BUDGETS, SOARScheduler
 from ...utils import check_positive_int, exact_dtype, is_int, is_number, public
 from .adapters import ADAPTERS, DiffusionLMAdapter, HFLogitsAdapter, get_diffusion_lm_adapter
+from .kv_cache import CACHE_MODES, DiffusionLMKVCache, model_cache_keyword
 from .pll_rescoring import DEFAULT_PLL_CHUNK_SIZE, rescore_by_pll
 from .prompt_inputs import declared_options, prepare_input_ids
 from .remote_code import (
@@ -21,6 +22,7 @@ from .remote_code import (
     load_saved_remote_code_model,
     record_remote_code_model,
     remote_code_auto_class,
+    remote_code_pipeline_snapshot,
     saved_remote_code_auto_class,
 )
 
@@ -112,8 +114,12 @@ class DiffusionLMPipeline(DiffusionPipeline):
         """diffusers' `from_pretrained`. A saved model with its own modeling code runs only if the caller passes
         `trust_remote_code` (as in transformers; otherwise a `ValueError` names its modeling files); it is loaded
         through the auto class its `auto_map` names for its architecture, by [`load_remote_code_model`] (which also
-        runs LLaDA's and Dream's modeling files, written for transformers 4)."""
+        runs LLaDA's and Dream's modeling files, written for transformers 4). From a local folder or a Hub
+        repository id: such a repository is fetched whole through `huggingface_hub` ([`remote_code_pipeline_snapshot`],
+        which honours `HF_HUB_OFFLINE` and the local cache)."""
         folder = pretrained_model_name_or_path
+        if not os.path.isdir(folder):  # a Hub repository: its snapshot when it holds a remote-code model
+            folder = remote_code_pipeline_snapshot(folder, **kwargs) or folder
         auto_class = saved_remote_code_auto_class(folder) if os.path.isdir(folder) else None
         if auto_class is not None and kwargs.get("model") is None:
             model_kwargs = {k: kwargs[k] for k in ("torch_dtype", "dtype") if k in kwargs}
@@ -215,6 +221,32 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 return name, value
         return None
 
+    def check_cache(self, cache, guidance_scale=1.0) -> None:
+        """A `ValueError` naming `cache` when it is not `None`, `"prefix"` or `"dual"`, when the model cannot take a
+        key/value cache (its forward takes no transformers `Cache`, or it runs its own modeling code), when the adapter
+        does not pass keywords to the model, or with classifier-free guidance (whose unconditional branch would need a
+        cache of its own)."""
+        if cache is None:
+            return
+        if cache not in CACHE_MODES:
+            raise ValueError(f"`cache` must be None or one of {CACHE_MODES}, got {cache!r}.")
+        if model_cache_keyword(self.model) is None:
+            raise ValueError(
+                f"`cache={cache!r}` needs a model whose forward takes a transformers `Cache` (`cache` or "
+                f"`past_key_values`), but {type(self.model).__name__} takes none, or runs its own modeling code (LLaDA's "
+                "and Dream's published files: load the checkpoint with the package's `LLaDAModelLM` / `DreamModel`)."
+            )
+        if not self.adapter.takes_model_kwargs():
+            raise ValueError(
+                f"`cache={cache!r}` needs an adapter whose `forward_logits` passes keywords to the model (`**model_kwargs`); "
+                f"{type(self.adapter).__name__}'s does not."
+            )
+        if is_number(guidance_scale) and guidance_scale > 1:
+            raise ValueError(
+                f"`cache={cache!r}` does not support classifier-free guidance (`guidance_scale` {guidance_scale}); "
+                "pass `cache=None` or `guidance_scale=1`."
+            )
+
     def check_inputs(
         self,
         batch_size,
@@ -232,12 +264,14 @@ class DiffusionLMPipeline(DiffusionPipeline):
         top_k=None,
         pll_chunk_size=DEFAULT_PLL_CHUNK_SIZE,
         num_prompt_tokens=None,
+        cache=None,
     ):
         """Check the call's arguments before any model forward. `prompt_length` is given for adapters whose blocks
         are aligned to absolute positions (LLaDA2): the first block then ends at the next multiple of
         `block_length` and `gen_length` need not be a multiple of it. `num_prompt_tokens` (the padded prompt
         length) plus `gen_length` must fit the model's positions (`max_position_embeddings` or the like)."""
         check_positive_int("gen_length", gen_length)
+        self.check_cache(cache, guidance_scale)
         limit = self._max_positions()
         if limit is not None and num_prompt_tokens is not None and num_prompt_tokens + gen_length > limit[1]:
             raise ValueError(
@@ -331,6 +365,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
         callback_on_step_end_tensor_inputs: list[str] | None = None,
         num_images_per_prompt: int | None = None,
         pll_chunk_size: int = DEFAULT_PLL_CHUNK_SIZE,
+        cache: str | None = None,
     ) -> DiffusionLMPipelineOutput | tuple:
         """Generate `gen_length` tokens after each prompt.
 
@@ -403,6 +438,15 @@ class DiffusionLMPipeline(DiffusionPipeline):
             pll_chunk_size (`int`, defaults to 16): with `beam_score="pll"`, the probes (a complete beam with one
                 generated position masked) per forward of the rescoring: its peak memory is one chunk's logits
                 `(pll_chunk_size, L, V)` in the model's dtype. The result does not depend on it.
+            cache (`str`, *optional*): Fast-dLLM's block-wise key/value cache ([`DiffusionLMKVCache`]):
+                `"prefix"` reuses the keys and values of everything before the current block, computed at the block's
+                first step, and runs the block and what follows it; `"dual"` also reuses those of the masked suffix
+                and runs the block alone. Approximate for bidirectional models (the cached positions do not see the
+                block's new tokens; `docs/soar.md` says by how much), exact for block-causal ones (LLaDA2). Needs a
+                model whose forward takes a transformers `Cache` (the package's [`LLaDAModelLM`] and [`DreamModel`],
+                transformers' decoders) and no guidance. Each step stays one step (`nfe` counts it once) but runs one
+                forward per group of rows in the same block (rows whose block just started run the whole sequence).
+                A callback reading `confidence` sees zeros outside each row's window.
 
         Returns:
             [`DiffusionLMPipelineOutput`], or its fields as a tuple (`texts` left out for `output_type="seq"`).
@@ -439,6 +483,7 @@ class DiffusionLMPipeline(DiffusionPipeline):
             top_k=top_k,
             pll_chunk_size=pll_chunk_size,
             num_prompt_tokens=prompt_length,
+            cache=cache,
         )
         mask_id = self.resolve_mask_token_id(mask_token_id)
         if eos_token_id is None and self.tokenizer is not None:
@@ -536,6 +581,9 @@ class DiffusionLMPipeline(DiffusionPipeline):
         self._num_timesteps = max_steps
         config = self.scheduler.config
         pll = config.get("beam_score") == "pll" and config.get("max_beam_size", 1) > 1
+        kv_cache = None
+        if cache is not None:
+            kv_cache = DiffusionLMKVCache(cache, model_cache_keyword(self.model), absolute_blocks=absolute)
         step = 0
         progress = self.progress_bar(total=batch_size * gen_length)
         while x.shape[0] > 0:
@@ -561,16 +609,28 @@ class DiffusionLMPipeline(DiffusionPipeline):
                 # every position some row may commit now (the masked positions of its current block), increasing
                 kept = (masked & transfer_mask).any(0).nonzero(as_tuple=True)[0]
                 logits_options = {"positions": kept}
-            logits = self.adapter(
-                self.model,
-                x,
-                prompt_attention[groups],
-                prompt_mask=is_prompt.expand_as(x),
-                block_end=block_end,
-                guidance_scale=self.guidance_scale,
-                mask_token_id=mask_id,
-                **logits_options,
-            )
+            if kv_cache is not None:  # one forward per group of rows sharing a window: still one step
+                logits = kv_cache.logits(
+                    self.adapter,
+                    self.model,
+                    x,
+                    prompt_attention[groups],
+                    current_block,
+                    block_of,
+                    block_end,
+                    positions=logits_options.get("positions"),
+                )
+            else:
+                logits = self.adapter(
+                    self.model,
+                    x,
+                    prompt_attention[groups],
+                    prompt_mask=is_prompt.expand_as(x),
+                    block_end=block_end,
+                    guidance_scale=self.guidance_scale,
+                    mask_token_id=mask_id,
+                    **logits_options,
+                )
             active = torch.unique_consecutive(groups).cpu()
             nfe[active] += 1
             row_forwards += (2 if self.do_classifier_free_guidance else 1) * torch.bincount(
@@ -595,6 +655,8 @@ class DiffusionLMPipeline(DiffusionPipeline):
             )
             parents = out.parent_index
             x, scores, lengths, groups = out.prev_sample, out.beam_scores, out.beam_lengths, out.beam_groups
+            if kv_cache is not None:  # a child beam keeps its parent's cache
+                kv_cache.select(parents)
             new_block = torch.where((x == mask_id) & ~is_prompt, block_of, num_blocks).min(1).values
             block_steps = torch.where(new_block == current_block[parents], block_steps[parents] + 1, 0)
 
@@ -643,6 +705,8 @@ class DiffusionLMPipeline(DiffusionPipeline):
                     )
                 results[done_groups] = best[done]
                 keep = ~torch.isin(groups, done_groups)
+                if kv_cache is not None:
+                    kv_cache.select(keep.nonzero(as_tuple=True)[0])
                 x, scores, lengths, groups, block_steps = (
                     x[keep],
                     scores[keep],

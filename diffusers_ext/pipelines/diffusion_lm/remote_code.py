@@ -73,6 +73,33 @@ def record_remote_code_model(save_directory: str | os.PathLike) -> None:
         f.write("\n")
 
 
+def remote_code_pipeline_snapshot(repo_id: str, **kwargs) -> str | None:
+    """The local folder of a Hub repository `repo_id` holding a saved pipeline whose model runs its own code, or
+    `None` when it holds another pipeline, or cannot be resolved (then diffusers' loader takes the id and reports).
+
+    The repository's `model_index.json` is fetched first (`huggingface_hub.hf_hub_download`); only when its `model`
+    entry is the one [`record_remote_code_model`] writes is the whole repository fetched
+    (`huggingface_hub.snapshot_download`), so that the model folder, modeling files included, is on disk. Both honour
+    `HF_HUB_OFFLINE` and the local cache (`cache_dir`, `HF_HUB_CACHE`): offline, a repository already in the cache
+    loads from it. `kwargs` are `from_pretrained`'s: the Hub ones among them (`revision`, `cache_dir`, `token`,
+    `local_files_only`, `force_download`) are passed on.
+    """
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import EntryNotFoundError, HFValidationError, LocalEntryNotFoundError
+
+    names = ("revision", "cache_dir", "token", "local_files_only", "force_download")
+    hub_kwargs = {name: kwargs[name] for name in names if kwargs.get(name) is not None}
+    try:
+        index_path = hf_hub_download(str(repo_id), "model_index.json", **hub_kwargs)
+    except (EntryNotFoundError, LocalEntryNotFoundError, HFValidationError, OSError, ValueError):
+        return None
+    with open(index_path, encoding="utf-8") as f:
+        entry = json.load(f).get("model")
+    if entry != ["transformers", "PreTrainedModel"]:
+        return None
+    return snapshot_download(str(repo_id), **hub_kwargs)
+
+
 def saved_remote_code_auto_class(folder: str | os.PathLike) -> str | None:
     """The auto class to load a saved pipeline folder's `model` with, when it runs its own code (recorded by
     [`record_remote_code_model`], its `config.json` mapping its architecture in `auto_map`), else `None`."""

@@ -66,6 +66,9 @@ BAD_INPUTS = [
     BadInput({"latents": torch.zeros(1, 8)}, "latents"),
     BadInput({"output_type": "np"}, "output_type"),
     BadInput({"callback_on_step_end_tensor_inputs": ["model"]}, "callback_on_step_end_tensor_inputs"),
+    BadInput({"cache": "full"}, "cache"),
+    BadInput({"cache": "prefix", "guidance_scale": 2.0}, "cache"),
+    BadInput({"gen_length": 600, "block_length": 4, "num_inference_steps": 600}, "gen_length"),
 ]
 
 register_dummy_pipeline(
