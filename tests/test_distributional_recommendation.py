@@ -11,6 +11,14 @@ from diffusers_ext import (
     ItemScoringModel,
     UserEmbeddingDenoiser,
 )
+from diffusers_ext.testing import PipelineConformanceTests
+
+
+class TestDistributionalRecommendationPipeline(PipelineConformanceTests):
+    pipeline_class = DistributionalRecommendationPipeline
+
+    def test_num_images_per_prompt(self):
+        pytest.skip("draws per user are `num_samples` (output dimension 1 of `embeddings`); one output row per user")
 
 
 def tiny_pipeline(scheduler=None, num_items=50, d=8, seed=0):
@@ -58,7 +66,7 @@ def test_scores_average_the_draws_and_candidates_rank_their_rows():
     pipe = tiny_pipeline(DDIMScheduler(num_train_timesteps=50))
     out = pipe([[1, 2]], num_samples=3, num_inference_steps=4, generator=torch.Generator().manual_seed(0))
     expected = torch.sigmoid(pipe.item_model.scores(out.embeddings)).mean(1)
-    expected[0, [1, 2]] = float("-inf")
+    expected[0, [1, 2]] = -1.0
     torch.testing.assert_close(out.scores, expected)
     candidates = torch.tensor([[7, 8, 9, 10]])
     ranked = pipe([[1, 2]], num_samples=3, num_inference_steps=4, top_k=2, candidates=candidates,
