@@ -62,6 +62,7 @@ from .denoisers import (
     uncompiled,
 )
 from .fair_division import FairDivisionAllocator
+from .region_masks import MaskAllocator
 from .text_encoding import (
     FAMILY_NAMES,
     FAMILY_PIPELINES,
@@ -447,6 +448,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         pooled_prompt_embeds=None,
         negative_pooled_prompt_embeds=None,
         max_sequence_length=None,
+        masks=None,
     ) -> DivideAndDenoiseCallSettings:
         """Check the arguments of a call (those of `__call__`) and resolve them, once, into the settings the loop
         reads; raise a `ValueError`/`TypeError` naming the first bad argument, what was given and what was expected,
@@ -485,6 +487,16 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             kind, len(self.denoisers), num_classes, prompt, class_labels, negative_prompt, prompt_embeds
         )
         guidance_scales = agent_guidance_scales(guidance_scale, num_agents)
+        if masks is not None:  # region prompting: the user's masks are the allocation
+            if allocator is not None:
+                raise ValueError(f"Pass either `masks` or `allocator` ({allocator!r}), not both.")
+            allocator = MaskAllocator(masks)
+            allocator.check_image_size(*(side * self.vae_scale_factor for side in latent_size))
+            if utility != "auto" or token_indices is not None or attn_res is not None:
+                raise ValueError(
+                    "`masks` fix the allocation, so no utility is computed: `utility`, `token_indices` and `attn_res` "
+                    f"do not apply (got utility={utility!r}, token_indices={token_indices!r}, attn_res={attn_res!r})."
+                )
         utility = resolve_utility(utility, kind)
         allocator = self.default_allocator() if allocator is None else allocator
         fair = not isinstance(allocator, FixedAllocator)
@@ -623,6 +635,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         max_iter_to_align: int = 10,
         attn_res: tuple[int, int] | None = None,
         max_sequence_length: int | None = None,
+        masks: list | None = None,
     ) -> DivideAndDenoisePipelineOutput | tuple:
         r"""
         Generate images that every model contributes to, through a fair division of the sample at every step.
@@ -680,6 +693,10 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                 averages every cross-attention layer, resized to the latent grid.
             max_sequence_length (`int`, *optional*): the T5 sequence length of SD3 and Flux prompts (256 and 512 by
                 default, as their pipelines; at most 512).
+            masks (`list` of `PIL.Image.Image`, `np.ndarray` or `torch.Tensor`, *optional*): region prompting: one
+                mask per prompt, of the image's `(height, width)`, values in [0, 1]; prompt `k` paints where its mask
+                is ([`MaskAllocator`]; the masks must each cover something and together cover the image). Replaces
+                `allocator`; no utility is computed and no alignment step runs.
 
         Examples:
 
@@ -734,6 +751,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             pooled_prompt_embeds=pooled_prompt_embeds,
             negative_pooled_prompt_embeds=negative_pooled_prompt_embeds,
             max_sequence_length=max_sequence_length,
+            masks=masks,
         )
         self._guidance_scale, self._num_agents_running = guidance_scale, settings.num_agents
         guidance = settings.guidance_scales  # resolved once; again only after a callback, which may change it
