@@ -174,3 +174,18 @@ def test_bad_masks_are_refused_before_any_model_work(case):
     with count_module_forwards(pipe) as calls, pytest.raises(ValueError, match=message):
         pipe(prompt=["a red circle", "a blue square"], num_inference_steps=2, **arguments)
     assert calls["text_encoder"] == calls["denoisers"] == 0, calls
+
+
+@pytest.mark.support_cell("region_prompting", "pack")
+def test_masks_place_each_class_of_a_class_conditional_pixel_model():
+    """The pack's own class-conditional pixel UNet (the dummy setup: classes 0 and 1 on an 8x12 canvas) takes masks
+    the same way, one per class label."""
+    from diffusers_ext.testing import get_dummy_components, get_dummy_inputs
+
+    pipe = DivideAndDenoisePipeline(**get_dummy_components(DivideAndDenoisePipeline, 0))
+    pipe.set_progress_bar_config(disable=True)
+    masks = torch.zeros(2, 8, 12)
+    masks[0, :, :7], masks[1, :, 5:] = 1.0, 1.0
+    out = pipe(**{**get_dummy_inputs(DivideAndDenoisePipeline, 0), "masks": masks, "output_type": "pt"})
+    assert torch.isfinite(out.images).all()
+    torch.testing.assert_close(out.allocations[-1, 0], masks / masks.sum(dim=0))
