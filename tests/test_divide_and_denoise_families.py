@@ -425,3 +425,30 @@ def test_a_unet_with_other_added_conditioning_is_refused():
     unet.register_to_config(addition_embed_type="image")  # the config is what the check reads
     with pytest.raises(ValueError, match=r"`denoisers\[0\]` is a UNet with `addition_embed_type='image'`"):
         MultiDenoiserModel([unet])
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux"])
+def test_a_store_of_a_few_tokens_records_those_columns_of_the_joint_maps(family):
+    """Recording only the concept tokens (what the pipeline does) gives those columns of the full maps, still
+    normalised over every text token."""
+    from diffusers_ext.pipelines.divide_and_denoise.utilities import ConceptAttentionStore, record_cross_attention
+
+    if family == "flux":
+        transformer = get_tiny_flux_components(0, guidance_embeds=True)["transformer"]
+        kwargs, size = _flux_inputs(transformer), (8, 8)
+    else:
+        transformer = get_tiny_sd3_components(0)["transformer"]
+        generator = torch.Generator().manual_seed(0)
+        kwargs = {
+            "hidden_states": torch.randn(2, 4, 16, 16, generator=generator),
+            "encoder_hidden_states": torch.randn(2, 5, 48, generator=generator),
+            "pooled_projections": torch.randn(2, 40, generator=generator),
+            "timestep": torch.tensor([500.0, 500.0]),
+        }
+        size = (16, 16)
+    with torch.no_grad():
+        with record_cross_attention(transformer, ConceptAttentionStore(size)) as full:
+            transformer(**kwargs)
+        with record_cross_attention(transformer, ConceptAttentionStore(size, tokens=[3, 1])) as few:
+            transformer(**kwargs)
+    torch.testing.assert_close(few.maps, full.maps[..., [3, 1]], atol=1e-6, rtol=1e-5)

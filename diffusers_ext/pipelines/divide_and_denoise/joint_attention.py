@@ -38,12 +38,23 @@ def is_flux_joint_attention(module: torch.nn.Module) -> bool:
     return isinstance(module, FluxAttention) and module.added_kv_proj_dim is not None
 
 
-def _mean_text_attention(query: torch.Tensor, key: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
+def _mean_text_attention(
+    query: torch.Tensor, key: torch.Tensor, heads: int, scale: float, tokens: list[int] | None = None
+) -> torch.Tensor:
     """The softmax over the text keys of the image queries' logits, averaged over heads, one head at a time (so only
-    one `N x T` block per row is held): `query` `(rows, H, N, d)`, `key` `(rows, H, T, d)` -> `(rows, N, T)`."""
+    one `N x T` block per row is held): `query` `(rows, H, N, d)`, `key` `(rows, H, T, d)` -> `(rows, N, T)`, or
+    `(rows, N, len(tokens))` at the text positions `tokens` (still normalised over every text key)."""
     to_text = None
     for head in range(heads):
-        probs = (query[:, head].float() @ key[:, head].float().transpose(-1, -2) * scale).softmax(dim=-1)
+        logits = torch.bmm(query[:, head].float(), key[:, head].float().transpose(-1, -2)).mul_(scale)
+        if tokens is None:
+            probs = logits.softmax(dim=-1)
+        else:
+            # the log-normaliser over every text key, computed in place, then only the listed columns are
+            # exponentiated: no second (rows, N, T) block is written
+            peak = logits.amax(dim=-1, keepdim=True)
+            picked = logits[..., tokens] - peak
+            probs = picked.sub_(logits.sub_(peak).exp_().sum(dim=-1, keepdim=True).log_()).exp_()
         to_text = probs if to_text is None else to_text.add_(probs)
     return to_text.div_(heads)
 
@@ -101,9 +112,9 @@ class JointConceptAttentionProcessor:
                 # image queries x text keys only: (B, H, N, T), softmax over the text keys (module docstring)
                 rows = slice(store.first_row, None)  # only the rows the store records
                 # averaged over heads here (the store's mean over heads): (recorded rows, N, T), head count 1
-                to_text = _mean_text_attention(query[rows, :, :num_image], key[rows, :, num_image:], attn.heads, scale)
-                if store.tokens is not None:
-                    to_text = to_text[..., store.tokens]  # renormalised over every text token, then selected
+                to_text = _mean_text_attention(
+                    query[rows, :, :num_image], key[rows, :, num_image:], attn.heads, scale, store.tokens
+                )
             store.record(to_text, to_text.shape[0])
         out = F.scaled_dot_product_attention(query, key, value, dropout_p=0.0, is_causal=False)
         out = out.transpose(1, 2).reshape(batch_size, -1, value.shape[1] * value.shape[-1])
@@ -166,9 +177,9 @@ class FluxConceptAttentionProcessor:
                 rows = slice(store.first_row, None)
                 image_queries = query[rows, num_text:].transpose(1, 2)  # (rows, heads, N, d)
                 text_keys = key[rows, :num_text].transpose(1, 2)  # (rows, heads, T, d)
-                to_text = _mean_text_attention(image_queries, text_keys, query.shape[2], query.shape[-1] ** -0.5)
-                if store.tokens is not None:
-                    to_text = to_text[..., store.tokens]
+                to_text = _mean_text_attention(
+                    image_queries, text_keys, query.shape[2], query.shape[-1] ** -0.5, store.tokens
+                )
             store.record(to_text, to_text.shape[0])
 
         out = dispatch_attention_fn(
