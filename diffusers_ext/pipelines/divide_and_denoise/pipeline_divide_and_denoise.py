@@ -320,7 +320,7 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             raise ValueError(
                 f"only SDXL, SD3 and Flux compositions encode through their family's pipeline, not {family!r}."
             )
-        check_text_components(family, self._text_components(), prompt="")
+        check_text_components(family, self._text_components())
         text_pipeline = family_text_pipeline(
             family, self._text_components(), self.scheduler, self.config.force_zeros_for_empty_prompt
         )
@@ -459,8 +459,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         )
         if prompt_embeds is not None:
             check_prompt_embeds(kind, prompt, prompt_embeds, negative_prompt_embeds)
-        elif family in FAMILY_PIPELINES:
-            check_text_components(family, self._text_components(), prompt)
+        elif family in FAMILY_PIPELINES and prompt is not None:
+            check_text_components(family, self._text_components())
         if family == "flux" and (negative_prompt is not None or negative_prompt_embeds is not None):
             raise ValueError(
                 "Flux denoisers take no negative prompt (their guidance is distilled: `guidance_scale` is a model "

@@ -192,11 +192,11 @@ def check_pooled_embeds(
         )
 
 
-def check_text_components(family: str, components: dict, prompt) -> None:
-    """Raise a `ValueError` when `prompt` is given but the pipeline lacks the family's text encoders or tokenizers
-    (SDXL, SD3 and Flux compositions may be built without them, to take embeddings only)."""
+def check_text_components(family: str, components: dict) -> None:
+    """Raise a `ValueError` when the pipeline lacks the family's text encoders or tokenizers, which encoding a
+    `prompt` needs (SDXL, SD3 and Flux compositions may be built without them, to take embeddings only)."""
     missing = [name for name in FAMILY_TEXT_COMPONENTS[family] if components.get(name) is None]
-    if prompt is not None and missing:
+    if missing:
         raise ValueError(
             f"`prompt` needs the {FAMILY_NAMES[family]} text components {list(FAMILY_TEXT_COMPONENTS[family])}, but "
             f"{missing} are None; build the pipeline with them (`from_pipelines` takes them from the first pipeline) "
