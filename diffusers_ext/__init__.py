@@ -54,6 +54,7 @@ _import_structure = {
     "pipelines.divide_and_denoise.baseline_allocators": ["AverageAllocator", "RegionAllocator"],
     "pipelines.divide_and_denoise.denoisers": ["MultiDenoiserModel", "WindowedDenoiser"],
     "pipelines.divide_and_denoise.fair_division": ["FairDivisionAllocator"],
+    "pipelines.divide_and_denoise.region_masks": ["MaskAllocator"],
     "pipelines.divide_and_denoise.pipeline_divide_and_denoise": [
         "DivideAndDenoisePipeline",
         "DivideAndDenoisePipelineOutput",
@@ -184,6 +185,7 @@ if TYPE_CHECKING:
         DivideAndDenoisePipeline,
         DivideAndDenoisePipelineOutput,
     )
+    from .pipelines.divide_and_denoise.region_masks import MaskAllocator
     from .pipelines.doob_guidance.classifier_constraint import ClassifierConstraint
     from .pipelines.doob_guidance.guidance import DoobGuidance, guided_sample
     from .pipelines.doob_guidance.pipeline_doob_planner import (

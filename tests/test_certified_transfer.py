@@ -195,6 +195,7 @@ def _pipeline(seed=0):
     return pipe
 
 
+@pytest.mark.support_cell("certified_transfer", "pack")
 def test_every_hypothesis_is_drawn_before_evaluate_fn_is_called():
     pipe = _pipeline()
     events = []

@@ -1,6 +1,7 @@
 """ConnectivityPipeline and ConnectivityFlowModel: conformance suite, the flow-matching sign convention shared by the
 loss and diffusers' FlowMatchEulerDiscreteScheduler, the simulated dynamics, save/load."""
 
+import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -48,6 +49,7 @@ def test_loss_and_sampler_share_one_sign_convention():
     torch.testing.assert_close(out.trajectories[0].double(), expected_trajectories, atol=1e-5, rtol=0)
 
 
+@pytest.mark.support_cell("connectivity", "pack")
 def test_training_moves_the_input_flow_toward_its_data():
     torch.manual_seed(0)
     model = ConnectivityFlowModel(rank=2, hidden_size=32, num_layers=2, time_embedding_dim=8)

@@ -272,6 +272,7 @@ def test_bf16_models_keep_the_ddim_arithmetic_in_float32(sd_pipe):
 # -------------------------------------------------------------------------------------------------- purification
 
 
+@pytest.mark.support_cell("dirp", "pack")
 def test_dirp_undoes_advdm_on_the_zoo_model(digits_pipe, threes):
     protected = protect(digits_pipe, threes, "advdm", eps=EPS, num_steps=20, generator=seeded(0))
     schedule = {"num_inversion_steps": 5, "inversion_strength": 0.5}

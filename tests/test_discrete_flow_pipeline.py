@@ -1,5 +1,6 @@
 """DiscreteFlowPipeline and DiscreteFlowTransformerModel: conformance suite, NFE, save/load, Euler limit."""
 
+import pytest
 import torch
 
 from diffusers_ext import DiscreteFlowMatchingScheduler, DiscreteFlowPipeline, DiscreteFlowTransformerModel
@@ -24,6 +25,7 @@ def _tiny(source="uniform", **kwargs):
     return DiscreteFlowPipeline(model.eval(), scheduler)
 
 
+@pytest.mark.support_cell("discrete_flow", "pack")
 def test_nfe_is_the_number_of_steps_and_output_is_data_tokens():
     pipe = _tiny("mask")
     pipe.set_progress_bar_config(disable=True)

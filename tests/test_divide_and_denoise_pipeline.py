@@ -169,6 +169,7 @@ def test_per_model_guidance_scales_are_used():
     assert np.abs(different - same).max() > 1e-4
 
 
+@pytest.mark.support_cell("divide_and_denoise", "pack")
 def test_fair_division_composes_conflicting_experts_where_baselines_fail():
     pipe = _disc_pipeline()
     scores, allocations = {}, None
@@ -332,6 +333,7 @@ def test_unconditional_experts_reject_guidance_and_labels():
 
 
 @pytest.mark.parametrize("utility", ["cross_attention", "guidance_delta", "x0_saliency"])
+@pytest.mark.support_cell("divide_and_denoise", "sd1_sd2")
 def test_stable_diffusion_unets_compose_with_each_utility(utility):
     pipe = DivideAndDenoisePipeline.from_pipelines(_sd_pipelines())
     pipe.set_progress_bar_config(disable=True)
@@ -740,6 +742,7 @@ def test_a_variant_loads_from_a_snapshot_style_hub_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("utility", ["cross_attention", "x0_saliency"])
+@pytest.mark.support_cell("divide_and_denoise", "sd1_sd2", dtype="float16")
 def test_float16_stable_diffusion_composition_stays_finite_at_64x64_latents(utility):
     # at high noise x0 = (x_t - noise * eps) / signal is several times x_t; in float16 its saliency over a 64x64
     # canvas overflowed (non-finite utilities), and the alignment's normalised gradient underflowed to 0/0 (NaN)

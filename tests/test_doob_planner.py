@@ -113,6 +113,7 @@ def tiny_pipe(scheduler):
     ids=["ddpm", "ddim", "flow"],
 )
 @pytest.mark.parametrize("estimator", ["tweedie", "mc", "path_integral"])
+@pytest.mark.support_cell("doob_guidance", "pack")
 def test_planner_runs_every_estimator_on_every_scheduler(scheduler, estimator):
     pipe = tiny_pipe(scheduler)
     pipe.set_progress_bar_config(disable=True)

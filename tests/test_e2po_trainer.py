@@ -170,6 +170,7 @@ def test_training_logs_the_scale_which_grows_on_flat_groups_and_is_checkpointed(
     torch.testing.assert_close(resumed.controller.scales, trainer.controller.scales)
 
 
+@pytest.mark.support_cell("e2po", "sd3")
 def test_e2po_raises_the_reward(tmp_path):
     trainer = tiny_trainer(tmp_path, max_steps=20)
     rewards = [log["reward"] for log in trainer.train()]
@@ -221,3 +222,20 @@ def test_pinned_update_of_a_tiny_run(tmp_path):
     )
     assert float(lora_b) == pytest.approx(31.727150920778513, rel=1e-4)
     assert [log["reward"] for log in history] == pytest.approx([-0.549107, -0.5487197], abs=1e-6)
+
+
+@pytest.mark.support_cell("e2po", "sd3", dtype="bfloat16")
+def test_e2po_trains_a_bf16_sd3_pipeline(tmp_path):
+    """SD3 in bfloat16, as its users run it: finite losses, the perturbed members' embeddings differ from their
+    anchors, and the LoRA weights stay bfloat16 and move."""
+    trainer = tiny_trainer(tmp_path, max_steps=2)
+    trainer.pipeline.to(torch.bfloat16)
+    before = {n: p.detach().clone() for n, p in trainer.unwrapped_transformer.named_parameters() if "lora_" in n}
+    rollout = trainer.generate(trainer.prompt_indices(0), 0)
+    assert rollout.latents.dtype == torch.bfloat16
+    group = rollout.cond["prompt_embeds"][:6]
+    assert (group[2] - group[0]).abs().max() > 0
+    history = trainer.train()
+    assert all(torch.isfinite(torch.tensor([log["loss"], log["reward"]])).all() for log in history)
+    after = dict(trainer.unwrapped_transformer.named_parameters())
+    assert any(not torch.equal(after[n].detach(), value) for n, value in before.items())

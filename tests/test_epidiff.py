@@ -322,6 +322,7 @@ def test_graph_attention_sees_neighbours_only():
     assert not torch.allclose(base[0, 2], after[0, 2])
 
 
+@pytest.mark.support_cell("epidiff", "pack")
 def test_pipeline_shapes_and_guidance_pulls_to_the_mechanistic_mean():
     pipe = _tiny_pipeline()
     history = torch.rand(2, 4, 5) * 10

@@ -18,6 +18,7 @@ def _pipe():
     return pipe
 
 
+@pytest.mark.support_cell("graph_flow", "pack")
 def test_networkx_output_matches_dense_and_ragged_node_counts():
     pipe = _pipe()
     out = pipe(num_graphs=3, num_nodes=[4, 6, 5], num_inference_steps=3, generator=torch.Generator().manual_seed(0))

@@ -159,6 +159,7 @@ def test_rollout_is_on_policy_and_groups_share_their_start(tmp_path):
     assert not all(torch.equal(starts[0], starts[g]) for g in range(1, 4))
 
 
+@pytest.mark.support_cell("graph_grpo", "pack")
 def test_two_steps_change_weights_and_log_metrics(tmp_path):
     pipe = make_pipe()
     before = {k: v.clone() for k, v in pipe.model.state_dict().items()}

@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
-from diffusers import StableDiffusion3Pipeline, StableDiffusionPipeline
+from diffusers import StableDiffusion3Pipeline, StableDiffusionPipeline, StableDiffusionXLPipeline
 from peft import LoraConfig
 
-from diffusers_ext import DiffusionGRPOConfig, DiffusionGRPOTrainer
+from diffusers_ext import DiffusionGRPOConfig, DiffusionGRPOTrainer, E2POConfig, E2POTrainer
 from diffusers_ext.rewards import BrightnessReward
-from diffusers_ext.testing import get_tiny_sd3_components, get_tiny_sd_components
+from diffusers_ext.testing import get_tiny_sd3_components, get_tiny_sd_components, get_tiny_sdxl_components
 
 
 PROMPTS = ["a cat", "a dog", "a red car", "a tree"]
@@ -48,6 +48,7 @@ def tiny_trainer(tmp_path, reward_funcs=None, dataset=PROMPTS, peft_config="tiny
     )
 
 
+@pytest.mark.support_cell("grpo", "sd3")
 def test_a_few_grpo_steps_raise_the_reward(tmp_path):
     trainer = tiny_trainer(tmp_path, max_steps=20)
     history = trainer.train()
@@ -307,3 +308,39 @@ def test_pinned_update_of_a_tiny_run(tmp_path):
     )
     assert float(lora_b) == pytest.approx(33.54686655290425, rel=1e-5)
     assert [log["reward"] for log in history] == pytest.approx([-0.5486396, -0.5474044], abs=1e-6)
+
+
+@pytest.mark.parametrize("trainer_class", [DiffusionGRPOTrainer, E2POTrainer])
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        pytest.param(
+            lambda: StableDiffusionPipeline(**get_tiny_sd_components(0)),
+            marks=[
+                pytest.mark.support_cell("grpo", "sd1_sd2", status="refused"),
+                pytest.mark.support_cell("e2po", "sd1_sd2", status="refused"),
+            ],
+            id="sd",
+        ),
+        pytest.param(
+            lambda: StableDiffusionXLPipeline(**get_tiny_sdxl_components(0)),
+            marks=[
+                pytest.mark.support_cell("grpo", "sdxl", status="refused"),
+                pytest.mark.support_cell("e2po", "sdxl", status="refused"),
+            ],
+            id="sdxl",
+        ),
+    ],
+)
+def test_the_rl_trainers_refuse_unet_pipelines_before_any_work(tmp_path, trainer_class, pipeline):
+    """GRPO and E2PO sample the SDE of a rectified flow: SD 1.x / 2.x and SDXL (UNets with DDPM-family samplers)
+    are refused with an error naming the scheduler."""
+    pipe = pipeline()
+    settings = {"output_dir": str(tmp_path), "num_generations": 4, "per_device_train_batch_size": 4}
+    if trainer_class is E2POTrainer:
+        args = E2POConfig(**settings, e2po_num_anchors=2, e2po_num_directions=1)
+    else:
+        args = DiffusionGRPOConfig(**settings)
+    scheduler = type(pipe.scheduler).__name__
+    with pytest.raises(ValueError, match=f"flow-matching pipeline.*{type(pipe).__name__} has a {scheduler}"):
+        trainer_class(pipe, [BrightnessReward(1.0)], args, train_dataset=PROMPTS, peft_config=tiny_lora())

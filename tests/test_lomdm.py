@@ -98,6 +98,7 @@ def test_mdlm_special_case_reproduces_the_shared_mdlm_loss():
     assert torch.equal(out.masked[0], first & mask)
 
 
+@pytest.mark.support_cell("lomdm", "pack")
 def test_mdlm_special_case_reproduces_mdlm_samples():
     learned = _generate(_pipe(OeMDMScheduler.from_preset("lomdm"), 1.0, 0.0))
     mdlm = _generate(_pipe(OeMDMScheduler.from_preset("mdm"), 1.0, 0.0))

@@ -93,6 +93,7 @@ def test_loss_and_sampler_share_one_sign_convention():
     torch.testing.assert_close(out, data[:6], atol=1e-6, rtol=0)  # the scheduler steps in float32 sigmas
 
 
+@pytest.mark.support_cell("manifold_flow", "pack")
 def test_euler_samples_land_exactly_on_the_subspace():
     model = tiny_model(12)
     basis = random_orthonormal_map(2, 12, 0).float()

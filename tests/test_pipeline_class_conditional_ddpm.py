@@ -100,6 +100,7 @@ def test_unconditional_unet_samples_and_rejects_labels():
         pipe(class_labels=[0], num_inference_steps=2, output_type="np")
 
 
+@pytest.mark.support_cell("class_conditional", "pack")
 def test_class_labels_change_the_output():
     pipe = _pipeline()
     inputs = get_dummy_inputs(ClassConditionalDDPMPipeline, seed=0)

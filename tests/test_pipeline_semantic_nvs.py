@@ -16,6 +16,7 @@ def _pipe():
     return pipe
 
 
+@pytest.mark.support_cell("semantic_nvs", "pack")
 def test_each_semantic_mode_runs_and_they_differ():
     pipe = _pipe()
     outputs = {}

@@ -38,6 +38,7 @@ OUTPUT = {
     "dirp/latent_world_dirp.py": ("--dirp_output_dir", DIR),
     "discrete_flow/discrete_flow.py": ("--output", JSON),
     "divide_and_denoise/divide_and_denoise.py": ("--output_dir", DIR),
+    "divide_and_denoise/families_speed.py": ("--output_dir", DIR),
     "divide_and_denoise/latent_world_divide_and_denoise.py": ("--dnd_output_dir", DIR),
     "divide_and_denoise/mosaic_divide_and_denoise.py": ("--output_dir", DIR),
     "doob_guidance/doob_guidance.py": ("--output_dir", DIR),

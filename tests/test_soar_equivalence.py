@@ -125,6 +125,7 @@ def _prompts(batch: int, length: int, seed: int) -> torch.LongTensor:
     "steps, gen_length, block_length, temperature, cfg_scale",
     [(16, 16, 16, 0.0, 0.0), (8, 16, 8, 0.0, 0.0), (6, 12, 4, 0.0, 0.0), (8, 16, 4, 0.0, 1.5), (8, 16, 8, 0.8, 0.0)],
 )
+@pytest.mark.support_cell("diffusion_lm", "llada")
 def test_llada_low_confidence_matches_reference(steps, gen_length, block_length, temperature, cfg_scale):
     model, tokenizer = get_tiny_llada_like_lm(seed=1)
     prompt = _prompts(2, 5, seed=steps)
@@ -155,6 +156,7 @@ def test_llada_low_confidence_matches_reference(steps, gen_length, block_length,
     "alg, measure", [("maskgit_plus", "prob"), ("topk_margin", "margin"), ("entropy", "neg_entropy")]
 )
 @pytest.mark.parametrize("steps", [12, 5])
+@pytest.mark.support_cell("diffusion_lm", "dream")
 def test_dream_sampler_matches_reference(alg, measure, steps):
     model, tokenizer = _sharpened_dream_like_lm(seed=2)
     mask_id = tokenizer.mask_token_id

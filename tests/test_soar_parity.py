@@ -432,6 +432,7 @@ def test_dream_options_match_reference(options, config):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.support_cell("diffusion_lm", "llada", dtype="bfloat16")
 def test_reference_precision_on_a_bf16_model():
     model, tokenizer = _sharpened(get_tiny_llada_like_lm, seed=1, factor=20.0)
     model = model.to(torch.bfloat16)

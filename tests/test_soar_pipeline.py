@@ -101,6 +101,7 @@ def test_dream_adapter_passes_4d_mask_and_positions_only_when_padded():
     assert calls[1]["position_ids"][0].tolist() == [1, 1, 0, 1, 2, 3, 4]
 
 
+@pytest.mark.support_cell("diffusion_lm", "llada2")
 def test_llada2_adapter_runs_on_the_window_up_to_the_current_block():
     pipe = _pipe(adapter="llada2")
     calls, handle = _record_forwards(pipe.model)
@@ -166,3 +167,26 @@ def test_registry_separates_text_and_image_output_types():
         register_dummy_pipeline(_Unregistered, spec.components_fn, spec.inputs_fn, output_types=("seq", "np"))
     with pytest.raises(ValueError, match="must include 'seq'"):
         register_dummy_pipeline(_Unregistered, spec.components_fn, spec.inputs_fn, output_types=("text",))
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param("dream", marks=pytest.mark.support_cell("diffusion_lm", "dream", dtype="bfloat16")),
+        pytest.param("llada2", marks=pytest.mark.support_cell("diffusion_lm", "llada2", dtype="bfloat16")),
+    ],
+)
+def test_a_bf16_model_decodes_every_masked_position(family):
+    """Dream and LLaDA2 run in bfloat16 by their users: the model sees bfloat16 logits end to end and SOAR still
+    fills every masked position with a token."""
+    pipe = _pipe(adapter="llada2" if family == "llada2" else None, dream=family == "dream")
+    pipe.model.to(torch.bfloat16)
+    dtypes = []
+    handle = pipe.model.register_forward_hook(lambda module, args, output: dtypes.append(output.logits.dtype))
+    try:
+        out = pipe(prompt="ab", gen_length=8, block_length=4, num_inference_steps=6, eos_early_stop=False)
+    finally:
+        handle.remove()
+    assert dtypes and set(dtypes) == {torch.bfloat16}
+    assert out.sequences.shape == (1, 8)
+    assert not bool((out.sequences == pipe.tokenizer.mask_token_id).any())

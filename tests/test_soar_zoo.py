@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 
 from diffusers_ext import DiffusionLMPipeline, SOARScheduler, zoo
@@ -16,6 +17,7 @@ def test_split_is_fixed_and_disjoint():
     assert torch.equal(draw_test_problems(5, seed=3), draw_test_problems(5, seed=3))
 
 
+@pytest.mark.support_cell("diffusion_lm", "pack")
 def test_zoo_model_decodes_addition_well_but_not_perfectly():
     pipe = zoo.load("addition-mdm")
     assert isinstance(pipe, DiffusionLMPipeline) and isinstance(pipe.scheduler, SOARScheduler)

@@ -167,6 +167,7 @@ def test_samples_are_differentiable_through_the_sampler():
     assert model.head[0].weight.grad is not None and model.head[0].weight.grad.abs().sum() > 0
 
 
+@pytest.mark.support_cell("spade", "pack")
 def test_pipeline_maps_data_units_through_the_stored_normalisation():
     model, (x, _) = tiny_model(), inputs()
     model.set_normalization(x_mean=[1.0, -2.0, 0.5], x_std=[2.0, 0.5, 3.0], y_mean=10.0, y_std=4.0)

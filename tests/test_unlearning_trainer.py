@@ -98,6 +98,7 @@ def test_dual_ascent_moves_lambda_toward_the_constraint_and_stays_in_bounds():
     assert likelihood.slack(2.0) == pytest.approx(-3.0)
 
 
+@pytest.mark.support_cell("unlearning", "pack")
 def test_primal_dual_run_logs_every_step_through_the_trackers():
     from accelerate import Accelerator
     from accelerate.tracking import GeneralTracker

@@ -14,7 +14,9 @@ import torch
 from diffusers import (
     AutoencoderKL,
     DDIMScheduler,
+    EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
+    FluxTransformer2DModel,
     SD3Transformer2DModel,
     UNet2DConditionModel,
     UNet2DModel,
@@ -38,10 +40,12 @@ from .tiny_tokenizers import get_tiny_clip_tokenizer, get_tiny_lm_tokenizer, get
 
 __all__ = [
     "get_tiny_dream_like_lm",
+    "get_tiny_flux_components",
     "get_tiny_llada_like_lm",
     "get_tiny_pixel_unet",
     "get_tiny_sd3_components",
     "get_tiny_sd_components",
+    "get_tiny_sdxl_components",
 ]
 
 
@@ -199,6 +203,143 @@ def get_tiny_sd3_components(seed: int = 0) -> dict[str, Any]:
         "tokenizer_3": tokenizer_3,
         "image_encoder": None,
         "feature_extractor": None,
+    }
+
+
+def get_tiny_sdxl_components(seed: int = 0) -> dict[str, Any]:
+    """Tiny SDXL-style components, usable as `StableDiffusionXLPipeline(**components)`.
+
+    A [`UNet2DConditionModel`] with SDXL's added conditioning (`addition_embed_type="text_time"`: pooled text
+    embeddings and six size/crop time ids, `addition_time_embed_dim` 8; blocks of 8 and 16 channels, cross-attention
+    dim 32), the RGB [`AutoencoderKL`] of [`get_tiny_sd_components`] (`vae_scale_factor` 2), a `CLIPTextModel` and a
+    `CLIPTextModelWithProjection` of width 16 (their penultimate hidden states concatenated: prompt embeddings
+    `(batch, 77, 32)`; pooled embeddings `(batch, 16)` from the second), the locally built CLIP tokenizers, and
+    SDXL's `EulerDiscreteScheduler` config. The default image is 32x32 (latents `(batch, 4, 16, 16)`). Models are in
+    eval mode.
+
+    Args:
+        seed (`int`, defaults to 0): seeds the weights; the global torch RNG state is left as it was.
+    """
+    with _seeded(seed):
+        unet = UNet2DConditionModel(
+            sample_size=16,
+            in_channels=4,
+            out_channels=4,
+            layers_per_block=1,
+            block_out_channels=(8, 16),
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            cross_attention_dim=32,
+            attention_head_dim=2,
+            norm_num_groups=4,
+            use_linear_projection=True,
+            addition_embed_type="text_time",
+            addition_time_embed_dim=8,
+            projection_class_embeddings_input_dim=6 * 8 + 16,
+        )
+        vae = _tiny_vae()
+        tokenizer, tokenizer_2 = get_tiny_clip_tokenizer(), get_tiny_clip_tokenizer()
+        text_encoder = CLIPTextModel(_tiny_clip_text_config(tokenizer, hidden_size=16, projection_dim=16))
+        text_encoder_2 = CLIPTextModelWithProjection(
+            _tiny_clip_text_config(tokenizer_2, hidden_size=16, projection_dim=16)
+        )
+    scheduler = EulerDiscreteScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        timestep_spacing="leading",
+        steps_offset=1,
+    )
+    return {
+        "vae": vae.eval(),
+        "text_encoder": text_encoder.eval(),
+        "text_encoder_2": text_encoder_2.eval(),
+        "tokenizer": tokenizer,
+        "tokenizer_2": tokenizer_2,
+        "unet": unet.eval(),
+        "scheduler": scheduler,
+        "image_encoder": None,
+        "feature_extractor": None,
+    }
+
+
+def get_tiny_flux_components(seed: int = 0, guidance_embeds: bool = False) -> dict[str, Any]:
+    """Tiny Flux-style components, usable as `FluxPipeline(**components)`.
+
+    A [`FluxTransformer2DModel`] (one double-stream and one single-stream block, 2 heads of 16, packed input of 4
+    channels: 2x2 patches of 1-channel latents; `guidance_embeds` as Flux.1-dev's distilled guidance input), a
+    `CLIPTextModel` of width 32 (pooled embeddings `(batch, 32)`) and a `T5EncoderModel` of width 32 (prompt
+    embeddings `(batch, max_sequence_length, 32)`) with the locally built tokenizers, a one-level [`AutoencoderKL`]
+    with one latent channel (`vae_scale_factor` 1, Flux's shift and scaling factors) and a
+    `FlowMatchEulerDiscreteScheduler`. Models are in eval mode.
+
+    Args:
+        seed (`int`, defaults to 0): seeds the weights; the global torch RNG state is left as it was.
+        guidance_embeds (`bool`, defaults to `False`): whether the transformer takes a guidance scale (Flux.1-dev) or
+            not (Flux.1-schnell).
+    """
+    tokenizer, tokenizer_2 = get_tiny_clip_tokenizer(), get_tiny_t5_tokenizer()
+    with _seeded(seed):
+        transformer = FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=4,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            axes_dims_rope=[4, 4, 8],
+            guidance_embeds=guidance_embeds,
+        )
+        text_encoder = CLIPTextModel(
+            CLIPTextConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=32,
+                intermediate_size=37,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                max_position_embeddings=77,
+                bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        )
+        text_encoder_2 = T5EncoderModel(
+            T5Config(
+                vocab_size=len(tokenizer_2),
+                d_model=32,
+                d_kv=8,
+                d_ff=37,
+                num_layers=2,
+                num_heads=4,
+                relative_attention_num_buckets=8,
+                pad_token_id=0,
+                eos_token_id=1,
+                decoder_start_token_id=0,
+            )
+        )
+        vae = AutoencoderKL(
+            sample_size=32,
+            in_channels=3,
+            out_channels=3,
+            block_out_channels=(4,),
+            layers_per_block=1,
+            latent_channels=1,
+            norm_num_groups=1,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+            shift_factor=0.0609,
+            scaling_factor=1.5035,
+        )
+    return {
+        "transformer": transformer.eval(),
+        "text_encoder": text_encoder.eval(),
+        "tokenizer": tokenizer,
+        "text_encoder_2": text_encoder_2.eval(),
+        "tokenizer_2": tokenizer_2,
+        "vae": vae.eval(),
+        "scheduler": FlowMatchEulerDiscreteScheduler(),
     }
 
 

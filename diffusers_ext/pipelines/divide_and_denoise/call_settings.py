@@ -12,6 +12,7 @@ import torch
 from ...utils import check_positive_int, is_int, is_number
 from .baseline_allocators import FixedAllocator
 from .fair_division import FairDivisionAllocator
+from .text_encoding import DEFAULT_MAX_SEQUENCE_LENGTH, MAX_SEQUENCE_LENGTH_LIMIT
 from .utilities import UTILITIES
 
 
@@ -131,10 +132,25 @@ def agent_conditions(
 
 
 def needs_unconditional_branch(
-    conditioning: str, null_class_label: int | None, guidance_scale, guidance_scales: list[float], utility, fair
+    conditioning: str,
+    null_class_label: int | None,
+    guidance_scale,
+    guidance_scales: list[float],
+    utility,
+    fair,
+    family: str | None = None,
 ) -> bool:
     """Whether the unconditional branch runs: classifier-free guidance (a scale > 1) or the fair division's
-    guidance-delta utility; raises when the denoisers have no unconditional prediction to give."""
+    guidance-delta utility; raises when the denoisers have no unconditional prediction to give. Flux's guidance is
+    distilled into the model (its scale is an input), so a Flux composition never runs one and refuses the
+    guidance-delta utility."""
+    if family == "flux":
+        if utility == "guidance_delta" and fair:
+            raise ValueError(
+                "`utility` 'guidance_delta' needs an unconditional branch, which Flux denoisers do not run (their "
+                "guidance is distilled: `guidance_scale` is a model input); use 'cross_attention' or 'x0_saliency'."
+            )
+        return False
     needed = any(g > 1 for g in guidance_scales) or (utility == "guidance_delta" and fair)
     if needed and conditioning == "none":
         raise ValueError(
@@ -147,6 +163,25 @@ def needs_unconditional_branch(
             "`null_class_label` is None."
         )
     return needed
+
+
+def resolve_max_sequence_length(max_sequence_length, family: str | None) -> int | None:
+    """The T5 sequence length of SD3 and Flux prompts: `max_sequence_length`, or the family pipeline's default (256
+    for SD3, 512 for Flux); a positive int up to 512. Other families have no T5 encoder: it must be None."""
+    if family not in DEFAULT_MAX_SEQUENCE_LENGTH:
+        if max_sequence_length is not None:
+            raise ValueError(
+                f"`max_sequence_length` {max_sequence_length!r} applies only to SD3 and Flux denoisers (T5 prompts)."
+            )
+        return None
+    if max_sequence_length is None:
+        return DEFAULT_MAX_SEQUENCE_LENGTH[family]
+    check_positive_int("max_sequence_length", max_sequence_length)
+    if max_sequence_length > MAX_SEQUENCE_LENGTH_LIMIT:
+        raise ValueError(
+            f"`max_sequence_length` must be at most {MAX_SEQUENCE_LENGTH_LIMIT}, got {max_sequence_length!r}."
+        )
+    return max_sequence_length
 
 
 def check_token_indices(
@@ -224,6 +259,8 @@ class DivideAndDenoiseCallSettings:
         max_iter_to_align (`int`): the alignment step runs on the first `max_iter_to_align` steps.
         attn_res (`tuple[int, int]`, *optional*): the attention grid the cross-attention utility reads; None reads
             every text-attention layer.
+        max_sequence_length (`int`, *optional*): the T5 sequence length of SD3 and Flux prompts (their pipelines'
+            default when not given); None for the other families.
     """
 
     num_agents: int
@@ -238,6 +275,7 @@ class DivideAndDenoiseCallSettings:
     alignment_scale: float
     max_iter_to_align: int
     attn_res: tuple[int, int] | None = None
+    max_sequence_length: int | None = None
 
     @property
     def fair(self) -> bool:

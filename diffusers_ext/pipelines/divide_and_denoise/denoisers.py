@@ -7,14 +7,22 @@
   images pasted at that window on a blank canvas", i.e. an expert with a position prior.
 
 Every denoiser is called like a `UNet2DModel`: `model(sample, timestep, class_labels=None).sample` (or, for a
-`UNet2DConditionModel`, with `encoder_hidden_states`); an `SD3Transformer2DModel` (joint attention over image and
-text tokens) is called with `hidden_states`, `encoder_hidden_states` and `pooled_projections`.
+`UNet2DConditionModel`, with `encoder_hidden_states`, and for an SDXL-style one also `added_cond_kwargs`); an
+`SD3Transformer2DModel` (joint attention over image and text tokens) is called with `hidden_states`,
+`encoder_hidden_states` and `pooled_projections`, a `FluxTransformer2DModel` with packed latents, token ids and its
+guidance input ([`agent_predictions`]). [`denoiser_family`] names which of these a text denoiser is.
 """
 
 import os
 
 import torch
-from diffusers import DDPMScheduler, SD3Transformer2DModel, UNet2DConditionModel, UNet2DModel
+from diffusers import (
+    DDPMScheduler,
+    FluxTransformer2DModel,
+    SD3Transformer2DModel,
+    UNet2DConditionModel,
+    UNet2DModel,
+)
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.unets.unet_2d import UNet2DOutput
@@ -23,13 +31,18 @@ from diffusers.utils import logging
 
 from ...loading import resolve_model_class
 from ...utils import is_int, public
-from ..pipeline_utils import PREDICTION_TYPES, check_supported_denoiser, prediction_to_epsilon, vp_coefficients
+from ..pipeline_utils import PREDICTION_TYPES, prediction_to_epsilon, vp_coefficients
 from ..pipeline_utils import alpha_bar_at as _alpha_bar_at
 
 
 logger = logging.get_logger(__name__)
 
 _LIBRARIES = ("diffusers", "diffusers_ext")
+# The text-to-image families a text denoiser can belong to (see `denoiser_family`).
+TEXT_FAMILIES = ("sd", "sdxl", "sd3", "flux")
+# FluxPipeline's `default_sample_size`: Flux transformers record no sample size, and their pipeline makes 1024 px
+# images (128 x 128 latents) by default.
+FLUX_DEFAULT_SAMPLE_SIZE = 128
 # Noise-schedule entries that must agree for models to share one sampler.
 _SCHEDULE_KEYS = ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "trained_betas", "prediction_type")
 
@@ -81,7 +94,7 @@ class MultiDenoiserModel(ModelMixin, ConfigMixin):
         for i, model in enumerate(denoisers):
             if not isinstance(model, torch.nn.Module):
                 raise TypeError(f"`denoisers[{i}]` must be a torch.nn.Module, got {type(model).__name__}.")
-            check_supported_denoiser(uncompiled(model), f"denoisers[{i}]", "Divide-and-Denoise")
+            check_divide_and_denoise_denoiser(uncompiled(model), f"denoisers[{i}]")
         self.denoisers = torch.nn.ModuleList(denoisers)
         classes = [[type(m).__module__.split(".")[0], type(m).__name__] for m in map(uncompiled, denoisers)]
         self.register_to_config(denoiser_classes=classes)
@@ -232,19 +245,48 @@ def uncompiled(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
-def is_joint_transformer(model: torch.nn.Module) -> bool:
-    """Whether `model` is a joint-attention transformer (SD3's `SD3Transformer2DModel`), conditioned on text
-    embeddings and pooled embeddings (a `torch.compile`d one too)."""
-    return isinstance(uncompiled(model), SD3Transformer2DModel)
+def check_divide_and_denoise_denoiser(model: torch.nn.Module, argument: str) -> None:
+    """Raise a `ValueError` naming `argument` for a UNet whose added conditioning Divide-and-Denoise does not feed:
+    `addition_embed_type` other than SDXL's `"text_time"` (pooled text embeddings and size/crop time ids), e.g.
+    Kandinsky's image embeddings."""
+    addition = getattr(getattr(model, "config", None), "addition_embed_type", None)
+    if isinstance(model, UNet2DConditionModel) and addition not in (None, "text_time"):
+        raise ValueError(
+            f"`{argument}` is a UNet with `addition_embed_type={addition!r}`, which Divide-and-Denoise does not "
+            "support; it runs SD 1.x / 2.x UNets, SDXL-style UNets (`addition_embed_type='text_time'`), SD3 and Flux "
+            "transformers."
+        )
+
+
+def denoiser_family(model: torch.nn.Module) -> str | None:
+    """The text-to-image family of a text denoiser (a `torch.compile`d one is classified by the module it compiles),
+    which says how it is conditioned and called:
+
+    - `"sd"`: an SD 1.x / 2.x `UNet2DConditionModel` (prompt token embeddings through cross-attention);
+    - `"sdxl"`: a `UNet2DConditionModel` with `addition_embed_type="text_time"` (also pooled text embeddings and
+      size/crop time ids);
+    - `"sd3"`: an `SD3Transformer2DModel` (joint attention; text and pooled embeddings);
+    - `"flux"`: a `FluxTransformer2DModel` (joint attention over packed 2x2 latent patches; text and pooled
+      embeddings, token ids, and a distilled guidance input);
+
+    `None` for denoisers that take no text (pixel or class-conditional models).
+    """
+    model = uncompiled(model)
+    if isinstance(model, FluxTransformer2DModel):
+        return "flux"
+    if isinstance(model, SD3Transformer2DModel):
+        return "sd3"
+    if isinstance(model, UNet2DConditionModel):
+        return "sdxl" if model.config.addition_embed_type == "text_time" else "sd"
+    return None
 
 
 def denoiser_conditioning(model: torch.nn.Module) -> str:
     """`"text"` (cross- or joint attention), `"class"` (class embedding) or `"none"`; a `torch.compile`d denoiser
     is classified by the module it compiles."""
-    model = uncompiled(model)
-    if isinstance(model, (UNet2DConditionModel, SD3Transformer2DModel)):
+    if denoiser_family(model) is not None:
         return "text"
-    return "class" if denoiser_num_class_embeds(model) is not None else "none"
+    return "class" if denoiser_num_class_embeds(uncompiled(model)) is not None else "none"
 
 
 def denoiser_num_class_embeds(model: torch.nn.Module) -> int | None:
@@ -257,6 +299,8 @@ def denoiser_num_class_embeds(model: torch.nn.Module) -> int | None:
 
 def denoiser_sample_size(model: torch.nn.Module) -> tuple[int, int] | None:
     """The denoiser's native latent size `(height, width)` (a windowed denoiser's canvas), if it has one."""
+    if denoiser_family(model) == "flux":
+        return (FLUX_DEFAULT_SAMPLE_SIZE, FLUX_DEFAULT_SAMPLE_SIZE)
     config = getattr(model, "config", None)
     size = getattr(config, "canvas_size", None) or getattr(config, "sample_size", None)
     if size is None:
@@ -265,15 +309,20 @@ def denoiser_sample_size(model: torch.nn.Module) -> tuple[int, int] | None:
 
 
 def denoiser_in_channels(model: torch.nn.Module) -> int:
-    """The channels of the samples the denoiser takes."""
+    """The channels of the (unpacked) latents the denoiser takes: a Flux transformer's `in_channels` count the 2x2
+    patches its latents are packed into, so its latents have a quarter of them."""
     model = uncompiled(model)
+    if denoiser_family(model) == "flux":
+        return model.config.in_channels // 4
     return (model.denoiser if isinstance(model, WindowedDenoiser) else model).config.in_channels
 
 
 def denoiser_latent_constraint(model: torch.nn.Module) -> tuple[int, bool]:
     """`(multiple, fixed)`: latent sides must be multiples of `multiple`; `fixed` models only take their own size."""
     model = uncompiled(model)
-    if is_joint_transformer(model):
+    if denoiser_family(model) == "flux":
+        return 2, False  # latents are packed into 2x2 patches
+    if denoiser_family(model) == "sd3":
         return model.config.patch_size, False
     if isinstance(model, WindowedDenoiser) or not hasattr(getattr(model, "config", None), "block_out_channels"):
         return 1, True
@@ -296,13 +345,37 @@ def check_compatible_schedulers(schedulers: list[SchedulerMixin]) -> None:
             )
 
 
+def pipeline_denoiser(pipe) -> torch.nn.Module | None:
+    """The denoiser of a loaded pipeline: its `unet` (SD 1.x / 2.x, SDXL, class-conditional) or its `transformer`
+    (SD3, Flux); `None` when it has neither."""
+    for name in ("unet", "transformer"):
+        model = getattr(pipe, name, None)
+        if isinstance(model, torch.nn.Module):
+            return model
+    return None
+
+
+# The text components a composition takes from its first pipeline; the others' are not used.
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
+
+
 def check_pipelines_share_a_space(pipelines: list) -> None:
-    """Raise a `ValueError` when loaded pipelines differ in noise schedule, latent shape or autoencoder (their
-    denoisers cannot be composed); warn when they have different text encoders (the first one's is used)."""
-    check_compatible_schedulers([pipe.scheduler for pipe in pipelines])
+    """Raise a `ValueError` when loaded pipelines differ in model family, noise schedule, latent shape or autoencoder
+    (their denoisers cannot be composed); warn when they have different text encoders (the first one's are used)."""
     first = pipelines[0]
     for i, pipe in enumerate(pipelines[1:], start=1):
-        shapes = [(denoiser_in_channels(p.unet), denoiser_sample_size(p.unet)) for p in (first, pipe)]
+        families = [denoiser_family(pipeline_denoiser(p)) or "non-text" for p in (first, pipe)]
+        if families[0] != families[1]:
+            raise ValueError(
+                f"`pipelines[{i}]` is a {families[1]} model and `pipelines[0]` a {families[0]} model; the pipelines "
+                "mix model families, and Divide-and-Denoise composes models of one family."
+            )
+    check_compatible_schedulers([pipe.scheduler for pipe in pipelines])
+    for i, pipe in enumerate(pipelines[1:], start=1):
+        shapes = [
+            (denoiser_in_channels(pipeline_denoiser(p)), denoiser_sample_size(pipeline_denoiser(p)))
+            for p in (first, pipe)
+        ]
         if shapes[0] != shapes[1]:
             raise ValueError(
                 f"`pipelines[{i}]` has latents (channels, size) {shapes[1]}; `pipelines[0]` has {shapes[0]}."
@@ -312,11 +385,12 @@ def check_pipelines_share_a_space(pipelines: list) -> None:
             vaes[0] is not None and dict(vaes[0].config) != dict(vaes[1].config)
         ):
             raise ValueError(f"`pipelines[{i}]` has a different autoencoder than `pipelines[0]`; latents differ.")
-        encoders = [getattr(p, "text_encoder", None) for p in (first, pipe)]
-        if encoders[0] is not None and encoders[1] is not None and encoders[0] is not encoders[1]:
-            a, b = encoders[0].state_dict(), encoders[1].state_dict()
-            if a.keys() != b.keys() or any(not torch.equal(a[k], b[k]) for k in a):
-                logger.warning(
-                    f"`pipelines[{i}]` has its own text encoder; every model is conditioned through the text "
-                    "encoder of `pipelines[0]`."
-                )
+        for name in TEXT_ENCODERS:
+            encoders = [getattr(p, name, None) for p in (first, pipe)]
+            if encoders[0] is not None and encoders[1] is not None and encoders[0] is not encoders[1]:
+                a, b = encoders[0].state_dict(), encoders[1].state_dict()
+                if a.keys() != b.keys() or any(not torch.equal(a[k], b[k]) for k in a):
+                    logger.warning(
+                        f"`pipelines[{i}]` has its own {name.replace('_', ' ')}; every model is conditioned through "
+                        f"the `{name}` of `pipelines[0]`."
+                    )

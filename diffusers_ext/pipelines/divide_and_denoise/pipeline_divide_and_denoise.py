@@ -15,7 +15,8 @@ from diffusers.image_processor import VaeImageProcessor
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
-from transformers import CLIPTextModel, CLIPTokenizer
+from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from ...utils import is_int, public, synchronized_perf_counter
 from ..pipeline_utils import (
@@ -28,6 +29,7 @@ from ..pipeline_utils import (
 )
 from .agent_predictions import (
     concept_attention_recording,
+    family_timestep_options,
     is_flow_matching,
     noise_levels,
     predict_agents,
@@ -43,20 +45,36 @@ from .call_settings import (
     check_scalars,
     check_token_indices,
     needs_unconditional_branch,
+    resolve_max_sequence_length,
     resolve_utility,
 )
 from .denoisers import (
+    TEXT_ENCODERS,
     MultiDenoiserModel,
     check_pipelines_share_a_space,
     denoiser_conditioning,
+    denoiser_family,
     denoiser_in_channels,
     denoiser_latent_constraint,
     denoiser_num_class_embeds,
     denoiser_sample_size,
-    is_joint_transformer,
+    pipeline_denoiser,
+    uncompiled,
 )
 from .fair_division import FairDivisionAllocator
-from .text_encoding import agent_text_condition, check_pooled_embeds, check_prompt_embeds, encode_prompt
+from .region_masks import MaskAllocator
+from .text_encoding import (
+    FAMILY_NAMES,
+    FAMILY_PIPELINES,
+    FAMILY_TEXT_COMPONENTS,
+    agent_text_condition,
+    check_pooled_embeds,
+    check_prompt_embeds,
+    check_text_components,
+    encode_prompt,
+    family_num_tokens,
+    family_text_pipeline,
+)
 from .utilities import agent_utility_maps
 from .variant_loading import load_variant_components
 
@@ -108,20 +126,40 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
     This model inherits from [`DiffusionPipeline`]. Check the superclass documentation for the generic methods.
 
     Parameters:
-        denoisers ([`MultiDenoiserModel`]): the models (`UNet2DConditionModel`, `SD3Transformer2DModel`,
-            `UNet2DModel`, ...); all share one sample space (channels and size). With one denoiser every agent uses
-            it; otherwise agent `k` uses `denoisers[k]`. SD3 transformers take their text as embeddings. `None`
-            (as diffusers allows for any component) builds a pipeline that only encodes prompts ([`encode_prompt`]).
+        denoisers ([`MultiDenoiserModel`]): the models, all of one family and one sample space (channels and size):
+            SD 1.x / 2.x or SDXL `UNet2DConditionModel`s, `SD3Transformer2DModel`s, `FluxTransformer2DModel`s, or
+            pixel `UNet2DModel`s. With one denoiser every agent uses it; otherwise agent `k` uses `denoisers[k]`.
+            `None` (as diffusers allows for any component) builds a pipeline that only encodes prompts
+            ([`encode_prompt`]).
         scheduler ([`SchedulerMixin`]): a diffusers scheduler with `alphas_cumprod` (DDPM, DDIM, PNDM, Euler, DPM-Solver,
             ...) or a flow-matching one (`FlowMatchEulerDiscreteScheduler`), shared by all models.
-        vae ([`AutoencoderKL`], *optional*): the shared autoencoder of latent models (SD family); pixel models have none.
-        text_encoder ([`CLIPTextModel`], *optional*): the text encoder of text-conditioned denoisers.
+        vae ([`AutoencoderKL`], *optional*): the shared autoencoder of latent models; pixel models have none.
+        text_encoder ([`CLIPTextModel`] or [`CLIPTextModelWithProjection`], *optional*): the (first) CLIP text
+            encoder of text-conditioned denoisers.
         tokenizer ([`CLIPTokenizer`], *optional*): its tokenizer.
+        text_encoder_2 (`CLIPTextModelWithProjection` or `T5EncoderModel`, *optional*): SDXL's and SD3's second CLIP
+            encoder, Flux's T5 encoder.
+        tokenizer_2 (`CLIPTokenizer` or `T5TokenizerFast`, *optional*): its tokenizer.
+        text_encoder_3 (`T5EncoderModel`, *optional*): SD3's T5 encoder.
+        tokenizer_3 (`T5TokenizerFast`, *optional*): its tokenizer.
         null_class_label (`int`, *optional*): the null class of class-conditional denoisers, for guidance.
+        force_zeros_for_empty_prompt (`bool`, defaults to `True`): SDXL's convention: without a negative prompt, the
+            unconditional branch reads zero embeddings (`StableDiffusionXLPipeline`'s config of the same name).
+
+    SDXL, SD3 and Flux prompts are encoded with their own pipeline's `encode_prompt`; without their text encoders
+    these compositions take embeddings (`prompt_embeds` and `pooled_prompt_embeds`).
     """
 
-    model_cpu_offload_seq = "text_encoder->denoisers->vae"
-    _optional_components = ["vae", "text_encoder", "tokenizer"]
+    model_cpu_offload_seq = "text_encoder->text_encoder_2->text_encoder_3->denoisers->vae"
+    _optional_components = [
+        "vae",
+        "text_encoder",
+        "tokenizer",
+        "text_encoder_2",
+        "tokenizer_2",
+        "text_encoder_3",
+        "tokenizer_3",
+    ]
     _callback_tensor_inputs = ["latents", "noise_pred", "allocation"]
 
     def __init__(
@@ -129,30 +167,49 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         denoisers: MultiDenoiserModel | None,
         scheduler: SchedulerMixin,
         vae: AutoencoderKL | None = None,
-        text_encoder: CLIPTextModel | None = None,
+        text_encoder: CLIPTextModel | CLIPTextModelWithProjection | None = None,
         tokenizer: CLIPTokenizer | None = None,
+        text_encoder_2: PreTrainedModel | None = None,
+        tokenizer_2: PreTrainedTokenizerBase | None = None,
+        text_encoder_3: PreTrainedModel | None = None,
+        tokenizer_3: PreTrainedTokenizerBase | None = None,
         null_class_label: int | None = None,
+        force_zeros_for_empty_prompt: bool = True,
     ):
         super().__init__()
+        text = {
+            "text_encoder": text_encoder,
+            "tokenizer": tokenizer,
+            "text_encoder_2": text_encoder_2,
+            "tokenizer_2": tokenizer_2,
+            "text_encoder_3": text_encoder_3,
+            "tokenizer_3": tokenizer_3,
+        }
         if denoisers is not None:
-            self._check_components(denoisers, scheduler, vae, text_encoder, tokenizer)
-        self.register_modules(
-            denoisers=denoisers, scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer
+            self._check_components(denoisers, scheduler, vae, text)
+        self.register_modules(denoisers=denoisers, scheduler=scheduler, vae=vae, **text)
+        self.register_to_config(
+            null_class_label=null_class_label, force_zeros_for_empty_prompt=force_zeros_for_empty_prompt
         )
-        self.register_to_config(null_class_label=null_class_label)
         self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1) if vae is not None else 1
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
 
     @staticmethod
-    def _check_components(denoisers, scheduler, vae, text_encoder, tokenizer) -> None:
-        """Raise unless the components fit together (one conditioning kind, one sample space, a usable schedule)."""
+    def _check_components(denoisers, scheduler, vae, text: dict) -> None:
+        """Raise unless the components fit together (one conditioning kind and family, one sample space, a usable
+        schedule; SD 1.x / 2.x UNets need their text encoder, the other families may take embeddings only)."""
         if not isinstance(denoisers, MultiDenoiserModel):
             raise TypeError(f"`denoisers` must be a MultiDenoiserModel or None, got {type(denoisers).__name__}.")
         kinds = {denoiser_conditioning(m) for m in denoisers}
         if len(kinds) > 1:
             raise ValueError(f"`denoisers` mix conditioning kinds {sorted(kinds)}; use models of one kind.")
-        joint = any(is_joint_transformer(m) for m in denoisers)
-        if "text" in kinds and not joint and (text_encoder is None or tokenizer is None):
+        families = {denoiser_family(m) for m in denoisers}
+        if len(families) > 1:
+            names = sorted(FAMILY_NAMES[f] for f in families)
+            raise ValueError(
+                f"`denoisers` mix model families {names}; Divide-and-Denoise composes models of one family."
+            )
+        if families == {"sd"} and (text["text_encoder"] is None or text["tokenizer"] is None):
             raise ValueError("text-conditioned `denoisers` need a `text_encoder` and a `tokenizer`.")
         channels = {denoiser_in_channels(m) for m in denoisers}
         if len(channels) > 1:
@@ -195,33 +252,41 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
     def from_pipelines(
         cls, pipelines: list[DiffusionPipeline], scheduler: SchedulerMixin | None = None
     ) -> "DivideAndDenoisePipeline":
-        """Build from loaded pipelines that share a latent space, e.g. several `StableDiffusionPipeline`s (their
-        UNets; the first one's VAE, text encoder and tokenizer) or several `ClassConditionalDDPMPipeline`s.
+        """Build from loaded pipelines of one family that share a latent space: several `StableDiffusionPipeline`s,
+        `StableDiffusionXLPipeline`s, `StableDiffusion3Pipeline`s or `FluxPipeline`s (fine-tunes or LoRA variants of
+        one base: their UNets or transformers; the first one's VAE, text encoders and tokenizers), or several
+        `ClassConditionalDDPMPipeline`s.
 
-        Raises a `ValueError` when their latent shapes, autoencoders or noise schedules differ.
+        Raises a `ValueError` when their families, latent shapes, autoencoders or noise schedules differ.
 
         Args:
-            pipelines (`list[DiffusionPipeline]`): pipelines with a `unet` (and, for latent models, a `vae`).
+            pipelines (`list[DiffusionPipeline]`): pipelines with a `unet` or a `transformer` (and, for latent models,
+                a `vae`).
             scheduler (`SchedulerMixin`, *optional*): the sampler; a copy of the first pipeline's by default.
         """
         if not isinstance(pipelines, (list, tuple)) or not pipelines:
             raise ValueError(f"`pipelines` must be a non-empty list of pipelines, got {pipelines!r}.")
         for i, pipe in enumerate(pipelines):
-            if not hasattr(pipe, "unet") or not hasattr(pipe, "scheduler"):
-                raise ValueError(f"`pipelines[{i}]` ({type(pipe).__name__}) has no `unet` and `scheduler`.")
+            if pipeline_denoiser(pipe) is None or not hasattr(pipe, "scheduler"):
+                raise ValueError(
+                    f"`pipelines[{i}]` ({type(pipe).__name__}) has no `unet` or `transformer`, or no `scheduler`."
+                )
         check_pipelines_share_a_space(pipelines)
         first = pipelines[0]
-        # one denoiser per distinct UNet (the same UNet under several pipelines is kept once)
-        unets = list({id(p.unet): p.unet for p in pipelines}.values())
+        # one denoiser per distinct model (the same model under several pipelines is kept once)
+        models = list({id(pipeline_denoiser(p)): pipeline_denoiser(p) for p in pipelines}.values())
         if scheduler is None:
             scheduler = type(first.scheduler).from_config(first.scheduler.config)
+        text_names = [
+            name for pair in zip(TEXT_ENCODERS, ("tokenizer", "tokenizer_2", "tokenizer_3")) for name in pair
+        ]
         return cls(
-            denoisers=MultiDenoiserModel(unets),
+            denoisers=MultiDenoiserModel(models),
             scheduler=scheduler,
             vae=getattr(first, "vae", None),
-            text_encoder=getattr(first, "text_encoder", None),
-            tokenizer=getattr(first, "tokenizer", None),
+            **{name: getattr(first, name, None) for name in text_names},
             null_class_label=getattr(first.config, "null_class_label", None),
+            force_zeros_for_empty_prompt=first.config.get("force_zeros_for_empty_prompt", True),
         )
 
     @staticmethod
@@ -237,6 +302,31 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         """How the denoisers are conditioned: `"text"`, `"class"` or `"none"`."""
         return denoiser_conditioning(self.denoisers[0])
 
+    @property
+    def family(self) -> str | None:
+        """The denoisers' text-to-image family, `"sd"`, `"sdxl"`, `"sd3"` or `"flux"` (`None` for pixel or
+        class-conditional models; see [`~pipelines.divide_and_denoise.denoisers.denoiser_family`])."""
+        return None if self.denoisers is None else denoiser_family(self.denoisers[0])
+
+    def _text_components(self) -> dict:
+        return {name: getattr(self, name, None) for name in FAMILY_TEXT_COMPONENTS["sd3"]}
+
+    def text_pipeline(self) -> DiffusionPipeline:
+        """The family's own diffusers pipeline (`StableDiffusionXLPipeline`, `StableDiffusion3Pipeline` or
+        `FluxPipeline`) on this pipeline's text encoders only, whose `encode_prompt` encodes SDXL, SD3 and Flux
+        prompts (its weights are these modules, not copies)."""
+        family = self.family
+        if family not in FAMILY_PIPELINES:
+            raise ValueError(
+                f"only SDXL, SD3 and Flux compositions encode through their family's pipeline, not {family!r}."
+            )
+        check_text_components(family, self._text_components())
+        text_pipeline = family_text_pipeline(
+            family, self._text_components(), self.scheduler, self.config.force_zeros_for_empty_prompt
+        )
+        text_pipeline.set_progress_bar_config(disable=True)
+        return text_pipeline
+
     def encode_prompt(
         self,
         prompt,
@@ -246,9 +336,26 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         negative_prompt=None,
         prompt_embeds=None,
         negative_prompt_embeds=None,
+        **kwargs,
     ):
-        """diffusers' `encode_prompt` for the models' prompts: `(prompt_embeds, negative_prompt_embeds)`; see
-        `text_encoding.encode_prompt`. Pass `num_images_per_prompt=1` to reuse them in `__call__` (one per model)."""
+        """diffusers' `encode_prompt` for the models' prompts. SD 1.x / 2.x: `(prompt_embeds,
+        negative_prompt_embeds)` (see `text_encoding.encode_prompt`). SDXL, SD3 and Flux: their own pipeline's
+        `encode_prompt` and its return value ([`text_pipeline`]; `kwargs` such as `max_sequence_length` go to it;
+        Flux's takes no negative prompt). Pass `num_images_per_prompt=1` to reuse them in `__call__` (one per model)."""
+        if self.family in FAMILY_PIPELINES:
+            arguments = {"prompt": prompt, "device": device or self._execution_device}
+            arguments |= {"num_images_per_prompt": num_images_per_prompt, "prompt_embeds": prompt_embeds}
+            if self.family == "sd3":  # its `encode_prompt` requires them (None: the prompt itself)
+                arguments |= {"prompt_2": kwargs.pop("prompt_2", None), "prompt_3": kwargs.pop("prompt_3", None)}
+            if self.family != "flux":
+                arguments |= {
+                    "do_classifier_free_guidance": do_classifier_free_guidance,
+                    "negative_prompt": negative_prompt,
+                    "negative_prompt_embeds": negative_prompt_embeds,
+                }
+            return self.text_pipeline().encode_prompt(**arguments, **kwargs)
+        if kwargs:
+            raise TypeError(f"`encode_prompt` of SD 1.x / 2.x compositions takes no {sorted(kwargs)}.")
         return encode_prompt(
             self.tokenizer,
             self.text_encoder,
@@ -268,7 +375,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
 
     @property
     def do_classifier_free_guidance(self) -> bool:
-        return any(g > 1 for g in self._agent_guidance_scales())
+        """Whether a guidance scale > 1 runs an unconditional branch (never for Flux: its scale is a model input)."""
+        return self.family != "flux" and any(g > 1 for g in self._agent_guidance_scales())
 
     def _agent_guidance_scales(self) -> list[float]:
         """The running call's guidance scale, one per agent (read at every step)."""
@@ -339,17 +447,29 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         negative_prompt_embeds=None,
         pooled_prompt_embeds=None,
         negative_pooled_prompt_embeds=None,
+        max_sequence_length=None,
+        masks=None,
     ) -> DivideAndDenoiseCallSettings:
         """Check the arguments of a call (those of `__call__`) and resolve them, once, into the settings the loop
         reads; raise a `ValueError`/`TypeError` naming the first bad argument, what was given and what was expected,
         before any model work."""
-        kind = self.conditioning
-        joint = any(is_joint_transformer(m) for m in self.denoisers)
+        kind, family = self.conditioning, self.family
         check_pooled_embeds(
-            joint, prompt_embeds, pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds
+            family, prompt_embeds, pooled_prompt_embeds, negative_prompt_embeds, negative_pooled_prompt_embeds
         )
         if prompt_embeds is not None:
             check_prompt_embeds(kind, prompt, prompt_embeds, negative_prompt_embeds)
+        elif family in FAMILY_PIPELINES and prompt is not None:
+            check_text_components(family, self._text_components())
+        if family == "flux" and (negative_prompt is not None or negative_prompt_embeds is not None):
+            raise ValueError(
+                "Flux denoisers take no negative prompt (their guidance is distilled: `guidance_scale` is a model "
+                f"input), got negative_prompt={negative_prompt!r} and negative_prompt_embeds of type "
+                f"{type(negative_prompt_embeds).__name__}."
+            )
+        max_sequence_length = resolve_max_sequence_length(max_sequence_length, family)
+        if family == "sdxl":
+            self._check_sdxl_time_ids(pooled_prompt_embeds)
         check_callback_tensor_inputs(self, callback_on_step_end_tensor_inputs)
         check_eta(eta)
         latent_size = self._latent_size(height, width)
@@ -367,16 +487,28 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             kind, len(self.denoisers), num_classes, prompt, class_labels, negative_prompt, prompt_embeds
         )
         guidance_scales = agent_guidance_scales(guidance_scale, num_agents)
+        if masks is not None:  # region prompting: the user's masks are the allocation
+            if allocator is not None:
+                raise ValueError(f"Pass either `masks` or `allocator` ({allocator!r}), not both.")
+            allocator = MaskAllocator(masks)
+            allocator.check_image_size(*(side * self.vae_scale_factor for side in latent_size))
+            if utility != "auto" or token_indices is not None or attn_res is not None:
+                raise ValueError(
+                    "`masks` fix the allocation, so no utility is computed: `utility`, `token_indices` and `attn_res` "
+                    f"do not apply (got utility={utility!r}, token_indices={token_indices!r}, attn_res={attn_res!r})."
+                )
         utility = resolve_utility(utility, kind)
         allocator = self.default_allocator() if allocator is None else allocator
         fair = not isinstance(allocator, FixedAllocator)
         null_class_label = self.config.null_class_label
         needs_unconditional = needs_unconditional_branch(
-            kind, null_class_label, guidance_scale, guidance_scales, utility, fair
+            kind, null_class_label, guidance_scale, guidance_scales, utility, fair, family
         )
         num_tokens = None
-        if kind == "text":
-            num_tokens = self.tokenizer.model_max_length if prompt_embeds is None else prompt_embeds.shape[1]
+        if kind == "text" and prompt_embeds is not None:
+            num_tokens = prompt_embeds.shape[1]
+        elif family is not None:
+            num_tokens = family_num_tokens(family, self._text_components(), max_sequence_length)
         check_token_indices(token_indices, utility, num_agents, prompt_embeds is not None, num_tokens)
         latent_shape = (num_images_per_prompt, denoiser_in_channels(self.denoisers[0]), *latent_size)
         attn_res = check_attn_res(attn_res, utility, fair, latent_shape)
@@ -404,12 +536,60 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             alignment_scale=alignment_scale,
             max_iter_to_align=max_iter_to_align,
             attn_res=attn_res,
+            max_sequence_length=max_sequence_length,
         )
+
+    def _check_sdxl_time_ids(self, pooled_prompt_embeds) -> None:
+        """Raise unless the SDXL UNets' added embedding takes six time ids and the pooled embeddings (from
+        `text_encoder_2`, or `pooled_prompt_embeds`): `addition_time_embed_dim * 6 + pooled width` inputs."""
+        pooled_dim = None
+        if pooled_prompt_embeds is not None:
+            pooled_dim = pooled_prompt_embeds.shape[1]
+        elif self.text_encoder_2 is not None:
+            pooled_dim = self.text_encoder_2.config.projection_dim
+        for i, model in enumerate(map(uncompiled, self.denoisers)):
+            expected = model.add_embedding.linear_1.in_features
+            given = model.config.addition_time_embed_dim * 6 + (pooled_dim or 0)
+            if pooled_dim is not None and given != expected:
+                raise ValueError(
+                    f"`denoisers[{i}]` takes {expected} added-embedding inputs, but 6 time ids of width "
+                    f"{model.config.addition_time_embed_dim} and pooled embeddings of width {pooled_dim} make {given}; "
+                    "the text encoders (or `pooled_prompt_embeds`) do not belong to this SDXL UNet."
+                )
+
+    def _agent_text_condition(self, settings, negative_prompt, embeddings: dict, token_indices, device, dtype):
+        """Every agent's text condition for the loop ([`text_encoding.agent_text_condition`]), plus SDXL's size/crop
+        time ids `(1, 6)` (the image size, no crop, as `StableDiffusionXLPipeline` by default) and whether a Flux
+        transformer takes its guidance scale as an input."""
+        family = self.family
+        text_pipeline = None
+        if family in FAMILY_PIPELINES and embeddings["prompt_embeds"] is None:
+            text_pipeline = self.text_pipeline()
+        cond = agent_text_condition(
+            family,
+            self._text_components(),
+            text_pipeline,
+            settings.prompts,
+            negative_prompt,
+            embeddings,
+            token_indices,
+            family != "flux",
+            settings.max_sequence_length,
+            device,
+            dtype,
+        )
+        if family == "sdxl":
+            height, width = (side * self.vae_scale_factor for side in settings.latent_shape[2:])
+            cond["time_ids"] = torch.tensor([[height, width, 0, 0, height, width]], device=device, dtype=dtype)
+        if family == "flux":
+            cond["guidance_embeds"] = bool(uncompiled(self.denoisers[0]).config.guidance_embeds)
+        return cond
 
     def _predict(self, sample: torch.Tensor, t, settings, cond: dict, guidance_scales: list[float], recording=None):
         """Every agent's guided, conditional and unconditional predictions `(B, K, C, H, W)` and, with the
         cross-attention utility's `recording`, its concept attention maps `(B, K, H, W)` (see `agent_predictions`)."""
-        unconditional = settings.needs_unconditional or any(g > 1 for g in guidance_scales)
+        classifier_free = self.family != "flux" and any(g > 1 for g in guidance_scales)
+        unconditional = settings.needs_unconditional or classifier_free
         return predict_agents(
             self.denoisers,
             self.conditioning,
@@ -454,6 +634,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         alignment_scale: float = 0.1,
         max_iter_to_align: int = 10,
         attn_res: tuple[int, int] | None = None,
+        max_sequence_length: int | None = None,
+        masks: list | None = None,
     ) -> DivideAndDenoisePipelineOutput | tuple:
         r"""
         Generate images that every model contributes to, through a fair division of the sample at every step.
@@ -466,7 +648,9 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                 native size. A wider canvas than the models were trained on is allowed (convolutional models).
             num_inference_steps (`int`, defaults to 50): denoising steps.
             guidance_scale (`float` or `list[float]`, defaults to 1.0): classifier-free guidance per model (one value
-                for all, or one per model); `1.0` disables it.
+                for all, or one per model); `1.0` disables it. Flux's guidance is distilled: the scale is the
+                transformer's guidance input (as `FluxPipeline`'s `guidance_scale`, 3.5 there by default) and no
+                unconditional branch runs.
             num_images_per_prompt (`int`, defaults to 1): images to generate, each a composition of all models.
             eta (`float`, defaults to 0.0): the noise weight of [`DDIMScheduler`] (0: deterministic DDIM, 1: DDPM's
                 variance); schedulers whose `step` takes no `eta` ignore it.
@@ -477,8 +661,9 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                 *optional*): text embeddings instead of `prompt` / `negative_prompt` ([`encode_prompt`]); the
                 cross-attention utility then needs `token_indices`.
             pooled_prompt_embeds (`torch.Tensor` of shape `(models, P)`, *optional*), negative_pooled_prompt_embeds
-                (`(1, P)`, *optional*): pooled text embeddings of SD3 transformer denoisers, which take their text
-                only as embeddings (`StableDiffusion3Pipeline.encode_prompt`); the negatives default to zeros.
+                (`(1, P)`, *optional*): the pooled text embeddings SDXL, SD3 and Flux denoisers need with
+                `prompt_embeds` (their pipeline's `encode_prompt`, or [`encode_prompt`] here); the negatives default
+                to zeros.
             output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"`, `"pt"` (images in [0, 1]) or `"latent"`.
             return_dict (`bool`, defaults to `True`): return a [`DivideAndDenoisePipelineOutput`], else a tuple
                 `(images, allocations, timings)`.
@@ -506,6 +691,12 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
                 attention grid, as Attend-and-Excite's `attn_res` (`(16, 16)` for Stable Diffusion's 64x64 latents);
                 the other layers keep the fused attention kernel, which makes recording nearly free. By default it
                 averages every cross-attention layer, resized to the latent grid.
+            max_sequence_length (`int`, *optional*): the T5 sequence length of SD3 and Flux prompts (256 and 512 by
+                default, as their pipelines; at most 512).
+            masks (`list` of `PIL.Image.Image`, `np.ndarray` or `torch.Tensor`, *optional*): region prompting: one
+                mask per prompt, of the image's `(height, width)`, values in [0, 1]; prompt `k` paints where its mask
+                is ([`MaskAllocator`]; the masks must each cover something and together cover the image). Replaces
+                `allocator`; no utility is computed and no alignment step runs.
 
         Examples:
 
@@ -559,6 +750,8 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             negative_prompt_embeds=negative_prompt_embeds,
             pooled_prompt_embeds=pooled_prompt_embeds,
             negative_pooled_prompt_embeds=negative_pooled_prompt_embeds,
+            max_sequence_length=max_sequence_length,
+            masks=masks,
         )
         self._guidance_scale, self._num_agents_running = guidance_scale, settings.num_agents
         guidance = settings.guidance_scales  # resolved once; again only after a callback, which may change it
@@ -573,19 +766,13 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
         # 3. Encode the agents' conditions
         cond = {}
         if self.conditioning == "text":
-            cond = agent_text_condition(
-                self.tokenizer,
-                self.text_encoder,
-                settings.prompts,
-                negative_prompt,
-                prompt_embeds,
-                negative_prompt_embeds,
-                pooled_prompt_embeds,
-                negative_pooled_prompt_embeds,
-                token_indices,
-                device,
-                dtype,
-            )
+            embeddings = {
+                "prompt_embeds": prompt_embeds,
+                "negative_prompt_embeds": negative_prompt_embeds,
+                "pooled_prompt_embeds": pooled_prompt_embeds,
+                "negative_pooled_prompt_embeds": negative_pooled_prompt_embeds,
+            }
+            cond = self._agent_text_condition(settings, negative_prompt, embeddings, token_indices, device, dtype)
         elif self.conditioning == "class":
             cond["labels"] = settings.class_labels.to(device)
 
@@ -597,7 +784,14 @@ class DivideAndDenoisePipeline(DiffusionPipeline):
             latents = latents.to(device=device, dtype=dtype)
 
         # 5. Prepare timesteps, then scale the noise (`init_noise_sigma` of Euler, Heun, ... depends on them)
-        latents, timesteps = prepare_initial_noise(self.scheduler, num_inference_steps, latents, device)
+        denoiser = uncompiled(self.denoisers[0])
+        patch_size = getattr(denoiser.config, "patch_size", 1) if self.family == "sd3" else 2
+        timestep_options = family_timestep_options(
+            self.family, self.scheduler, num_inference_steps, shape[2:], patch_size
+        )
+        latents, timesteps = prepare_initial_noise(
+            self.scheduler, num_inference_steps, latents, device, **timestep_options
+        )
         self._num_timesteps = len(timesteps)
 
         # 6. Prepare extra step kwargs: `generator` and `eta` only for the schedulers whose `step` takes them

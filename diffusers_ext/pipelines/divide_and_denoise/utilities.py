@@ -21,7 +21,12 @@ import torch.nn.functional as F
 from diffusers.models.attention_processor import Attention
 
 from ...utils import is_int
-from .joint_attention import JointConceptAttentionProcessor, is_joint_attention
+from .joint_attention import (
+    FluxConceptAttentionProcessor,
+    JointConceptAttentionProcessor,
+    is_flux_joint_attention,
+    is_joint_attention,
+)
 
 
 UTILITIES = ("x0_saliency", "guidance_delta", "cross_attention")
@@ -243,24 +248,28 @@ class ConceptAttentionProcessor:
         return hidden_states / attn.rescale_output_factor
 
 
-# model -> its text-attention layers, found once per model: [(layer, joint?)]
-_TEXT_ATTENTION_LAYERS: "weakref.WeakKeyDictionary[torch.nn.Module, list[tuple[Attention, bool]]]" = (
+# model -> its text-attention layers, found once per model: [(layer, kind)]
+_TEXT_ATTENTION_LAYERS: "weakref.WeakKeyDictionary[torch.nn.Module, list[tuple[torch.nn.Module, str]]]" = (
     weakref.WeakKeyDictionary()
 )
 
 
-def text_attention_layers(model: torch.nn.Module) -> list[tuple[Attention, bool]]:
-    """`model`'s layers that attend to text, as `(layer, is_joint)`: a `UNet2DConditionModel`'s cross-attention
-    (`attn2`) layers, or the joint (image + text) attention layers of an `SD3Transformer2DModel`. Found once per
-    model (the walk over every module is what made installing recorders cost milliseconds per call)."""
+def text_attention_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+    """`model`'s layers that attend to text, as `(layer, kind)`: `"cross"` for the cross-attention (`attn2`) layers of
+    a `UNet2DConditionModel` (SD 1.x / 2.x, SDXL), `"joint"` for the joint (image + text) attention of an
+    `SD3Transformer2DModel`, `"flux"` for the joint attention of a `FluxTransformer2DModel`'s double-stream blocks.
+    An `attn2` that attends to no text (SD3.5's second, image-only attention) is not one. Found once per model (the
+    walk over every module is what made installing recorders cost milliseconds per call)."""
     layers = _TEXT_ATTENTION_LAYERS.get(model)
     if layers is None:
         layers = []
         for name, module in model.named_modules():
             if is_joint_attention(module):
-                layers.append((module, True))
-            elif isinstance(module, Attention) and name.rsplit(".", 1)[-1] == "attn2":
-                layers.append((module, False))
+                layers.append((module, "joint"))
+            elif is_flux_joint_attention(module):
+                layers.append((module, "flux"))
+            elif isinstance(module, Attention) and name.rsplit(".", 1)[-1] == "attn2" and module.is_cross_attention:
+                layers.append((module, "cross"))
         _TEXT_ATTENTION_LAYERS[model] = layers
     return layers
 
@@ -269,10 +278,11 @@ class ConceptAttentionRecording:
     """Recording processors on the text-attention layers of one or more models, installed once for a sampling loop.
 
     A `UNet2DConditionModel`'s cross-attention layers (`attn2`) get a [`ConceptAttentionProcessor`]; the joint
-    (image + text) attention layers of an `SD3Transformer2DModel` a [`JointConceptAttentionProcessor`], which records
-    the image-to-text block. Set `store` before a forward to record it (None: the processors compute the plain
-    attention and record nothing), so one installation serves every model call of a loop instead of swapping
-    processors in and out per call. The layers' own processors are restored on exit; other layers are not touched.
+    (image + text) attention layers of an `SD3Transformer2DModel` a [`JointConceptAttentionProcessor`] and those of a
+    `FluxTransformer2DModel` a [`FluxConceptAttentionProcessor`], which record the image-to-text block. Set `store`
+    before a forward to record it (None: the processors compute the plain attention and record nothing), so one
+    installation serves every model call of a loop instead of swapping processors in and out per call. The layers'
+    own processors are restored on exit; other layers are not touched.
 
     Args:
         models (`list[torch.nn.Module]`): the models to record (a model listed twice is installed once).
@@ -289,23 +299,28 @@ class ConceptAttentionRecording:
                     f"{type(model).__name__} has no cross- or joint-attention layers to read concept-token attention "
                     "from."
                 )
-        self._joint, self._cross = JointConceptAttentionProcessor(None), ConceptAttentionProcessor(None)
+        self._processors = {
+            "cross": ConceptAttentionProcessor(None),
+            "joint": JointConceptAttentionProcessor(None),
+            "flux": FluxConceptAttentionProcessor(None),
+        }
         self._original = None
 
     @property
     def store(self) -> ConceptAttentionStore | None:
-        return self._cross.store
+        return self._processors["cross"].store
 
     @store.setter
     def store(self, store: ConceptAttentionStore | None) -> None:
-        self._joint.store = self._cross.store = store
+        for processor in self._processors.values():
+            processor.store = store
 
     def __enter__(self) -> "ConceptAttentionRecording":
         self._original = []
         for model in self.models:
-            for layer, joint in text_attention_layers(model):
+            for layer, kind in text_attention_layers(model):
                 self._original.append((layer, layer.processor))
-                layer.set_processor(self._joint if joint else self._cross)
+                layer.set_processor(self._processors[kind])
         return self
 
     def __exit__(self, *exc_info) -> None:
