@@ -54,6 +54,8 @@ METHODS = {
     "graph_grpo": "Graph GRPO (`GraphGRPOTrainer`)",
     "manifold_flow": "Manifold flow (`ManifoldFlowPipeline`)",
     "spade": "SPADE (`OfflineOptimizationPipeline`)",
+    "brain_network_flow": "Brain-network flow (`BrainNetworkFlowPipeline`)",
+    "distributional_recommendation": "Distributional recommendation (`DistributionalRecommendationPipeline`)",
 }
 # columns: family key -> its name
 FAMILIES = {
@@ -95,6 +97,8 @@ PACK_METHODS = (
     "graph_grpo",
     "manifold_flow",
     "spade",
+    "brain_network_flow",
+    "distributional_recommendation",
 )
 
 # (method, family) -> why the cell does not apply. Every cell with no test must be here.

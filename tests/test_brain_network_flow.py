@@ -156,6 +156,7 @@ def tiny_pipeline(n=5, covariates=2, seed=0):
     return pipe
 
 
+@pytest.mark.support_cell("brain_network_flow", "pack")
 def test_pipeline_generates_valid_matrices_and_a_batch_equals_its_single_runs():
     pipe = tiny_pipeline()
     covariates = torch.tensor([[0.1, 0.0], [0.9, 1.0], [0.5, 1.0]])

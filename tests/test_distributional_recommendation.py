@@ -43,6 +43,7 @@ def test_item_scores_for_all_items_and_for_candidates_agree():
 
 
 @pytest.mark.parametrize("scheduler", [DDPMScheduler(num_train_timesteps=50), DDIMScheduler(num_train_timesteps=50)])
+@pytest.mark.support_cell("distributional_recommendation", "pack")
 def test_a_batch_of_users_equals_each_user_alone(scheduler):
     pipe = tiny_pipeline(scheduler)
     interacted = [[1, 2, 3], [10, 11], [40]]
