@@ -4,74 +4,16 @@ import re
 
 import pytest
 import torch
-from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+from diffusers import FluxPipeline
 from test_grpo_trainer import tiny_lora
-from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
 from diffusers_ext import DiffusionGRPOConfig, DiffusionGRPOTrainer, E2POConfig, E2POTrainer
 from diffusers_ext.rewards import BrightnessReward
-from diffusers_ext.testing import get_tiny_clip_tokenizer, get_tiny_t5_tokenizer
+from diffusers_ext.testing import get_tiny_flux_components
 
 
 def tiny_flux(seed=0):
-    torch.manual_seed(seed)
-    tokenizer, tokenizer_2 = get_tiny_clip_tokenizer(), get_tiny_t5_tokenizer()
-    return FluxPipeline(
-        transformer=FluxTransformer2DModel(
-            patch_size=1,
-            in_channels=4,
-            num_layers=1,
-            num_single_layers=1,
-            attention_head_dim=16,
-            num_attention_heads=2,
-            joint_attention_dim=32,
-            pooled_projection_dim=32,
-            axes_dims_rope=[4, 4, 8],
-        ),
-        text_encoder=CLIPTextModel(
-            CLIPTextConfig(
-                vocab_size=len(tokenizer),
-                hidden_size=32,
-                intermediate_size=37,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                max_position_embeddings=77,
-                bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        ),
-        tokenizer=tokenizer,
-        text_encoder_2=T5EncoderModel(
-            T5Config(
-                vocab_size=len(tokenizer_2),
-                d_model=32,
-                d_kv=8,
-                d_ff=37,
-                num_layers=2,
-                num_heads=4,
-                relative_attention_num_buckets=8,
-                pad_token_id=0,
-                eos_token_id=1,
-                decoder_start_token_id=0,
-            )
-        ),
-        tokenizer_2=tokenizer_2,
-        vae=AutoencoderKL(
-            sample_size=32,
-            in_channels=3,
-            out_channels=3,
-            block_out_channels=(4,),
-            layers_per_block=1,
-            latent_channels=1,
-            norm_num_groups=1,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
-            shift_factor=0.0609,
-            scaling_factor=1.5035,
-        ),
-        scheduler=FlowMatchEulerDiscreteScheduler(),
-    )
+    return FluxPipeline(**get_tiny_flux_components(seed))
 
 
 SETTINGS = {

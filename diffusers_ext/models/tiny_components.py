@@ -14,7 +14,9 @@ import torch
 from diffusers import (
     AutoencoderKL,
     DDIMScheduler,
+    EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
+    FluxTransformer2DModel,
     SD3Transformer2DModel,
     UNet2DConditionModel,
     UNet2DModel,
@@ -38,10 +40,12 @@ from .tiny_tokenizers import get_tiny_clip_tokenizer, get_tiny_lm_tokenizer, get
 
 __all__ = [
     "get_tiny_dream_like_lm",
+    "get_tiny_flux_components",
     "get_tiny_llada_like_lm",
     "get_tiny_pixel_unet",
     "get_tiny_sd3_components",
     "get_tiny_sd_components",
+    "get_tiny_sdxl_components",
 ]
 
 
@@ -199,6 +203,128 @@ def get_tiny_sd3_components(seed: int = 0) -> dict[str, Any]:
         "tokenizer_3": tokenizer_3,
         "image_encoder": None,
         "feature_extractor": None,
+    }
+
+
+def get_tiny_sdxl_components(seed: int = 0) -> dict[str, Any]:
+    """Tiny Stable Diffusion XL-style components, usable as `StableDiffusionXLPipeline(**components)`.
+
+    A [`UNet2DConditionModel`] with `addition_embed_type="text_time"` (it takes the pooled text embedding and six
+    size/crop time ids through `added_cond_kwargs`), blocks of 8 and 16 channels and cross-attention dim 32; a
+    `CLIPTextModel` (hidden size 16) and a `CLIPTextModelWithProjection` (hidden size 16, projection 16) whose
+    penultimate states are concatenated to the 32-wide prompt embeddings, as in SDXL; the [`AutoencoderKL`] of
+    [`get_tiny_sd_components`] (`vae_scale_factor` 2) and SDXL's `EulerDiscreteScheduler` config. The default
+    image is 32x32 (latents `(batch, 4, 16, 16)`); prompt embeddings are `(batch, 77, 32)`, pooled ones
+    `(batch, 16)`. Models are in eval mode.
+
+    Args:
+        seed (`int`, defaults to 0): seeds the weights; the global torch RNG state is left as it was.
+    """
+    with _seeded(seed):
+        unet = UNet2DConditionModel(
+            sample_size=16,
+            in_channels=4,
+            out_channels=4,
+            layers_per_block=1,
+            block_out_channels=(8, 16),
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            cross_attention_dim=32,
+            attention_head_dim=(2, 4),
+            addition_embed_type="text_time",
+            addition_time_embed_dim=8,
+            # six time ids of width 8, then the 16-wide pooled embedding
+            projection_class_embeddings_input_dim=6 * 8 + 16,
+            norm_num_groups=4,
+        )
+        vae = _tiny_vae()
+        tokenizer, tokenizer_2 = get_tiny_clip_tokenizer(), get_tiny_clip_tokenizer()
+        text_encoder = CLIPTextModel(_tiny_clip_text_config(tokenizer, hidden_size=16, projection_dim=16))
+        text_encoder_2 = CLIPTextModelWithProjection(
+            _tiny_clip_text_config(tokenizer_2, hidden_size=16, projection_dim=16)
+        )
+    scheduler = EulerDiscreteScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        timestep_spacing="leading",
+        steps_offset=1,
+    )
+    return {
+        "vae": vae.eval(),
+        "text_encoder": text_encoder.eval(),
+        "text_encoder_2": text_encoder_2.eval(),
+        "tokenizer": tokenizer,
+        "tokenizer_2": tokenizer_2,
+        "unet": unet.eval(),
+        "scheduler": scheduler,
+        "image_encoder": None,
+        "feature_extractor": None,
+    }
+
+
+def get_tiny_flux_components(seed: int = 0) -> dict[str, Any]:
+    """Tiny Flux.1-style components, usable as `FluxPipeline(**components)`.
+
+    A [`FluxTransformer2DModel`] (one double-stream and one single-stream block, inner dim 32, distilled guidance
+    off, 4 input channels = one latent channel packed in 2x2 patches), a `CLIPTextModel` (hidden size 32, its
+    pooled output the 32-wide `pooled_projections`), a `T5EncoderModel` of width 32 (= `joint_attention_dim`), the
+    locally built tokenizers, an [`AutoencoderKL`] with one latent channel and no downsampling (`vae_scale_factor`
+    1) and a `FlowMatchEulerDiscreteScheduler`. Images of side `s` have latents `(batch, 1, s, s)`, packed to
+    `(batch, s * s / 4, 4)`. Models are in eval mode.
+
+    Args:
+        seed (`int`, defaults to 0): seeds the weights; the global torch RNG state is left as it was.
+    """
+    with _seeded(seed):
+        tokenizer, tokenizer_2 = get_tiny_clip_tokenizer(), get_tiny_t5_tokenizer()
+        transformer = FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=4,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            axes_dims_rope=[4, 4, 8],
+        )
+        text_encoder = CLIPTextModel(_tiny_clip_text_config(tokenizer, hidden_size=32, projection_dim=32))
+        text_encoder_2 = T5EncoderModel(
+            T5Config(
+                vocab_size=len(tokenizer_2),
+                d_model=32,
+                d_kv=8,
+                d_ff=37,
+                num_layers=2,
+                num_heads=4,
+                relative_attention_num_buckets=8,
+                pad_token_id=tokenizer_2.pad_token_id,
+                eos_token_id=tokenizer_2.eos_token_id,
+                decoder_start_token_id=tokenizer_2.pad_token_id,
+            )
+        )
+        vae = AutoencoderKL(
+            sample_size=32,
+            in_channels=3,
+            out_channels=3,
+            block_out_channels=(4,),
+            layers_per_block=1,
+            latent_channels=1,
+            norm_num_groups=1,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+            shift_factor=0.0609,
+            scaling_factor=1.5035,
+        )
+    return {
+        "transformer": transformer.eval(),
+        "scheduler": FlowMatchEulerDiscreteScheduler(),
+        "vae": vae.eval(),
+        "text_encoder": text_encoder.eval(),
+        "tokenizer": tokenizer,
+        "text_encoder_2": text_encoder_2.eval(),
+        "tokenizer_2": tokenizer_2,
     }
 
 

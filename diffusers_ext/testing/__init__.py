@@ -5,7 +5,8 @@ API, does not import pytest at import time, and nothing in the library, its zoo 
 imports it (``tests/test_architecture.py`` checks that).
 
 1. **Tiny components built from configs** (no hub access, seeded, a forward takes milliseconds):
-   [`get_tiny_sd_components`], [`get_tiny_sd3_components`], [`get_tiny_pixel_unet`], the bidirectional stand-ins
+   [`get_tiny_sd_components`], [`get_tiny_sdxl_components`], [`get_tiny_sd3_components`],
+   [`get_tiny_flux_components`], [`get_tiny_pixel_unet`], the bidirectional stand-ins
    for diffusion LMs [`get_tiny_llada_like_lm`] and [`get_tiny_dream_like_lm`], and the locally built tokenizers
    they use ([`get_tiny_clip_tokenizer`], [`get_tiny_t5_tokenizer`], [`get_tiny_lm_tokenizer`]). They live in
    ``diffusers_ext.models.tiny_components`` and ``diffusers_ext.models.tiny_tokenizers`` because the zoo's training
@@ -31,10 +32,12 @@ class TestMyPipeline(PipelineConformanceTests):
 
 from ..models.tiny_components import (
     get_tiny_dream_like_lm,
+    get_tiny_flux_components,
     get_tiny_llada_like_lm,
     get_tiny_pixel_unet,
     get_tiny_sd3_components,
     get_tiny_sd_components,
+    get_tiny_sdxl_components,
 )
 from ..models.tiny_tokenizers import get_tiny_clip_tokenizer, get_tiny_lm_tokenizer, get_tiny_t5_tokenizer
 from .outputs import count_module_forwards, output_to_numpy
@@ -64,11 +67,13 @@ __all__ = [
     "get_dummy_spec",
     "get_tiny_clip_tokenizer",
     "get_tiny_dream_like_lm",
+    "get_tiny_flux_components",
     "get_tiny_llada_like_lm",
     "get_tiny_lm_tokenizer",
     "get_tiny_pixel_unet",
     "get_tiny_sd3_components",
     "get_tiny_sd_components",
+    "get_tiny_sdxl_components",
     "get_tiny_t5_tokenizer",
     "output_to_numpy",
     "register_dummy_pipeline",
