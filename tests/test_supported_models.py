@@ -1,12 +1,12 @@
 """SDXL-style UNets and Flux transformers are refused up front, with the argument named, by the methods that do not
-run them (Divide-and-Denoise, DIRP, constrained unlearning), instead of failing inside the model."""
+run them (Divide-and-Denoise), instead of failing inside the model."""
 
 import pytest
 import torch
-from diffusers import DDPMScheduler, UNet2DConditionModel
+from diffusers import UNet2DConditionModel
 from test_grpo_flux import tiny_flux
 
-from diffusers_ext import ConstrainedUnlearningConfig, ConstrainedUnlearningTrainer, DIRPPipeline, MultiDenoiserModel
+from diffusers_ext import MultiDenoiserModel
 from diffusers_ext.testing import get_tiny_sd_components
 
 
@@ -36,19 +36,7 @@ def flux_transformer():
 @pytest.mark.parametrize(
     "model, family", [(sdxl_style_unet, "addition_embed_type='text_time'"), (flux_transformer, "Flux")]
 )
-def test_divide_and_denoise_and_dirp_refuse_them(model, family):
+def test_divide_and_denoise_refuses_them(model, family):
     denoiser = model()
     with pytest.raises(ValueError, match=rf"`denoisers\[1\]` is .*{family}.*Divide-and-Denoise does not support"):
         MultiDenoiserModel([get_tiny_sd_components(0)["unet"], denoiser])
-    with pytest.raises(ValueError, match=rf"`unet` is .*{family}.*DIRPPipeline does not support"):
-        DIRPPipeline(unet=denoiser, scheduler=DDPMScheduler())
-
-
-def test_constrained_unlearning_refuses_an_sdxl_style_unet():
-    from diffusers import StableDiffusionPipeline
-
-    components = get_tiny_sd_components(0)
-    pipe = StableDiffusionPipeline(**{**components, "unet": sdxl_style_unet()})
-    config = ConstrainedUnlearningConfig(output_dir="unused", forget_prompts=["a cat"], retain_prompts=["a dog"])
-    with pytest.raises(ValueError, match="`pipeline.unet` is a UNet with `addition_embed_type='text_time'`"):
-        ConstrainedUnlearningTrainer(pipe, config)
