@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from ..utils import is_number, public
+from ..utils import check_positive_int, is_number, public
 from .base_config import DiffusionTrainerConfig
 
 
@@ -281,9 +281,8 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
         if not 0.0 < self.siss_mixture_weight < 1.0:
             raise ValueError(f"`siss_mixture_weight` must lie in (0, 1), got {self.siss_mixture_weight}.")
         for name in ("resolution", "max_sequence_length"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"`{name}` must be None or an int >= 1, got {value!r}.")
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
         if self.esd_negative_guidance < 0:
             raise ValueError(f"`esd_negative_guidance` must be >= 0, got {self.esd_negative_guidance}.")
 

@@ -16,6 +16,8 @@ uniformly and weight a Monte-Carlo path sum `T * E_t[w_t * ||.||^2]` the same wa
 
 import torch
 
+from ..pipelines.pipeline_utils import PREDICTION_TYPES, prediction_to_epsilon, vp_coefficients
+
 
 class VPNoiseProcess:
     r"""
@@ -55,8 +57,8 @@ class VPNoiseProcess:
     def noise_between(self, x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """The noise that takes clean `x0` to `x_t` at steps `t`; `-||.||^2 / 2` is `log q(x_t | x0)` up to a
         constant (SISS's importance weights)."""
-        alpha_bar = self._alpha_bar(t)
-        return (x_t - alpha_bar.sqrt() * x0) / (1.0 - alpha_bar).sqrt()
+        signal, noise = vp_coefficients(self._alpha_bar(t))
+        return prediction_to_epsilon(x0, x_t, signal, noise, "sample", PREDICTION_TYPES)
 
     def model_timestep(self, t: torch.Tensor) -> torch.Tensor:
         """The timestep input of the model at steps `t`: the step itself."""
@@ -120,7 +122,7 @@ class FlowMatchingNoiseProcess:
 
     def noise_between(self, x0: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         sigma = self._sigma(t)
-        return (x_t - (1.0 - sigma) * x0) / sigma
+        return prediction_to_epsilon(x0, x_t, 1.0 - sigma, sigma, "sample", PREDICTION_TYPES)
 
     def model_timestep(self, t: torch.Tensor) -> torch.Tensor:
         return self.sigmas.to(t.device)[t] * self.num_train_timesteps
