@@ -34,6 +34,7 @@ OUTPUT = {
     "consistency/consistency.py": ("--output_dir", DIR),
     "dirp/dirp.py": ("--output_dir", DIR),
     "dirp/latent_world_dirp.py": ("--dirp_output_dir", DIR),
+    "dirp/modern_dirp_memory.py": ("--output_dir", DIR),
     "discrete_flow/discrete_flow.py": ("--output", JSON),
     "divide_and_denoise/divide_and_denoise.py": ("--output_dir", DIR),
     "divide_and_denoise/latent_world_divide_and_denoise.py": ("--dnd_output_dir", DIR),
@@ -59,6 +60,7 @@ OUTPUT = {
     "soar/soar.py": ("--output_dir", DIR),
     "spade/spade.py": ("--output_dir", DIR),
     "unlearning/latent_world_unlearning.py": ("--output_dir", DIR),
+    "unlearning/modern_unlearning_overhead.py": ("--output_dir", DIR),
     "unlearning/unlearning.py": ("--output_dir", DIR),
     "zoo/zoo.py": ("--output_dir", DIR),
 }

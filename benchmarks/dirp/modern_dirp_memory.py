@@ -128,7 +128,6 @@ def measure_family(family: str, args) -> dict:
 def _full_size_pipeline(family: str):
     """The full-size model of `family` (published configurations, diffusers 0.42 class names) built from fake
     tensors: SDXL base 1.0, SD3.5-large, Flux.1-dev, with their VAEs and text encoders (T5-XXL for SD3.5 / Flux)."""
-    import torch
     from diffusers import (
         AutoencoderKL,
         EulerDiscreteScheduler,
@@ -141,6 +140,12 @@ def _full_size_pipeline(family: str):
 
     from diffusers_ext import DIRPPipeline
     from diffusers_ext.testing import get_tiny_clip_tokenizer, get_tiny_t5_tokenizer
+
+    def real(scheduler_class, **config):  # a scheduler's schedule is read as numbers: real tensors
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return scheduler_class(**config)
 
     def clip(hidden, layers, heads, projection, with_projection):
         config = CLIPTextConfig(
@@ -184,7 +189,7 @@ def _full_size_pipeline(family: str):
         )
         pipe = DIRPPipeline(
             unet=unet,
-            scheduler=EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear"),
+            scheduler=real(EulerDiscreteScheduler, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear"),
             vae=vae(4, scaling_factor=0.13025),
             text_encoder=clip(768, 12, 12, 768, False),
             tokenizer=get_tiny_clip_tokenizer(),
@@ -208,7 +213,7 @@ def _full_size_pipeline(family: str):
         )
         pipe = DIRPPipeline(
             transformer=transformer,
-            scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+            scheduler=real(FlowMatchEulerDiscreteScheduler, shift=3.0),
             vae=vae(16, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5305),
             text_encoder=clip(768, 12, 12, 768, True),
             tokenizer=get_tiny_clip_tokenizer(),
@@ -232,8 +237,8 @@ def _full_size_pipeline(family: str):
         )
         pipe = DIRPPipeline(
             transformer=transformer,
-            scheduler=FlowMatchEulerDiscreteScheduler(
-                shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15
+            scheduler=real(
+                FlowMatchEulerDiscreteScheduler, shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15
             ),
             vae=vae(16, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159, scaling_factor=0.3611),
             text_encoder=clip(768, 12, 12, 768, False),
@@ -242,7 +247,55 @@ def _full_size_pipeline(family: str):
             tokenizer_2=get_tiny_t5_tokenizer(),
         )
     pipe.set_progress_bar_config(disable=True)
-    return pipe.to(torch.bfloat16)
+    return pipe
+
+
+def _traced_calls(pipe, images, args):
+    """The two calls' model work for a fake-tensor trace: the round trip (`reconstruct` without gradients) and one
+    iteration of `DIRPPipeline.__call__` (the differentiable round trip, the hinge, the backward and the Adam step).
+    `__call__` itself reads pixel values to check its input (`preprocess`), which fake tensors do not have."""
+    import torch
+
+    from diffusers_ext.pipelines.dirp.perceptual import l2_distance
+
+    options = (args.num_inversion_steps, args.inversion_strength, "")
+
+    def round_trip():
+        with torch.no_grad():
+            return pipe.reconstruct(images, *options)
+
+    def iteration():
+        noise_fn = pipe.noise_function(images.shape[0], images.device, "", image_size=tuple(images.shape[-2:]))
+        x = images.detach().clone().requires_grad_(True)
+        optimizer = torch.optim.Adam([x], lr=0.003)
+        recon = pipe.reconstruct(x, *options, gradient_checkpointing=True, noise_fn=noise_fn)
+        loss = (recon - x).pow(2).flatten(1).mean(1) + torch.relu(l2_distance(x, images) - 0.02)
+        loss.sum().backward()
+        optimizer.step()
+
+    return {"round_trip": round_trip, "iteration": iteration}
+
+
+def _schedule_outside_fake_mode():
+    """Patch the DIRP pipeline's schedule functions to run on real tensors (their values are read as numbers)."""
+    import contextlib
+    import functools
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from diffusers_ext.pipelines.dirp import pipeline_dirp
+
+    stack = contextlib.ExitStack()
+    for name in ("inversion_timesteps", "noise_levels", "flow_inversion_sigmas"):
+        original = getattr(pipeline_dirp, name)
+
+        def real(*args, original=original, **kwargs):
+            with unset_fake_temporarily():
+                return original(*args, **kwargs)
+
+        setattr(pipeline_dirp, name, functools.wraps(original)(real))
+        stack.callback(setattr, pipeline_dirp, name, original)
+    return stack
 
 
 def compute_full_size(family: str, args) -> dict:
@@ -252,15 +305,23 @@ def compute_full_size(family: str, args) -> dict:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     out = {"image_side": 1024, "dtype": "bfloat16", "num_inversion_steps": args.num_inversion_steps}
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        pipe = _full_size_pipeline(family)
-        images = torch.rand(1, 3, 1024, 1024)
+    default_dtype = torch.get_default_dtype()
+    with _schedule_outside_fake_mode(), FakeTensorMode(allow_non_fake_inputs=True):
+        torch.set_default_dtype(torch.bfloat16)  # built in bf16 (fake tensors cannot be cast after)
+        try:
+            pipe = _full_size_pipeline(family)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        for module in pipe.components.values():
+            if isinstance(module, torch.nn.Module):
+                module.requires_grad_(False)  # frozen, as `__call__` freezes them
+        images = torch.rand(1, 3, 1024, 1024, dtype=torch.float32) * 2 - 1
         out["parameters"] = {
             name: sum(p.numel() for p in module.parameters())
             for name in ("unet", "transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
             if (module := getattr(pipe, name, None)) is not None
         }
-        for name, call in _calls(pipe, images, args).items():
+        for name, call in _traced_calls(pipe, images, args).items():
             tracker = MemTracker()
             tracker.track_external(*[m for m in pipe.components.values() if isinstance(m, torch.nn.Module)])
             with tracker:
