@@ -18,11 +18,11 @@ weights, which exist before the call, are not counted). Target per family: the i
 trip's.
 
 `--full_size` adds the computed memory of the same two calls for the full-size models (SDXL at 1024 px, SD3.5-large
-and Flux.1-dev at 1024 px, bf16 weights and activations, their published configurations, with T5 at 256 / 512
-tokens): the calls are traced with fake tensors (`torch._subclasses.FakeTensorMode`, no memory allocated) under
-`torch.distributed._tools.mem_tracker.MemTracker`, which sums every tensor's bytes as the calls create and free
-them: parameters + the peak of the live activations, gradients and optimiser state (the formula in
-docs/dirp.md). It is a computation, not a measurement on a GPU (no allocator rounding or fragmentation).
+and Flux.1-dev at 1024 px, bf16 weights, their published configurations, T5-XXL states of 256 / 512 tokens), by the
+formula of docs/dirp.md (Memory): the weights, the stored latents and image state, and the largest of the models'
+own peaks, each traced with fake tensors (`torch._subclasses.FakeTensorMode`, nothing allocated) under
+`torch.distributed._tools.mem_tracker.MemTracker`, which sums every tensor's bytes as the work creates and frees
+them. It is a computation, not a measurement on a GPU (no allocator rounding, fragmentation or workspace).
 
 Writes `benchmarks/dirp/results/modern_dirp_memory.json` and `.md`.
 """
@@ -250,86 +250,130 @@ def _full_size_pipeline(family: str):
     return pipe
 
 
-def _traced_calls(pipe, images, args):
-    """The two calls' model work for a fake-tensor trace: the round trip (`reconstruct` without gradients) and one
-    iteration of `DIRPPipeline.__call__` (the differentiable round trip, the hinge, the backward and the Adam step).
-    `__call__` itself reads pixel values to check its input (`preprocess`), which fake tensors do not have."""
+# Full-size conditions: (prompt states, pooled) shapes of each model's text encoders for one prompt
+FULL_SIZE_CONDITIONS = {
+    "sdxl": {"encoder_hidden_states": (77, 2048), "text_embeds": (1280,), "time_ids": (6,)},
+    "sd3": {"encoder_hidden_states": (77 + 256, 4096), "pooled_projections": (2048,)},
+    "flux": {"encoder_hidden_states": (512, 4096), "pooled_projections": (768,)},
+}
+FULL_SIZE_LATENTS = {"sdxl": (4, 128, 128), "sd3": (16, 128, 128), "flux": (16, 128, 128)}
+
+
+def _frozen_weights_mem_tracker():
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class FrozenWeightsMemTracker(MemTracker):
+        """MemTracker for frozen weights: it installs no gradient hooks on them (they take none)."""
+
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            return super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+
+    return FrozenWeightsMemTracker
+
+
+def _traced_peak(work) -> int:
+    """The peak bytes of the tensors `work()` creates (weights excluded), traced with fake tensors."""
     import torch
 
-    from diffusers_ext.pipelines.dirp.perceptual import l2_distance
-
-    options = (args.num_inversion_steps, args.inversion_strength, "")
-
-    def round_trip():
-        with torch.no_grad():
-            return pipe.reconstruct(images, *options)
-
-    def iteration():
-        noise_fn = pipe.noise_function(images.shape[0], images.device, "", image_size=tuple(images.shape[-2:]))
-        x = images.detach().clone().requires_grad_(True)
-        optimizer = torch.optim.Adam([x], lr=0.003)
-        recon = pipe.reconstruct(x, *options, gradient_checkpointing=True, noise_fn=noise_fn)
-        loss = (recon - x).pow(2).flatten(1).mean(1) + torch.relu(l2_distance(x, images) - 0.02)
-        loss.sum().backward()
-        optimizer.step()
-
-    return {"round_trip": round_trip, "iteration": iteration}
-
-
-def _schedule_outside_fake_mode():
-    """Patch the DIRP pipeline's schedule functions to run on real tensors (their values are read as numbers)."""
-    import contextlib
-    import functools
-
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    from diffusers_ext.pipelines.dirp import pipeline_dirp
-
-    stack = contextlib.ExitStack()
-    for name in ("inversion_timesteps", "noise_levels", "flow_inversion_sigmas"):
-        original = getattr(pipeline_dirp, name)
-
-        def real(*args, original=original, **kwargs):
-            with unset_fake_temporarily():
-                return original(*args, **kwargs)
-
-        setattr(pipeline_dirp, name, functools.wraps(original)(real))
-        stack.callback(setattr, pipeline_dirp, name, original)
-    return stack
+    tracker = _frozen_weights_mem_tracker()()
+    with tracker:
+        work()
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    by_kind = {str(k).split(".")[-1].split(":")[0].lower(): int(v) for k, v in peak.items()}
+    return by_kind["total"] - by_kind.get("param", 0) - by_kind.get("buffer", 0)
 
 
 def compute_full_size(family: str, args) -> dict:
-    """Parameters and the traced peak (parameters + live tensors) of both calls at 1024 px in bf16."""
+    r"""
+    The memory of the two calls for the full-size model of `family` at 1024 px in bf16, by the formula of
+    docs/dirp.md with each model's own term traced with fake tensors:
+
+        round trip = W + |x| + |z| + max(F_model, F_encoder, F_decoder)
+        iteration  = W + 2K |z| + 4 |x| + max(A_model, A_encoder, A_decoder)
+
+    W: every component's weights (bf16); x: the float32 images, z: float32 latents (2K checkpointed step inputs; the
+    image, its gradient and Adam's two moments); F_*: one forward's peak without gradients; A_*: one forward and
+    backward's peak with gradients to the input (a checkpointed call's recomputation and backward; the VAE decoder
+    layer by layer, as DIRP checkpoints it).
+    """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
-    out = {"image_side": 1024, "dtype": "bfloat16", "num_inversion_steps": args.num_inversion_steps}
+    from diffusers_ext.pipelines.dirp.ddim_inversion import vae_layer_checkpointing
+    from diffusers_ext.pipelines.pipeline_utils import decode_vae_latents, encode_vae_latents
+
+    steps = args.num_inversion_steps
     default_dtype = torch.get_default_dtype()
-    with _schedule_outside_fake_mode(), FakeTensorMode(allow_non_fake_inputs=True):
+    with FakeTensorMode(allow_non_fake_inputs=True):
         torch.set_default_dtype(torch.bfloat16)  # built in bf16 (fake tensors cannot be cast after)
         try:
             pipe = _full_size_pipeline(family)
         finally:
             torch.set_default_dtype(default_dtype)
-        for module in pipe.components.values():
-            if isinstance(module, torch.nn.Module):
-                module.requires_grad_(False)  # frozen, as `__call__` freezes them
-        images = torch.rand(1, 3, 1024, 1024, dtype=torch.float32) * 2 - 1
-        out["parameters"] = {
+        parameters = {
             name: sum(p.numel() for p in module.parameters())
             for name in ("unet", "transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
             if (module := getattr(pipe, name, None)) is not None
         }
-        for name, call in _traced_calls(pipe, images, args).items():
-            tracker = MemTracker()
-            tracker.track_external(*[m for m in pipe.components.values() if isinstance(m, torch.nn.Module)])
-            with tracker:
-                call()
-            peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-            out[name] = {str(k).split(".")[-1].split(":")[0].lower(): int(v) for k, v in peak.items()}
-    out["ratio"] = out["iteration"]["total"] / out["round_trip"]["total"]
-    return out
+        for name in parameters:
+            getattr(pipe, name).requires_grad_(False)
+        denoiser, vae = pipe.denoiser, pipe.vae
+        model_family = pipe.denoiser_family()
+        from diffusers_ext.pipelines.denoiser_families import Conditions
+
+        cond = Conditions(
+            {
+                name: torch.randn(1, *shape, dtype=torch.bfloat16)
+                for name, shape in FULL_SIZE_CONDITIONS[family].items()
+            }
+        )
+        timestep = torch.full((1,), 500.0)
+        latent_shape = (1, *FULL_SIZE_LATENTS[family])
+
+        def model(grad: bool):
+            z = torch.randn(latent_shape).requires_grad_(grad)
+            with torch.set_grad_enabled(grad):
+                out = model_family.predict(denoiser, z, timestep, cond, torch.bfloat16).float()
+                if grad:
+                    out.sum().backward()
+
+        def encoder(grad: bool):
+            x = torch.randn(1, 3, 1024, 1024).requires_grad_(grad)
+            with torch.set_grad_enabled(grad):
+                out = encode_vae_latents(vae, x).float()
+                if grad:
+                    out.sum().backward()
+
+        def decoder(grad: bool):
+            z = torch.randn(latent_shape).requires_grad_(grad)
+            with torch.set_grad_enabled(grad), vae_layer_checkpointing(vae, grad):
+                out = decode_vae_latents(vae, z).float()
+                if grad:
+                    out.sum().backward()
+
+        terms = {}
+        for name, work in (("model", model), ("encoder", encoder), ("decoder", decoder)):
+            terms[f"forward_{name}"] = _traced_peak(lambda work=work: work(False))
+            terms[f"backward_{name}"] = _traced_peak(lambda work=work: work(True))
+    weights = 2 * sum(parameters.values())
+    image, latent = 4 * 3 * 1024 * 1024, 4 * int(torch.tensor(latent_shape).prod())
+    forward_peak = max(terms[f"forward_{n}"] for n in ("model", "encoder", "decoder"))
+    backward_peak = max(terms[f"backward_{n}"] for n in ("model", "encoder", "decoder"))
+    round_trip = {"weights": weights, "work": image + latent + forward_peak}
+    iteration = {"weights": weights, "work": 2 * steps * latent + 4 * image + backward_peak}
+    for row in (round_trip, iteration):
+        row["total"] = row["weights"] + row["work"]
+    return {
+        "image_side": 1024,
+        "dtype": "bfloat16",
+        "num_inversion_steps": steps,
+        "parameters": parameters,
+        "terms": terms,
+        "round_trip": round_trip,
+        "iteration": iteration,
+        "ratio": iteration["total"] / round_trip["total"],
+        "work_ratio": iteration["work"] / round_trip["work"],
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -384,18 +428,17 @@ def report_sections(results: dict) -> list[str]:
             "",
             "## Computed for the full-size models (bf16, 1024 px, fake-tensor trace)",
             "",
-            "Peak = parameters (all components, bf16) + the peak of the live activations, gradients and optimiser "
-            "state, traced call by call (docs/dirp.md, Memory).",
+            "Peak = weights (all components, bf16) + the call's own memory by the formula of docs/dirp.md (Memory), "
+            "each model's forward / forward-and-backward peak traced with fake tensors.",
             "",
-            "| model | parameters (B) | round trip: parameters GiB + activations GiB = peak GiB | DIRP iteration: parameters GiB + activations GiB = peak GiB | ratio |",
+            "| model | parameters (B) | round trip: weights GiB + work GiB = peak GiB | DIRP iteration: weights GiB + work GiB = peak GiB | ratio |",
             "| --- | --- | --- | --- | --- |",
         ]
         for family, row in full.items():
             cells = []
             for name in ("round_trip", "iteration"):
                 part = row[name]
-                rest = part["total"] - part["parameter"]
-                cells.append(f"{_gib(part['parameter'])} + {_gib(rest)} = {_gib(part['total'])}")
+                cells.append(f"{_gib(part['weights'])} + {_gib(part['work'])} = {_gib(part['total'])}")
             lines.append(
                 f"| {FULL_SIZE_NAMES[family]} | {sum(row['parameters'].values()) / 1e9:.2f} | {cells[0]} | {cells[1]} "
                 f"| {row['ratio']:.2f} |"
@@ -420,14 +463,14 @@ def main(argv=None) -> dict:
         torch.manual_seed(args.seed)
         start = time.perf_counter()
         summary = {}
-        for family in args.families:
-            summary[family] = measure_family(family, args)
-            print(f"{family}: ratio {summary[family]['ratio']:.2f}", file=sys.stderr)
-        if args.full_size:
+        if args.full_size:  # first: a computation, quick next to the measurements
             summary["full_size"] = {}
             for family in args.families:
                 summary["full_size"][family] = compute_full_size(family, args)
                 print(f"{family} full size: {summary['full_size'][family]['ratio']:.2f}", file=sys.stderr)
+        for family in args.families:
+            summary[family] = measure_family(family, args)
+            print(f"{family}: ratio {summary[family]['ratio']:.2f}", file=sys.stderr)
         summary["targets"] = memory_targets(summary)
         results = {
             "command": command(__file__, argv, omit=("--output_dir",)),
