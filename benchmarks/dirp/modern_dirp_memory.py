@@ -139,7 +139,7 @@ def _full_size_pipeline(family: str):
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     from diffusers_ext import DIRPPipeline
-    from diffusers_ext.testing import get_tiny_clip_tokenizer, get_tiny_t5_tokenizer
+    from diffusers_ext.models.tiny_tokenizers import get_tiny_clip_tokenizer, get_tiny_t5_tokenizer
 
     def real(scheduler_class, **config):  # a scheduler's schedule is read as numbers: real tensors
         from torch._subclasses.fake_tensor import unset_fake_temporarily
