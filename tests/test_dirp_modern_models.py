@@ -131,3 +131,21 @@ def test_a_unet_and_a_transformer_together_are_refused():
     sdxl, sd3 = tiny_pipeline("sdxl"), tiny_pipeline("sd3")
     with pytest.raises(ValueError, match="`unet` .* or `transformer` .*, not both"):
         DIRPPipeline(unet=sdxl.unet, transformer=sd3.transformer, scheduler=sd3.scheduler)
+
+
+@pytest.mark.parametrize("family", ["sdxl", "sd3", "flux"])
+def test_purify_command_takes_the_family_folder(family, tmp_path):
+    import PIL.Image
+
+    from diffusers_ext.cli import main
+
+    folder = tmp_path / "model"
+    tiny_pipeline(family).save_pretrained(folder)
+    side = resolution(family)
+    (tmp_path / "in").mkdir()
+    pixels = (_images(family, n=1)[0].permute(1, 2, 0).numpy() * 255).round().astype("uint8")
+    PIL.Image.fromarray(pixels).save(tmp_path / "in" / "a.png")
+    out = tmp_path / "out"
+    argv = ["purify", str(tmp_path / "in"), "--out", str(out), "--model", str(folder), "--resolution", str(side)]
+    assert main([*argv, "--num_iterations", "1", "--num_inversion_steps", "2"]) == 0
+    assert PIL.Image.open(out / "a.png").size == (side, side)
