@@ -80,7 +80,7 @@ def _image_files(inputs: list[str]) -> list[str]:
 
 def _native_size(pipe) -> tuple[int, int] | None:
     """`(width, height)` in pixels of the images the pipeline's model was built for, or None if it does not say."""
-    size = getattr(pipe.unet.config, "sample_size", None)
+    size = getattr(pipe.denoiser.config, "sample_size", None)
     if isinstance(size, int):
         size = (size, size)
     if not (isinstance(size, (list, tuple)) and len(size) == 2):
@@ -107,8 +107,8 @@ def _output_names(files: list[str]) -> list[str]:
 
 
 def _check_purify_model(name: str, folder: str) -> None:
-    """Refuse a `--model` folder DIRP cannot run before anything loads: a pipeline folder with a UNet and a
-    scheduler (a classifier's or a VAE's folder holds a model, not a pipeline)."""
+    """Refuse a `--model` folder DIRP cannot run before anything loads: a pipeline folder with a denoiser (a UNet, or
+    an SD3 / Flux transformer) and a scheduler (a classifier's or a VAE's folder holds a model, not a pipeline)."""
     import json
 
     from .utils import check_saved_folder
@@ -118,11 +118,23 @@ def _check_purify_model(name: str, folder: str) -> None:
     )
     with open(os.path.join(folder, "model_index.json"), encoding="utf-8") as f:
         index = json.load(f)
-    missing = [part for part in ("unet", "scheduler") if not isinstance(index.get(part), list) or None in index[part]]
+
+    def holds(part: str) -> bool:
+        return isinstance(index.get(part), list) and None not in index[part]
+
+    missing = [
+        p
+        for p, ok in (
+            ("unet or transformer", holds("unet") or holds("transformer")),
+            ("scheduler", holds("scheduler")),
+        )
+        if not ok
+    ]
     if missing:
         raise ValueError(
             f"--model {name!r} is a {index['_class_name']} without {' or '.join(missing)}; DIRP purifies with a "
-            "UNet diffusion pipeline (e.g. digits-ddpm, or a saved DDPMPipeline / StableDiffusionPipeline)."
+            "diffusion pipeline (e.g. digits-ddpm, or a saved DDPMPipeline / StableDiffusion(XL) / StableDiffusion3 / "
+            "Flux pipeline)."
         )
 
 

@@ -36,6 +36,7 @@ OUTPUT = {
     "diffusion_lm_cache/diffusion_lm_cache.py": ("--output_dir", DIR),
     "dirp/dirp.py": ("--output_dir", DIR),
     "dirp/latent_world_dirp.py": ("--dirp_output_dir", DIR),
+    "dirp/modern_dirp_memory.py": ("--output_dir", DIR),
     "discrete_flow/discrete_flow.py": ("--output", JSON),
     "divide_and_denoise/divide_and_denoise.py": ("--output_dir", DIR),
     "divide_and_denoise/families_speed.py": ("--output_dir", DIR),
@@ -62,6 +63,7 @@ OUTPUT = {
     "soar/soar.py": ("--output_dir", DIR),
     "spade/spade.py": ("--output_dir", DIR),
     "unlearning/latent_world_unlearning.py": ("--output_dir", DIR),
+    "unlearning/modern_unlearning_overhead.py": ("--output_dir", DIR),
     "unlearning/unlearning.py": ("--output_dir", DIR),
     "zoo/zoo.py": ("--output_dir", DIR),
 }

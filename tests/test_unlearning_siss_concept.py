@@ -59,7 +59,7 @@ def test_concept_siss_loss_is_keep_minus_weighted_forget_plus_retain(neggrad_wei
     loss, metrics = trainer.compute_loss(parts)
     siss = parts[0]
     with torch.no_grad():
-        eps = trainer._eps(trainer.unet, siss.x_t, siss.t, siss.cond)
+        eps = trainer.predict(trainer.unet, siss.x_t, siss.t, siss.cond)
     sq_x = ((eps - siss.target_x) ** 2).flatten(1).mean(1)
     sq_a = ((eps - siss.target_a) ** 2).flatten(1).mean(1)
     # n = 12 pooled samples of which k = 6 are forget points: n/(n-k) = 2, k/(n-k) = 1
@@ -74,9 +74,9 @@ def test_concept_siss_trains_and_changes_the_forget_prediction():
     x, t = torch.randn(2, *trainer.sample_shape, generator=torch.Generator().manual_seed(0)), torch.tensor([300, 700])
     cond = trainer._repeat(trainer.forget_conds, 2)
     with torch.no_grad():
-        before = trainer._eps(trainer.ref_unet, x, t, cond)
+        before = trainer.predict(trainer.ref_unet, x, t, cond)
     history = trainer.train(max_steps=2)
     assert len(history) == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in history)
     with torch.no_grad():
-        after = trainer._eps(trainer.accelerator.unwrap_model(trainer.unet).eval(), x, t, cond)
+        after = trainer.predict(trainer.accelerator.unwrap_model(trainer.unet).eval(), x, t, cond)
     assert not torch.allclose(after, before, atol=1e-6)

@@ -11,13 +11,20 @@ Concept unlearning of a prompt of a Stable Diffusion-style pipeline (UNet2DCondi
     accelerate launch training/train_unlearning.py --pretrained_model_name_or_path path/to/sd \\
         --output_dir no-cats --forget_prompts "a photo of a cat" --retain_prompts "a photo of a dog" --use_lora
 
+Concept unlearning on SDXL, SD3 / SD3.5 or Flux (the pipeline's own `encode_prompt`; SD3 and Flux with the
+velocity-space targets, LoRA on the transformer's attention):
+
+    accelerate launch training/train_unlearning.py --pretrained_model_name_or_path path/to/flux \
+        --output_dir flux-no-cats --forget_prompts "a photo of a cat" --retain_prompts "a photo of a dog" \
+        --use_lora --resolution 512 --max_sequence_length 128 --mixed_precision bf16
+
 Data unlearning of training images of the digits (`--forget_size` random training images, or `--forget_indices`):
 
     accelerate launch training/train_unlearning.py --pretrained_model_name_or_path path/to/digits-ddpm \\
         --output_dir digits-forget-64 --forget_size 64 --constraint forward_kl --constraint_level auto
 
 `--baseline esd|siss|neggrad_plus|retain_only` trains a baseline instead. The result is the pipeline with the
-unlearned UNet (`from_pretrained`), or for LoRA on a UNet2DConditionModel the LoRA weights
+unlearned denoiser (`from_pretrained`), or for LoRA on a text-to-image model the LoRA weights
 (`pipe.load_lora_weights(output_dir)`), with a model card stating what was unlearned, the constraint and the
 measured results. Checkpoints are `output_dir/checkpoint-<step>` every `--save_steps`; `--resume_from_checkpoint
 latest` continues exactly (weights, optimizer, lambda and the model's own sample pool).
@@ -64,8 +71,8 @@ class ScriptArguments:
     pretrained_model_name_or_path: str | None = field(
         default=None,
         metadata={
-            "help": "A pipeline folder: a ClassConditionalDDPMPipeline, a DDPMPipeline, or a StableDiffusion-style "
-            "pipeline (UNet2DConditionModel + text encoder)."
+            "help": "A pipeline folder: a ClassConditionalDDPMPipeline, a DDPMPipeline, or a text-to-image pipeline: "
+            "StableDiffusion (1.x / 2.x), StableDiffusionXL, StableDiffusion3 or Flux."
         },
     )
     forget_indices: list[int] | None = field(
@@ -245,7 +252,8 @@ def run_validation(pipe, script_args, config, accelerator, step: int) -> None:
 
     pipe.set_progress_bar_config(disable=True)
     steps = script_args.eval_inference_steps
-    num_classes = getattr(pipe.unet.config, "num_class_embeds", None)
+    denoiser = pipe.unet if hasattr(pipe, "unet") else pipe.transformer
+    num_classes = getattr(denoiser.config, "num_class_embeds", None)
     if hasattr(pipe, "text_encoder"):
         conditions = script_args.validation_prompt
 
@@ -267,7 +275,7 @@ def run_validation(pipe, script_args, config, accelerator, step: int) -> None:
             return torch.from_numpy(images.images).permute(0, 3, 1, 2)
 
     args = trainer_validation_args(script_args, config)
-    validate(accelerator, args, step, sample, conditions, [pipe.unet], logger)
+    validate(accelerator, args, step, sample, conditions, [denoiser], logger)
 
 
 def main(argv=None):
@@ -308,7 +316,9 @@ def main(argv=None):
 
     if script_args.validation_prompt is not None and not is_text:
         raise ValueError(f"--validation_prompt needs a text-conditioned pipeline; {type(pipe).__name__} is not.")
-    if script_args.validation_class_labels is not None and getattr(pipe.unet.config, "num_class_embeds", None) is None:
+    if script_args.validation_class_labels is not None and (
+        is_text or getattr(pipe.unet.config, "num_class_embeds", None) is None
+    ):
         raise ValueError(
             f"--validation_class_labels needs a class-conditional pipeline; {type(pipe).__name__} is not."
         )

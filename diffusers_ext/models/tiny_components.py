@@ -42,6 +42,7 @@ __all__ = [
     "get_tiny_dream_like_lm",
     "get_tiny_flux_components",
     "get_tiny_llada_like_lm",
+    "get_reduced_width_components",
     "get_tiny_pixel_unet",
     "get_tiny_sd3_components",
     "get_tiny_sd_components",
@@ -341,6 +342,150 @@ def get_tiny_flux_components(seed: int = 0, guidance_embeds: bool = False) -> di
         "vae": vae.eval(),
         "scheduler": FlowMatchEulerDiscreteScheduler(),
     }
+
+
+REDUCED_WIDTH_FAMILIES = ("sdxl", "sd3", "flux")
+
+
+def _reduced_width_vae(latent_channels: int, **overrides) -> AutoencoderKL:
+    """An RGB `AutoencoderKL` with SD's four levels (`vae_scale_factor` 8) at an eighth of SD's widths."""
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(16, 32, 64, 64),
+        layers_per_block=2,
+        latent_channels=latent_channels,
+        norm_num_groups=8,
+        **overrides,
+    )
+
+
+def get_reduced_width_components(family: str, seed: int = 0) -> dict[str, Any]:
+    r"""
+    SDXL-, SD3- or Flux-shaped components at reduced width for measurements (benchmarks), with the real models'
+    depth structure and an 8x VAE: 64x64 latents are 512x512 images.
+
+    - `"sdxl"`: a `UNet2DConditionModel` with SDXL's three levels, two residual blocks per level, transformer depths
+      (0, 2, 2), linear projections and `addition_embed_type="text_time"`, at channels (32, 64, 128) (SDXL: 320,
+      640, 1280); two CLIP encoders of width 32; a 4-channel VAE; SDXL's Euler scheduler.
+    - `"sd3"`: an `SD3Transformer2DModel` of 4 joint blocks, inner dim 64, patch 2, 16 latent channels; SD3's two
+      CLIP encoders (widths 32) and a T5 of width 64; a 16-channel VAE; the flow-matching scheduler with shift 3.
+    - `"flux"`: a `FluxTransformer2DModel` of 2 double- and 4 single-stream blocks, inner dim 64, distilled guidance
+      input, 2x2-packed 16-channel latents; CLIP (width 32) and T5 (width 64); a 16-channel VAE; Flux's dynamically
+      shifted flow-matching scheduler.
+
+    Usable as `StableDiffusionXLPipeline(**components)`, `StableDiffusion3Pipeline(...)` or `FluxPipeline(...)`.
+
+    Args:
+        family (`str`): one of `"sdxl"`, `"sd3"`, `"flux"`.
+        seed (`int`, defaults to 0): seeds the weights; the global torch RNG state is left as it was.
+    """
+    if family not in REDUCED_WIDTH_FAMILIES:
+        raise ValueError(f"`family` must be one of {REDUCED_WIDTH_FAMILIES}, got {family!r}.")
+    with _seeded(seed):
+        tokenizer = get_tiny_clip_tokenizer()
+        clip = CLIPTextModelWithProjection(_tiny_clip_text_config(tokenizer, hidden_size=32, projection_dim=32))
+        if family == "sdxl":
+            unet = UNet2DConditionModel(
+                sample_size=64,
+                in_channels=4,
+                out_channels=4,
+                layers_per_block=2,
+                block_out_channels=(32, 64, 128),
+                down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+                up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+                transformer_layers_per_block=(1, 2, 2),
+                attention_head_dim=(2, 4, 8),
+                use_linear_projection=True,
+                cross_attention_dim=64,
+                addition_embed_type="text_time",
+                addition_time_embed_dim=16,
+                projection_class_embeddings_input_dim=6 * 16 + 32,
+                norm_num_groups=16,
+            )
+            return {
+                "unet": unet.eval(),
+                "vae": _reduced_width_vae(4).eval(),
+                "text_encoder": CLIPTextModel(_tiny_clip_text_config(tokenizer, 32, 32)).eval(),
+                "text_encoder_2": clip.eval(),
+                "tokenizer": tokenizer,
+                "tokenizer_2": get_tiny_clip_tokenizer(),
+                "scheduler": EulerDiscreteScheduler(
+                    beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", timestep_spacing="leading"
+                ),
+                "image_encoder": None,
+                "feature_extractor": None,
+            }
+        tokenizer_t5 = get_tiny_t5_tokenizer()
+        t5 = T5EncoderModel(
+            T5Config(
+                vocab_size=len(tokenizer_t5),
+                d_model=64,
+                d_kv=16,
+                d_ff=128,
+                num_layers=2,
+                num_heads=4,
+                relative_attention_num_buckets=8,
+                feed_forward_proj="gated-gelu",
+                pad_token_id=tokenizer_t5.pad_token_id,
+                eos_token_id=tokenizer_t5.eos_token_id,
+                decoder_start_token_id=tokenizer_t5.pad_token_id,
+            )
+        )
+        vae = _reduced_width_vae(16, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609)
+        if family == "sd3":
+            transformer = SD3Transformer2DModel(
+                sample_size=64,
+                patch_size=2,
+                in_channels=16,
+                out_channels=16,
+                num_layers=4,
+                attention_head_dim=16,
+                num_attention_heads=4,
+                joint_attention_dim=64,
+                caption_projection_dim=64,
+                pooled_projection_dim=64,
+                pos_embed_max_size=64,
+            )
+            clip_2 = CLIPTextModelWithProjection(_tiny_clip_text_config(tokenizer, hidden_size=32, projection_dim=32))
+            return {
+                "transformer": transformer.eval(),
+                "scheduler": FlowMatchEulerDiscreteScheduler(shift=3.0),
+                "vae": vae.eval(),
+                "text_encoder": clip.eval(),
+                "tokenizer": tokenizer,
+                "text_encoder_2": clip_2.eval(),
+                "tokenizer_2": get_tiny_clip_tokenizer(),
+                "text_encoder_3": t5.eval(),
+                "tokenizer_3": tokenizer_t5,
+                "image_encoder": None,
+                "feature_extractor": None,
+            }
+        transformer = FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=64,
+            num_layers=2,
+            num_single_layers=4,
+            attention_head_dim=16,
+            num_attention_heads=4,
+            joint_attention_dim=64,
+            pooled_projection_dim=32,
+            guidance_embeds=True,
+            axes_dims_rope=(4, 6, 6),
+        )
+        return {
+            "transformer": transformer.eval(),
+            "scheduler": FlowMatchEulerDiscreteScheduler(
+                shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15
+            ),
+            "vae": vae.eval(),
+            "text_encoder": CLIPTextModel(_tiny_clip_text_config(tokenizer, 32, 32)).eval(),
+            "tokenizer": tokenizer,
+            "text_encoder_2": t5.eval(),
+            "tokenizer_2": tokenizer_t5,
+        }
 
 
 def get_tiny_pixel_unet(

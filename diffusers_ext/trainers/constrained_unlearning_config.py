@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from ..utils import is_number, public
+from ..utils import check_positive_int, is_number, public
 from .base_config import DiffusionTrainerConfig
 
 
@@ -25,7 +25,7 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
     fixed-strength baseline trained by the same machinery. See `docs/unlearning.md` for the derivations.
 
     What to forget is either a concept (`forget_classes` of a class-conditional `UNet2DModel`, or `forget_prompts` of
-    a `UNet2DConditionModel`) or a set of training examples (`forget_dataset` passed to the trainer: data
+    a text-to-image model: SD 1.x / 2.x, SDXL, SD3 or Flux) or a set of training examples (`forget_dataset` passed to the trainer: data
     unlearning, with `retain_dataset` the remaining training data).
 
     The shared options (output folder, optimiser, logging, checkpoints, accelerator) are those of
@@ -122,13 +122,37 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
         },
     )
     forget_prompts: list[str] | None = field(
-        default=None, metadata={"help": "Prompts of the concept to forget (UNet2DConditionModel)."}
+        default=None, metadata={"help": "Prompts of the concept to forget (text-to-image models)."}
     )
     retain_prompts: list[str] | None = field(
-        default=None, metadata={"help": "Anchor prompts to keep unchanged (UNet2DConditionModel)."}
+        default=None, metadata={"help": "Anchor prompts to keep unchanged (text-to-image models)."}
     )
     reference_prompt: str = field(
         default="", metadata={"help": "The prompt of p_ref (default the empty prompt, i.e. unconditional)."}
+    )
+    # Model families with text encoders and their own sizes (SDXL, SD3, Flux)
+    resolution: int | None = field(
+        default=None,
+        metadata={
+            "help": "Side in pixels of the images whose latents are drawn and noised (the VAE divides it). Default the "
+            "model's own: its sample size (SD 1.x/2.x, SDXL, SD3), or the pipeline's default size (Flux). SDXL's "
+            "time ids are (resolution, resolution, 0, 0, resolution, resolution)."
+        },
+    )
+    max_sequence_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "T5 tokens of each prompt (SD3, Flux; their pipeline's `encode_prompt` option). Default the "
+            "pipeline's own (256 for SD3, 512 for Flux)."
+        },
+    )
+    guidance_scale: float = field(
+        default=3.5,
+        metadata={
+            "help": "The guidance input of a guidance-distilled Flux transformer (Flux.1-dev; `guidance_embeds`), "
+            "given to the trained and the frozen model at every call, as FluxPipeline's `guidance_scale`. Unused "
+            "by other models."
+        },
     )
     retain_weight: float = field(
         default=1.0,
@@ -187,7 +211,10 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
         },
     )
     pool_sampling_steps: int = field(
-        default=10, metadata={"help": "DDIM steps used to draw the sample pools (eta 0)."}
+        default=10,
+        metadata={
+            "help": "Steps of the deterministic sampler (DDIM eta 0, or Euler on the flow ODE) that draws the sample pools."
+        },
     )
     pool_refresh_steps: int = field(
         default=10, metadata={"help": "Redraw the on-policy forget pool from the current model every N steps."}
@@ -253,6 +280,9 @@ class ConstrainedUnlearningConfig(DiffusionTrainerConfig):
             raise ValueError(f"`constraint_ema` must lie in [0, 1), got {self.constraint_ema}.")
         if not 0.0 < self.siss_mixture_weight < 1.0:
             raise ValueError(f"`siss_mixture_weight` must lie in (0, 1), got {self.siss_mixture_weight}.")
+        for name in ("resolution", "max_sequence_length"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
         if self.esd_negative_guidance < 0:
             raise ValueError(f"`esd_negative_guidance` must be >= 0, got {self.esd_negative_guidance}.")
 

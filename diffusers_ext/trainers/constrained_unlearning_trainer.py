@@ -6,12 +6,13 @@ import os
 import torch
 from diffusers.utils import logging
 
-from ..pipelines.pipeline_utils import check_supported_denoiser
+from ..pipelines.denoiser_families import Conditions, cat_conditions, get_denoiser_family
 from ..training_utils import step_generator
 from ..utils import public
 from .base_trainer import DiffusionTrainer
 from .constrained_unlearning_config import ConstrainedUnlearningConfig
 from .unlearning_inputs import add_lora, as_tensors, build_conditions, check_method
+from .unlearning_noise import FlowMatchingNoiseProcess, VPNoiseProcess
 from .unlearning_objectives import OBJECTIVES, NoisedBatch, UnlearningContext, mse
 
 
@@ -21,10 +22,10 @@ STATE_FILE = "unlearning_state.safetensors"
 
 
 class AdapterDisabledReference(torch.nn.Module):
-    """The pretrained UNet as the LoRA-trained UNet with its adapters disabled, called like the UNet.
+    """The pretrained denoiser as the LoRA-trained one (UNet or transformer) with its adapters disabled, called like it.
 
-    Every call runs the UNet in eval mode with its LoRA layers off (peft's base-layer path: exactly the pretrained
-    computation) and restores both afterwards. The UNet is held, not registered as a submodule, so this module owns
+    Every call runs the model in eval mode with its LoRA layers off (peft's base-layer path: exactly the pretrained
+    computation) and restores both afterwards. The model is held, not registered as a submodule, so this module owns
     no parameters and the weights are not copied.
     """
 
@@ -64,7 +65,7 @@ class AdapterDisabledReference(torch.nn.Module):
 @public
 class ConstrainedUnlearningTrainer(DiffusionTrainer):
     r"""
-    Unlearn a concept or a set of training examples from a diffusers UNet by primal-dual training.
+    Unlearn a concept or a set of training examples from a diffusers denoiser by primal-dual training.
 
     The unlearned model q minimises its deviation from the pretrained model subject to a separation constraint from
     the distribution p_u to forget; lambda is the dual variable of that constraint:
@@ -85,23 +86,40 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
     `resume_from_checkpoint`; lambda and the on-policy pool go into `unlearning_state.safetensors`), logging and
     `save_model` come from [`DiffusionTrainer`].
 
+    Flow-matching models (SD3, Flux) predict a velocity, not the noise; every target above is an affine combination
+    of predictions with weights summing to 1, so it holds unchanged for velocities, and the constraint estimates use
+    the rectified flow's path weights (`docs/unlearning.md`, "Flow-matching models").
+
     Args:
-        pipeline: a diffusers pipeline whose `unet` is the pretrained denoiser (epsilon prediction): a
-            [`ClassConditionalDDPMPipeline`] or `DDPMPipeline` ([`UNet2DModel`]; its `null_class_label` is the default
-            reference), or a `StableDiffusionPipeline`-like one ([`UNet2DConditionModel`]; its `text_encoder` and
-            `tokenizer` encode `forget_prompts`, `retain_prompts` and `reference_prompt`). Its scheduler's
-            configuration gives the DDPM noise schedule. `pipeline.unet` is trained in place (all weights, or the
-            LoRA adapters of `peft_config`); `save_model` saves the pipeline with the unlearned UNet.
+        pipeline: a diffusers pipeline holding the pretrained denoiser:
+            - a [`ClassConditionalDDPMPipeline`] or `DDPMPipeline` ([`UNet2DModel`], epsilon prediction; its
+              `null_class_label` is the default reference);
+            - a `StableDiffusionPipeline`-like one (SD 1.x / 2.x [`UNet2DConditionModel`], epsilon prediction; its
+              `text_encoder` and `tokenizer` encode `forget_prompts`, `retain_prompts` and `reference_prompt`);
+            - a `StableDiffusionXLPipeline` (UNet with `addition_embed_type="text_time"`: the pipeline's
+              `encode_prompt` gives the prompt states and pooled embeddings, and the time ids are those of
+              `config.resolution` with no crop);
+            - a `StableDiffusion3Pipeline` or `FluxPipeline` (`SD3Transformer2DModel` / `FluxTransformer2DModel`,
+              rectified flow; the pipeline's `encode_prompt` with `config.max_sequence_length` T5 tokens; Flux's
+              guidance input is `config.guidance_scale`).
+            The scheduler's configuration gives the noise process. The denoiser (`pipeline.unet` or
+            `pipeline.transformer`) is trained in place (all weights, or the LoRA adapters of `peft_config`);
+            `save_model` saves the pipeline with the unlearned denoiser, or its LoRA weights.
         args ([`ConstrainedUnlearningConfig`], *optional*): what to forget, the constraint and the optimisation.
         forget_dataset (*optional*): training examples to forget, `(images, labels)` (data unlearning).
         retain_dataset (*optional*): the remaining training examples, `(images, labels)`.
         peft_config (`peft.LoraConfig`, *optional*): train these LoRA adapters instead of all weights; without
-            `target_modules` they go on the attention projections (`to_q`, `to_k`, `to_v`, `to_out.0`), and for a
-            `UNet2DModel` also on `conv1`, `conv2` and `time_emb_proj`. The frozen pretrained reference is then the
-            same UNet with its adapters disabled ([`AdapterDisabledReference`]), not a copy.
+            `target_modules` they go on the attention projections (`to_q`, `to_k`, `to_v`, `to_out.0`), for a
+            `UNet2DModel` also on `conv1`, `conv2` and `time_emb_proj`, and for SD3 / Flux also on the text tokens'
+            joint-attention projections (`add_q_proj`, `add_k_proj`, `add_v_proj`, `to_add_out`). The frozen
+            pretrained reference is then the same model with its adapters disabled ([`AdapterDisabledReference`]),
+            not a copy.
         accelerator (`accelerate.Accelerator`, *optional*): built from `args` when omitted.
 
     Attributes:
+        unet: the denoiser being trained (the pipeline's `unet`, or its `transformer` for SD3 / Flux), prepared by
+            the accelerator; `ref_unet` the frozen pretrained one.
+        family ([`DenoiserFamily`]): how the denoiser is conditioned and called; `noise_process` its forward noising.
         constraint_level (`float`): the level b in use; `constraint_level="auto"` is resolved (calibrated, times
             `constraint_level_factor`) on first use, at the latest when training starts.
         dual_learning_rate (`float`): the dual step size in use (`"auto"` resolved from b the same way).
@@ -125,32 +143,29 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         peft_config=None,
         accelerator=None,
     ):
-        from diffusers import DDPMScheduler, UNet2DConditionModel, UNet2DModel
-
         super().__init__(args)
         args = self.args
-        unet = getattr(pipeline, "unet", None)
-        if not isinstance(unet, (UNet2DModel, UNet2DConditionModel)):
-            raise TypeError(
-                "`pipeline` must be a diffusers pipeline whose `unet` is a UNet2DModel or UNet2DConditionModel, got "
-                f"{type(pipeline).__name__} with unet {type(unet).__name__}."
-            )
-        check_supported_denoiser(unet, "pipeline.unet", "ConstrainedUnlearningTrainer")
-        scheduler = getattr(pipeline, "scheduler", None)
-        if not hasattr(scheduler, "alphas_cumprod") or not hasattr(scheduler, "add_noise"):
-            raise TypeError(
-                "`pipeline.scheduler` must be a DDPM/DDIM-family scheduler with `alphas_cumprod` and `add_noise`, got "
-                f"{type(scheduler).__name__}."
-            )
-        prediction_type = scheduler.config.get("prediction_type", "epsilon")
-        if prediction_type != "epsilon":
-            raise ValueError(
-                f"`pipeline.scheduler` has prediction_type {prediction_type!r}; the unlearning targets are defined "
-                "for 'epsilon' prediction."
-            )
+        # a TypeError naming what the pipeline holds, before anything else
+        self.family = family = get_denoiser_family(
+            pipeline, max_sequence_length=args.max_sequence_length, guidance_scale=args.guidance_scale
+        )
+        unet = family.denoiser
+        scheduler = pipeline.scheduler
+        if not family.flow_matching:
+            if not hasattr(scheduler, "alphas_cumprod") or not hasattr(scheduler, "add_noise"):
+                raise TypeError(
+                    "`pipeline.scheduler` must be a DDPM/DDIM-family scheduler with `alphas_cumprod` and `add_noise`, "
+                    f"got {type(scheduler).__name__}."
+                )
+            prediction_type = scheduler.config.get("prediction_type", "epsilon")
+            if prediction_type != "epsilon":
+                raise ValueError(
+                    f"`pipeline.scheduler` has prediction_type {prediction_type!r}; the unlearning targets of UNets "
+                    "are defined for 'epsilon' prediction."
+                )
         self.pipeline = pipeline
         self.peft_config = peft_config
-        self.is_text = isinstance(unet, UNet2DConditionModel)
+        self.is_text = family.text
         self.method = args.method
         self.forget_data = as_tensors(forget_dataset, "forget_dataset")
         self.retain_data = as_tensors(retain_dataset, "retain_dataset")
@@ -163,18 +178,13 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
                 "`peft_config` on a UNet2DModel (saved merged into plain weights) cannot be saved from sharded "
                 f"parameters ({accelerator.distributed_type}); train it with DDP, or without `peft_config`."
             )
-        self.noise_scheduler = DDPMScheduler.from_config(scheduler.config)
-        noise_scheduler = self.noise_scheduler
-        self.num_train_timesteps = int(noise_scheduler.config.num_train_timesteps)
-        alphas_cumprod = noise_scheduler.alphas_cumprod.to(torch.float64)
-        betas = 1.0 - alphas_cumprod / torch.cat([torch.ones(1, dtype=torch.float64), alphas_cumprod[:-1]])
-        # Girsanov / ELBO weight of ||Δeps||² per step in continuous-time form beta_t / (2 (1 - alpha_bar_t)). The
-        # exact discrete weight has an extra 1/alpha_t that explodes at the capped last step of cosine schedules.
-        self.elbo_weights = (betas / (2.0 * (1.0 - alphas_cumprod))).float()
+        process_class = FlowMatchingNoiseProcess if family.flow_matching else VPNoiseProcess
+        self.noise_process = process_class(scheduler.config)
+        self.num_train_timesteps = self.noise_process.num_train_timesteps
+        self.path_weights = self.noise_process.path_weights
 
         # Conditions are validated and encoded before any weights are copied or trained.
         null_class_label = getattr(pipeline.config, "null_class_label", None)
-        text_encoder, tokenizer = getattr(pipeline, "text_encoder", None), getattr(pipeline, "tokenizer", None)
         (
             self.sample_shape,
             self.forget_conds,
@@ -182,18 +192,16 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
             self.reference_cond,
             self.forget_data,
             self.retain_data,
-        ) = build_conditions(
-            args, unet, self.mode, self.forget_data, self.retain_data, text_encoder, tokenizer, null_class_label
-        )
+        ) = build_conditions(args, family, self.mode, self.forget_data, self.retain_data, null_class_label)
         self._constraint_level = None if args.constraint_level == "auto" else args.constraint_level
         self._dual_learning_rate = None if args.dual_learning_rate == "auto" else args.dual_learning_rate
         self._check_auto_level(objective_class)
 
-        # the UNet's own dtype (float16 / bfloat16 checkpoints): its inputs are cast to it, its outputs to float32
+        # the model's own dtype (float16 / bfloat16 checkpoints): its inputs are cast to it, its outputs to float32
         self.unet_dtype = unet.dtype
         if peft_config is not None:
-            # the reference is the same UNet with its adapters disabled: no second copy of the weights
-            add_lora(unet, peft_config, self.is_text)
+            # the reference is the same model with its adapters disabled: no second copy of the weights
+            add_lora(unet, peft_config, family.lora_targets)
             self.ref_unet = AdapterDisabledReference(unet)
         else:
             self.ref_unet = copy.deepcopy(unet).requires_grad_(False).eval()
@@ -201,7 +209,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         unet.train()
         self.unet, self.trainable_parameters = self.prepare_trained_model(unet)
         self.ref_unet.to(accelerator.device)
-        self.elbo_weights = self.elbo_weights.to(accelerator.device)
+        self.path_weights = self.path_weights.to(accelerator.device)
 
         self.lambda_ = float(args.lambda_init)
         self.constraint_ema: float | None = None
@@ -219,7 +227,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
             mode=self.mode,
             device=self.accelerator.device,
             num_train_timesteps=self.num_train_timesteps,
-            noise_scheduler=self.noise_scheduler,
+            noise_process=self.noise_process,
             forget_conds=self.forget_conds,
             reference_cond=self.reference_cond,
             forget_data=self.forget_data,
@@ -227,7 +235,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
             noised=self._noised,
             pick=self._pick,
             repeat=self._repeat,
-            pretrained_eps=lambda x, t, cond: self._eps(self.ref_unet, x, t, cond),
+            pretrained_eps=lambda x, t, cond: self.predict(self.ref_unet, x, t, cond),
             path_sum=self._path_sum,
             sample_pretrained=lambda conds, tag: self.sample(self.ref_unet, conds, self._pool_generator(tag, 0)),
             on_policy_pool=self.on_policy_pool,
@@ -273,30 +281,28 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
     # Sampling
     # ------------------------------------------------------------------------------------------------------------
 
-    def _eps(self, unet, x, t, cond):
-        """The noise prediction of `unet` at `(x, t)` under `cond`, in float32: the sample and text embeddings are
-        cast to the UNet's dtype (a float16 / bfloat16 UNet then runs with or without autocast)."""
-        x = x.to(self.unet_dtype)
-        if self.is_text:
-            return unet(x, t, encoder_hidden_states=cond.to(self.unet_dtype)).sample.float()
-        if cond is None:
-            return unet(x, t).sample.float()
-        return unet(x, t, class_labels=cond).sample.float()
+    def predict(self, unet, x, t, cond):
+        """The prediction of `unet` (the trained or the frozen denoiser) at `(x, t)` under `cond`, in float32: the
+        noise for DDPM-family UNets, the velocity for SD3 / Flux. `t` `(B,)` holds training steps of the noise
+        process (or, 0-d, one for all); the inputs are cast to the model's dtype (a float16 / bfloat16 model then
+        runs with or without autocast)."""
+        return self._predict_at(unet, x, self.noise_process.model_timestep(t), cond)
+
+    def _predict_at(self, unet, x, timestep, cond):
+        return self.family.predict(unet, x, timestep, cond, self.unet_dtype).float()
 
     @torch.no_grad()
-    def sample(self, unet, conds: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Draw one sample per condition in `conds` with a DDIM sampler (eta 0) of `config.pool_sampling_steps`."""
-        from diffusers import DDIMScheduler
-
+    def sample(self, unet, conds, generator: torch.Generator) -> torch.Tensor:
+        """Draw one sample per condition in `conds` with the noise process's deterministic sampler (DDIM, or Euler
+        on the flow ODE) of `config.pool_sampling_steps` steps."""
         device = self.accelerator.device
-        scheduler = DDIMScheduler.from_config(self.noise_scheduler.config, clip_sample=False)
-        scheduler.set_timesteps(self.args.pool_sampling_steps, device=device)
-        x = torch.randn((len(conds), *self.sample_shape), generator=generator).to(device)
+        noise = torch.randn((len(conds), *self.sample_shape), generator=generator).to(device)
         conds = conds.to(device)
         was_training = unet.training
         unet.eval()
-        for t in scheduler.timesteps:
-            x = scheduler.step(self._eps(unet, x, t, conds), t, x).prev_sample
+        x = self.noise_process.sample(
+            lambda x, timestep: self._predict_at(unet, x, timestep, conds), noise, self.args.pool_sampling_steps
+        )
         unet.train(was_training)
         return x
 
@@ -342,11 +348,12 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         x0 = x0.to(device)
         return NoisedBatch(
             name=name,
-            x_t=self.noise_scheduler.add_noise(x0, noise, t),
+            x_t=self.noise_process.add_noise(x0, noise, t),
             t=t,
             cond=conds.to(device) if conds is not None else None,
             noise=noise,
             x0=x0,
+            denoising_target=self.noise_process.denoising_target(x0, noise),
         )
 
     def _pick(self, pool: torch.Tensor, conds: torch.Tensor | None, generator: torch.Generator):
@@ -379,9 +386,9 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
             if part.name != "retain":
                 self.objective.add_targets(part, self.lambda_)
             elif self.mode == "data":
-                part.target = part.noise
+                part.target = part.denoising_target
             else:
-                part.target = self._eps(self.ref_unet, part.x_t, part.t, part.cond)
+                part.target = self.predict(self.ref_unet, part.x_t, part.t, part.cond)
 
     def guidance_strength(self) -> float:
         """eta of the target eps_ref + eta (eps_ref - eps_u): λ/(1-λ) (reverse KL), λ (likelihood), ESD's fixed eta."""
@@ -391,15 +398,15 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
 
     def _path_sum(self, per_sample_sq: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """Monte-Carlo estimate of sum_t w_t ||.||² over all T steps from uniformly drawn t: T * mean(w_t ||.||²)."""
-        return self.num_train_timesteps * (self.elbo_weights[t] * per_sample_sq).mean()
+        return self.num_train_timesteps * (self.path_weights[t] * per_sample_sq).mean()
 
     def compute_loss(self, parts: list[NoisedBatch]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One forward of the trained UNet over all parts; return the loss and the micro-batch's (detached) metrics."""
+        """One forward of the trained model over all parts; return the loss and the micro-batch's (detached) metrics."""
         x = torch.cat([p.x_t for p in parts])
         t = torch.cat([p.t for p in parts])
-        conds = None if parts[0].cond is None else torch.cat([p.cond for p in parts])
+        conds = cat_conditions([p.cond for p in parts])
         with self.accelerator.autocast():
-            eps = self._eps(self.unet, x, t, conds).float()
+            eps = self.predict(self.unet, x, t, conds).float()
         preds = dict(zip([p.name for p in parts], eps.split([len(p.t) for p in parts])))
         by_name = {p.name: p for p in parts}
         retain = mse(preds["retain"], by_name["retain"]) if "retain" in preds else torch.zeros((), device=x.device)
@@ -432,7 +439,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         for _ in range(num_draws):
             part = self._noised(self.retain_pool, self.retain_pool_conds, generator, "calibration")
             u = self._repeat(self.forget_conds, len(part.t)).to(device)
-            eps_u = self._eps(self.ref_unet, part.x_t, part.t, u)
+            eps_u = self.predict(self.ref_unet, part.x_t, part.t, u)
             values.append(self.objective.calibration_value(part, eps_u))
         return float(torch.stack(values).mean())
 
@@ -535,7 +542,10 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
             state["best_constraint"] = torch.tensor(self.best_constraint, dtype=torch.float64)
         if self.forget_pool is not None:
             state["forget_pool"] = self.forget_pool.detach().cpu().contiguous()
-            state["forget_pool_conds"] = self.forget_pool_conds.detach().cpu().contiguous()
+            conds = self.forget_pool_conds
+            entries = conds.tensors if isinstance(conds, Conditions) else {"": conds}
+            for name, value in entries.items():  # prompt conditions: one safetensors entry per tensor
+                state["forget_pool_conds" + (f".{name}" if name else "")] = value.detach().cpu().contiguous()
         return state
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -546,10 +556,13 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         self.best_constraint = float(state["best_constraint"]) if "best_constraint" in state else None
         if "forget_pool" in state:
             self.forget_pool = state["forget_pool"].to(self.accelerator.device)
-            self.forget_pool_conds = state["forget_pool_conds"]
+            prefix = "forget_pool_conds."
+            named = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            self.forget_pool_conds = Conditions(named) if named else state["forget_pool_conds"]
 
     def unlearned_unet(self, state_dict: dict[str, torch.Tensor] | None = None):
-        """The trained UNet, unwrapped; LoRA adapters of a UNet2DModel are merged into a plain UNet2DModel.
+        """The trained denoiser (UNet or transformer), unwrapped; LoRA adapters of a UNet2DModel are merged into a
+        plain UNet2DModel.
 
         `state_dict`: the full weights gathered off sharded processes (`gathered_state_dict`), loaded into a fresh
         UNet, when the prepared UNet holds only a shard (FSDP, DeepSpeed ZeRO-3)."""
@@ -572,35 +585,43 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         return plain.to(self.unet_dtype)
 
     def lora_state_dict(self, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """The LoRA weights in diffusers' format (for `save_lora_weights`), for a UNet2DConditionModel with LoRA;
-        read from `state_dict` (gathered off sharded processes) when given."""
+        """The LoRA weights in diffusers' format (for `save_lora_weights`), for a text-conditioned denoiser
+        (UNet2DConditionModel, SD3 / Flux transformer) with LoRA; read from `state_dict` (gathered off sharded
+        processes) when given."""
         if not self.saves_lora_only:
-            raise ValueError("`lora_state_dict` needs a `peft_config` and a UNet2DConditionModel.")
+            raise ValueError("`lora_state_dict` needs a `peft_config` and a text-conditioned denoiser.")
         from diffusers.utils import convert_state_dict_to_diffusers
         from peft.utils import get_peft_model_state_dict
 
         unet = self.accelerator.unwrap_model(self.unet)
-        return convert_state_dict_to_diffusers(get_peft_model_state_dict(unet, state_dict=state_dict))
+        state = get_peft_model_state_dict(unet, state_dict=state_dict)
+        if self.family.component == "transformer":
+            # SD3 / Flux load peft's own names (as diffusers' scripts save them); the conversion would rename only the
+            # `to_q`-style projections to the UNet-era `lora.down` format, which their loaders then skip
+            return state
+        return convert_state_dict_to_diffusers(state)
 
     @property
     def saves_lora_only(self) -> bool:
-        """Whether `save_model` writes LoRA weights (LoRA on a UNet2DConditionModel) rather than a merged UNet."""
+        """Whether `save_model` writes LoRA weights (LoRA on a text-conditioned denoiser) rather than the pipeline."""
         return self.peft_config is not None and self.is_text
 
     def unlearned_pipeline(self, state_dict: dict[str, torch.Tensor] | None = None):
-        """A shallow copy of the pipeline with the unlearned UNet (`unlearned_unet(state_dict)`) in place of its own."""
+        """A shallow copy of the pipeline with the unlearned denoiser (`unlearned_unet(state_dict)`) in place of its
+        own."""
         pipeline = copy.copy(self.pipeline)
-        pipeline.register_modules(unet=self.unlearned_unet(state_dict))
+        pipeline.register_modules(**{self.family.component: self.unlearned_unet(state_dict)})
         return pipeline
 
     def _save_weights(self, output_dir: str) -> None:
-        """The pipeline with the unlearned UNet (`from_pretrained` / `load_pipeline`), or for LoRA on a
-        UNet2DConditionModel the LoRA weights (`pipe.load_lora_weights(output_dir)`)."""
+        """The pipeline with the unlearned denoiser (`from_pretrained` / `load_pipeline`), or for LoRA on a
+        text-conditioned denoiser the LoRA weights (`pipe.load_lora_weights(output_dir)`)."""
         state = self.gathered_state_dict(self.unet)  # every process (a collective when sharded)
         if not self.accelerator.is_main_process:
             return
         if self.saves_lora_only:
-            type(self.pipeline).save_lora_weights(output_dir, unet_lora_layers=self.lora_state_dict(state))
+            lora_layers = {self.family.lora_layers_argument: self.lora_state_dict(state)}
+            type(self.pipeline).save_lora_weights(output_dir, **lora_layers)
         else:
             self.unlearned_pipeline(state).save_pretrained(output_dir)
 
@@ -616,7 +637,7 @@ class ConstrainedUnlearningTrainer(DiffusionTrainer):
         return f"{len(self.forget_data[0])} training images"
 
     def _card_title(self, base_model):
-        name = os.path.basename(os.path.normpath(base_model)) if base_model else type(self.pipeline.unet).__name__
+        name = os.path.basename(os.path.normpath(base_model)) if base_model else type(self.family.denoiser).__name__
         return f"{name} with {self.unlearned_description()} unlearned"
 
     def _card_description(self) -> str:

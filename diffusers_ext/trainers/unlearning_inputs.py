@@ -40,34 +40,6 @@ def check_labels(labels: Sequence[int], num_classes: int, null_label: int | None
         raise ValueError(f"`{name}` holds classes the model does not know: {unknown}; known classes are {known}.")
 
 
-def sample_size(unet) -> tuple[int, int]:
-    """`(height, width)` of a UNet's samples."""
-    size = unet.config.sample_size
-    return (size, size) if isinstance(size, int) else tuple(size)
-
-
-@torch.no_grad()
-def encode_prompts(prompts: list[str], text_encoder, tokenizer, name: str) -> torch.Tensor:
-    """`(len(prompts), seq, dim)` text-encoder states of `prompts`; refuses prompts with unknown tokens."""
-    inputs = tokenizer(
-        list(prompts),
-        padding="max_length",
-        max_length=tokenizer.model_max_length,
-        truncation=True,
-        return_tensors="pt",
-    )
-    unk = getattr(tokenizer, "unk_token_id", None)
-    if unk is not None and name != "reference_prompt":
-        for prompt in prompts:  # without padding and special tokens, which may share the unknown token's id
-            if unk in tokenizer(prompt, add_special_tokens=False).input_ids:
-                raise ValueError(
-                    f"`{name}` prompt {prompt!r} holds tokens the tokenizer does not know (mapped to "
-                    f"{tokenizer.unk_token!r}); the model cannot know that concept."
-                )
-    device = next(text_encoder.parameters()).device
-    return text_encoder(inputs.input_ids.to(device))[0].detach().float().cpu()
-
-
 def check_method(args, mode: str, objective_class, retain_data) -> None:
     """Raise unless the objective unlearns this kind of input (`mode`) and what it needs was given."""
     method = args.method
@@ -91,25 +63,30 @@ def check_method(args, mode: str, objective_class, retain_data) -> None:
         )
 
 
-def build_conditions(config, unet, mode: str, forget_data, retain_data, text_encoder, tokenizer, null_class_label):
+def build_conditions(config, family, mode: str, forget_data, retain_data, null_class_label):
     """Validate and encode what to forget, keep and fall back to. Returns `(sample_shape, forget_conds,
-    retain_conds, reference_cond, forget_data, retain_data)`: conditions are class labels `(n,)`, prompt states
-    `(n, seq, dim)` or None; the datasets lose their labels for an unconditional UNet."""
-    from diffusers import UNet2DConditionModel
-
-    sample_shape = (unet.config.in_channels, *sample_size(unet))
-    if isinstance(unet, UNet2DConditionModel):
+    retain_conds, reference_cond, forget_data, retain_data)`: conditions are class labels `(n,)`, prompt
+    [`Conditions`] of `n` rows, or None; the datasets lose their labels for an unconditional UNet. `family` is the
+    pipeline's [`DenoiserFamily`]."""
+    sample_shape = family.sample_shape(config.resolution)
+    image_size = sample_shape[-1] * family.vae_scale_factor
+    if family.text:
+        model = type(family.denoiser).__name__
         if config.forget_classes is not None:
-            raise ValueError("`forget_classes` needs a class-conditional UNet2DModel; use `forget_prompts`.")
+            raise ValueError(f"`forget_classes` needs a class-conditional UNet2DModel; this {model} takes prompts.")
         if mode == "data":
-            raise ValueError("data unlearning is supported for UNet2DModel (class-conditional or not).")
-        if text_encoder is None or tokenizer is None:
-            raise ValueError("a UNet2DConditionModel needs `text_encoder` and `tokenizer` to encode the prompts.")
-        forget = encode_prompts(config.forget_prompts, text_encoder, tokenizer, "forget_prompts")
+            raise ValueError(f"data unlearning is supported for UNet2DModel (class-conditional or not), not {model}.")
+        if (
+            getattr(family.pipeline, "text_encoder", None) is None
+            or getattr(family.pipeline, "tokenizer", None) is None
+        ):
+            raise ValueError(f"a {model} needs the pipeline's `text_encoder` and `tokenizer` to encode the prompts.")
+        forget = family.encode_prompts(config.forget_prompts, "forget_prompts", image_size)
         retain = config.retain_prompts or []
-        retain = encode_prompts(retain, text_encoder, tokenizer, "retain_prompts") if retain else None
-        reference = encode_prompts([config.reference_prompt], text_encoder, tokenizer, "reference_prompt")
+        retain = family.encode_prompts(retain, "retain_prompts", image_size) if retain else None
+        reference = family.encode_prompts([config.reference_prompt], "reference_prompt", image_size)
         return sample_shape, forget, retain, reference, forget_data, retain_data
+    unet = family.denoiser
     if config.forget_prompts is not None or config.retain_prompts:
         raise ValueError("prompts need a UNet2DConditionModel; this UNet2DModel is conditioned on class labels.")
     num_classes = unet.config.num_class_embeds
@@ -147,23 +124,24 @@ def build_conditions(config, unet, mode: str, forget_data, retain_data, text_enc
     return sample_shape, forget, retain, torch.tensor([reference], dtype=torch.long), forget_data, retain_data
 
 
-ATTENTION_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
-
-
-def add_lora(unet, peft_config, is_text: bool) -> None:
-    """Add the LoRA adapters of `peft_config` to `unet` (in place) and make only them trainable; without
-    `target_modules` they go on the attention projections (and `conv1`, `conv2`, `time_emb_proj` of a UNet2DModel)."""
-    targets = ATTENTION_TARGETS if is_text else ["conv1", "conv2", "time_emb_proj", *ATTENTION_TARGETS]
-    lora = with_default_targets(peft_config, targets)
+def add_lora(model, peft_config, default_targets: list[str]) -> None:
+    """Add the LoRA adapters of `peft_config` to `model` (in place) and make only them trainable, in float32 whatever
+    the model's dtype; without `target_modules` they go on `default_targets` (the family's
+    [`DenoiserFamily.lora_targets`])."""
+    lora = with_default_targets(peft_config, default_targets)
     targets = sorted(lora.target_modules) if not isinstance(lora.target_modules, str) else lora.target_modules
-    unet.requires_grad_(False)
-    if is_text:
-        unet.add_adapter(lora)
-    else:
+    model.requires_grad_(False)
+    if hasattr(model, "add_adapter"):  # diffusers' PeftAdapterMixin (UNet2DConditionModel, SD3, Flux)
+        model.add_adapter(lora)
+    else:  # UNet2DModel
         from peft import inject_adapter_in_model
 
-        inject_adapter_in_model(lora, unet)
-    for name, param in unet.named_parameters():
+        inject_adapter_in_model(lora, model)
+    for name, param in model.named_parameters():
         param.requires_grad_("lora_" in name)
-    if not any(p.requires_grad for p in unet.parameters()):
-        raise ValueError(f"`lora_target_modules` {targets} matched no module of the UNet.")
+        if "lora_" in name and param.dtype in (torch.float16, torch.bfloat16):
+            # trained weights in float32 (diffusers' `cast_training_params`): Adam's epsilon and small updates
+            # vanish in half precision (a float16 LoRA reached NaN at its second step)
+            param.data = param.data.float()
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"`lora_target_modules` {targets} matched no module of the {type(model).__name__}.")

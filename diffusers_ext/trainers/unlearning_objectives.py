@@ -8,7 +8,9 @@ retained conditions (`calibration_value`), and how the dual variable relates to 
 forward pass, the dual update, checkpoints. An objective sees only an [`UnlearningContext`] (what it may read and
 draw) and the current λ, passed to the methods that depend on it; its draws are [`NoisedBatch`] parts. Notation as in
 `docs/unlearning.md`: eps_ref / eps_u are the frozen pretrained model's predictions at the reference and forget
-conditions, λ the dual variable.
+conditions, λ the dual variable. A prediction is the noise for DDPM-family UNets and the velocity for rectified-flow
+transformers (SD3, Flux): every target below is an affine combination whose weights sum to 1, so it has the same form
+in both (`docs/unlearning.md`, "Flow-matching models").
 """
 
 import abc
@@ -19,7 +21,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..pipelines.pipeline_utils import PREDICTION_TYPES, prediction_to_epsilon, vp_coefficients
 from ..utils import public
 from .constrained_unlearning_config import ConstrainedUnlearningConfig
 
@@ -33,8 +34,10 @@ class NoisedBatch:
         name (`str`): the part's role: `"forget"`, `"forget_ref"` (forward KL, concept), `"siss"` or `"retain"`.
         x_t: `(batch, channels, height, width)` the noised samples.
         t: `(batch,)` their timesteps.
-        cond: `(batch,)` class labels, `(batch, seq, dim)` prompt states, or None (unconditional UNet).
+        cond: `(batch,)` class labels, prompt [`Conditions`], or None (unconditional UNet).
         noise / x0: `(batch, channels, height, width)` the added noise and the clean samples (None where unused).
+        denoising_target: `(batch, channels, height, width)` what the model regresses on for `x_t`: the noise
+            (DDPM) or the velocity `noise - x0` (rectified flow).
         target: the regression target of the trained prediction (set by `compute_targets`).
         eps_ref / eps_u: the frozen model's predictions at the reference and forget conditions (guidance targets).
     """
@@ -45,6 +48,7 @@ class NoisedBatch:
     cond: torch.Tensor | None
     noise: torch.Tensor | None = None
     x0: torch.Tensor | None = None
+    denoising_target: torch.Tensor | None = None
     target: torch.Tensor | None = None
     eps_ref: torch.Tensor | None = None
     eps_u: torch.Tensor | None = None
@@ -86,13 +90,14 @@ class UnlearningContext:
         mode (`str`): `"concept"` (forget classes or prompts) or `"data"` (forget training examples).
         device (`torch.device`): where the draws live.
         num_train_timesteps (`int`): T of the noise schedule.
-        noise_scheduler: the DDPM noise schedule (`alphas_cumprod`, `add_noise`).
+        noise_process: the forward noising (`add_noise`, `denoising_target`, `noise_between`): DDPM or rectified
+            flow (`diffusers_ext.trainers.unlearning_noise`).
         forget_conds / reference_cond: the forget conditions and the reference condition (concept mode).
         forget_data / retain_data: `(images, labels)` of the forget and retain sets (data mode).
         noised: `(x0, conds, generator, name) -> NoisedBatch`, x0 noised at uniformly drawn timesteps.
         pick: `(pool, conds, generator) -> (samples, conds)`, `per_device_train_batch_size` draws with replacement.
         repeat: `(conds, n) -> conds` cycled to `n` entries.
-        pretrained_eps: `(x_t, t, cond) -> eps`, the frozen pretrained model's noise prediction.
+        pretrained_eps: `(x_t, t, cond) -> eps`, the frozen pretrained model's prediction (noise or velocity).
         path_sum: `(per_sample_sq, t) -> C`, the Monte-Carlo path sum `T * mean(w_t * per_sample_sq)`.
         sample_pretrained: `(conds, tag) -> samples` of the frozen model (a fixed pool; `tag` seeds it).
         on_policy_pool: `step -> (samples, conds)`, the trained model's own samples at the forget conditions,
@@ -103,7 +108,7 @@ class UnlearningContext:
     mode: str
     device: torch.device
     num_train_timesteps: int
-    noise_scheduler: object
+    noise_process: object
     forget_conds: torch.Tensor | None
     reference_cond: torch.Tensor | None
     forget_data: tuple | None
@@ -165,7 +170,7 @@ class UnlearningObjective(abc.ABC):
 
     def add_targets(self, part: NoisedBatch, lambda_: float) -> None:
         """Set the regression target (`part.target`, or what `loss` needs) of one of this objective's parts."""
-        part.target = part.noise
+        part.target = part.denoising_target
 
     @abc.abstractmethod
     def loss(
@@ -273,14 +278,15 @@ class LikelihoodObjective(_GuidanceObjective):
         return lambda_
 
     def constraint_diff(self, part, pred):
-        diff = ((part.eps_ref - part.noise) ** 2).flatten(1).sum(1)
-        return diff - ((part.eps_u - part.noise) ** 2).flatten(1).sum(1)
+        diff = ((part.eps_ref - part.denoising_target) ** 2).flatten(1).sum(1)
+        return diff - ((part.eps_u - part.denoising_target) ** 2).flatten(1).sum(1)
 
     def calibration_value(self, part, eps_u):
         context = self.context
         ref = context.repeat(context.reference_cond, len(part.t)).to(context.device)
         eps_ref = context.pretrained_eps(part.x_t, part.t, ref)
-        diff = ((eps_ref - part.noise) ** 2).flatten(1).sum(1) - ((eps_u - part.noise) ** 2).flatten(1).sum(1)
+        target = part.denoising_target
+        diff = ((eps_ref - target) ** 2).flatten(1).sum(1) - ((eps_u - target) ** 2).flatten(1).sum(1)
         return context.path_sum(diff, part.t)
 
 
@@ -337,7 +343,7 @@ class ForwardKLObjective(_PooledObjective):
         return ObjectiveLoss(loss, forget, forget_mse.detach())
 
     def calibration_value(self, part, eps_u):
-        return F.mse_loss(eps_u, part.noise)
+        return F.mse_loss(eps_u, part.denoising_target)
 
 
 @public
@@ -439,17 +445,18 @@ class SISSObjective(_PooledObjective):
         t = torch.randint(0, context.num_train_timesteps, (len(a),), generator=generator).to(device)
         from_a = (torch.rand(len(a), generator=generator) < self.args.siss_mixture_weight).to(device)
         a, x = a.to(device), x.to(device)
-        m = context.noise_scheduler.add_noise(torch.where(from_a[:, None, None, None], a, x), noise, t)
+        m = context.noise_process.add_noise(torch.where(from_a[:, None, None, None], a, x), noise, t)
         return [SISSBatch("siss", m, t, conds.to(device) if conds is not None else None, x=x, a=a)]
 
     def add_targets(self, part, lambda_):
-        alpha_bar = self.context.noise_scheduler.alphas_cumprod.to(part.t.device)[part.t].view(-1, 1, 1, 1)
-        gamma, sigma = vp_coefficients(alpha_bar)
-        # the noise that takes each clean sample to x_t
-        part.target_x = prediction_to_epsilon(part.x, part.x_t, gamma, sigma, "sample", PREDICTION_TYPES)
-        part.target_a = prediction_to_epsilon(part.a, part.x_t, gamma, sigma, "sample", PREDICTION_TYPES)
+        process = self.context.noise_process
+        # the noise that takes each clean sample to x_t, and the regression target it gives
+        noise_x = process.noise_between(part.x, part.x_t, part.t)
+        noise_a = process.noise_between(part.a, part.x_t, part.t)
+        part.target_x = process.denoising_target(part.x, noise_x)
+        part.target_a = process.denoising_target(part.a, noise_a)
         # log q(m|a) - log q(m|x)
-        log_ratio = ((part.target_x**2).flatten(1).sum(1) - (part.target_a**2).flatten(1).sum(1)) / 2
+        log_ratio = ((noise_x**2).flatten(1).sum(1) - (noise_a**2).flatten(1).sum(1)) / 2
         s = self.args.siss_mixture_weight
         part.weight_x = torch.exp(
             -torch.logaddexp(torch.full_like(log_ratio, math.log(1 - s)), math.log(s) + log_ratio)

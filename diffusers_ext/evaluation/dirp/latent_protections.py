@@ -24,8 +24,10 @@ class _PromptedPipe:
     def __getattr__(self, name):
         return getattr(self._pipe, name)
 
-    def noise_function(self, batch_size, device, prompt="", unet=None, prompt_embeds=None):
-        return self._pipe.noise_function(batch_size, device, self._prompt, unet=unet, prompt_embeds=prompt_embeds)
+    def noise_function(self, batch_size, device, prompt="", unet=None, prompt_embeds=None, **options):
+        return self._pipe.noise_function(
+            batch_size, device, self._prompt, unet=unet, prompt_embeds=prompt_embeds, **options
+        )
 
 
 def protect_for_prompt(

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 import PIL.Image
 import torch
-from diffusers import DiffusionPipeline, UNet2DConditionModel, UNet2DModel
+from diffusers import (
+    DiffusionPipeline,
+    FlowMatchEulerDiscreteScheduler,
+    FluxTransformer2DModel,
+    SD3Transformer2DModel,
+    UNet2DConditionModel,
+    UNet2DModel,
+)
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.models import AutoencoderKL
@@ -17,9 +24,9 @@ from diffusers.utils import BaseOutput, logging
 from diffusers.utils.torch_utils import randn_tensor
 
 from ...utils import check_positive_int, is_int, is_number, public
+from ..denoiser_families import get_denoiser_family
 from ..pipeline_utils import (
     check_callback_tensor_inputs,
-    check_supported_denoiser,
     decode_vae_latents,
     encode_text,
     encode_vae_latents,
@@ -33,6 +40,7 @@ from .ddim_inversion import (
     noise_levels,
     vae_layer_checkpointing,
 )
+from .flow_inversion import flow_inversion_sigmas, flow_round_trip
 from .perceptual import PerceptualDistance, get_perceptual_distance
 from .text_conditioning import check_text_conditioning
 
@@ -81,18 +89,35 @@ def _frozen(*modules: torch.nn.Module | None) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
+def _check_denoisers(unet, transformer) -> None:
+    """Raise a `TypeError` / `ValueError` naming the argument unless the pipeline holds one denoiser it runs."""
+    if unet is not None and transformer is not None:
+        raise ValueError("DIRPPipeline takes `unet` (UNet models) or `transformer` (SD3, Flux), not both.")
+    if transformer is not None and not isinstance(transformer, (SD3Transformer2DModel, FluxTransformer2DModel)):
+        raise TypeError(
+            f"`transformer` must be an SD3Transformer2DModel or a FluxTransformer2DModel, got {type(transformer).__name__}."
+        )
+    addition = getattr(getattr(unet, "config", None), "addition_embed_type", None)
+    if addition not in (None, "text_time"):
+        raise ValueError(
+            f"`unet` has `addition_embed_type={addition!r}`; DIRPPipeline runs SD 1.x / 2.x UNets and SDXL's 'text_time'."
+        )
+
+
 @public
 class DIRPPipeline(DiffusionPipeline):
     r"""
-    DIRP purification: optimise each image to minimise its DDIM-inversion reconstruction error, within a perceptual
-    budget of the input.
+    DIRP purification: optimise each image to minimise its inversion reconstruction error (DDIM inversion, or the
+    Euler inversion of a rectified flow), within a perceptual budget of the input.
 
     For an input `x_in` the purified image minimises, by Adam with a cosine learning-rate decay,
 
         L(x) = mean((x - D(R_K(I_K(E(x)))))^2) + perceptual_weight * max(d(x, x_in) - perceptual_budget, 0)
 
     where `I_K` / `R_K` are `K`-step deterministic DDIM inversion and reconstruction with the denoiser (conditioned
-    on `prompt`, empty by default, or on the null class of a class-conditional pixel model), `E` / `D` the VAE's
+    on `prompt`, empty by default, or on the null class of a class-conditional pixel model) on the scheduler's noise
+    schedule, or for SD3 / Flux the Euler inversion and reconstruction of the flow ODE on the scheduler's noise levels
+    (`flow_inversion.py`), `E` / `D` the VAE's
     encoder and decoder (identity for pixel-space models) and `d` the perceptual distance. Gradients flow through
     every denoiser call (with the same noise estimates inversion followed by reconstruction is the identity, so a
     stop-gradient there would make the objective constant); gradient checkpointing keeps memory near one denoiser
@@ -101,38 +126,127 @@ class DIRPPipeline(DiffusionPipeline):
     This model inherits from [`DiffusionPipeline`]. Check the superclass documentation for the generic methods
     implemented for all pipelines (downloading, saving, running on a particular device, etc.).
 
+    The same pipeline runs SD 1.x / 2.x, SDXL, SD3 / SD3.5 and Flux: load their folders with `from_pretrained`, or
+    reuse a loaded pipeline's components with `DIRPPipeline.from_pipe(pipe)`. SDXL, SD3 and Flux prompts are encoded
+    with the diffusers pipeline's own `encode_prompt` (SDXL's pooled embedding and time ids of the image size; SD3's
+    and Flux's CLIP and T5 encoders), and Flux's latents are packed in 2x2 patches for each transformer call.
+
     Parameters:
-        unet ([`UNet2DModel`] or [`UNet2DConditionModel`]): the denoiser, predicting `"epsilon"` or
-            `"v_prediction"`.
-        scheduler ([`SchedulerMixin`]): any scheduler with `alphas_cumprod` (e.g. [`DDIMScheduler`]): the noise
-            schedule of the inversion.
+        unet ([`UNet2DModel`] or [`UNet2DConditionModel`], *optional*): the denoiser of a UNet model (SDXL's with
+            `addition_embed_type="text_time"` included), predicting `"epsilon"` or `"v_prediction"`.
+        scheduler ([`SchedulerMixin`]): for a UNet, any scheduler with `alphas_cumprod` (e.g. [`DDIMScheduler`],
+            SDXL's `EulerDiscreteScheduler`): the noise schedule of the inversion; for SD3 / Flux their
+            `FlowMatchEulerDiscreteScheduler`.
         vae ([`AutoencoderKL`], *optional*): for latent models; omit for pixel-space models.
         text_encoder ([`~transformers.CLIPTextModel`], *optional*), tokenizer ([`~transformers.CLIPTokenizer`],
             *optional*): for text-conditioned denoisers.
         null_class_label (`int`, *optional*): the unconditional class of a class-conditional pixel UNet.
+        transformer ([`SD3Transformer2DModel`] or [`FluxTransformer2DModel`], *optional*): the denoiser of SD3 /
+            Flux (rectified flow, velocity prediction), in place of `unet`.
+        text_encoder_2, tokenizer_2, text_encoder_3, tokenizer_3 (*optional*): the further text encoders of SDXL
+            (second CLIP), SD3 (second CLIP, T5) and Flux (T5), as in their diffusers pipelines.
     """
 
-    model_cpu_offload_seq = "text_encoder->unet->vae"
-    _optional_components = ["vae", "text_encoder", "tokenizer"]
+    model_cpu_offload_seq = "text_encoder->text_encoder_2->text_encoder_3->unet->transformer->vae"
+    # `unet` / `transformer` (one of them) and `scheduler` default to None so that `from_pipe` takes any family's
+    # pipeline; the constructor refuses a missing scheduler or denoiser
+    _optional_components = [
+        "unet",
+        "transformer",
+        "scheduler",
+        "vae",
+        "text_encoder",
+        "tokenizer",
+        "text_encoder_2",
+        "tokenizer_2",
+        "text_encoder_3",
+        "tokenizer_3",
+    ]
     _callback_tensor_inputs = ["images", "reconstruction"]
 
     def __init__(
         self,
-        unet: UNet2DModel | UNet2DConditionModel,
-        scheduler: SchedulerMixin,
+        unet: UNet2DModel | UNet2DConditionModel | None = None,
+        scheduler: SchedulerMixin = None,
         vae: AutoencoderKL | None = None,
         text_encoder=None,
         tokenizer=None,
         null_class_label: int | None = None,
+        transformer: SD3Transformer2DModel | FluxTransformer2DModel | None = None,
+        text_encoder_2=None,
+        tokenizer_2=None,
+        text_encoder_3=None,
+        tokenizer_3=None,
     ):
         super().__init__()
-        if unet is not None:
-            check_supported_denoiser(unet, "unet", "DIRPPipeline")
-        self.register_modules(unet=unet, scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+        if scheduler is None:
+            raise ValueError("DIRPPipeline needs a `scheduler` (the noise schedule of its inversion).")
+        if unet is None and transformer is None:
+            raise ValueError("DIRPPipeline needs a denoiser: `unet` (UNet models) or `transformer` (SD3, Flux).")
+        _check_denoisers(unet, transformer)
+        self.register_modules(
+            unet=unet,
+            scheduler=scheduler,
+            vae=vae,
+            text_encoder=text_encoder,
+            tokenizer=tokenizer,
+            transformer=transformer,
+            text_encoder_2=text_encoder_2,
+            tokenizer_2=tokenizer_2,
+            text_encoder_3=text_encoder_3,
+            tokenizer_3=tokenizer_3,
+        )
         self.register_to_config(null_class_label=null_class_label)
         self.image_processor = VaeImageProcessor(do_resize=False)
 
     # ----------------------------------------------------------------------------------------------------- shapes
+
+    @property
+    def denoiser(self) -> torch.nn.Module:
+        """The UNet, or the SD3 / Flux transformer."""
+        unet = getattr(self, "unet", None)
+        return unet if unet is not None else self.transformer
+
+    @property
+    def model_family(self) -> str:
+        """`"sdxl"`, `"sd3"` or `"flux"` for the families encoded with their diffusers pipeline's `encode_prompt`;
+        `"unet"` for pixel, class-conditional and SD 1.x / 2.x UNets."""
+        denoiser = self.denoiser
+        if isinstance(denoiser, SD3Transformer2DModel):
+            return "sd3"
+        if isinstance(denoiser, FluxTransformer2DModel):
+            return "flux"
+        if getattr(denoiser.config, "addition_embed_type", None) == "text_time":
+            return "sdxl"
+        return "unet"
+
+    @property
+    def is_flow_matching(self) -> bool:
+        """Whether the denoiser is a rectified flow (SD3, Flux): Euler inversion of the flow ODE, not DDIM."""
+        return self.model_family in ("sd3", "flux")
+
+    def denoiser_family(self, guidance_scale: float = 1.0):
+        """The [`DenoiserFamily`] of an SDXL, SD3 or Flux denoiser (the shared prompt encoding and call), built on
+        that model's diffusers pipeline assembled from this pipeline's components (no weights are copied)."""
+        from diffusers import FluxPipeline, StableDiffusion3Pipeline, StableDiffusionXLPipeline
+
+        family = self.model_family
+        if family == "unet":
+            raise ValueError("`denoiser_family` is for SDXL, SD3 and Flux denoisers.")
+        common = {"vae": self.vae, "scheduler": self.scheduler, "text_encoder": self.text_encoder}
+        common.update(tokenizer=self.tokenizer, text_encoder_2=self.text_encoder_2, tokenizer_2=self.tokenizer_2)
+        if family == "sdxl":
+            pipe = StableDiffusionXLPipeline(unet=self.unet, add_watermarker=False, **common)
+        elif family == "sd3":
+            pipe = StableDiffusion3Pipeline(
+                transformer=self.transformer,
+                text_encoder_3=self.text_encoder_3,
+                tokenizer_3=self.tokenizer_3,
+                **common,
+            )
+        else:
+            pipe = FluxPipeline(transformer=self.transformer, **common)
+        return get_denoiser_family(pipe, guidance_scale=guidance_scale)
 
     @property
     def vae_scale_factor(self) -> int:
@@ -144,11 +258,19 @@ class DIRPPipeline(DiffusionPipeline):
     @property
     def image_channels(self) -> int:
         """Channels of the images the pipeline purifies."""
-        return self.vae.config.in_channels if getattr(self, "vae", None) is not None else self.unet.config.in_channels
+        return (
+            self.vae.config.in_channels if getattr(self, "vae", None) is not None else self.denoiser.config.in_channels
+        )
 
     @property
     def size_multiple(self) -> int:
-        """Image height and width must be multiples of this (the VAE's and the UNet's downsampling)."""
+        """Image height and width must be multiples of this (the VAE's and the UNet's downsampling, SD3's patches,
+        Flux's 2x2 packing)."""
+        family = self.model_family
+        if family == "sd3":
+            return self.vae_scale_factor * self.transformer.config.patch_size
+        if family == "flux":
+            return self.vae_scale_factor * 2
         return self.vae_scale_factor * 2 ** (len(self.unet.config.block_out_channels) - 1)
 
     @property
@@ -226,15 +348,22 @@ class DIRPPipeline(DiffusionPipeline):
         prompt: str | list[str] = "",
         unet: torch.nn.Module | None = None,
         prompt_embeds: torch.Tensor | None = None,
+        image_size: tuple[int, int] | None = None,
+        guidance_scale: float = 1.0,
     ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         r"""
         `noise_fn(z, t) -> eps` for the denoiser under this pipeline's condition (the prompt for a text-conditioned
-        UNet, the null class for a class-conditional one, else none).
+        model, the null class for a class-conditional one, else none); for SD3 / Flux `noise_fn(z, sigma) -> v`, the
+        velocity at noise level `sigma`.
 
-        `z` has shape `(batch_size, C, h, w)` and `t` is an integer timestep, 0-d or of shape `(batch_size,)`.
-        `unet` replaces the pipeline's own (a surrogate being fine-tuned, say); it must take the same condition.
-        `prompt_embeds` `(batch_size, L, D)` or `(1, L, D)` replaces the encoded `prompt`.
+        `z` has shape `(batch_size, C, h, w)` and `t` is an integer timestep, 0-d or of shape `(batch_size,)`
+        (`sigma` a 0-d float). `unet` replaces the pipeline's own denoiser (a surrogate being fine-tuned, say); it
+        must take the same condition. `prompt_embeds` `(batch_size, L, D)` or `(1, L, D)` replaces the encoded
+        `prompt` (SD 1.x / 2.x). `image_size` `(height, width)` in pixels gives SDXL's time ids (default the UNet's
+        size); `guidance_scale` is Flux.1-dev's distilled guidance input.
         """
+        if self.model_family != "unet":
+            return self._family_noise_function(batch_size, device, prompt, unet, image_size, guidance_scale)
         unet = self.unet if unet is None else unet
         condition = {}
         if isinstance(unet, UNet2DConditionModel):
@@ -258,6 +387,38 @@ class DIRPPipeline(DiffusionPipeline):
 
         return noise_fn
 
+    def _family_noise_function(self, batch_size, device, prompt, model, image_size, guidance_scale):
+        """`noise_function` for SDXL, SD3 and Flux: the shared family's prompt encoding and call."""
+        family = self.denoiser_family(guidance_scale)
+        model = self.denoiser if model is None else model
+        prompts = [prompt] * batch_size if isinstance(prompt, str) else list(prompt)
+        with torch.no_grad():
+            cond = family.encode_prompts(prompts, "prompt", image_size).to(device)
+        if self.is_flow_matching:
+            num_train_timesteps = self.scheduler.config.num_train_timesteps
+
+            def velocity_fn(z: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+                timestep = (sigma * num_train_timesteps).to(z.device, torch.float32).expand(z.shape[0])
+                return family.predict(model, z, timestep, cond, model.dtype).to(z.dtype)
+
+            return velocity_fn
+        prediction_type = self.scheduler.config.prediction_type
+
+        def noise_fn(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            t = t.to(z.device)
+            output = family.predict(model, z, t.expand(z.shape[0]), cond, model.dtype).to(z.dtype)
+            alpha = self.scheduler.alphas_cumprod.to(z.device, z.dtype)[t]
+            alpha = alpha.view(-1, *[1] * (z.ndim - 1)) if alpha.ndim else alpha
+            signal, noise = vp_coefficients(alpha)
+            return prediction_to_epsilon(output, z, signal, noise, prediction_type)
+
+        return noise_fn
+
+    def image_seq_len(self, latents: torch.Tensor) -> int:
+        """Image tokens of the transformer for `latents` `(B, C, h, w)`: SD3's patches, Flux's 2x2 packs."""
+        patch = self.transformer.config.patch_size if self.model_family == "sd3" else 2
+        return (latents.shape[-2] // patch) * (latents.shape[-1] // patch)
+
     def reconstruct(
         self,
         images: torch.Tensor,
@@ -268,7 +429,8 @@ class DIRPPipeline(DiffusionPipeline):
         noise_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         r"""
-        `D(R_K(I_K(E(images))))`: the DDIM-inversion round trip of images `(B, C, H, W)` in [-1, 1], differentiable.
+        `D(R_K(I_K(E(images))))`: the DDIM-inversion round trip of images `(B, C, H, W)` in [-1, 1] (for SD3 / Flux
+        the Euler inversion of the flow ODE, [`flow_round_trip`]), differentiable.
         With `num_inversion_steps=0` only the VAE round trip remains. `noise_fn` (from [`noise_function`]) saves
         encoding `prompt` again when the round trip is repeated. `gradient_checkpointing` recomputes activations in
         the backward pass: each denoiser call's, the VAE encoder's and each VAE decoder layer's (residual block,
@@ -284,10 +446,24 @@ class DIRPPipeline(DiffusionPipeline):
             # rounding is a large share of the reconstruction error being minimised.
             latents = latents.to(torch.promote_types(latents.dtype, torch.float32))
             if num_inversion_steps > 0:
-                timesteps = inversion_timesteps(self.scheduler, num_inversion_steps, inversion_strength)
-                alphas = noise_levels(self.scheduler, timesteps)
-                noise_fn = noise_fn or self.noise_function(images.shape[0], images.device, prompt)
-                latents = ddim_round_trip(noise_fn, latents, timesteps, alphas, use_checkpoint=gradient_checkpointing)
+                noise_fn = noise_fn or self.noise_function(
+                    images.shape[0], images.device, prompt, image_size=tuple(images.shape[-2:])
+                )
+                if self.is_flow_matching:
+                    sigmas = flow_inversion_sigmas(
+                        self.scheduler,
+                        num_inversion_steps,
+                        inversion_strength,
+                        self.image_seq_len(latents),
+                        flux_levels=self.model_family == "flux",
+                    )
+                    latents = flow_round_trip(noise_fn, latents, sigmas, use_checkpoint=gradient_checkpointing)
+                else:
+                    timesteps = inversion_timesteps(self.scheduler, num_inversion_steps, inversion_strength)
+                    alphas = noise_levels(self.scheduler, timesteps)
+                    latents = ddim_round_trip(
+                        noise_fn, latents, timesteps, alphas, use_checkpoint=gradient_checkpointing
+                    )
             return self.decode_latents(latents).to(images.dtype)
 
     @torch.no_grad()
@@ -376,6 +552,17 @@ class DIRPPipeline(DiffusionPipeline):
             )
         if not isinstance(inversion_strength, (int, float)) or not 0.0 < inversion_strength <= 1.0:
             raise ValueError(f"`inversion_strength` must lie in (0, 1], got {inversion_strength!r}.")
+        if self.is_flow_matching:
+            if not isinstance(self.scheduler, FlowMatchEulerDiscreteScheduler):
+                raise TypeError(
+                    f"the {type(self.transformer).__name__} is a rectified flow: its inversion needs a "
+                    f"FlowMatchEulerDiscreteScheduler, but the pipeline's scheduler is a {type(self.scheduler).__name__}."
+                )
+            if getattr(self, "vae", None) is None:
+                raise ValueError(
+                    f"the {type(self.transformer).__name__} works on VAE latents: the pipeline needs `vae`."
+                )
+            return
         if num_inversion_steps > 0 and getattr(self.scheduler, "alphas_cumprod", None) is None:
             raise TypeError(
                 f"DDIM inversion reads the noise schedule `alphas_cumprod` of a DDPM-family scheduler (DDIM, DDPM, "
@@ -387,7 +574,10 @@ class DIRPPipeline(DiffusionPipeline):
                 f"the scheduler's `prediction_type` {prediction_type!r} is not supported by DDIM inversion; expected "
                 f"one of {SUPPORTED_PREDICTION_TYPES}."
             )
-        if getattr(self.unet.config, "num_class_embeds", None) is not None and self.config.null_class_label is None:
+        if (
+            getattr(self.denoiser.config, "num_class_embeds", None) is not None
+            and self.config.null_class_label is None
+        ):
             raise ValueError(
                 "the UNet is class-conditional, so inversion needs its unconditional class: set `null_class_label`."
             )
@@ -444,6 +634,7 @@ class DIRPPipeline(DiffusionPipeline):
         perceptual_weight: float = 1.0,
         init_noise_std: float = 0.0,
         gradient_checkpointing: bool = True,
+        distilled_guidance_scale: float = 1.0,
         num_images_per_prompt: int = 1,
         prompt_embeds: torch.Tensor | None = None,
         generator: torch.Generator | list[torch.Generator] | None = None,
@@ -483,6 +674,9 @@ class DIRPPipeline(DiffusionPipeline):
                 calls and the whole VAE (which dominates at Stable Diffusion resolutions). Attention over long key
                 sequences is not recomputed: its output is kept (selective checkpointing), which spares most of the
                 recomputation's time on CPU for a few activations.
+            distilled_guidance_scale (`float`, defaults to 1.0): the distilled guidance input of a guidance-distilled Flux
+                transformer (Flux.1-dev) during inversion and reconstruction; DIRP uses no classifier-free guidance,
+                and other models ignore it.
             num_images_per_prompt (`int`, defaults to 1): purified versions of each input image, from different
                 `init_noise_std` draws; the output holds them image by image (`B * num_images_per_prompt` rows).
             prompt_embeds (`torch.Tensor` of shape `(B, L, D)` or `(1, L, D)`, *optional*): precomputed text
@@ -547,7 +741,14 @@ class DIRPPipeline(DiffusionPipeline):
             )
         self._num_timesteps = num_iterations
 
-        noise_fn = self.noise_function(batch_size, device, prompt, prompt_embeds=prompt_embeds)
+        noise_fn = self.noise_function(
+            batch_size,
+            device,
+            prompt,
+            prompt_embeds=prompt_embeds,
+            image_size=tuple(source.shape[-2:]),
+            guidance_scale=distilled_guidance_scale,
+        )
 
         def objective(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             recon = self.reconstruct(
@@ -557,7 +758,8 @@ class DIRPPipeline(DiffusionPipeline):
             hinge = torch.relu(distance(x, source).to(x.dtype) - perceptual_budget)
             return recon_error + perceptual_weight * hinge, recon_error, recon
 
-        with _frozen(self.unet, getattr(self, "vae", None), getattr(self, "text_encoder", None)):
+        text_encoders = [getattr(self, name, None) for name in ("text_encoder", "text_encoder_2", "text_encoder_3")]
+        with _frozen(self.denoiser, getattr(self, "vae", None), *text_encoders):
             with torch.no_grad():
                 recon_error_before = objective(source)[1]
             images = source
