@@ -97,6 +97,7 @@ _import_structure = {
         "markov_checksum_sample_quality",
         "nelbo_per_sequence",
     ],
+    "fast_dllm_reference": ["CountedForwards", "FastDLLM", "load_fast_dllm", "published_model"],
     "brain_network_flow": [
         "RawUpperTriangleCodec",
         "mean_error",
@@ -245,6 +246,7 @@ if TYPE_CHECKING:
     )
     from .doob_guidance_digits import PixelDigitJudge, PixelPCAFeatures
     from .epidiff import QUANTILE_LEVELS, gamma_draws, quantile_loss, summarize_scores, window_scores
+    from .fast_dllm_reference import CountedForwards, FastDLLM, load_fast_dllm, published_model
     from .lomdm import (
         markov_checksum_entropy_rate,
         markov_checksum_log_likelihood,

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from ..utils import public
+from ..utils import check_positive_int, public
 
 
 METHODS = ("distributional", "fedmf")
@@ -59,9 +59,7 @@ class FederatedRecommendationConfig:
             "num_inference_steps",
             "top_k",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+            check_positive_int(name, getattr(self, name))
         for name in ("learning_rate", "denoiser_learning_rate"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)!r}.")

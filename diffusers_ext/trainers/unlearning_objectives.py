@@ -37,7 +37,8 @@ class NoisedBatch:
         cond: `(batch,)` class labels, prompt [`Conditions`], or None (unconditional UNet).
         noise / x0: `(batch, channels, height, width)` the added noise and the clean samples (None where unused).
         denoising_target: `(batch, channels, height, width)` what the model regresses on for `x_t`: the noise
-            (DDPM) or the velocity `noise - x0` (rectified flow).
+            (DDPM; the default when only `noise` is given) or the velocity `noise - x0` (rectified flow, set by the
+            flow-matching noise process).
         target: the regression target of the trained prediction (set by `compute_targets`).
         eps_ref / eps_u: the frozen model's predictions at the reference and forget conditions (guidance targets).
     """
@@ -52,6 +53,10 @@ class NoisedBatch:
     target: torch.Tensor | None = None
     eps_ref: torch.Tensor | None = None
     eps_u: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.denoising_target is None and self.noise is not None:
+            self.denoising_target = self.noise  # DDPM's epsilon target
 
 
 @dataclass
