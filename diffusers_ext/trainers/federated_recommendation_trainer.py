@@ -8,6 +8,7 @@ HR@k and NDCG@k of the held-out item against its sampled negatives (`evaluate`).
 
 import copy
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -150,22 +151,36 @@ class FederatedRecommendationTrainer:
             for key in keys
         }
 
-    def train_round(self, round_index: int) -> dict:
-        updates, losses = [], []
-        for client in self.sample_clients(round_index):
-            shared, count, loss = self.local_update(client, round_index)
-            updates.append((shared, count))
-            losses.append(loss)
-        self.load_shared_state(self.aggregate(updates))
+    def run_local_updates(
+        self, clients: list[int], round_index: int
+    ) -> list[tuple[dict[str, torch.Tensor], int, float]]:
+        """The in-process engine: each client's `local_update`, in the order of `clients`."""
+        return [self.local_update(client, round_index) for client in clients]
+
+    def train_round(self, round_index: int, run_local_updates: Callable | None = None) -> dict:
+        """One round: sample clients, run their local updates, FedAvg what they return into the shared models.
+
+        `run_local_updates(clients, round_index)` returns each client's `(shared state, training items, loss)` in the
+        order of `clients`; it defaults to [`run_local_updates`] (every client in this process). A federated engine
+        passes its own (the Flower server sends each client the shared state and gathers the replies), so sampling,
+        averaging and the history are this one method whatever runs the clients.
+        """
+        clients = self.sample_clients(round_index)
+        results = (run_local_updates or self.run_local_updates)(clients, round_index)
+        if len(results) != len(clients):
+            raise RuntimeError(f"round {round_index}: {len(results)} local updates for {len(clients)} clients.")
+        losses = [loss for _, _, loss in results]
+        self.load_shared_state(self.aggregate([(shared, count) for shared, count, _ in results]))
         record = {"round": round_index + 1, "loss": float(np.mean(losses))}
         self.history.append(record)
         return record
 
-    def train(self, num_rounds: int | None = None) -> list[dict]:
-        """Run `num_rounds` (default the config's) rounds from where the history ends."""
+    def train(self, num_rounds: int | None = None, run_local_updates: Callable | None = None) -> list[dict]:
+        """Run `num_rounds` (default the config's) rounds from where the history ends (`run_local_updates`: see
+        [`train_round`])."""
         start = len(self.history)
         for round_index in range(start, start + (num_rounds or self.config.num_rounds)):
-            self.train_round(round_index)
+            self.train_round(round_index, run_local_updates)
         return self.history
 
     def pipeline(self) -> DistributionalRecommendationPipeline:
