@@ -110,9 +110,18 @@ def test_federated_training_is_seeded_learns_and_keeps_user_embeddings_local(met
 
     split = world_split()
     config = FederatedRecommendationConfig(
-        method=method, embedding_dim=8, num_rounds=6, clients_per_round=12, denoiser_hidden_size=16,
-        num_train_timesteps=20, num_samples=4, num_inference_steps=4, seed=3,
-    )  # fmt: skip
+        method=method,
+        embedding_dim=8,
+        num_rounds=6,
+        clients_per_round=12,
+        denoiser_hidden_size=16,
+        num_train_timesteps=20,
+        num_samples=4,
+        num_inference_steps=4,
+        seed=3,
+        learning_rate=1.0,
+        local_epochs=2,
+    )  # fmt: skip (at the default step the loss of 6 tiny rounds stays at log 2 within noise)
     trainer = FederatedRecommendationTrainer(config, split)
     before = [state["embeddings"].clone() for state in trainer.client_states]
     history = trainer.train()
