@@ -148,3 +148,18 @@ def test_separate_flower_processes_give_the_in_process_shared_models(tmp_path):
         expected = getattr(local, name).state_dict()
         for key, value in getattr(saved, name).state_dict().items():
             torch.testing.assert_close(value, expected[key], rtol=0, atol=0)
+
+
+def test_a_supernode_without_a_valid_partition_id_is_named():
+    from flwr.app import Context, RecordDict
+
+    from diffusers_ext.trainers.federated_recommendation_flower import _node_client
+
+    def context(node_config):
+        return Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
+
+    assert _node_client(context({"partition-id": 3}), num_clients=8) == 3
+    with pytest.raises(ValueError, match=r"`partition-id` must be a user index in \[0, 8\), got 8"):
+        _node_client(context({"partition-id": 8}), num_clients=8)
+    with pytest.raises(ValueError, match="the SuperNode 7 has no `partition-id`"):
+        _node_client(context({}), num_clients=8)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
+from diffusers.utils import logging
 from torch.nn import functional as F
 
 from ..data.movielens import LeaveOneOutSplit
@@ -24,6 +25,9 @@ from ..pipelines.distributional_recommendation.pipeline_distributional_recommend
 )
 from ..utils import public
 from .federated_recommendation_config import FederatedRecommendationConfig
+
+
+logger = logging.get_logger(__name__)
 
 
 def hit_rate_and_ndcg(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,9 +53,13 @@ class FederatedRecommendationTrainer:
     def __init__(self, config: FederatedRecommendationConfig, split: LeaveOneOutSplit):
         if not isinstance(split, LeaveOneOutSplit):
             raise TypeError(f"`split` must be a LeaveOneOutSplit, got {type(split).__name__}.")
-        for position, items in enumerate(split.train):
-            if len(items) == 0:
-                raise ValueError(f"client {position} has no training item; split users with at least 3 interactions.")
+        self._check_split(split)
+        if split.skipped:  # the split's documented skip (fewer than 3 distinct items, ...): said, not silent
+            users = sorted(split.skipped)
+            logger.warning(
+                f"{len(users)} user(s) were skipped by the split and get no client, e.g. user {users[0]}: "
+                f"{split.skipped[users[0]]}."
+            )
         self.config, self.split = config, split
         torch.manual_seed(config.seed)
         if config.method == "fedncf":
@@ -77,6 +85,36 @@ class FederatedRecommendationTrainer:
                 state["bias"] = torch.zeros(1)  # the bias of PFedRec's local score function
             self.client_states.append(state)
         self.history = []
+
+    @staticmethod
+    def _check_split(split: LeaveOneOutSplit) -> None:
+        """Every client has a training item, every item index lies in `[0, num_items)`, and the validation and test
+        candidates have one row per client; a `ValueError` naming the client and the item otherwise."""
+        if isinstance(split.num_items, bool) or not isinstance(split.num_items, int) or split.num_items < 1:
+            raise ValueError(f"`split.num_items` must be a positive int, got {split.num_items!r}.")
+        for position, items in enumerate(split.train):
+            if len(items) == 0:
+                raise ValueError(f"client {position} has no training item; split users with at least 3 interactions.")
+            bad = [int(i) for i in np.asarray(items).reshape(-1) if not 0 <= int(i) < split.num_items]
+            if bad:
+                raise ValueError(
+                    f"client {position}'s training items hold item {bad[0]}, outside [0, {split.num_items}) "
+                    "(the catalogue)."
+                )
+        for name in ("validation", "test"):
+            rows = np.asarray(getattr(split, name))
+            if rows.ndim != 2 or len(rows) != len(split.train):
+                raise ValueError(
+                    f"`split.{name}` must have shape (clients, 1 + negatives) with {len(split.train)} rows, got "
+                    f"{rows.shape}."
+                )
+            bad = np.argwhere((rows < 0) | (rows >= split.num_items))
+            if len(bad):
+                client, column = bad[0].tolist()
+                raise ValueError(
+                    f"`split.{name}` holds item {int(rows[client, column])} for client {client}, outside "
+                    f"[0, {split.num_items}) (the catalogue)."
+                )
 
     @property
     def num_clients(self) -> int:
