@@ -144,7 +144,7 @@ class FederatedRecommendationTrainer:
         half of the positives, and for `"pfedrec"` its score function's bias. Returns the updated client parameters
         (the stored state is untouched) and the epochs' losses."""
         config, state = self.config, self.client_states[client]
-        positives = torch.as_tensor(self.split.train[client], dtype=torch.long)
+        positives = torch.tensor(self.split.train[client], dtype=torch.long)  # a copy: Ray hands read-only arrays
         local = {name: state[name].clone().requires_grad_(True) for name in ("embeddings", "bias") if name in state}
         users = local["embeddings"]  # (copies, d)
         optimizer = torch.optim.SGD([*local.values(), *items.parameters()], lr=config.learning_rate)
@@ -177,7 +177,7 @@ class FederatedRecommendationTrainer:
         step on its embeddings. Returns `(shared state, number of training items, mean loss)`; the client's own
         parameters stay in `client_states`."""
         config, state = self.config, self.client_states[client]
-        positives = torch.as_tensor(self.split.train[client], dtype=torch.long)
+        positives = torch.tensor(self.split.train[client], dtype=torch.long)  # a copy: Ray hands read-only arrays
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + round_index * 10_007 + client)
         items = copy.deepcopy(self.item_model)
         local, losses = self._local_sgd(client, items, generator)
