@@ -80,6 +80,7 @@ _import_structure = {
     "models.manifold_flow": ["ManifoldFlowTransformerModel", "ManifoldFlowTransformerOutput", "SubspaceFit"],
     "models.brain_network_flow": ["BrainNetworkFlowModel", "BrainNetworkFlowOutput"],
     "models.item_scoring": ["ItemScoringModel"],
+    "models.neural_item_scoring": ["NeuralItemScoringModel"],
     "models.user_embedding_denoiser": ["UserEmbeddingDenoiser", "UserEmbeddingDenoiserOutput"],
     "models.matrix_codecs": ["CorrelationMatrixCodec", "SPDMatrixCodec"],
     "pipelines.manifold_flow.pipeline_manifold_flow": ["ManifoldFlowPipeline", "ManifoldFlowPipelineOutput"],
@@ -144,6 +145,7 @@ if TYPE_CHECKING:
     from .models.lomdm_schedule_network import LoMDMScheduleNetwork, LoMDMScheduleOutput
     from .models.manifold_flow import ManifoldFlowTransformerModel, ManifoldFlowTransformerOutput, SubspaceFit
     from .models.matrix_codecs import CorrelationMatrixCodec, SPDMatrixCodec
+    from .models.neural_item_scoring import NeuralItemScoringModel
     from .models.parameter_diffusion import ParameterDiffusionModel, ParameterDiffusionModelOutput
     from .models.scalar_diffusion_surrogate import ScalarDiffusionSurrogate, ScalarDiffusionSurrogateOutput
     from .models.semantic_multiview_unet import SemanticMultiViewUNetModel, SemanticMultiViewUNetOutput

@@ -119,9 +119,18 @@ def test_federated_training_is_seeded_learns_and_keeps_user_embeddings_local(met
 
     split = world_split()
     config = FederatedRecommendationConfig(
-        method=method, embedding_dim=8, num_rounds=6, clients_per_round=12, denoiser_hidden_size=16,
-        num_train_timesteps=20, num_samples=4, num_inference_steps=4, seed=3,
-    )  # fmt: skip
+        method=method,
+        embedding_dim=8,
+        num_rounds=6,
+        clients_per_round=12,
+        denoiser_hidden_size=16,
+        num_train_timesteps=20,
+        num_samples=4,
+        num_inference_steps=4,
+        seed=3,
+        learning_rate=1.0,
+        local_epochs=2,
+    )  # fmt: skip (at the default step the loss of 6 tiny rounds stays at log 2 within noise)
     trainer = FederatedRecommendationTrainer(config, split)
     before = [state["embeddings"].clone() for state in trainer.client_states]
     history = trainer.train()
@@ -163,3 +172,45 @@ def test_bad_configs_are_named():
         FederatedRecommendationConfig(method="fedsgd")
     with pytest.raises(ValueError, match="`clients_per_round` must be a positive int, got 0"):
         FederatedRecommendationConfig(clients_per_round=0)
+
+
+def test_bad_splits_are_named_before_training_and_skipped_users_are_said(tmp_path, caplog):
+    import dataclasses
+    import logging
+
+    import numpy as np
+
+    from diffusers_ext import FederatedRecommendationConfig, FederatedRecommendationTrainer
+    from diffusers_ext.data.movielens import leave_one_out_split, load_interactions_csv
+
+    config = FederatedRecommendationConfig(method="fedmf", embedding_dim=4, num_rounds=1)
+    split = world_split()
+    train = [items.copy() for items in split.train]
+    train[2][0] = split.num_items
+    with pytest.raises(ValueError, match=r"client 2's training items hold item 300, outside \[0, 300\)"):
+        FederatedRecommendationTrainer(config, dataclasses.replace(split, train=train))
+    test = split.test.copy()
+    test[5, 7] = -1
+    with pytest.raises(ValueError, match=r"`split.test` holds item -1 for client 5, outside \[0, 300\)"):
+        FederatedRecommendationTrainer(config, dataclasses.replace(split, test=test))
+    with pytest.raises(
+        ValueError, match=r"`split.validation` must have shape \(clients, 1 \+ negatives\) with 24 rows"
+    ):
+        FederatedRecommendationTrainer(config, dataclasses.replace(split, validation=split.validation[:3]))
+    with pytest.raises(ValueError, match="client 0 has no training item"):
+        FederatedRecommendationTrainer(config, dataclasses.replace(split, train=[np.array([], dtype=int)] + train[1:]))
+    # a user's CSV: one user with 2 interactions is skipped by the split, listed, and said by the trainer
+    rows = ["user,item,timestamp"] + [
+        f"u{u},i{i},{t}" for u in range(2) for t, i in enumerate(range(10 * u, 10 * u + 10))
+    ]
+    rows += ["short,i1,1", "short,i2,2"]
+    path = tmp_path / "interactions.csv"
+    path.write_text("\n".join(rows) + "\n")
+    split = leave_one_out_split(load_interactions_csv(str(path)), num_negatives=3)
+    assert len(split.train) == 2 and list(split.skipped.values()) == ["2 distinct items, fewer than 3"]
+    with caplog.at_level(logging.WARNING):
+        FederatedRecommendationTrainer(config, split)
+    assert "1 user(s) were skipped by the split and get no client" in caplog.text
+    (tmp_path / "no_time.csv").write_text("user,item\nu0,i1\n")
+    with pytest.raises(ValueError, match=r"lacks the column\(s\) \['timestamp'\]"):
+        load_interactions_csv(str(tmp_path / "no_time.csv"))

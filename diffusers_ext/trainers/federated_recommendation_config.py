@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from ..utils import check_positive_int, public
 
 
-METHODS = ("distributional", "fedmf")
+METHODS = ("distributional", "fedmf", "fedncf", "pfedrec")
 
 
 @public
@@ -21,7 +21,14 @@ class FederatedRecommendationConfig:
     half of the client's positives (so different embeddings lean towards different tastes), and trains the denoiser
     to generate them from the client's interaction summary; recommendation draws `num_samples` embeddings from the
     denoiser and averages their scores. `method="fedmf"`: one embedding per client, scored directly (FedMF, the
-    single-embedding baseline).
+    single-embedding baseline). `method="fedncf"`: one embedding per client scored by neural collaborative filtering
+    ([`NeuralItemScoringModel`]: NeuMF's GMF and MLP branches, shared). `method="pfedrec"`: PFedRec's dual
+    personalisation: each client keeps its own score function (a weight vector and a bias over the item
+    embeddings) and scores with its own copy of the item embeddings, fine-tuned from the shared ones by one local
+    update at evaluation.
+
+    `centralised=True` is the upper reference of any method: the same model trained on the pooled data, each round a
+    pass over every user in a seeded order (sequential SGD, no sampling, no averaging).
     """
 
     output_dir: str = field(default="federated-recommendation", metadata={"help": "Where the result is saved."})
@@ -39,6 +46,10 @@ class FederatedRecommendationConfig:
     num_train_timesteps: int = field(default=100, metadata={"help": "DDPM timesteps of the denoiser."})
     num_samples: int = field(default=8, metadata={"help": "Embeddings drawn per user at evaluation (K)."})
     num_inference_steps: int = field(default=20, metadata={"help": "DDIM steps at evaluation."})
+    ncf_hidden_size: int = field(default=64, metadata={"help": "Width of FedNCF's MLP branch ('fedncf')."})
+    centralised: bool = field(
+        default=False, metadata={"help": "Train on pooled data (the upper reference) instead of federating."}
+    )
     top_k: int = field(default=10, metadata={"help": "k of HR@k and NDCG@k."})
     seed: int = field(default=0, metadata={"help": "Seeds initialisation, client sampling, negatives and noise."})
 
@@ -57,9 +68,12 @@ class FederatedRecommendationConfig:
             "num_train_timesteps",
             "num_samples",
             "num_inference_steps",
+            "ncf_hidden_size",
             "top_k",
         ):
             check_positive_int(name, getattr(self, name))
+        if not isinstance(self.centralised, bool):
+            raise ValueError(f"`centralised` must be a bool, got {self.centralised!r}.")
         for name in ("learning_rate", "denoiser_learning_rate"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)!r}.")
