@@ -23,7 +23,7 @@ from ..models.user_embedding_denoiser import UserEmbeddingDenoiser
 from ..pipelines.distributional_recommendation.pipeline_distributional_recommendation import (
     DistributionalRecommendationPipeline,
 )
-from ..utils import public
+from ..utils import check_positive_int, public
 from .federated_recommendation_config import FederatedRecommendationConfig
 
 
@@ -90,8 +90,7 @@ class FederatedRecommendationTrainer:
     def _check_split(split: LeaveOneOutSplit) -> None:
         """Every client has a training item, every item index lies in `[0, num_items)`, and the validation and test
         candidates have one row per client; a `ValueError` naming the client and the item otherwise."""
-        if isinstance(split.num_items, bool) or not isinstance(split.num_items, int) or split.num_items < 1:
-            raise ValueError(f"`split.num_items` must be a positive int, got {split.num_items!r}.")
+        check_positive_int("split.num_items", split.num_items)
         for position, items in enumerate(split.train):
             if len(items) == 0:
                 raise ValueError(f"client {position} has no training item; split users with at least 3 interactions.")
