@@ -4,12 +4,13 @@
 import json
 import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from script_launch import as_command_line
+from script_launch import accelerate_cpu_launch, as_command_line, assert_world_size
 
 from diffusers_ext.data.brain_networks import is_brainspace_available, to_correlation
 
@@ -86,6 +87,29 @@ def test_run_resume_and_load_a_users_folder(tmp_path):
     metrics = json.loads((straight / "training_metrics.json").read_text())
     assert metrics["covariates"] == ["age", "sex"] and metrics["num_features"] == 10
     assert "train_brain_network_flow.py" in (straight / "README.md").read_text()
+
+
+@pytest.mark.two_process
+@pytest.mark.slow
+def test_two_process_resume_equals_uninterrupted_run(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+    data = tmp_path / "data"
+    _folder(data)
+
+    def launch(output_dir, steps, *extra):
+        cmd = [*accelerate_cpu_launch(), SCRIPT, "--output_dir", str(output_dir), "--max_train_steps", str(steps)]
+        cmd += ["--train_data_dir", str(data), *TINY, *extra]
+        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout + result.stderr
+
+    resumed, straight = tmp_path / "resumed", tmp_path / "straight"
+    assert_world_size(launch(resumed, 2), resumed / "checkpoint-2")
+    assert "Resuming from" in launch(resumed, 4, "--resume_from_checkpoint", "latest")
+    launch(straight, 4)
+    weights = [load_file(os.path.join(f, "model", "diffusion_pytorch_model.safetensors")) for f in (resumed, straight)]
+    for name in weights[0]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], rtol=0, atol=0, msg=f"{name} after resume")
 
 
 def test_spd_matrices_with_the_log_cholesky_map(tmp_path):
