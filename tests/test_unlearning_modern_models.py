@@ -202,3 +202,16 @@ def test_train_unlearning_script_takes_the_pipeline_folder(family, tmp_path):
     pipe.load_lora_weights(str(out))
     denoiser = pipe.unet if family == "sdxl" else pipe.transformer
     assert _lora_weights(denoiser)
+
+
+def test_a_family_without_text_refuses_prompts_by_name():
+    from types import SimpleNamespace
+
+    from diffusers_ext.pipelines.denoiser_families import ClassUNetFamily
+    from diffusers_ext.testing import get_tiny_pixel_unet
+
+    family = ClassUNetFamily(SimpleNamespace(unet=get_tiny_pixel_unet(), vae=None))
+    with pytest.raises(
+        TypeError, match=r"`forget_prompts` holds prompts, but the 'pack' family's denoiser takes no text"
+    ):
+        family.encode_prompts(["a cat"], "forget_prompts")

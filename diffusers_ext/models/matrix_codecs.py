@@ -17,6 +17,7 @@ the map in `encode` and undone before the inverse in `decode`. Maps run in float
 round trip is exact to float64 rounding (1e-12 on well-conditioned matrices).
 """
 
+import abc
 import math
 
 import torch
@@ -73,7 +74,7 @@ def _cholesky(name: str, matrices: torch.Tensor) -> torch.Tensor:
     return factor
 
 
-class _StandardizedMatrixCodec(ModelMixin, ConfigMixin):
+class _StandardizedMatrixCodec(ModelMixin, ConfigMixin, metaclass=abc.ABCMeta):
     """The per-feature standardiser both codecs share: `encode = (map(M) - mean) / std`, `decode` its inverse."""
 
     def _init_standardizer(self, num_features: int) -> None:
@@ -85,11 +86,13 @@ class _StandardizedMatrixCodec(ModelMixin, ConfigMixin):
         """`k`, the length of an encoded vector."""
         return int(self.mean.numel())
 
-    def to_vectors(self, matrices) -> torch.Tensor:  # the map, without the standardiser
-        raise NotImplementedError
+    @abc.abstractmethod
+    def to_vectors(self, matrices) -> torch.Tensor:
+        """`(batch, n, n)` valid matrices -> `(batch, k)` float64 vectors: the map, without the standardiser."""
 
-    def from_vectors(self, vectors: torch.Tensor) -> torch.Tensor:  # its inverse
-        raise NotImplementedError
+    @abc.abstractmethod
+    def from_vectors(self, vectors: torch.Tensor) -> torch.Tensor:
+        """`(batch, k)` float64 vectors -> `(batch, n, n)` valid matrices: the map's inverse."""
 
     def fit(self, matrices, min_std: float = 1e-6) -> "_StandardizedMatrixCodec":
         """Set the standardiser to the per-feature mean and standard deviation of `matrices` mapped to vectors (a

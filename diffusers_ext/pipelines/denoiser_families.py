@@ -148,8 +148,11 @@ class DenoiserFamily:
     ) -> Conditions | torch.Tensor:
         """[`Conditions`] of `prompts` (the argument `name`, for errors) on the CPU in float32, one row per prompt
         (SD 1.x / 2.x: the prompt states `(n, seq, dim)`); `image_size` (pixels, default the model's) sets SDXL's
-        time ids."""
-        raise NotImplementedError
+        time ids. The families with text encoders define it; a family without one (`text = False`) refuses."""
+        raise TypeError(
+            f"`{name}` holds prompts, but the {self.name!r} family's denoiser takes no text (it is conditioned on "
+            "class labels or nothing)."
+        )
 
     def _prompt_device(self):
         return next(self.pipeline.text_encoder.parameters()).device
