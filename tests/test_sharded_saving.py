@@ -16,6 +16,7 @@ from accelerate.utils import DistributedType
 from diffusers import UNet2DModel
 from diffusers.training_utils import EMAModel
 
+from diffusers_ext.testing import get_tiny_pixel_unet
 from diffusers_ext.training_utils import check_unsharded, gathered_model, shards_parameters
 
 
@@ -24,17 +25,7 @@ WORLD = 2
 
 
 def tiny_unet(seed=0):
-    torch.manual_seed(seed)
-    return UNet2DModel(
-        sample_size=8,
-        in_channels=1,
-        out_channels=1,
-        block_out_channels=(8, 16),
-        down_block_types=("DownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "UpBlock2D"),
-        layers_per_block=1,
-        norm_num_groups=4,
-    )
+    return get_tiny_pixel_unet(seed)
 
 
 def shard(model: torch.nn.Module, rank: int) -> torch.nn.Module:

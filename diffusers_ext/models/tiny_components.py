@@ -89,6 +89,24 @@ def _tiny_vae(**overrides) -> AutoencoderKL:
     )
 
 
+def _tiny_cross_attention_unet(**added) -> UNet2DConditionModel:
+    """The tiny SD-style [`UNet2DConditionModel`] of [`get_tiny_sd_components`] (4 latent channels, blocks of 8 and 16
+    channels, cross-attention dim 32), with `added` config (SDXL's added conditioning)."""
+    return UNet2DConditionModel(
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=2,
+        norm_num_groups=4,
+        **added,
+    )
+
+
 def get_tiny_sd_components(seed: int = 0) -> dict[str, Any]:
     """Tiny Stable Diffusion 1.x-style components, usable as `StableDiffusionPipeline(**components)`.
 
@@ -101,18 +119,7 @@ def get_tiny_sd_components(seed: int = 0) -> dict[str, Any]:
         seed (`int`, defaults to 0): seeds the weights; the global torch RNG state is left as it was.
     """
     with _seeded(seed):
-        unet = UNet2DConditionModel(
-            sample_size=16,
-            in_channels=4,
-            out_channels=4,
-            layers_per_block=1,
-            block_out_channels=(8, 16),
-            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-            cross_attention_dim=32,
-            attention_head_dim=2,
-            norm_num_groups=4,
-        )
+        unet = _tiny_cross_attention_unet()
         vae = _tiny_vae()
         tokenizer = get_tiny_clip_tokenizer()
         text_encoder = CLIPTextModel(_tiny_clip_text_config(tokenizer, hidden_size=32, projection_dim=32))
@@ -222,19 +229,9 @@ def get_tiny_sdxl_components(seed: int = 0) -> dict[str, Any]:
         seed (`int`, defaults to 0): seeds the weights; the global torch RNG state is left as it was.
     """
     with _seeded(seed):
-        unet = UNet2DConditionModel(
-            sample_size=16,
-            in_channels=4,
-            out_channels=4,
-            layers_per_block=1,
-            block_out_channels=(8, 16),
-            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-            cross_attention_dim=32,
-            attention_head_dim=2,
-            norm_num_groups=4,
+        unet = _tiny_cross_attention_unet(
             use_linear_projection=True,
-            addition_embed_type="text_time",
+            addition_embed_type="text_time",  # the pooled embedding and six size/crop time ids
             addition_time_embed_dim=8,
             projection_class_embeddings_input_dim=6 * 8 + 16,
         )
