@@ -105,7 +105,13 @@ def test_separate_flower_processes_give_the_in_process_shared_models(tmp_path):
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
     )
-    env = {**os.environ, "FLWR_HOME": str(home), "PATH": bin_dir + os.pathsep + os.environ["PATH"], "PYTHONPATH": REPO}
+    # Flower's processes run with this process's torch thread count: a CPU reduction's result depends on how many
+    # threads split it, so bitwise equality needs the same count on both sides (unset, a child may choose another).
+    threads = str(torch.get_num_threads())
+    env = {
+        **os.environ, "FLWR_HOME": str(home), "PATH": bin_dir + os.pathsep + os.environ["PATH"], "PYTHONPATH": REPO,
+        "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+    }  # fmt: skip
     run_config = {
         "dataset": "multi-taste", "world-users": 8, "world-items": 250, "world-rank": 4, "world-interactions": 12,
         "world-seed": 1, "split-seed": 1, "method": "distributional", "embedding-dim": 4, "num-rounds": 3,
