@@ -74,10 +74,12 @@ def parse_args(argv=None):
     )
     train.add_argument("--seed", type=int, default=0, help="Seed of initialisation, batches and read-out.")
     train.add_argument("--train_batch_size", type=int, default=256, help="Neurons per batch per process.")
-    train.add_argument("--max_train_steps", type=int, default=3000, help="Total optimizer steps (both flows).")
+    train.add_argument(
+        "--max_train_steps", type=int, default=6000, help="Total optimizer steps (both flows; half each by default)."
+    )
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
     add_optimizer_arguments(
-        train, learning_rate=2e-3, lr_scheduler="constant_with_warmup", lr_warmup_steps=50, weight_decay=0.0
+        train, learning_rate=2e-3, lr_scheduler="cosine", lr_warmup_steps=50, weight_decay=0.0
     )
     add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=2)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
@@ -89,7 +91,10 @@ def parse_args(argv=None):
     )
     add_validation_arguments(validation, "text")
     validation.add_argument(
-        "--eval_inference_steps", type=int, default=20, help="Euler steps of each flow when sampling."
+        "--eval_inference_steps",
+        type=int,
+        default=100,
+        help="Euler steps of each flow when sampling (the read-outs' networks and validation).",
     )
     args = parser.parse_args(argv)
     validate_args(args, parser)

@@ -29,8 +29,6 @@ import copy
 import json
 import math
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -96,23 +94,13 @@ def build_unet():
 
 def train_feature_network(steps: int, folder: str) -> float:
     """Run the shipped training script of the augmentation regressor; return its held-out R^2."""
-    cmd = [
-        sys.executable,
-        os.path.join(REPO, "training", "train_augmentation_regressor.py"),
-        "--output_dir",
-        folder,
-        "--max_train_steps",
-        str(steps),
-        "--report_to",
-        "none",
-        "--checkpointing_steps",
-        str(steps),
-    ]
-    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"train_augmentation_regressor.py failed:\n{result.stderr[-3000:]}")
-    line = [x for x in result.stderr.splitlines() if "held-out R^2" in x][-1]
+    from diffusers_ext.evaluation.reporting import run_training_script
+
+    argv = ["--output_dir", folder, "--max_train_steps", str(steps), "--report_to", "none"]
+    log = run_training_script(
+        REPO, "train_augmentation_regressor", [*argv, "--checkpointing_steps", str(steps)], env={"OMP_NUM_THREADS": "1"}
+    )
+    line = [x for x in log.splitlines() if "held-out R^2" in x][-1]
     return float(line.rsplit(" ", 1)[-1])
 
 

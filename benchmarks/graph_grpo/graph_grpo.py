@@ -131,16 +131,10 @@ def parse_args(argv=None):
 
 
 def run_script(name: str, argv: list[str]) -> None:
-    """Run `training/<name>.py argv` in a fresh interpreter from the repository root (as a user would), with this
-    process's environment (the same thread limits); raise with the script's last error lines if it fails."""
-    import subprocess
-    import sys
+    """Run `training/<name>.py argv` as a user would (`reporting.run_training_script`)."""
+    from diffusers_ext.evaluation.reporting import run_training_script
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    command = [sys.executable, os.path.join("training", f"{name}.py"), *argv]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    run_training_script(REPO, name, argv)
 
 
 # ----------------------------------------------------------------------------------------------------------------

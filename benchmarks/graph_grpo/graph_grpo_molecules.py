@@ -200,16 +200,10 @@ def measure(oracle: QEDOracle, args, train: set, seconds: float) -> dict:
 
 
 def run_script(name: str, argv: list[str]) -> None:
-    """Run `training/<name>.py argv` in a fresh interpreter from the repository root, with this process's
-    environment; raise with the script's last error lines if it fails."""
-    import subprocess
-    import sys
+    """Run `training/<name>.py argv` as a user would (`reporting.run_training_script`)."""
+    from diffusers_ext.evaluation.reporting import run_training_script
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    command = [sys.executable, os.path.join("training", f"{name}.py"), *argv]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    run_training_script(REPO, name, argv)
 
 
 def pretrain_argv(args, output_dir: str) -> list[str]:

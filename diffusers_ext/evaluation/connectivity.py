@@ -176,13 +176,23 @@ def reproduces_attractor(kind: str, summary: dict, reference: dict, tolerances: 
     raise ValueError(f"`kind` must be 'fixed_points', 'limit_cycle' or 'ring', got {kind!r}.")
 
 
+# Multiples of the median distance at which [`loading_distances`] judges (each alone and summed).
+BANDWIDTH_FACTORS = (0.25, 0.5, 1.0, 2.0)
+
+
 def loading_distances(samples: torch.Tensor, reference: torch.Tensor, bandwidth: float, seed: int = 0) -> dict:
-    """`{"mmd2", "sliced_w2"}` between neurons' loadings `samples` `(n, D)` and ground-truth draws `reference`
-    `(m, D)`: the unbiased MMD^2 with Gaussian kernels of bandwidths `bandwidth * (0.25, 0.5, 1, 2)` and the sliced
-    2-Wasserstein distance over 256 directions drawn with `seed`."""
-    bandwidths = [0.25 * bandwidth, 0.5 * bandwidth, bandwidth, 2.0 * bandwidth]
+    """Distances between neurons' loadings `samples` `(n, D)` and ground-truth draws `reference` `(m, D)`.
+
+    Returns `{"mmd2", "mmd2_by_bandwidth", "sliced_w2"}`: the unbiased MMD^2 with the sum of Gaussian kernels of
+    bandwidths `bandwidth * BANDWIDTH_FACTORS`; the MMD^2 with each of those kernels alone (keyed by its factor, e.g.
+    `"0.25"`), since a method can win on the summed kernel while losing at one scale; and the sliced 2-Wasserstein
+    distance over 256 directions drawn with `seed`."""
+    bandwidths = [factor * bandwidth for factor in BANDWIDTH_FACTORS]
     generator = torch.Generator("cpu").manual_seed(seed)
     return {
         "mmd2": mmd_squared(samples, reference, bandwidths),
+        "mmd2_by_bandwidth": {
+            f"{factor:g}": mmd_squared(samples, reference, factor * bandwidth) for factor in BANDWIDTH_FACTORS
+        },
         "sliced_w2": sliced_wasserstein(samples, reference, 256, generator),
     }

@@ -83,6 +83,24 @@ def load_script(path: str, name: str | None = None):
     return module
 
 
+def run_training_script(repo: str, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """Run `training/<name>.py argv` of the checkout at `repo` in a fresh interpreter from `repo` (as a user runs
+    it), with this process's environment (so the same thread limits) updated by `env`; return the script's stderr
+    (where its log goes). A failure raises `RuntimeError` with the command and the script's last error lines."""
+    import subprocess
+
+    script = os.path.join(repo, "training", f"{name}.py")
+    if not os.path.isfile(script):
+        raise ValueError(f"`name` must name a script of {os.path.join(repo, 'training')}, got {name!r}.")
+    path = os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
+    command = [sys.executable, os.path.join("training", f"{name}.py"), *map(str, argv)]
+    result = subprocess.run(command, cwd=repo, env=environment, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return result.stderr
+
+
 def checkout_commit(path: str | os.PathLike) -> str | None:
     """The commit of a reference checkout (a public repository run beside the package, never committed): `git log`,
     or for an exported tree without `.git` the id in a `REVISION` file in it or one of its two parents (e.g.
