@@ -78,9 +78,7 @@ def parse_args(argv=None):
         "--max_train_steps", type=int, default=6000, help="Total optimizer steps (both flows; half each by default)."
     )
     train.add_argument("--gradient_accumulation_steps", type=int, default=1, help="Micro-batches per optimizer step.")
-    add_optimizer_arguments(
-        train, learning_rate=2e-3, lr_scheduler="cosine", lr_warmup_steps=50, weight_decay=0.0
-    )
+    add_optimizer_arguments(train, learning_rate=2e-3, lr_scheduler="cosine", lr_warmup_steps=50, weight_decay=0.0)
     add_accelerate_arguments(train, checkpointing_steps=500, checkpoints_total_limit=2)
     train.add_argument("--logging_steps", type=int, default=50, help="Log metrics every N steps.")
     validation = parser.add_argument_group(

@@ -98,7 +98,10 @@ def train_feature_network(steps: int, folder: str) -> float:
 
     argv = ["--output_dir", folder, "--max_train_steps", str(steps), "--report_to", "none"]
     log = run_training_script(
-        REPO, "train_augmentation_regressor", [*argv, "--checkpointing_steps", str(steps)], env={"OMP_NUM_THREADS": "1"}
+        REPO,
+        "train_augmentation_regressor",
+        [*argv, "--checkpointing_steps", str(steps)],
+        env={"OMP_NUM_THREADS": "1"},
     )
     line = [x for x in log.splitlines() if "held-out R^2" in x][-1]
     return float(line.rsplit(" ", 1)[-1])
