@@ -29,6 +29,7 @@ DIR, JSON, STEM = "folder", "json path", "stem"
 # folder (the file keeps its name in it), a `.json` path or a path stem.
 OUTPUT = {
     "brain_network_flow/brain_network_flow.py": ("--output", JSON),
+    "brain_network_flow/temporal.py": ("--output", JSON),
     "certified_transfer/certified_transfer.py": ("--output", STEM),
     "certified_transfer/certified_transfer_model_selection.py": ("--output", STEM),
     "connectivity/connectivity.py": ("--output", JSON),

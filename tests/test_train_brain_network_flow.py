@@ -1,6 +1,7 @@
 """The brain-network flow training script: a loadable pipeline of valid matrices, exact resume, a user's folder
 (correlation and SPD), the pack's world on the real HCP group mean, and bad folders named before training."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -136,6 +137,27 @@ def test_the_world_on_the_hcp_group_mean(tmp_path):
 
     pipe = BrainNetworkFlowPipeline.from_pretrained(str(tmp_path / "out"))
     assert pipe.codec.num_features == 4950 and pipe.model.config.num_covariates == 2
+
+
+@pytest.mark.skipif(
+    not is_brainspace_available() or importlib.util.find_spec("nibabel") is None,
+    reason="the brainspace wheel or nibabel is not installed",
+)
+def test_the_sliding_window_trajectory_of_the_real_run(tmp_path):
+    torch.set_num_threads(1)
+    _run_in_process(
+        tmp_path / "out", 2, "--dataset_name", "sliding_window", "--num_regions", "10", "--window_step", "20"
+    )
+    from diffusers_ext import BrainNetworkFlowPipeline
+
+    pipe = BrainNetworkFlowPipeline.from_pretrained(str(tmp_path / "out"))
+    assert pipe.codec.num_features == 45 and pipe.model.config.num_covariates == 1
+    with open(tmp_path / "out" / "training_metrics.json") as f:
+        assert json.load(f)["covariates"] == ["time"]
+    assert "ONE subject" in (tmp_path / "out" / "README.md").read_text()
+    pipe.set_progress_bar_config(disable=True)
+    matrices = pipe([[0.25], [0.75]], num_inference_steps=2).matrices
+    assert matrices.shape == (2, 10, 10) and torch.linalg.eigvalsh(matrices).min() > 0
 
 
 def test_bad_folders_are_named_before_training(tmp_path):

@@ -3,11 +3,14 @@
 
 Data: the pack's connectivity world (`--dataset_name world`, `diffusers_ext.data.brain_networks.ConnectivityWorld`:
 subjects of random age and sex around the HCP Schaefer group-mean matrix of the installed `brainspace` wheel, with a
-known conditional law; `--num_regions`, `--num_train_subjects`), or your own folder (`--train_data_dir` holding
-`matrices.npy`, an `(N, n, n)` array, and optionally `covariates.csv`, a header of covariate names and one row per
-matrix; `--matrix_type correlation | spd`).
+known conditional law; `--num_regions`, `--num_train_subjects`), the sliding-window trajectory of the wheel's one
+real resting-state run (`--dataset_name sliding_window`, `load_sliding_window_connectivity`: ONE subject; the flow is
+conditioned on the normalised time of each window; `--num_regions`, `--window`, `--window_step`, `--shrinkage`; needs
+nibabel), or your own folder (`--train_data_dir` holding `matrices.npy`, an `(N, n, n)` array, and optionally
+`covariates.csv`, a header of covariate names and one row per matrix; `--matrix_type correlation | spd`).
 
     accelerate launch training/train_brain_network_flow.py --dataset_name world --output_dir brain-flow
+    accelerate launch training/train_brain_network_flow.py --dataset_name sliding_window --output_dir brain-flow-time
 
 Before the first step the codec (`CorrelationMatrixCodec`, or `SPDMatrixCodec` with `--spd_map`) maps every
 training matrix to a vector and fits its per-feature standardiser; the flow is trained in those coordinates with
@@ -38,12 +41,19 @@ from diffusers_ext.training_utils import (
 logger = get_logger(__name__, log_level="INFO")
 
 MATRIX_TYPES = ("correlation", "spd")
+DATASETS = ("world", "sliding_window")
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset_name", type=str, default="world", choices=("world",), help="The pack's world.")
+    data.add_argument(
+        "--dataset_name",
+        type=str,
+        default="world",
+        choices=DATASETS,
+        help="The pack's world, or the sliding-window trajectory of the wheel's one real run (time as covariate).",
+    )
     data.add_argument(
         "--train_data_dir",
         type=str,
@@ -57,9 +67,19 @@ def parse_args(argv=None):
         "--spd_map", type=str, default="log_euclidean", choices=("log_euclidean", "log_cholesky"), help="SPD map."
     )
     data.add_argument("--parcellation", type=str, default="schaefer", help="The world's group-mean parcellation.")
-    data.add_argument("--num_regions", type=int, default=100, help="The world's regions (100, 200, 300 or 400).")
+    data.add_argument(
+        "--num_regions",
+        type=int,
+        default=100,
+        help="Regions: the world's (100, 200, 300 or 400), or the trajectory's parcellation of fsaverage5 (even).",
+    )
+    data.add_argument("--window", type=int, default=40, help="The trajectory's volumes per sliding window.")
+    data.add_argument("--window_step", type=int, default=2, help="The trajectory's volumes between window starts.")
+    data.add_argument("--shrinkage", type=float, default=0.1, help="The trajectory's shrinkage towards the identity.")
     data.add_argument("--num_train_subjects", type=int, default=1024, help="Subjects drawn from the world.")
-    data.add_argument("--data_seed", type=int, default=0, help="Seed of the world's subjects.")
+    data.add_argument(
+        "--data_seed", type=int, default=0, help="Seed of the world's subjects, or of the trajectory's parcellation."
+    )
     model = parser.add_argument_group("model")
     model.add_argument("--hidden_size", type=int, default=512, help="MLP width.")
     model.add_argument("--num_layers", type=int, default=4, help="Modulated residual blocks.")
@@ -86,6 +106,8 @@ def parse_args(argv=None):
     for name in (
         "num_regions",
         "num_train_subjects",
+        "window",
+        "window_step",
         "hidden_size",
         "num_layers",
         "train_batch_size",
@@ -117,6 +139,16 @@ def build_data(args):
         matrices, covariates, names = brain_networks.load_matrix_folder(args.train_data_dir)
         matrix_type = args.matrix_type
         description = f"the {len(matrices)} matrices of `{os.path.basename(os.path.normpath(args.train_data_dir))}`"
+    elif args.dataset_name == "sliding_window":
+        matrices, times = brain_networks.load_sliding_window_connectivity(
+            args.num_regions, args.window, args.window_step, args.shrinkage, seed=args.data_seed
+        )
+        covariates, names, matrix_type = times.float()[:, None], ["time"], "correlation"
+        description = (
+            f"the {len(matrices)} sliding-window connectivity matrices ({args.window} volumes every "
+            f"{args.window_step}, shrinkage {args.shrinkage}, {args.num_regions} regions) of ONE subject's resting-state "
+            "run shipped in the `brainspace` wheel (`diffusers_ext.data.brain_networks.load_sliding_window_connectivity`)"
+        )
     else:
         group = brain_networks.load_group_connectivity(args.parcellation, args.num_regions)
         world = brain_networks.ConnectivityWorld(group)
