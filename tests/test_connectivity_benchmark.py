@@ -35,8 +35,9 @@ def test_validation_seeds_must_differ_from_test_seeds():
 
 def test_ours_is_trained_by_the_documented_command_with_the_validated_settings():
     """The benchmark adds nothing to the documented training command but the data it shares with the baselines,
-    the output folder and trackers off; the script's defaults are the settings validation chose (3000 steps per flow,
-    cosine, 100 Euler steps), and a user's pipeline samples with those Euler steps by default."""
+    the output folder, trackers off and the read-out noise std validation chose; the script's defaults are the
+    settings validation chose (3000 steps per flow, cosine, 100 Euler steps, the committed noise std), and a user's
+    pipeline samples with those Euler steps by default."""
     import inspect
 
     from diffusers_ext import ConnectivityPipeline
@@ -51,6 +52,13 @@ def test_ours_is_trained_by_the_documented_command_with_the_validated_settings()
     defaults = script.parse_args(["--output_dir", "out"])
     assert (defaults.max_train_steps, defaults.input_flow_fraction, defaults.lr_scheduler) == (6000, 0.5, "cosine")
     assert defaults.eval_inference_steps == 100
+    with open(RESULTS, encoding="utf-8") as f:
+        chosen = json.load(f)["chosen_settings"]["ours"]
+    assert defaults.ridge_noise_std == chosen
+    assert bench.training_argv("quadstable", 106, bench.parse_args([]), "out", chosen)[-2:] == [
+        "--ridge_noise_std",
+        f"{chosen:g}",
+    ]
     call = inspect.signature(ConnectivityPipeline.__call__).parameters
     assert call["num_inference_steps"].default == defaults.eval_inference_steps
     # the data flags only restate the script's defaults: the documented command trains on the same sizes
@@ -90,7 +98,7 @@ def test_tiny_run_chooses_on_validation_then_tests_once(tmp_path):
     )
     tiny = [
         "--ground_truths", "quadstable", "ring", "--seeds", "100", "101", "102", "--validation_seeds", "0",
-        "--ridge_lambda_grid", "0.01", "1", "--lrrnn_steps_grid", "2", "4", "--num_neurons", "60",
+        "--ridge_lambda_grid", "0.01", "1", "--lrrnn_steps_grid", "2", "4", "--ridge_noise_std_grid", "0.01", "0.001", "--num_neurons", "60",
         "--num_transitions", "200", "--num_dynamics_steps", "10", "--train_args", train_args,
         "--num_inference_steps", "2", "--lrrnn_free_transitions", "100", "--num_eval_neurons", "60",
         "--num_resamples", "2",
@@ -100,19 +108,21 @@ def test_tiny_run_chooses_on_validation_then_tests_once(tmp_path):
         assert (tmp_path / f"connectivity{suffix}").is_file()
     choices = results["validation"]["choices"]
     assert results["validation"]["seeds"] == [0]
-    for method, grid in (("ridge_m_given", [0.01, 1.0]), ("lrrnn_all_fitted", [2, 4])):
+    for method, grid in (("ours", [0.01, 0.001]), ("ridge_m_given", [0.01, 1.0]), ("lrrnn_all_fitted", [2, 4])):
         assert [row["candidate"] for row in choices[method]["validation"]] == grid
         scores = [row["score"] for row in choices[method]["validation"]]
         assert choices[method]["chosen"]["candidate"] == grid[scores.index(min(scores))]
-    assert results["point_estimate_settings"] == {m: r["chosen"]["candidate"] for m, r in choices.items()}
+    assert results["chosen_settings"] == {m: r["chosen"]["candidate"] for m, r in choices.items()}
     assert {run["seed"] for run in results["runs"]} == {100, 101, 102}  # the test seeds, each run once
     assert len(results["runs"]) == 6 and all(len(run["fresh_networks_reproduce"]) == 2 for run in results["runs"])
     assert all(train_args in run["training"]["command"] for run in results["runs"])
+    chosen_noise = f"--ridge_noise_std {results['chosen_settings']['ours']:g}"
+    assert all(chosen_noise in run["training"]["command"] for run in results["runs"])
     targets = results["summary"]["targets"]
     assert len(targets) == 6 and sum("worst kernel" in row["name"] for row in targets) == 4
     markdown = (tmp_path / "connectivity.md").read_text()
     assert "## Validation (seeds [0]" in markdown and "fresh ground-truth networks" in markdown
-    assert "MMD^2 0.25" in markdown and "Chosen: ridge point estimate (m given)" in markdown
+    assert "MMD^2 0.25" in markdown and "Chosen: ours: noise std" in markdown and "| noise std |" in markdown
     rebuilt = bench.main(
         ["--from_results", str(tmp_path / "connectivity.json"), "--output", str(tmp_path / "re.json")]
     )
@@ -127,6 +137,8 @@ def test_committed_results_were_chosen_on_validation_and_recompute():
     assert len(settings["seeds"]) >= 3 and not set(settings["seeds"]) & set(settings["validation_seeds"])
     assert settings["train_args"] == "" and settings["num_inference_steps"] is None  # the documented command
     choices = results["validation"]["choices"]
-    assert results["point_estimate_settings"]["ridge_m_given"] == choices["ridge_m_given"]["chosen"]["candidate"]
+    assert results["chosen_settings"]["ours"] == choices["ours"]["chosen"]["candidate"]
+    assert len(choices["ours"]["validation"]) == len(settings["ridge_noise_std_grid"]) >= 2
+    assert results["chosen_settings"]["ridge_m_given"] == choices["ridge_m_given"]["chosen"]["candidate"]
     assert len(choices["ridge_m_given"]["validation"]) == len(settings["ridge_lambda_grid"]) >= 2
     assert bench.targets_from_results(results) == results["summary"]["targets"]

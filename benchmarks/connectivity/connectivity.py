@@ -11,9 +11,10 @@ trajectories, never the output side `n`:
 
 - **ours**: trained by the documented command, `training/train_connectivity_flow.py --dataset_name <truth>
   --data_seed <network seed> --seed <seed>` with the script's defaults (run as a user runs it, in a fresh
-  interpreter; `--train_args` adds flags, for the tests' tiny runs only), and sampled with the pipeline's default
-  Euler steps. Those defaults are what the benchmark's previous version chose on the validation seeds 0-3 (3000
-  steps per flow with a cosine schedule, 100 Euler steps); they are not re-chosen here;
+  interpreter; `--train_args` adds flags, for the tests' tiny runs only) and the read-out's noise std chosen on
+  validation (`--ridge_noise_std`; the script's default is the committed choice), sampled with the pipeline's
+  default Euler steps. The training length, schedule and Euler steps are what the benchmark's previous version chose
+  on the validation seeds 0-3 (3000 steps per flow with a cosine schedule, 100 Euler steps); they are not re-chosen;
 - **ridge point estimate (m given)**: the closed-form ridge solve of `n` given the true `m`
   (`ridge_readout(...).mean`): the optimum of the one-step prediction loss with an L2 penalty, the strongest point
   estimate with our information;
@@ -28,9 +29,9 @@ the ground truth itself pass the same check (what finite-size fluctuation alone 
 ground-truth network with its `n` shuffled across neurons must fail that check. Sanity reference: a second network
 drawn from the ground truth.
 
-Validation, then test once. Before any test seed is touched, each point estimate's setting is chosen on the
-`--validation_seeds` (every ground truth, one choice for all of them) by its mean summed-kernel MMD^2: the ridge
-penalty from `--ridge_lambda_grid`, the all-fitted lrRNN's Adam steps from `--lrrnn_steps_grid` (by default the
+Validation, then test once. Before any test seed is touched, each method's setting is chosen on the
+`--validation_seeds` (every ground truth, one choice for all of them) by its mean summed-kernel MMD^2: ours' read-out
+noise std from `--ridge_noise_std_grid`, the ridge penalty from `--ridge_lambda_grid`, the all-fitted lrRNN's Adam steps from `--lrrnn_steps_grid` (by default the
 4000 the previous version chose on the same seeds, not re-chosen: that lrRNN is far behind). The frozen choices
 then run once on the test `--seeds` (106-111, never run before); the validation measurements are recorded beside
 them. Writes `benchmarks/connectivity/results/connectivity.json`, `.md` and `.png`.
@@ -93,6 +94,14 @@ def parse_args(argv=None):
         help="Euler steps of each flow when sampling ours (none: the pipeline's default, as a user samples).",
     )
     parser.add_argument(
+        "--ridge_noise_std_grid",
+        type=float,
+        nargs="+",
+        default=[0.01, 0.003, 0.001, 0.0003],
+        help="Candidate one-step noise stds of ours' ridge read-out (`--ridge_noise_std` of the training script), "
+        "chosen on validation like the point estimates' settings (one value: used without validation).",
+    )
+    parser.add_argument(
         "--ridge_lambda_grid",
         type=float,
         nargs="+",
@@ -120,8 +129,11 @@ def parse_args(argv=None):
         parser.error(f"--validation_seeds must be disjoint from the test --seeds, both hold {overlap}.")
     if min(args.lrrnn_steps_grid) < 1:
         parser.error(f"--lrrnn_steps_grid must hold positive step counts, got {args.lrrnn_steps_grid}.")
-    if not all(lam > 0 for lam in args.ridge_lambda_grid):
-        parser.error(f"--ridge_lambda_grid must hold positive penalties, got {args.ridge_lambda_grid}.")
+    if not all(value > 0 for value in (*args.ridge_lambda_grid, *args.ridge_noise_std_grid)):
+        parser.error(
+            f"--ridge_lambda_grid and --ridge_noise_std_grid must hold positive values, got "
+            f"{args.ridge_lambda_grid} and {args.ridge_noise_std_grid}."
+        )
     if args.num_inference_steps is not None and args.num_inference_steps < 1:
         parser.error(f"--num_inference_steps must be >= 1, got {args.num_inference_steps}.")
     return args
@@ -137,25 +149,28 @@ def network_seed(name: str, seed: int) -> int:
     return 1000 * GROUND_TRUTHS.index(name) + seed
 
 
-def training_argv(name: str, seed: int, args, output_dir: str) -> list[str]:
+def training_argv(name: str, seed: int, args, output_dir: str, noise_std: float | None = None) -> list[str]:
     """Ours' training command line: the documented one (`--dataset_name`, `--output_dir`) on this benchmark's
-    network and transitions (`--data_seed`, `--seed`, the data sizes), trackers off, plus `--train_args`."""
+    network and transitions (`--data_seed`, `--seed`, the data sizes), trackers off, the read-out's `noise_std`
+    where one is given (a validation candidate or the chosen one), plus `--train_args`."""
+    noise = [] if noise_std is None else ["--ridge_noise_std", f"{noise_std:g}"]
     return [
         "--dataset_name", name, "--data_seed", str(network_seed(name, seed)), "--seed", str(seed),
         "--num_neurons", str(args.num_neurons), "--num_dynamics_steps", str(args.num_dynamics_steps),
         "--num_transitions", str(args.num_transitions), "--output_dir", output_dir, "--report_to", "none",
-        *shlex.split(args.train_args),
+        *noise, *shlex.split(args.train_args),
     ]  # fmt: skip
 
 
-def train_ours(name: str, seed: int, net, args):
-    """Ours: `training/train_connectivity_flow.py` run by its documented command on the network of `(name, seed)`;
-    returns `(pipeline, info)`. Checks that the script trained on `net` (its saved input scale is `m`'s std)."""
+def train_ours(name: str, seed: int, net, args, noise_std: float | None = None):
+    """Ours: `training/train_connectivity_flow.py` run by its documented command on the network of `(name, seed)`
+    (with the read-out's `noise_std` if given); returns `(pipeline, info)`. Checks that the script trained on `net`
+    (its saved input scale is `m`'s std)."""
     from diffusers_ext import ConnectivityPipeline
     from diffusers_ext.evaluation.reporting import run_training_script
 
     with tempfile.TemporaryDirectory() as folder:
-        argv = training_argv(name, seed, args, folder)
+        argv = training_argv(name, seed, args, folder, noise_std)
         start = time.perf_counter()
         run_training_script(REPO, "train_connectivity_flow", argv)
         seconds = time.perf_counter() - start
@@ -286,13 +301,44 @@ def validate_point_estimate(method, setting, args, log):
     return {"per_ground_truth": per_truth, "mean_mmd2": sum(per_truth.values()) / len(per_truth)}
 
 
+def validate_ours(noise_std, args, log):
+    """Ours with the read-out's `noise_std` on every ground truth and validation seed: per ground truth the mean
+    summed-kernel MMD^2 (the score, as for the point estimates) and the fraction of resampled networks reproducing
+    the attractor (recorded); `mean_mmd2` over ground truths."""
+    from diffusers_ext.evaluation.connectivity import loading_distances
+
+    per_truth = {}
+    for name in args.ground_truths:
+        mmd2, reproduced = [], []
+        for seed in args.validation_seeds:
+            truth, net, _, _ = observe(name, seed, args)
+            pipe, _ = train_ours(name, seed, net, args, noise_std)
+            reference, bandwidth = reference_draws(truth, args, seed)
+            mmd2.append(loading_distances(sample_ours(pipe, args, seed), reference, bandwidth, seed)["mmd2"])
+            reproduced += resampled_reproduction(pipe, truth, net, args, seed)[0]
+        per_truth[name] = {"mmd2": sum(mmd2) / len(mmd2), "reproduced_rate": sum(reproduced) / len(reproduced)}
+        log(f"validation: ours, noise std {noise_std:g}, {name}: {per_truth[name]}")
+    mean = sum(entry["mmd2"] for entry in per_truth.values()) / len(per_truth)
+    return {"per_ground_truth": per_truth, "mean_mmd2": mean}
+
+
 def choose_point_estimates(args, log) -> dict:
-    """Each point estimate's setting chosen on the validation seeds (`reporting.choose_on_validation`, the lower
-    mean MMD^2; the test is measured later by `run_one`): `{"ridge_m_given": record, "lrrnn_all_fitted": record}`.
-    A grid of one value is used as given (its record has no validation measurements)."""
+    """Every method's setting chosen on the validation seeds (`reporting.choose_on_validation`, the lower mean
+    MMD^2; the test is measured later by `run_one`): `{"ours": record (the read-out's noise std),
+    "ridge_m_given": record (the penalty), "lrrnn_all_fitted": record (Adam steps)}`. A grid of one value is used
+    as given (its record has no validation measurements)."""
     from diffusers_ext.evaluation.reporting import choose_on_validation
 
-    grids = {"ridge_m_given": list(args.ridge_lambda_grid), "lrrnn_all_fitted": list(args.lrrnn_steps_grid)}
+    grids = {
+        "ours": list(args.ridge_noise_std_grid),
+        "ridge_m_given": list(args.ridge_lambda_grid),
+        "lrrnn_all_fitted": list(args.lrrnn_steps_grid),
+    }
+    measures = {
+        "ours": lambda setting, split: validate_ours(setting, args, log),
+        "ridge_m_given": lambda setting, split: validate_point_estimate("ridge_m_given", setting, args, log),
+        "lrrnn_all_fitted": lambda setting, split: validate_point_estimate("lrrnn_all_fitted", setting, args, log),
+    }
     choices = {}
     for method, grid in grids.items():
         if len(grid) == 1:
@@ -300,7 +346,7 @@ def choose_point_estimates(args, log) -> dict:
             continue
         choices[method] = choose_on_validation(
             grid,
-            lambda setting, split, method=method: validate_point_estimate(method, setting, args, log),
+            measures[method],
             lambda measurement: measurement["mean_mmd2"],
             maximize=False,
             test=False,
@@ -310,14 +356,13 @@ def choose_point_estimates(args, log) -> dict:
 
 
 def run_one(name, seed, args, settings, log):
-    """One test run of every method on ground truth `name` and `seed`, the point estimates with the chosen
-    `settings`."""
+    """One test run of every method on ground truth `name` and `seed`, each with its chosen `settings`."""
     from diffusers_ext.data.lrrnn import LowRankRNN
     from diffusers_ext.evaluation.connectivity import attractor_summary, loading_distances, reproduces_attractor
 
     start = time.perf_counter()
     truth, net, states, next_states = observe(name, seed, args)
-    pipe, info = train_ours(name, seed, net, args)
+    pipe, info = train_ours(name, seed, net, args, settings["ours"])
     ours = sample_ours(pipe, args, seed)
     fits = {
         method: fit_point_estimate(method, settings[method], net, states, next_states, args, seed)
@@ -513,12 +558,27 @@ def report_sections(results: dict) -> list[str]:
 
 
 def validation_section(results: dict) -> list[str]:
-    """The validation grid of each point estimate's setting and the frozen choices (Markdown lines)."""
+    """The validation grid of each method's setting and the frozen choices (Markdown lines)."""
     validation = results.get("validation")
     if not validation:
         return []
     choices = validation["choices"]
     lines = ["", f"## Validation (seeds {validation['seeds']}; the test seeds were run once with the choices)", ""]
+    ours = choices["ours"]["validation"]
+    if ours:
+        names = list(ours[0]["measurement"]["per_ground_truth"])
+        lines += [
+            "Ours: the ridge read-out's one-step noise std (`--ridge_noise_std`), chosen by its mean MMD^2 over ground "
+            "truths (lower is better); the reproduced fraction is recorded beside it.",
+            "",
+            "| noise std | " + " | ".join(f"{n}: MMD^2 / reproduced" for n in names) + " | mean MMD^2 |",
+            "| --- | " + " | ".join("---" for _ in names) + " | --- |",
+        ]
+        for row in ours:
+            per = row["measurement"]["per_ground_truth"]
+            cells = [f"{per[n]['mmd2']:.4f} / {per[n]['reproduced_rate']:.2f}" for n in names]
+            lines.append(f"| {row['name']} | " + " | ".join(cells) + f" | {row['score']:.4f} |")
+        lines.append("")
     titles = {"ridge_m_given": "ridge penalty lambda", "lrrnn_all_fitted": "Adam steps"}
     for method, label in BASELINES.items():
         rows = choices[method]["validation"]
@@ -537,7 +597,8 @@ def validation_section(results: dict) -> list[str]:
                 f"| {row['name']} | " + " | ".join(f"{per[n]:.4f}" for n in names) + f" | {row['score']:.4f} |"
             )
         lines.append("")
-    chosen = [f"{label}: {choices[method]['chosen']['name']}" for method, label in BASELINES.items()]
+    chosen = [f"ours: noise std {choices['ours']['chosen']['name']}"]
+    chosen += [f"{label}: {choices[method]['chosen']['name']}" for method, label in BASELINES.items()]
     lines.append("Chosen: " + "; ".join(chosen) + ".")
     return lines
 
@@ -612,7 +673,7 @@ def main(argv=None):
         "settings": {k: v for k, v in vars(args).items() if k not in ("output", "from_results")},
         "attractor_kinds": {name: ATTRACTORS[name] for name in args.ground_truths},
         "validation": {"seeds": args.validation_seeds, "choices": choices},
-        "point_estimate_settings": settings,
+        "chosen_settings": settings,
         "per_ground_truth": summarise(runs, args.ground_truths),
         "runs": runs,
         "wall_seconds": time.time() - begin,
@@ -632,7 +693,8 @@ def main(argv=None):
     settings_line = (
         f"Settings: {len(args.seeds)} test seeds {args.seeds}, {args.num_neurons} neurons, {args.num_transitions} "
         f"transitions; ours trained by the documented command{' plus ' + repr(args.train_args) if args.train_args else ''}"
-        f" and sampled with {steps} Euler steps; point estimates chosen on validation seeds {args.validation_seeds}; "
+        f" (read-out noise std {settings['ours']:g}) and sampled with {steps} Euler steps; every method's setting chosen "
+        f"on validation seeds {args.validation_seeds}; "
         f"{args.num_resamples} resampled networks per seed; one CPU thread."
     )
     write_results(
