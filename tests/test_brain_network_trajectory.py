@@ -9,8 +9,8 @@ import pytest
 import torch
 from benchmark_scripts import load_benchmark
 
-from diffusers_ext.data import brain_networks
-from diffusers_ext.data.brain_networks import (
+from diffusers_ext.data import brain_network_trajectory, brain_networks
+from diffusers_ext.data.brain_network_trajectory import (
     cortex_mask,
     load_fsaverage5_run,
     load_sliding_window_connectivity,
@@ -34,7 +34,7 @@ def run():
 def test_the_run_and_its_cortex_mask(run):
     assert run.timeseries["lh"].shape == run.timeseries["rh"].shape == (10242, VOLUMES)
     assert run.confounds.shape == (VOLUMES, 29) and run.coordinates["lh"].shape == (10242, 3)
-    assert brain_networks.run_num_volumes() == VOLUMES
+    assert brain_network_trajectory.run_num_volumes() == VOLUMES
     lh, rh = cortex_mask(run.timeseries["lh"]), cortex_mask(run.timeseries["rh"])
     # the medial wall the run leaves at a constant 0: the complement of fsaverage5's cortex label
     assert (~lh).sum() == 888 and (~rh).sum() == 881
@@ -66,8 +66,10 @@ def test_sliding_window_matrices_are_valid_correlations_at_times_in_0_1(run):
     assert times[0] == 0 and times.max() <= 1 and (times.diff() > 0).all()
     torch.testing.assert_close(times, torch.from_numpy(starts / (VOLUMES - 40)))
     # window 5, recomputed independently: numpy's corrcoef of the cleaned region signals, shrunk
-    labels = brain_networks._parcellate(run, 20, 0)
-    series = brain_networks.clean_timeseries(brain_networks.parcel_timeseries(run, labels), run.confounds)
+    labels = brain_network_trajectory._parcellate(run, 20, 0)
+    series = brain_network_trajectory.clean_timeseries(
+        brain_network_trajectory.parcel_timeseries(run, labels), run.confounds
+    )
     expected = 0.9 * np.corrcoef(series[50:90].T) + 0.1 * np.eye(20)
     np.testing.assert_allclose(matrices[5].numpy(), expected, rtol=0, atol=1e-12)
     again, _ = load_sliding_window_connectivity(num_regions=20, window=40, step=10, shrinkage=0.1)
@@ -76,7 +78,7 @@ def test_sliding_window_matrices_are_valid_correlations_at_times_in_0_1(run):
 
 def test_the_cleaned_signals_carry_none_of_the_confounds(run):
     series = 0.01 * np.random.default_rng(0).normal(size=(VOLUMES, 3)) + run.confounds[:, :3] @ np.ones((3, 3))
-    cleaned = brain_networks.clean_timeseries(series, run.confounds)
+    cleaned = brain_network_trajectory.clean_timeseries(series, run.confounds)
     np.testing.assert_allclose(cleaned.mean(0), 0, atol=1e-10)
     np.testing.assert_allclose(cleaned.std(0), 1, atol=1e-10)
     # the cosine of every confound with every cleaned signal is zero (to the rounding of an ill-conditioned design)

@@ -133,21 +133,21 @@ def build_data(args):
     """`(codec, vectors (N, k) float32, covariates (N, c) float32 or None, covariate names, description)`: the
     training matrices encoded by a codec fitted on them; a bad folder or matrix raises a `ValueError` first."""
     from diffusers_ext import CorrelationMatrixCodec, SPDMatrixCodec
-    from diffusers_ext.data import brain_networks
+    from diffusers_ext.data import brain_network_trajectory, brain_networks
 
     if args.train_data_dir is not None:
         matrices, covariates, names = brain_networks.load_matrix_folder(args.train_data_dir)
         matrix_type = args.matrix_type
         description = f"the {len(matrices)} matrices of `{os.path.basename(os.path.normpath(args.train_data_dir))}`"
     elif args.dataset_name == "sliding_window":
-        matrices, times = brain_networks.load_sliding_window_connectivity(
+        matrices, times = brain_network_trajectory.load_sliding_window_connectivity(
             args.num_regions, args.window, args.window_step, args.shrinkage, seed=args.data_seed
         )
         covariates, names, matrix_type = times.float()[:, None], ["time"], "correlation"
         description = (
             f"the {len(matrices)} sliding-window connectivity matrices ({args.window} volumes every "
             f"{args.window_step}, shrinkage {args.shrinkage}, {args.num_regions} regions) of ONE subject's resting-state "
-            "run shipped in the `brainspace` wheel (`diffusers_ext.data.brain_networks.load_sliding_window_connectivity`)"
+            "run shipped in the `brainspace` wheel (`diffusers_ext.data.brain_network_trajectory.load_sliding_window_connectivity`)"
         )
     else:
         group = brain_networks.load_group_connectivity(args.parcellation, args.num_regions)

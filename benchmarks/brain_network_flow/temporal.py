@@ -9,7 +9,7 @@ What it shows: that the piece works on a real trajectory (every sample valid, sa
 their time, the drift of connectivity over the run followed). It is one subject and one run of 652 volumes: no claim
 about a population, and the time index is the position in this run, not an age.
 
-Data: `load_sliding_window_connectivity` (`diffusers_ext.data.brain_networks`): the `brainspace` wheel's fsaverage5 run
+Data: `load_sliding_window_connectivity` (`diffusers_ext.data.brain_network_trajectory`): the `brainspace` wheel's fsaverage5 run
 cut into 100 k-means regions of the pial surface (seed 0), confounds regressed, z-scored; correlation matrices of
 40-volume windows every 2 volumes, shrunk by 0.1 towards the identity; time = window start / (652 - 40).
 
@@ -89,7 +89,7 @@ def parse_args(argv=None):
 def segment_windows(num_volumes: int, window: int, step: int) -> np.ndarray:
     """`(num_windows,)` int: the segment (of `NUM_SEGMENTS` contiguous, near-equal stretches of the run's volumes)
     holding each sliding window entirely, -1 for a window that straddles two segments (dropped)."""
-    from diffusers_ext.data.brain_networks import sliding_window_starts
+    from diffusers_ext.data.brain_network_trajectory import sliding_window_starts
 
     bounds = np.linspace(0, num_volumes, NUM_SEGMENTS + 1).round().astype(int)
     starts = sliding_window_starts(num_volumes, window, step)
@@ -100,7 +100,7 @@ def segment_windows(num_volumes: int, window: int, step: int) -> np.ndarray:
 
 def load_trajectory(args) -> dict:
     """The windows and times of each segment: `{segment: (matrices (w, n, n), times (w,))}`."""
-    from diffusers_ext.data.brain_networks import load_sliding_window_connectivity, run_num_volumes
+    from diffusers_ext.data.brain_network_trajectory import load_sliding_window_connectivity, run_num_volumes
 
     matrices, times = load_sliding_window_connectivity(
         args.num_regions, args.window, args.window_step, args.shrinkage, seed=0
