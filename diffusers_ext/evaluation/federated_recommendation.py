@@ -2,8 +2,8 @@
 
 - [`flip_training_positives`]: ambiguous feedback: a share of each client's training positives replaced by random
   items the user never interacted with (the held-out validation and test items stay as they are).
-- [`top_k_kendall_tau`]: ranking stability: Kendall's tau between two rankings of each user's catalogue, over the
-  union of their top-k lists (between consecutive rounds, or between two training seeds).
+- [`top_k_kendall_tau`]: ranking stability: Kendall's tau of each user's top-k lists under two rankings of its
+  catalogue (between consecutive rounds, or between two training seeds).
 - [`taste_coverage`]: on [`MultiTasteWorld`], how many of each true taste's top items a user's recommendations hold,
   for the taste covered worst and on average.
 """
@@ -69,11 +69,14 @@ def _kendall_tau(x: np.ndarray, y: np.ndarray) -> float:
 def top_k_kendall_tau(
     scores_a: np.ndarray, scores_b: np.ndarray, k: int = 50, exclude: list | None = None
 ) -> np.ndarray:
-    """Per user, Kendall's tau between two rankings of the catalogue, over the union of their top-`k` lists.
+    """Per user, Kendall's tau of the two rankings' top-`k` lists: how the other ranking orders each list's items.
 
-    Each ranking orders the items by descending score (ties by item index); the items of the union of the two top-`k`
-    lists are compared by their positions in the two full rankings. 1: the same top items in the same order; an item
-    that leaves one list counts by how far down the other ranking it fell; -1: the order reversed.
+    Each ranking orders the items by descending score (ties by item index). For each of the two top-`k` lists,
+    Kendall's tau between its items' positions in ranking `a` and in ranking `b`; the user's value is the mean of the
+    two. 1: each list keeps its order in the other ranking (an item that left the other's top-`k` still ranks after
+    the items it followed); 0: the other ranking orders the list at random (two unrelated rankings); -1: reversed.
+    (Taking the union of the two lists instead would score two unrelated rankings near -0.5: their disjoint lists
+    look like each other's reversal.)
 
     Args:
         scores_a, scores_b (`np.ndarray` of shape `(users, num_items)`): the two rankings' scores.
@@ -91,22 +94,26 @@ def top_k_kendall_tau(
             f"{scores_b.shape}."
         )
     check_positive_int("k", k)
+    if k < 2:
+        raise ValueError(f"`k` must be at least 2 (tau compares pairs), got {k}.")
     if exclude is not None and len(exclude) != len(scores_a):
         raise ValueError(f"`exclude` must hold one item list per user ({len(scores_a)}), got {len(exclude)}.")
     taus = np.empty(len(scores_a))
     for user in range(len(scores_a)):
         a, b = scores_a[user].copy(), scores_b[user].copy()
         if exclude is not None:
-            a[np.asarray(exclude[user], dtype=np.int64)] = b[np.asarray(exclude[user], dtype=np.int64)] = -np.inf
+            left_out = np.asarray(exclude[user], dtype=np.int64)
+            a[left_out] = -np.inf
+            b[left_out] = -np.inf
         available = int(np.isfinite(a).sum())
-        if k >= available:
-            raise ValueError(f"`k` ({k}) must be below user {user}'s {available} rankable items.")
+        if k > available:
+            raise ValueError(f"`k` ({k}) must not exceed user {user}'s {available} rankable items.")
         order_a, order_b = np.argsort(-a, kind="stable"), np.argsort(-b, kind="stable")
         rank_a, rank_b = np.empty_like(order_a), np.empty_like(order_b)
         rank_a[order_a] = np.arange(len(a))
         rank_b[order_b] = np.arange(len(b))
-        union = np.union1d(order_a[:k], order_b[:k])
-        taus[user] = _kendall_tau(rank_a[union], rank_b[union])
+        top_a, top_b = order_a[:k], order_b[:k]
+        taus[user] = 0.5 * (_kendall_tau(rank_a[top_a], rank_b[top_a]) + _kendall_tau(rank_a[top_b], rank_b[top_b]))
     return taus
 
 
