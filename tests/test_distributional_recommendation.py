@@ -163,6 +163,11 @@ def test_hit_rate_and_ndcg_of_the_held_out_column():
     hits, ndcg = hit_rate_and_ndcg(scores, k=2)
     torch.testing.assert_close(hits, torch.tensor([1.0, 0.0, 1.0]))
     torch.testing.assert_close(ndcg, torch.tensor([1.0, 0.0, 1 / math.log2(3)]))
+    # a diverged model (NaN scores) misses: NaN counts against the held-out item, wherever it is
+    nan = float("nan")
+    hits, ndcg = hit_rate_and_ndcg(torch.tensor([[nan, 0.1, 0.2], [0.9, nan, nan], [0.9, 0.1, 0.2]]), k=2)
+    torch.testing.assert_close(hits, torch.tensor([0.0, 0.0, 1.0]))
+    torch.testing.assert_close(ndcg, torch.tensor([0.0, 0.0, 1.0]))
 
 
 def test_bad_configs_are_named():

@@ -32,8 +32,8 @@ logger = logging.get_logger(__name__)
 
 def hit_rate_and_ndcg(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per user, HR@k and NDCG@k of the held-out item, which is column 0 of `scores` `(users, 1 + negatives)` (ties
-    counted against it): `(hits (users,), ndcg (users,))`."""
-    rank = (scores[:, 1:] >= scores[:, :1]).sum(1)  # items scored at least as high as the held-out one
+    and NaN scores counted against it, so a diverged model scores 0, not 1): `(hits (users,), ndcg (users,))`."""
+    rank = (~(scores[:, 1:] < scores[:, :1])).sum(1)  # items not scored below the held-out one (NaN included)
     hits = (rank < k).float()
     return hits, hits / torch.log2(rank.float() + 2)
 
@@ -285,6 +285,27 @@ class FederatedRecommendationTrainer:
             num_inference_steps=self.config.num_inference_steps,
             generator=torch.Generator().manual_seed(seed),
             candidates=candidates,
+        ).scores
+
+    @torch.no_grad()
+    def catalogue_scores(self, seed: int = 0, batch_size: int = 64) -> torch.Tensor:
+        """`(clients, num_items)` scores of every item for every client, as [`candidate_scores`] scores the held-out
+        candidates (the same models, draws and personalisation; interacted items are not excluded): what ranks a
+        client's recommendations. `batch_size` clients at a time bounds FedNCF's `(clients, items, hidden)` memory."""
+        check_positive_int("batch_size", batch_size)
+        if self.config.method == "pfedrec":
+            catalogue = torch.arange(self.split.num_items).expand(self.num_clients, -1)
+            return self._personalised_scores(catalogue, seed)
+        if self.denoiser is None:
+            users = torch.stack([state["embeddings"][0] for state in self.client_states])
+            return torch.cat([torch.sigmoid(self.item_model.scores(chunk)) for chunk in users.split(batch_size)])
+        return self.pipeline()(
+            [torch.as_tensor(items) for items in self.split.train],
+            num_samples=self.config.num_samples,
+            top_k=1,
+            num_inference_steps=self.config.num_inference_steps,
+            generator=torch.Generator().manual_seed(seed),
+            exclude_interacted=False,
         ).scores
 
     @torch.enable_grad()
