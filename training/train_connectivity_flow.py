@@ -67,7 +67,13 @@ def parse_args(argv=None):
     readout.add_argument("--readout_networks", type=int, default=20, help="Networks sampled for the read-out.")
     readout.add_argument("--readout_neurons", type=int, default=500, help="Neurons of each.")
     readout.add_argument("--ridge_lambda", type=float, default=1.0, help="Prior precision of each output loading.")
-    readout.add_argument("--ridge_noise_std", type=float, default=0.01, help="One-step observation noise std.")
+    readout.add_argument(
+        "--ridge_noise_std",
+        type=float,
+        default=0.001,
+        help="One-step observation noise std of the latents (the benchmark's validation chose 0.001 for noise-free "
+        "synthetic transitions; set your recordings' own).",
+    )
     train = parser.add_argument_group("training")
     train.add_argument(
         "--output_dir", type=output_dir_arg, required=True, help="Where the pipeline and checkpoints go."
