@@ -38,6 +38,7 @@ _import_structure = {
         "projection_guidance",
     ],
     "doob_guidance_digits": ["PixelDigitJudge", "PixelPCAFeatures"],
+    "federated_recommendation": ["flip_training_positives", "taste_coverage", "top_k_kendall_tau"],
     "dirp.latent_mimicry": ["mimic_frechet", "sample_mimic"],
     "dirp.latent_protections": ["inversion_amplification", "protect_for_prompt"],
     "dirp.mimicry": ["MimicryReport", "evaluate_mimicry"],
@@ -247,6 +248,7 @@ if TYPE_CHECKING:
     from .doob_guidance_digits import PixelDigitJudge, PixelPCAFeatures
     from .epidiff import QUANTILE_LEVELS, gamma_draws, quantile_loss, summarize_scores, window_scores
     from .fast_dllm_reference import CountedForwards, FastDLLM, load_fast_dllm, published_model
+    from .federated_recommendation import flip_training_positives, taste_coverage, top_k_kendall_tau
     from .lomdm import (
         markov_checksum_entropy_rate,
         markov_checksum_log_likelihood,
