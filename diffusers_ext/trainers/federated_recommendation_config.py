@@ -22,9 +22,10 @@ class FederatedRecommendationConfig:
     the client's positives (`embedding_assignment`), and trains the denoiser to generate them from the client's
     interaction summary; recommendation draws `num_samples` embeddings from the denoiser and averages their scores.
     `embedding_assignment="random_half"`: each embedding on a fixed random half of the positives (drawn once per
-    client). `"best_scoring"`: at every local update each positive goes to the embedding that scores it highest (hard
-    EM, as multi-interest models assign items to interests), so different embeddings lean towards different tastes;
-    an embedding left with none takes the positive it scores best from the largest group. `method="fedmf"`: one embedding per client, scored directly (FedMF, the
+    client; the default, chosen on validation). `"best_scoring"`: at every local update each positive goes to the
+    embedding that scores it highest (hard EM, as multi-interest models assign items to interests, meant to make
+    different embeddings lean towards different tastes); an embedding left with none takes the positive it scores
+    best from the largest group. `method="fedmf"`: one embedding per client, scored directly (FedMF, the
     single-embedding baseline). `method="fedncf"`: one embedding per client scored by neural collaborative filtering
     ([`NeuralItemScoringModel`]: NeuMF's GMF and MLP branches, shared). `method="pfedrec"`: PFedRec's dual
     personalisation: each client keeps its own score function (a weight vector and a bias over the item
