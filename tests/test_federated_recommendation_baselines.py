@@ -4,6 +4,7 @@ reference, and the local update each of them shares."""
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -14,7 +15,8 @@ from diffusers_ext import (
     ItemScoringModel,
     NeuralItemScoringModel,
 )
-from diffusers_ext.data.movielens import MultiTasteWorld, leave_one_out_split
+from diffusers_ext.data.movielens import LeaveOneOutSplit, MultiTasteWorld, leave_one_out_split
+from diffusers_ext.trainers.federated_recommendation_trainer import best_scoring_assignment
 
 
 def world_split(seed=0, num_users=16):
@@ -52,7 +54,7 @@ def test_neural_item_scores_for_all_items_and_for_candidates_agree_and_round_tri
 
 def test_each_user_embedding_trains_on_its_own_half_of_the_positives():
     split = world_split()
-    config = tiny_config(num_user_embeddings=3, local_epochs=1)
+    config = tiny_config(num_user_embeddings=3, local_epochs=1, embedding_assignment="random_half")
     trainer = FederatedRecommendationTrainer(config, split)
     client = 1
     state = {k: v.clone() for k, v in trainer.client_states[client].items()}
@@ -74,6 +76,70 @@ def test_each_user_embedding_trains_on_its_own_half_of_the_positives():
         weight += len(half) + len(negatives)
     assert count == len(positives)
     assert math.isclose(loss, total / weight, rel_tol=1e-5)
+
+
+def two_taste_trainer(user_embeddings, assignment="best_scoring"):
+    """One client whose positives are items 0-2 (taste A, item embedding (1, 0)) and 3-5 (taste B, (0, 1)), with
+    the given `(2, 2)` user embeddings and no item bias."""
+    split = LeaveOneOutSplit(
+        train=[np.arange(6)],
+        validation=np.array([[6, 7, 8]]),
+        test=np.array([[9, 7, 8]]),
+        users=np.array([0]),
+        skipped={},
+        num_items=10,
+    )
+    config = tiny_config(embedding_dim=2, num_user_embeddings=2, embedding_assignment=assignment, local_epochs=1)
+    trainer = FederatedRecommendationTrainer(config, split)
+    with torch.no_grad():
+        trainer.item_model.item_embeddings.weight.zero_()
+        trainer.item_model.item_embeddings.weight[:3, 0] = 1.0
+        trainer.item_model.item_embeddings.weight[3:6, 1] = 1.0
+        trainer.item_model.item_bias.weight.zero_()
+    trainer.client_states[0]["embeddings"] = torch.tensor(user_embeddings)
+    return trainer
+
+
+def test_best_scoring_assignment_gives_each_taste_to_the_embedding_leaning_towards_it():
+    # embedding 0 leans towards taste B, embedding 1 towards taste A: the assignment follows the scores, not the order
+    trainer = two_taste_trainer([[0.0, 2.0], [2.0, 0.0]])
+    masks = trainer.positive_masks(0, trainer.item_model)
+    expected = torch.tensor([[False] * 3 + [True] * 3, [True] * 3 + [False] * 3])
+    assert torch.equal(masks, expected)
+    assert torch.equal(trainer.positive_masks(0, trainer.item_model), masks)  # deterministic
+    # the local update fits each embedding on its taste and records the assignment it used
+    trainer.local_update(0, round_index=0)
+    assert torch.equal(trainer.client_states[0]["masks"], expected)
+    # the random halves ignore the scores: the client's fixed masks, whatever the embeddings
+    halves = two_taste_trainer([[0.0, 2.0], [2.0, 0.0]], assignment="random_half")
+    stored = halves.client_states[0]["masks"]
+    assert torch.equal(halves.positive_masks(0, halves.item_model), stored)
+    assert not torch.equal(stored, expected)
+
+
+def test_best_scoring_assignment_leaves_no_embedding_without_a_positive():
+    # embedding 0 scores every positive highest; embedding 1 takes the one it scores best from that group (taste B,
+    # the first of its ties: item 3)
+    trainer = two_taste_trainer([[2.0, 2.0], [-1.0, -0.5]])
+    masks = trainer.positive_masks(0, trainer.item_model)
+    assert torch.equal(masks.int(), torch.tensor([[1, 1, 1, 0, 1, 1], [0, 0, 0, 1, 0, 0]]))
+    # three embeddings all losing to the first: each empty one, in order, takes its best from the largest group
+    scores = torch.tensor([[9.0, 9.0, 9.0, 9.0], [0.0, 3.0, 1.0, 0.0], [0.0, 5.0, 0.0, 2.0]])
+    masks = best_scoring_assignment(scores)
+    assert torch.equal(masks.int(), torch.tensor([[1, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1]]))
+    assert (masks.sum(1) >= 1).all() and (masks.sum(0) == 1).all()  # a partition, nobody empty
+    # fewer positives than embeddings: the last one is shared rather than emptying its group
+    shared = best_scoring_assignment(torch.tensor([[1.0], [0.0]]))
+    assert shared.all()
+    with pytest.raises(ValueError, match=r"`scores` must have shape \(embeddings, positives >= 1\), got \(2, 0\)"):
+        best_scoring_assignment(torch.zeros(2, 0))
+
+
+def test_the_embedding_assignment_option_is_checked():
+    with pytest.raises(
+        ValueError, match=r"`embedding_assignment` must be one of \('best_scoring', 'random_half'\), got 'kmeans'"
+    ):
+        tiny_config(embedding_assignment="kmeans")
 
 
 @pytest.mark.parametrize("method", ["fedncf", "pfedrec"])

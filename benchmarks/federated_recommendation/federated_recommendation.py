@@ -51,7 +51,9 @@ VALIDATION_SEED = 100  # the validation runs' training seed, apart from the test
 
 
 def parse_args(argv=None):
+    from diffusers_ext import FederatedRecommendationConfig
     from diffusers_ext.evaluation.reporting import add_from_results_argument
+    from diffusers_ext.trainers.federated_recommendation_config import EMBEDDING_ASSIGNMENTS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Test training seeds (>= 3).")
@@ -85,6 +87,13 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--sample_counts", type=int, nargs="+", default=[8, 32], help="Ours' sampling setting: embeddings drawn (K)."
+    )
+    parser.add_argument(
+        "--embedding_assignment",
+        choices=EMBEDDING_ASSIGNMENTS,
+        default=FederatedRecommendationConfig.embedding_assignment,
+        help="Which positives fit each of ours' client embeddings (the config's default; chosen on validation: "
+        "embedding_assignment_validation.py).",
     )
     parser.add_argument("--flip_fractions", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3])
     parser.add_argument("--stability_k", type=int, default=50, help="Length of the top lists of Kendall's tau.")
@@ -146,6 +155,8 @@ def config_of(method: str, choice: dict, seed: int, args, **overrides):
     from diffusers_ext import FederatedRecommendationConfig
 
     options = {"num_rounds": args.num_rounds, "clients_per_round": args.clients_per_round, **choice, **overrides}
+    if method == OURS:
+        options.setdefault("embedding_assignment", args.embedding_assignment)
     return FederatedRecommendationConfig(output_dir="unused", method=method, seed=seed, **options)  # nothing saved
 
 
@@ -362,16 +373,22 @@ def run_movielens(args) -> dict:
     }
 
 
+def build_world(args) -> tuple:
+    """The multi-taste world, its fixed split and each user's true tastes' top items: `(world, split, tastes)`."""
+    from diffusers_ext.data.movielens import MultiTasteWorld, leave_one_out_split
+
+    world = MultiTasteWorld(num_users=args.world_users, num_items=args.world_items, seed=0)
+    split = leave_one_out_split(world.interactions, num_negatives=99, seed=0)
+    return world, split, [world.top_items(int(user), args.taste_top) for user in split.users]
+
+
 def run_world(args) -> dict:
     """The multi-taste world: the same choices on validation (by HR@10: a deployment has no taste truth), then the
     worst-taste coverage of each method at the test seeds, against the true mixture's own coverage (headroom)."""
-    from diffusers_ext.data.movielens import MultiTasteWorld, leave_one_out_split
     from diffusers_ext.evaluation.federated_recommendation import taste_coverage
 
     started = time.time()
-    world = MultiTasteWorld(num_users=args.world_users, num_items=args.world_items, seed=0)
-    split = leave_one_out_split(world.interactions, num_negatives=99, seed=0)
-    tastes = [world.top_items(int(user), args.taste_top) for user in split.users]
+    world, split, tastes = build_world(args)
     mixture = np.stack(
         [world.weights[int(u)] @ world.taste_probabilities(int(u)) for u in split.users]
     )  # the true interaction distribution: the headroom
@@ -579,7 +596,8 @@ def write_report(results: dict, stem: str) -> None:
             f"Test seeds {s['seeds']} (validation runs at seed {VALIDATION_SEED}); {s['num_rounds']} rounds of "
             f"{s['clients_per_round']} clients; baselines' learning rates {s['learning_rates']}; ours' learning rates "
             f"{s['distributional_learning_rates']} x denoiser's {s['denoiser_learning_rates']} x K {s['sample_counts']}; flip levels {s['flip_fractions']}; "
-            f"stability over the last {s['stability_rounds']} round pairs, top-{s['stability_k']}."
+            f"stability over the last {s['stability_rounds']} round pairs, top-{s['stability_k']}; ours' embedding "
+            f"assignment {s.get('embedding_assignment', 'random_half')}."
         ),
         figures={".png": draw_figure(results)},
     )

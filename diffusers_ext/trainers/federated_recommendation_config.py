@@ -6,6 +6,7 @@ from ..utils import check_positive_int, public
 
 
 METHODS = ("distributional", "fedmf", "fedncf", "pfedrec")
+EMBEDDING_ASSIGNMENTS = ("best_scoring", "random_half")
 
 
 @public
@@ -17,10 +18,14 @@ class FederatedRecommendationConfig:
     user-embedding denoiser), and the server averages what they send back (FedAvg, weighted by their training items).
     Each client's own user embeddings never leave it.
 
-    `method="distributional"`: each client keeps `num_user_embeddings` embeddings, each fitted on its own bootstrap
-    half of the client's positives (so different embeddings lean towards different tastes), and trains the denoiser
-    to generate them from the client's interaction summary; recommendation draws `num_samples` embeddings from the
-    denoiser and averages their scores. `method="fedmf"`: one embedding per client, scored directly (FedMF, the
+    `method="distributional"`: each client keeps `num_user_embeddings` embeddings, each fitted on its own share of
+    the client's positives (`embedding_assignment`), and trains the denoiser to generate them from the client's
+    interaction summary; recommendation draws `num_samples` embeddings from the denoiser and averages their scores.
+    `embedding_assignment="random_half"`: each embedding on a fixed random half of the positives (drawn once per
+    client; the default, chosen on validation). `"best_scoring"`: at every local update each positive goes to the
+    embedding that scores it highest (hard EM, as multi-interest models assign items to interests, meant to make
+    different embeddings lean towards different tastes); an embedding left with none takes the positive it scores
+    best from the largest group. `method="fedmf"`: one embedding per client, scored directly (FedMF, the
     single-embedding baseline). `method="fedncf"`: one embedding per client scored by neural collaborative filtering
     ([`NeuralItemScoringModel`]: NeuMF's GMF and MLP branches, shared). `method="pfedrec"`: PFedRec's dual
     personalisation: each client keeps its own score function (a weight vector and a bias over the item
@@ -40,6 +45,10 @@ class FederatedRecommendationConfig:
     negatives_per_positive: int = field(default=4, metadata={"help": "Sampled unobserved items per positive."})
     learning_rate: float = field(default=0.05, metadata={"help": "SGD step of the local updates (all parameters)."})
     num_user_embeddings: int = field(default=4, metadata={"help": "Embeddings per client ('distributional')."})
+    embedding_assignment: str = field(
+        default="random_half",
+        metadata={"help": f"Which positives fit each embedding ('distributional'): one of {EMBEDDING_ASSIGNMENTS}."},
+    )
     denoiser_hidden_size: int = field(default=64, metadata={"help": "Width of the user-embedding denoiser."})
     denoiser_layers: int = field(default=2, metadata={"help": "Residual blocks of the denoiser."})
     denoiser_learning_rate: float = field(default=1e-3, metadata={"help": "Adam step of the denoiser, per client."})
@@ -56,6 +65,10 @@ class FederatedRecommendationConfig:
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"`method` must be one of {METHODS}, got {self.method!r}.")
+        if self.embedding_assignment not in EMBEDDING_ASSIGNMENTS:
+            raise ValueError(
+                f"`embedding_assignment` must be one of {EMBEDDING_ASSIGNMENTS}, got {self.embedding_assignment!r}."
+            )
         for name in (
             "embedding_dim",
             "num_rounds",

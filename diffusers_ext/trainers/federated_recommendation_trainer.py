@@ -38,6 +38,28 @@ def hit_rate_and_ndcg(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
     return hits, hits / torch.log2(rank.float() + 2)
 
 
+def best_scoring_assignment(scores: torch.Tensor) -> torch.Tensor:
+    """Hard-EM assignment of a client's positives to its embeddings: `scores` `(embeddings, positives)` (each
+    embedding's score of each positive) to boolean masks of the same shape, each positive on the embedding scoring it
+    highest (ties to the lower index). Every embedding keeps at least one positive: one left with none, in index
+    order, takes the positive it scores best among those of the currently largest group (moved, or shared when that
+    group holds a single positive, i.e. with fewer positives than embeddings). Deterministic."""
+    if scores.ndim != 2 or scores.shape[1] == 0:
+        raise ValueError(f"`scores` must have shape (embeddings, positives >= 1), got {tuple(scores.shape)}.")
+    copies = scores.shape[0]
+    masks = F.one_hot(scores.argmax(0), copies).T.bool()  # (embeddings, positives)
+    for empty in range(copies):
+        if masks[empty].any():
+            continue
+        sizes = masks.sum(1)
+        largest = int(sizes.argmax())
+        best = int(scores[empty].masked_fill(~masks[largest], -math.inf).argmax())
+        masks[empty, best] = True
+        if sizes[largest] > 1:  # move it; a single positive is shared instead, so its group is never emptied
+            masks[largest, best] = False
+    return masks
+
+
 @public
 class FederatedRecommendationTrainer:
     r"""
@@ -76,7 +98,8 @@ class FederatedRecommendationTrainer:
         generator = torch.Generator().manual_seed(config.seed + 1)
         self.client_states = []
         for items in split.train:
-            # each embedding's bootstrap half of the client's positives (fixed per client; never empty)
+            # each embedding's random half of the client's positives (fixed per client; never empty), used by
+            # `embedding_assignment="random_half"`; drawn for either rule so both start from the same embeddings
             masks = torch.rand(copies, len(items), generator=generator) < (0.5 if copies > 1 else 2.0)
             masks[masks.sum(1) == 0, 0] = True
             embeddings = 0.1 * torch.randn(copies, config.embedding_dim, generator=generator)
@@ -140,10 +163,12 @@ class FederatedRecommendationTrainer:
     def _local_sgd(self, client: int, items: ItemScoringModel, generator: torch.Generator) -> tuple[dict, list]:
         """`local_epochs` of SGD on the BCE of the client's positives against sampled negatives, on `items` (a copy
         of the shared item side, updated in place) and the client's own parameters: its embeddings, each on its own
-        half of the positives, and for `"pfedrec"` its score function's bias. Returns the updated client parameters
-        (the stored state is untouched) and the epochs' losses."""
+        share of the positives (`masks`, see [`positive_masks`]), and for `"pfedrec"` its score function's bias.
+        Returns the updated client parameters with the masks used (the stored state is untouched) and the epochs'
+        losses."""
         config, state = self.config, self.client_states[client]
         positives = torch.tensor(self.split.train[client], dtype=torch.long)  # a copy: Ray hands read-only arrays
+        masks = self.positive_masks(client, items)  # (copies, positives)
         local = {name: state[name].clone().requires_grad_(True) for name in ("embeddings", "bias") if name in state}
         users = local["embeddings"]  # (copies, d)
         optimizer = torch.optim.SGD([*local.values(), *items.parameters()], lr=config.learning_rate)
@@ -155,8 +180,8 @@ class FederatedRecommendationTrainer:
             candidates = torch.cat([positives, negatives])
             labels = torch.cat([torch.ones(len(positives)), torch.zeros(len(negatives))])
             weights = torch.cat(
-                [state["masks"].float(), torch.ones(len(users), len(negatives))], dim=1
-            )  # each embedding on its own half of the positives and every negative
+                [masks.float(), torch.ones(len(users), len(negatives))], dim=1
+            )  # each embedding on its own share of the positives and every negative
             logits = items.scores(users, candidates[None].expand(len(users), -1))  # (copies, candidates)
             if "bias" in local:
                 logits = logits + local["bias"]
@@ -168,7 +193,20 @@ class FederatedRecommendationTrainer:
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
-        return {name: value.detach() for name, value in local.items()}, losses
+        return {**{name: value.detach() for name, value in local.items()}, "masks": masks}, losses
+
+    @torch.no_grad()
+    def positive_masks(self, client: int, items: ItemScoringModel) -> torch.Tensor:
+        """`(copies, positives)` booleans: which of the client's positives fit each of its embeddings in this local
+        update. One embedding (the single-embedding methods): all of them. `embedding_assignment="random_half"`: the
+        client's fixed random halves; `"best_scoring"`: [`best_scoring_assignment`] of the embeddings' scores under
+        `items` (the shared item side the client received), recomputed at every local update."""
+        state = self.client_states[client]
+        if len(state["embeddings"]) == 1 or self.config.embedding_assignment == "random_half":
+            return state["masks"]
+        positives = torch.tensor(self.split.train[client], dtype=torch.long)
+        users = state["embeddings"]
+        return best_scoring_assignment(items.scores(users, positives[None].expand(len(users), -1)))
 
     def local_update(self, client: int, round_index: int) -> tuple[dict[str, torch.Tensor], int, float]:
         """One client's round: from copies of the shared models, `local_epochs` of SGD on the BCE of its positives
