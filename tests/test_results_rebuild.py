@@ -48,6 +48,7 @@ OUTPUT = {
     "e2po/e2po.py": ("--output_dir", DIR),
     "e2po/mosaic_e2po.py": ("--output_dir", DIR),
     "epidiff/epidiff.py": ("--output", STEM),
+    "federated_recommendation/embedding_assignment_validation.py": ("--output", JSON),
     "federated_recommendation/federated_recommendation.py": ("--output", STEM),
     "graph_grpo/graph_grpo.py": ("--output_dir", DIR),
     "graph_grpo/graph_grpo_molecules.py": ("--output_dir", DIR),

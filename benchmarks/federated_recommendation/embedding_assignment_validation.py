@@ -13,12 +13,13 @@ clients and ours' grid of learning rates x K):
   Diagnostics of that trainer: the coverage of the clients' own stored embeddings (no denoiser), the share of a
   client's positives in its largest group and the groups' taste purity (`assignment_diagnostics`).
 
-Measures nothing on the test items. Writes `results/embedding_assignment_validation.json` (a development record: no
-targets; the benchmark's record is `federated_recommendation.json`).
+Measures nothing on the test items. Its targets are the adoption rule, fixed before the run: `best_scoring` becomes
+the default only if it is at least as good as `random_half` on every one of the three validation measures. Writes
+`results/embedding_assignment_validation.json` and `.md` (a development record; the benchmark's record is
+`federated_recommendation.json`); `--from_results` rebuilds the report from the JSON.
 """
 
 import argparse
-import json
 import os
 import time
 
@@ -101,22 +102,73 @@ def compare(rules, argv=()) -> dict:
     return record
 
 
+# The adoption rule's measures: (label, value of one rule's record).
+ADOPTION_MEASURES = (
+    ("ML-100K validation HR@10 of the chosen cell", lambda rule: rule["movielens_validation"]["chosen"]["score"]),
+    ("world validation HR@10 of the chosen cell", lambda rule: rule["world_validation"]["chosen"]["score"]),
+    ("world worst-taste coverage", lambda rule: rule["world_worst_taste_coverage"]),
+)
+
+
+def targets_from_results(results: dict) -> list[dict]:
+    """The adoption rule as target rows: `best_scoring` minus `random_half` >= 0 on each validation measure."""
+    from diffusers_ext.evaluation.protocol import target
+
+    rules = results["rules"]
+    return [
+        target(
+            f"best_scoring minus random_half: {label}", value(rules["best_scoring"]) - value(rules["random_half"]), 0.0
+        )
+        for label, value in ADOPTION_MEASURES
+    ]
+
+
+def report_sections(results: dict) -> list[str]:
+    """The two rules side by side (Markdown lines)."""
+    rules = results["rules"]
+    names = list(rules)
+    rows = [*((label, value) for label, value in ADOPTION_MEASURES)]
+    rows += [
+        (
+            "world coverage of the clients' own stored embeddings",
+            lambda r: r["world_own_embeddings_worst_taste_coverage"],
+        ),
+        ("largest group's share of a client's positives", lambda r: r["world_largest_group_share"]),
+        ("taste purity of the groups", lambda r: r["world_taste_purity"]),
+        ("taste purity of one group of all positives", lambda r: r["world_single_group_taste_purity"]),
+    ]
+    lines = ["## The two rules on validation", "", "| measure | " + " | ".join(names) + " |"]
+    lines.append("| --- | " + " | ".join("---" for _ in names) + " |")
+    for label, value in rows:
+        lines.append(f"| {label} | " + " | ".join(f"{value(rules[n]):.3f}" for n in names) + " |")
+    return lines
+
+
 def main(argv=None):
-    from diffusers_ext.evaluation.reporting import command
+    from diffusers_ext.evaluation.reporting import add_from_results_argument, command, rebuild_results, write_results
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rules", nargs="+", default=["random_half", "best_scoring"], help="Rules compared.")
     parser.add_argument(
         "--output", default=os.path.join(HERE, "results", "embedding_assignment_validation.json"), help="JSON path."
     )
+    add_from_results_argument(parser)
     args = parser.parse_args(argv)
+    stem = os.path.splitext(args.output)[0]
+    title = "Federated recommendation: ours' embedding assignment chosen on validation"
+    if args.from_results:
+        results = rebuild_results(
+            args.from_results, targets_from_results, rel_to=os.path.dirname(os.path.dirname(HERE))
+        )
+        return write_results(stem, results, title, report_sections(results))
+    if sorted(args.rules) != ["best_scoring", "random_half"]:
+        parser.error(
+            f"--rules must be random_half and best_scoring (the adoption rule compares them), got {args.rules}."
+        )
     torch.set_num_threads(1)
     results = {"command": command(__file__, argv, omit=("--output",)), "rules": compare(args.rules)}
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-        f.write("\n")
-    return results
+    results["summary"] = {"targets": targets_from_results(results)}
+    return write_results(stem, results, title, report_sections(results))
 
 
 if __name__ == "__main__":
