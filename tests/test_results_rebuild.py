@@ -37,6 +37,7 @@ OUTPUT = {
     "diffusion_lm_cache/diffusion_lm_cache.py": ("--output_dir", DIR),
     "dirp/dirp.py": ("--output_dir", DIR),
     "dirp/latent_world_dirp.py": ("--dirp_output_dir", DIR),
+    "dirp/dirp_memory_floor.py": ("--output", JSON),
     "dirp/modern_dirp_memory.py": ("--output_dir", DIR),
     "discrete_flow/discrete_flow.py": ("--output", JSON),
     "divide_and_denoise/divide_and_denoise.py": ("--output_dir", DIR),
