@@ -132,6 +132,21 @@ def _identity(sample: torch.Tensor) -> torch.Tensor:
     return sample
 
 
+def _run_layer_checkpointed(forward: Callable, layers: list, *args, **kwargs):
+    """`forward(*args, **kwargs)` with each of `layers` checkpointed on its own for the duration of the call."""
+    saved = [layer.__dict__.get("forward") for layer in layers]
+    for layer in layers:
+        layer.forward = functools.partial(checkpointed, layer.forward)
+    try:
+        return forward(*args, **kwargs)
+    finally:
+        for layer, original in zip(layers, saved):
+            if original is None:
+                del layer.forward
+            else:
+                layer.forward = original
+
+
 @contextmanager
 def vae_layer_checkpointing(vae, enabled: bool) -> Iterator[None]:
     """Within the block, `vae` (if any) recomputes its activations in the backward pass when `enabled`.
@@ -140,9 +155,11 @@ def vae_layer_checkpointing(vae, enabled: bool) -> Iterator[None]:
     one layer's activations at a time (diffusers' own `AutoencoderKL` checkpointing recomputes a whole up block at
     once, two or three residual blocks at the full image resolution, which made the decoder the peak of a DIRP
     iteration). The decoder's output layers (norm, activation, convolution) are recomputed as one, so it keeps one
-    full-resolution input for them instead of three. The encoder is recomputed as a whole: layer by layer, its
-    layers' inputs (two at the full resolution) would be held through the denoiser's and the decoder's backward,
-    where the iteration peaks, while its own backward comes last, when little else is held. Long attention is kept
+    full-resolution input for them instead of three. The encoder is recomputed as a whole (layer by layer, its
+    layers' inputs, two at the full resolution, would be held through the denoiser's and the decoder's backward), and
+    that recompute is itself checkpointed layer by layer ([`_run_layer_checkpointed`] patches the encoder's layers
+    whenever it runs, so also in the backward pass, after this block has restored them): its backward holds one
+    layer's activations at a time too. Long attention is kept
     rather than recomputed ([`checkpointed`]). The gradients are the same; diffusers' own setting is left off within
     the block and restored after it."""
     if not enabled or vae is None:
@@ -171,7 +188,13 @@ def vae_layer_checkpointing(vae, enabled: bool) -> Iterator[None]:
         conv.forward = functools.partial(checkpointed, lambda sample, f=forwards: f[2](f[1](f[0](sample))))
         norm.forward = act.forward = _identity
     if encoder is not None:
-        encoder.forward = functools.partial(checkpointed, encoder.forward)
+        # The encoder is recomputed as a whole (its layers' inputs are not held through the rest of the backward),
+        # and that recompute checkpoints layer by layer in turn: the wrapper patches the encoder's layers each time
+        # it runs, so the recompute in the backward pass, after this block has restored them, still does.
+        encoder_layers = [module for module in encoder.modules() if isinstance(module, _VAE_CHECKPOINTED_LAYERS)]
+        encoder.forward = functools.partial(
+            checkpointed, functools.partial(_run_layer_checkpointed, encoder.forward, encoder_layers)
+        )
     try:
         yield
     finally:
