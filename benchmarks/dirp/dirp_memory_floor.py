@@ -12,7 +12,9 @@ the torch profiler's memory events on the CPU), the parts of that iteration sepa
 - the plain round trip (no gradients) and one DIRP iteration, as `scale.py` does;
 - the same iteration with no inversion step (`num_inversion_steps=0`): the VAE's encode and decode and their
   checkpointed backward alone, no UNet call;
-- the VAE's decoder alone and its encoder alone, each forward without gradients and forward + checkpointed backward.
+- the VAE's decoder alone and its encoder alone, each forward without gradients and forward + checkpointed backward;
+- the iteration again with plain checkpointing, where nothing is kept (`checkpointed` keeps the outputs of attention
+  over long key sequences so the backward does not run that attention twice; this part shows what that costs).
 
 Targets: the iteration's ratio to the plain round trip against the 3x target (re-measured here), and the floor claim:
 the VAE round trip's backward alone reaches at least 90% of the whole iteration's peak, so the UNet calls and the
@@ -22,6 +24,7 @@ checkpointing already cuts to one layer's working set. Writes `benchmarks/dirp/r
 
 import argparse
 import os
+from contextlib import contextmanager
 
 import torch
 
@@ -49,6 +52,20 @@ def parse_args(argv=None):
     if not 0 < args.width_fraction <= 1:
         parser.error(f"--width_fraction must be in (0, 1], got {args.width_fraction}.")
     return args
+
+
+@contextmanager
+def nothing_kept():
+    """Within the block, `ddim_inversion.checkpointed` recomputes everything (its torch < 2.4 path): no attention
+    output is kept for the backward."""
+    from diffusers_ext.pipelines.dirp import ddim_inversion
+
+    saved = ddim_inversion.create_selective_checkpoint_contexts
+    ddim_inversion.create_selective_checkpoint_contexts = None
+    try:
+        yield
+    finally:
+        ddim_inversion.create_selective_checkpoint_contexts = saved
 
 
 def measure(args) -> dict:
@@ -107,6 +124,12 @@ def measure(args) -> dict:
         "encoder_forward": forward_only(pipe.encode_images, images),
         "encoder_backward": backward_through(pipe.encode_images, images),
     }
+
+    def without_kept_attention():
+        with nothing_kept():
+            iteration(args.num_inversion_steps)()
+
+    parts["dirp_iteration_nothing_kept"] = without_kept_attention
     peaks = {name: peak_memory_bytes(run) for name, run in parts.items()}
     return {
         "shape": {
@@ -152,6 +175,7 @@ def report_sections(results: dict) -> list[str]:
         "decoder_backward": "VAE decoder, forward + checkpointed backward",
         "encoder_forward": "VAE encoder, forward, no gradients",
         "encoder_backward": "VAE encoder, forward + checkpointed backward",
+        "dirp_iteration_nothing_kept": "one DIRP iteration with plain checkpointing (no attention output kept)",
     }
     lines = [
         "## Peak memory of each part (MiB above what existed before the call)",
@@ -163,6 +187,8 @@ def report_sections(results: dict) -> list[str]:
         "| --- | --- | --- | --- |",
     ]
     for name, label in labels.items():
+        if name not in peaks:  # a record from before the part existed
+            continue
         lines.append(
             f"| {label} | {peaks[name] / 2**20:.0f} | {peaks[name] / plain:.2f}x | {peaks[name] / unit:.1f} |"
         )
