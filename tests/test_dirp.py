@@ -116,8 +116,9 @@ def test_checkpointing_lowers_peak_memory(digits_pipe, threes):
     assert with_checkpoint < 0.6 * without, (with_checkpoint, without)
 
 
-def test_checkpointing_covers_the_vae_where_it_dominates_memory():
-    """One DDIM step and a VAE at 64 px: the VAE holds most activations; checkpointing must cover its blocks too."""
+def frozen_pipeline_with_vae(layers_per_block: int) -> DIRPPipeline:
+    """The tiny DIRP pipeline with a three-level `AutoencoderKL` of 32 channels (`layers_per_block` residual layers
+    per block; SD's VAE has two), every model frozen."""
     from diffusers import AutoencoderKL
 
     components = get_components(0)
@@ -128,13 +129,19 @@ def test_checkpointing_covers_the_vae_where_it_dominates_memory():
         down_block_types=("DownEncoderBlock2D",) * 3,
         up_block_types=("UpDecoderBlock2D",) * 3,
         block_out_channels=(32, 32, 32),
-        layers_per_block=1,
+        layers_per_block=layers_per_block,
         latent_channels=4,
         norm_num_groups=32,
     ).eval()
     pipe = DIRPPipeline(**components)
     for module in (pipe.unet, pipe.vae, pipe.text_encoder):
         module.requires_grad_(False)
+    return pipe
+
+
+def test_checkpointing_covers_the_vae_where_it_dominates_memory():
+    """One DDIM step and a VAE at 64 px: the VAE holds most activations; checkpointing must cover its blocks too."""
+    pipe = frozen_pipeline_with_vae(layers_per_block=1)
     images = torch.rand((1, 3, 64, 64), generator=seeded(0)) * 2 - 1
     noise_fn = pipe.noise_function(1, "cpu", "")
 
@@ -158,23 +165,7 @@ def test_an_iteration_peaks_below_three_plain_round_trips_where_the_vae_dominate
     two residual blocks at the full resolution, at once): one iteration at 128 px peaks at most 3x a plain round
     trip without gradients (issue 28's bound; 2.87x measured, 3.44x with the block-level checkpointing), with the same
     gradient."""
-    from diffusers import AutoencoderKL
-
-    components = get_components(0)
-    torch.manual_seed(0)
-    components["vae"] = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 3,
-        up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=(32, 32, 32),
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=32,
-    ).eval()
-    pipe = DIRPPipeline(**components)
-    for module in (pipe.unet, pipe.vae, pipe.text_encoder):
-        module.requires_grad_(False)
+    pipe = frozen_pipeline_with_vae(layers_per_block=1)
     images = torch.rand((1, 3, 128, 128), generator=seeded(0)) * 2 - 1
     noise_fn = pipe.noise_function(1, "cpu", "")
 
@@ -199,23 +190,7 @@ def test_the_encoders_recompute_is_itself_layer_checkpointed():
     and that recompute checkpoints layer by layer too, though `vae_layer_checkpointing` has restored the layers'
     forwards by then (the recompute once ran them whole: 4.03x a plain round trip on `scale.py`'s models, 2.79x
     now). A VAE round trip with its backward peaks below 3x the plain round trip, with the same gradient."""
-    from diffusers import AutoencoderKL
-
-    components = get_components(0)
-    torch.manual_seed(0)
-    components["vae"] = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 3,
-        up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=(32, 32, 32),
-        layers_per_block=2,
-        latent_channels=4,
-        norm_num_groups=32,
-    ).eval()
-    pipe = DIRPPipeline(**components)
-    for module in (pipe.unet, pipe.vae, pipe.text_encoder):
-        module.requires_grad_(False)
+    pipe = frozen_pipeline_with_vae(layers_per_block=2)
     images = torch.rand((1, 3, 128, 128), generator=seeded(0)) * 2 - 1
 
     def iteration(checkpointing: bool = True):

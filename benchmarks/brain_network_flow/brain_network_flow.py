@@ -165,7 +165,7 @@ def nearest(matrices: torch.Tensor, references: torch.Tensor) -> list[float]:
 
 def summarise(results: dict) -> dict:
     """The summary and its computed targets, from the recorded per-unit judgements (the run and the rebuild)."""
-    from diffusers_ext.evaluation.protocol import mean_spread, paired_difference, target
+    from diffusers_ext.evaluation.brain_network_flow import codec_against_raw
 
     test, seeds = results["test"], [str(s) for s in results["settings"]["seeds"]]
     names = [f"{age},{sex}" for age, sex in cells()]
@@ -176,33 +176,13 @@ def summarise(results: dict) -> dict:
     def trend_units(method):
         return [test[method][s]["trend_error"][str(sex)] for s in seeds for sex in SEXES]
 
-    methods = {
-        m: {
-            "validity": mean_spread(units(m, "validity")),
-            "mmd2": mean_spread(units(m, "mmd2")),
-            "mean_error": mean_spread(units(m, "mean_error")),
-            "trend_error": mean_spread(trend_units(m)),
-        }
-        for m in METHODS
-    }
-    mmd = paired_difference(units("raw_flow", "mmd2"), units("codec_flow", "mmd2"))
-    trend = paired_difference(trend_units("raw_flow"), trend_units("codec_flow"))
-    mean = paired_difference(units("raw_flow", "mean_error"), units("codec_flow", "mean_error"))
-    targets = [
-        target(
-            "codec flow: validity (PD, unit diagonal) of every sample", methods["codec_flow"]["validity"]["mean"], 1.0
-        ),
-        target(
-            "MMD^2 to fresh truth: raw flow minus codec flow, minus 2 paired SE",
-            mmd["difference"] - 2 * mmd["sem"],
-            0.0,
-        ),
-        target(
-            "age-trend error: raw flow minus codec flow, minus 2 paired SE",
-            trend["difference"] - 2 * trend["sem"],
-            0.0,
-        ),
-    ]
+    compared = codec_against_raw(
+        units,
+        trend_units,
+        "MMD^2 to fresh truth: raw flow minus codec flow, minus 2 paired SE",
+        "age-trend error: raw flow minus codec flow, minus 2 paired SE",
+    )
+    methods, targets = compared["methods"], compared["targets"]
     headroom = results["headroom"]
     sanity = {
         "raw_flow_validity_below_1": methods["raw_flow"]["validity"]["mean"] < 1.0,
@@ -212,11 +192,7 @@ def summarise(results: dict) -> dict:
     }
     return {
         "methods": methods,
-        "comparisons": {
-            "mmd2": {k: v for k, v in mmd.items() if k != "values"},
-            "trend_error": {k: v for k, v in trend.items() if k != "values"},
-            "mean_error": {k: v for k, v in mean.items() if k != "values"},
-        },
+        "comparisons": compared["comparisons"],
         "difference_se": DIFFERENCE_SE,
         "targets": targets,
         "sanity": sanity,

@@ -101,6 +101,7 @@ _import_structure = {
     "fast_dllm_reference": ["CountedForwards", "FastDLLM", "load_fast_dllm", "published_model"],
     "brain_network_flow": [
         "RawUpperTriangleCodec",
+        "codec_against_raw",
         "mean_error",
         "mmd_to_truth",
         "trend_error",
@@ -169,6 +170,7 @@ _import_structure = {
 if TYPE_CHECKING:
     from .brain_network_flow import (
         RawUpperTriangleCodec,
+        codec_against_raw,
         mean_error,
         mmd_to_truth,
         trend_error,

@@ -97,3 +97,43 @@ def trend_error(low: torch.Tensor, high: torch.Tensor, true_low: torch.Tensor, t
     change = upper_triangle(high.mean(0, keepdim=True)) - upper_triangle(low.mean(0, keepdim=True))
     true_change = upper_triangle(true_high[None]) - upper_triangle(true_low[None])
     return float((change - true_change).norm() * 2**0.5)
+
+
+def codec_against_raw(units, trend_units, mmd_target: str, trend_target: str) -> dict:
+    """The brain-network benchmarks' comparison of the codec flow with the raw upper-triangle flow.
+
+    `units(method, key)` gives a method's per-unit values of `"validity"`, `"mmd2"` or `"mean_error"` and
+    `trend_units(method)` its per-unit trend errors, the same units in the same order for both methods (paired).
+    Returns `{"methods": {method: {key: mean_spread}}, "comparisons": {key: paired raw minus codec, without the
+    values}, "targets": [validity of the codec flow = 1, raw minus codec MMD^2 and trend error minus 2 paired SE >= 0]}`
+    with the two difference targets named `mmd_target` and `trend_target`.
+    """
+    from .protocol import mean_spread, paired_difference, target
+
+    methods = {
+        m: {
+            "validity": mean_spread(units(m, "validity")),
+            "mmd2": mean_spread(units(m, "mmd2")),
+            "mean_error": mean_spread(units(m, "mean_error")),
+            "trend_error": mean_spread(trend_units(m)),
+        }
+        for m in ("codec_flow", "raw_flow")
+    }
+    differences = {
+        key: paired_difference(values("raw_flow"), values("codec_flow"))
+        for key, values in (
+            ("mmd2", lambda m: units(m, "mmd2")),
+            ("trend_error", trend_units),
+            ("mean_error", lambda m: units(m, "mean_error")),
+        )
+    }
+    mmd, trend = differences["mmd2"], differences["trend_error"]
+    targets = [
+        target(
+            "codec flow: validity (PD, unit diagonal) of every sample", methods["codec_flow"]["validity"]["mean"], 1.0
+        ),
+        target(mmd_target, mmd["difference"] - 2 * mmd["sem"], 0.0),
+        target(trend_target, trend["difference"] - 2 * trend["sem"], 0.0),
+    ]
+    comparisons = {key: {k: v for k, v in d.items() if k != "values"} for key, d in differences.items()}
+    return {"methods": methods, "comparisons": comparisons, "targets": targets}
